@@ -1,0 +1,26 @@
+/* Rank and world size from the launcher's environment (no torch, no GObject).
+ * Order: torchrun (RANK/WORLD_SIZE/LOCAL_RANK), SLURM, OpenMPI, else 0/1. */
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace videotrain {
+
+struct DistEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string source = "default";  // which launcher's variables were used
+};
+
+// Reads an integer variable; nullopt when unset, empty or not a whole number.
+std::optional<long> env_int(const char *name);
+
+// Looks at the environment now (call at start-up, not in hot paths).
+DistEnv dist_env_from_environment();
+
+}  // namespace videotrain

@@ -1,0 +1,220 @@
+#include "metas.h"
+
+#include <cstring>
+
+namespace {
+
+const gchar *no_tags[] = {nullptr};
+
+/* Registers an API type once; thread-safe through g_once. */
+GType register_api(const char *name, gsize *once) {
+  if (g_once_init_enter(once)) {
+    GType t = gst_meta_api_type_register(name, no_tags);
+    g_once_init_leave(once, t);
+  }
+  return (GType)*once;
+}
+
+/* ---- clip meta ---- */
+
+gboolean clip_init(GstMeta *meta, gpointer, GstBuffer *) {
+  auto *m = reinterpret_cast<GstVideoTrainClipMeta *>(meta);
+  m->sample_id = 0;
+  m->epoch = 0;
+  m->clip_index = 0;
+  m->frame_index = 0;
+  m->num_frames = 0;
+  m->source_frame = 0;
+  m->padding = FALSE;
+  m->caption = m->path = m->split = nullptr;
+  return TRUE;
+}
+
+void clip_free(GstMeta *meta, GstBuffer *) {
+  auto *m = reinterpret_cast<GstVideoTrainClipMeta *>(meta);
+  g_free(m->caption);
+  g_free(m->path);
+  g_free(m->split);
+}
+
+/* Kept on every transform (copy, scale, crop, flip): the clip identity does not
+ * depend on pixels. */
+gboolean clip_transform(GstBuffer *dest, GstMeta *meta, GstBuffer *, GQuark, gpointer) {
+  auto *s = reinterpret_cast<GstVideoTrainClipMeta *>(meta);
+  if (gst_buffer_get_videotrain_clip_meta(dest)) return TRUE;
+  auto *d = gst_buffer_add_videotrain_clip_meta(dest, s->caption, s->path, s->split);
+  if (!d) return FALSE;
+  d->sample_id = s->sample_id;
+  d->epoch = s->epoch;
+  d->clip_index = s->clip_index;
+  d->frame_index = s->frame_index;
+  d->num_frames = s->num_frames;
+  d->source_frame = s->source_frame;
+  d->padding = s->padding;
+  return TRUE;
+}
+
+/* ---- sample meta ---- */
+
+gboolean sample_init(GstMeta *meta, gpointer, GstBuffer *) {
+  auto *m = reinterpret_cast<GstVideoTrainSampleMeta *>(meta);
+  m->sample_id = 0;
+  m->epoch = 0;
+  m->clip_index = 0;
+  m->padding = FALSE;
+  m->caption = m->path = nullptr;
+  return TRUE;
+}
+
+void sample_free(GstMeta *meta, GstBuffer *) {
+  auto *m = reinterpret_cast<GstVideoTrainSampleMeta *>(meta);
+  g_free(m->caption);
+  g_free(m->path);
+}
+
+gboolean sample_transform(GstBuffer *dest, GstMeta *meta, GstBuffer *, GQuark, gpointer) {
+  auto *s = reinterpret_cast<GstVideoTrainSampleMeta *>(meta);
+  if (gst_buffer_get_videotrain_sample_meta(dest)) return TRUE;
+  auto *d = gst_buffer_add_videotrain_sample_meta(dest, s->caption, s->path);
+  if (!d) return FALSE;
+  d->sample_id = s->sample_id;
+  d->epoch = s->epoch;
+  d->clip_index = s->clip_index;
+  d->padding = s->padding;
+  return TRUE;
+}
+
+/* ---- batch meta ---- */
+
+gboolean batch_init(GstMeta *meta, gpointer, GstBuffer *) {
+  auto *m = reinterpret_cast<GstVideoTrainBatchMeta *>(meta);
+  m->step = 0;
+  m->micro_index = 0;
+  m->micro_count = 0;
+  m->step_samples = 0;
+  m->sync = FALSE;
+  m->epoch = 0;
+  m->next_clip = 0;
+  m->sample_ids = g_array_new(FALSE, FALSE, sizeof(guint64));
+  m->captions = g_ptr_array_new_with_free_func(g_free);
+  m->padding = g_array_new(FALSE, FALSE, sizeof(gboolean));
+  return TRUE;
+}
+
+void batch_free(GstMeta *meta, GstBuffer *) {
+  auto *m = reinterpret_cast<GstVideoTrainBatchMeta *>(meta);
+  g_array_unref(m->sample_ids);
+  g_ptr_array_unref(m->captions);
+  g_array_unref(m->padding);
+}
+
+gboolean batch_transform(GstBuffer *dest, GstMeta *meta, GstBuffer *, GQuark, gpointer) {
+  auto *s = reinterpret_cast<GstVideoTrainBatchMeta *>(meta);
+  if (gst_buffer_get_videotrain_batch_meta(dest)) return TRUE;
+  auto *d = gst_buffer_add_videotrain_batch_meta(dest);
+  if (!d) return FALSE;
+  d->step = s->step;
+  d->micro_index = s->micro_index;
+  d->micro_count = s->micro_count;
+  d->step_samples = s->step_samples;
+  d->sync = s->sync;
+  d->epoch = s->epoch;
+  d->next_clip = s->next_clip;
+  for (guint i = 0; i < s->sample_ids->len; i++)
+    gst_videotrain_batch_meta_append(d, g_array_index(s->sample_ids, guint64, i),
+                                     (const char *)g_ptr_array_index(s->captions, i),
+                                     g_array_index(s->padding, gboolean, i));
+  return TRUE;
+}
+
+const GstMetaInfo *register_impl(GType api, const char *impl, gsize size, GstMetaInitFunction init,
+                                 GstMetaFreeFunction fr, GstMetaTransformFunction tr, gsize *once) {
+  if (g_once_init_enter(once)) {
+    const GstMetaInfo *info = gst_meta_register(api, impl, size, init, fr, tr);
+    g_once_init_leave(once, (gsize)info);
+  }
+  return (const GstMetaInfo *)*once;
+}
+
+}  // namespace
+
+extern "C" {
+
+GType gst_videotrain_clip_meta_api_get_type(void) {
+  static gsize once = 0;
+  return register_api("GstVideoTrainClipMetaAPI", &once);
+}
+
+GType gst_videotrain_sample_meta_api_get_type(void) {
+  static gsize once = 0;
+  return register_api("GstVideoTrainSampleMetaAPI", &once);
+}
+
+GType gst_videotrain_batch_meta_api_get_type(void) {
+  static gsize once = 0;
+  return register_api("GstVideoTrainBatchMetaAPI", &once);
+}
+
+const GstMetaInfo *gst_videotrain_clip_meta_get_info(void) {
+  static gsize once = 0;
+  return register_impl(GST_VIDEOTRAIN_CLIP_META_API_TYPE, "GstVideoTrainClipMeta",
+                       sizeof(GstVideoTrainClipMeta), clip_init, clip_free, clip_transform, &once);
+}
+
+const GstMetaInfo *gst_videotrain_sample_meta_get_info(void) {
+  static gsize once = 0;
+  return register_impl(GST_VIDEOTRAIN_SAMPLE_META_API_TYPE, "GstVideoTrainSampleMeta",
+                       sizeof(GstVideoTrainSampleMeta), sample_init, sample_free, sample_transform, &once);
+}
+
+const GstMetaInfo *gst_videotrain_batch_meta_get_info(void) {
+  static gsize once = 0;
+  return register_impl(GST_VIDEOTRAIN_BATCH_META_API_TYPE, "GstVideoTrainBatchMeta",
+                       sizeof(GstVideoTrainBatchMeta), batch_init, batch_free, batch_transform, &once);
+}
+
+GstVideoTrainClipMeta *gst_buffer_add_videotrain_clip_meta(GstBuffer *buffer, const char *caption,
+                                                           const char *path, const char *split) {
+  auto *m = reinterpret_cast<GstVideoTrainClipMeta *>(
+      gst_buffer_add_meta(buffer, gst_videotrain_clip_meta_get_info(), nullptr));
+  if (!m) return nullptr;
+  m->caption = g_strdup(caption);
+  m->path = g_strdup(path);
+  m->split = g_strdup(split);
+  return m;
+}
+
+GstVideoTrainSampleMeta *gst_buffer_add_videotrain_sample_meta(GstBuffer *buffer, const char *caption,
+                                                               const char *path) {
+  auto *m = reinterpret_cast<GstVideoTrainSampleMeta *>(
+      gst_buffer_add_meta(buffer, gst_videotrain_sample_meta_get_info(), nullptr));
+  if (!m) return nullptr;
+  m->caption = g_strdup(caption);
+  m->path = g_strdup(path);
+  return m;
+}
+
+GstVideoTrainBatchMeta *gst_buffer_add_videotrain_batch_meta(GstBuffer *buffer) {
+  return reinterpret_cast<GstVideoTrainBatchMeta *>(
+      gst_buffer_add_meta(buffer, gst_videotrain_batch_meta_get_info(), nullptr));
+}
+
+void gst_videotrain_batch_meta_append(GstVideoTrainBatchMeta *meta, guint64 sample_id,
+                                      const char *caption, gboolean padding) {
+  g_array_append_val(meta->sample_ids, sample_id);
+  g_ptr_array_add(meta->captions, g_strdup(caption ? caption : ""));
+  g_array_append_val(meta->padding, padding);
+}
+
+GstVideoTrainSampleMeta *gst_buffer_add_videotrain_sample_meta_from_clip(GstBuffer *buffer,
+                                                                         const GstVideoTrainClipMeta *clip) {
+  auto *m = gst_buffer_add_videotrain_sample_meta(buffer, clip->caption, clip->path);
+  if (!m) return nullptr;
+  m->sample_id = clip->sample_id;
+  m->epoch = clip->epoch;
+  m->clip_index = clip->clip_index;
+  m->padding = clip->padding;
+  return m;
+}
+
+}  // extern "C"

@@ -1,0 +1,3 @@
+// Precompiled header for the translation units that use LibTorch.
+#include <torch/torch.h>
+#include <torch/script.h>

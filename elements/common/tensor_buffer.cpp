@@ -1,0 +1,179 @@
+#include "tensor_buffer.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "tensor_caps.h"
+
+namespace {
+
+constexpr const char *kMemType = "VideoTrainTensor";
+
+struct TensorMemory {
+  GstMemory mem;
+  at::Tensor tensor;      // owns the data
+  at::Tensor host;        // host copy for maps of device tensors
+  std::mutex host_lock;
+};
+
+struct VideoTrainTensorAllocator {
+  GstAllocator parent;
+};
+struct VideoTrainTensorAllocatorClass {
+  GstAllocatorClass parent_class;
+};
+
+GType tensor_allocator_get_type();
+
+gpointer tensor_mem_map(GstMemory *mem, gsize, GstMapFlags flags) {
+  auto *tm = reinterpret_cast<TensorMemory *>(mem);
+  if (tm->tensor.device().is_cpu()) return tm->tensor.data_ptr();
+  if (flags & GST_MAP_WRITE) return nullptr;  // device memory is not writable through a map
+  std::lock_guard<std::mutex> g(tm->host_lock);
+  if (!tm->host.defined()) tm->host = tm->tensor.to(at::kCPU).contiguous();
+  return tm->host.data_ptr();
+}
+
+void tensor_mem_unmap(GstMemory *) {}
+
+GstMemory *tensor_mem_share(GstMemory *, gssize, gssize) { return nullptr; }
+
+// A copy is plain system memory holding the bytes (the tensor meta keeps the shape).
+GstMemory *tensor_mem_copy(GstMemory *mem, gssize offset, gssize size) {
+  if (size < 0) size = mem->size - offset;
+  GstMapInfo in;
+  if (!gst_memory_map(mem, &in, GST_MAP_READ)) return nullptr;
+  GstMemory *out = gst_allocator_alloc(nullptr, size, nullptr);
+  GstMapInfo o;
+  if (gst_memory_map(out, &o, GST_MAP_WRITE)) {
+    memcpy(o.data, in.data + offset, size);
+    gst_memory_unmap(out, &o);
+  }
+  gst_memory_unmap(mem, &in);
+  return out;
+}
+
+void tensor_alloc_free(GstAllocator *, GstMemory *mem) {
+  auto *tm = reinterpret_cast<TensorMemory *>(mem);
+  tm->~TensorMemory();
+  g_slice_free1(sizeof(TensorMemory), tm);
+}
+
+GstMemory *tensor_alloc_alloc(GstAllocator *, gsize, GstAllocationParams *) { return nullptr; }
+
+void tensor_allocator_class_init(gpointer klass, gpointer) {
+  auto *ac = GST_ALLOCATOR_CLASS(klass);
+  ac->alloc = tensor_alloc_alloc;
+  ac->free = tensor_alloc_free;
+}
+
+void tensor_allocator_init(GTypeInstance *inst, gpointer) {
+  auto *a = GST_ALLOCATOR(inst);
+  a->mem_type = kMemType;
+  a->mem_map = tensor_mem_map;
+  a->mem_unmap = tensor_mem_unmap;
+  a->mem_share = tensor_mem_share;
+  a->mem_copy = tensor_mem_copy;
+  GST_OBJECT_FLAG_SET(a, GST_ALLOCATOR_FLAG_CUSTOM_ALLOC);
+}
+
+GType tensor_allocator_get_type() {
+  static gsize once = 0;
+  if (g_once_init_enter(&once)) {
+    GType t = g_type_register_static_simple(GST_TYPE_ALLOCATOR, "GstVideoTrainTensorAllocator",
+                                            sizeof(VideoTrainTensorAllocatorClass), tensor_allocator_class_init,
+                                            sizeof(VideoTrainTensorAllocator), tensor_allocator_init,
+                                            GTypeFlags(0));
+    g_once_init_leave(&once, t);
+  }
+  return (GType)once;
+}
+
+GstAllocator *tensor_allocator() {
+  static GstAllocator *alloc = [] {
+    auto *a = GST_ALLOCATOR(g_object_new(tensor_allocator_get_type(), nullptr));
+    gst_object_ref_sink(a);
+    GST_OBJECT_FLAG_SET(a, GST_OBJECT_FLAG_MAY_BE_LEAKED);
+    return a;
+  }();
+  return alloc;
+}
+
+}  // namespace
+
+namespace videotrain {
+
+const char *dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return c10::toString(t);
+  }
+}
+
+std::optional<c10::ScalarType> dtype_from_name(const std::string &n) {
+  if (n == "float32") return at::kFloat;
+  if (n == "bfloat16") return at::kBFloat16;
+  if (n == "float16") return at::kHalf;
+  return std::nullopt;
+}
+
+std::string device_name(const c10::Device &d) {
+  if (d.is_cpu()) return "cpu";
+  return d.str();  // "cuda:0"
+}
+
+bool is_tensor_memory(GstMemory *mem) { return mem && gst_memory_is_type(mem, kMemType); }
+
+GstBuffer *buffer_from_tensor(const at::Tensor &t) {
+  at::Tensor c = t.contiguous();
+  auto *tm = static_cast<TensorMemory *>(g_slice_alloc(sizeof(TensorMemory)));
+  new (tm) TensorMemory();
+  tm->tensor = c;
+  gsize size = c.numel() * c.element_size();
+  gst_memory_init(&tm->mem, GST_MEMORY_FLAG_NO_SHARE, tensor_allocator(), nullptr, size, 0, 0, size);
+  GstBuffer *buf = gst_buffer_new();
+  gst_buffer_append_memory(buf, &tm->mem);
+  add_tensor_meta(buf, dtype_name(c.scalar_type()), device_name(c.device()), c.sizes().vec());
+  return buf;
+}
+
+std::optional<at::Tensor> tensor_from_buffer(GstBuffer *buf, std::string *why) {
+  auto *meta = gst_buffer_get_videotrain_tensor_meta(buf);
+  if (gst_buffer_n_memory(buf) == 1) {
+    GstMemory *mem = gst_buffer_peek_memory(buf, 0);
+    if (is_tensor_memory(mem)) {
+      at::Tensor t = reinterpret_cast<TensorMemory *>(mem)->tensor;
+      if (meta) {
+        auto shape = tensor_meta_shape(meta);
+        if (t.numel() == c10::multiply_integers(shape)) return t.view(shape);
+      }
+      return t;
+    }
+  }
+  if (!meta) {
+    if (why) *why = "buffer has neither tensor memory nor a tensor meta (shape and dtype unknown)";
+    return std::nullopt;
+  }
+  auto dt = dtype_from_name(meta->dtype);
+  if (!dt) {
+    if (why) *why = std::string("unknown dtype '") + meta->dtype + "' in tensor meta";
+    return std::nullopt;
+  }
+  auto shape = tensor_meta_shape(meta);
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(*dt));
+  gsize need = t.numel() * t.element_size();
+  if (gst_buffer_get_size(buf) != need) {
+    if (why)
+      *why = "buffer holds " + std::to_string(gst_buffer_get_size(buf)) + " bytes, tensor meta needs " +
+             std::to_string(need);
+    return std::nullopt;
+  }
+  gst_buffer_extract(buf, 0, t.data_ptr(), need);
+  return t;
+}
+
+}  // namespace videotrain

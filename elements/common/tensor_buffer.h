@@ -1,0 +1,28 @@
+/* GstBuffers whose memory wraps an at::Tensor without copying.
+ * Only translation units that already use torch include this. */
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <gst/gst.h>
+
+#include <optional>
+#include <string>
+
+namespace videotrain {
+
+const char *dtype_name(c10::ScalarType t);                       // "float32", ...
+std::optional<c10::ScalarType> dtype_from_name(const std::string &name);
+std::string device_name(const c10::Device &d);                   // "cpu", "cuda:0"
+
+// Wraps the tensor (made contiguous first) in a single GstMemory, and attaches the
+// tensor meta (dtype, device, shape). CPU memory maps in place; CUDA memory maps
+// read-only through a host copy made at map time.
+GstBuffer *buffer_from_tensor(const at::Tensor &t);
+
+// The tensor a buffer holds: the wrapped tensor itself when the memory is ours,
+// else a CPU tensor rebuilt from the mapped bytes and the tensor meta.
+std::optional<at::Tensor> tensor_from_buffer(GstBuffer *buf, std::string *why);
+
+bool is_tensor_memory(GstMemory *mem);
+
+}  // namespace videotrain

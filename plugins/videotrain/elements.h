@@ -1,0 +1,9 @@
+/* Element registration entry points, one per element folder. */
+#pragma once
+#include <gst/gst.h>
+
+G_BEGIN_DECLS
+GST_ELEMENT_REGISTER_DECLARE(csvvideosrc);
+GST_ELEMENT_REGISTER_DECLARE(vaeencoder);
+GST_ELEMENT_REGISTER_DECLARE(microbatcher);
+G_END_DECLS

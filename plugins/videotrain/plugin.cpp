@@ -1,0 +1,21 @@
+/* libgstvideotrain: registers every element of gst-videotrain. */
+#include <gst/gst.h>
+
+#include "elements.h"
+
+static gboolean plugin_init(GstPlugin *plugin) {
+  gboolean ok = TRUE;
+  ok &= GST_ELEMENT_REGISTER(csvvideosrc, plugin);
+  ok &= GST_ELEMENT_REGISTER(vaeencoder, plugin);
+  ok &= GST_ELEMENT_REGISTER(microbatcher, plugin);
+  return ok;
+}
+
+#ifndef PACKAGE
+#define PACKAGE "gst-videotrain"
+#endif
+
+GST_PLUGIN_DEFINE(GST_VERSION_MAJOR, GST_VERSION_MINOR, videotrain,
+                  "Train video generation models from a pipeline: CSV video source, chunked VAE encoder, "
+                  "micro-batcher, distributed trainer and validation sinks",
+                  plugin_init, VIDEOTRAIN_VERSION, "LGPL", "gst-videotrain", "https://example.invalid/gst-videotrain")

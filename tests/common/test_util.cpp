@@ -1,0 +1,94 @@
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+namespace vttest {
+
+TempDir::TempDir() {
+  std::string tmpl = env_or("TMPDIR", "/tmp") + "/videotrain-test-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  const char *p = mkdtemp(buf.data());
+  path_ = p ? p : "";
+}
+
+TempDir::~TempDir() {
+  if (path_.empty() || std::getenv("VIDEOTRAIN_KEEP_TEMP")) return;
+  std::string cmd = "rm -rf '" + path_ + "'";
+  if (std::system(cmd.c_str()) != 0) {
+  }
+}
+
+std::string env_or(const char *name, const std::string &fallback) {
+  const char *v = std::getenv(name);
+  return (v && *v) ? std::string(v) : fallback;
+}
+
+std::string reference_dir() { return env_or("VIDEOTRAIN_REFERENCE_DIR", "../shared/reference"); }
+
+void write_file(const std::string &path, const std::string &content) {
+  std::ofstream f(path, std::ios::binary);
+  f << content;
+}
+
+std::string read_file(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string run_pipeline(const std::string &description, int timeout_s) {
+  GError *err = nullptr;
+  GstElement *pipe = gst_parse_launch(description.c_str(), &err);
+  if (!pipe) {
+    std::string m = err ? err->message : "parse failed";
+    g_clear_error(&err);
+    return m;
+  }
+  g_clear_error(&err);  // a recoverable parse warning
+  gst_element_set_state(pipe, GST_STATE_PLAYING);
+  GstBus *bus = gst_element_get_bus(pipe);
+  std::string result;
+  GstMessage *msg = gst_bus_timed_pop_filtered(bus, GST_SECOND * timeout_s,
+                                               GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+  if (!msg) {
+    result = "timeout after " + std::to_string(timeout_s) + " s";
+  } else if (GST_MESSAGE_TYPE(msg) == GST_MESSAGE_ERROR) {
+    GError *e = nullptr;
+    gchar *dbg = nullptr;
+    gst_message_parse_error(msg, &e, &dbg);
+    result = std::string(e->message) + " (" + (dbg ? dbg : "") + ")";
+    g_clear_error(&e);
+    g_free(dbg);
+  }
+  if (msg) gst_message_unref(msg);
+  gst_object_unref(bus);
+  gst_element_set_state(pipe, GST_STATE_NULL);
+  gst_object_unref(pipe);
+  return result;
+}
+
+bool make_video(const std::string &path, const VideoSpec &s) {
+  std::string mux = s.container == "mkv" ? "matroskamux" : s.container == "avi" ? "avimux" : "mp4mux";
+  std::ostringstream d;
+  d << "videotestsrc num-buffers=" << s.frames << " pattern=" << s.pattern << " ! video/x-raw,format=I420,width="
+    << s.width << ",height=" << s.height << ",framerate=" << s.fps << "/1 ! avenc_mpeg4 gop-size=" << s.gop
+    << " bitrate=2000000 ! " << mux << " ! filesink location=\"" << path << "\"";
+  std::string err = run_pipeline(d.str(), 120);
+  if (!err.empty()) ADD_FAILURE() << "could not make test video " << path << ": " << err;
+  return err.empty();
+}
+
+}  // namespace vttest
+
+// One main for every test binary: GStreamer must be initialised before any test.
+int main(int argc, char **argv) {
+  gst_init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,51 @@
+/* Shared test helpers: GStreamer set-up, temporary folders, generated test videos. */
+#pragma once
+
+#include <gst/gst.h>
+
+#include <string>
+#include <vector>
+
+namespace vttest {
+
+// A fresh folder under $TMPDIR, removed (recursively) when the object goes away.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir &) = delete;
+  TempDir &operator=(const TempDir &) = delete;
+  const std::string &path() const { return path_; }
+  std::string file(const std::string &name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+struct VideoSpec {
+  int frames = 30;
+  int width = 64;
+  int height = 48;
+  int fps = 10;
+  int gop = 10;                    // keyframe interval
+  std::string pattern = "smpte";  // videotestsrc pattern
+  std::string container = "mp4";  // mp4 | mkv | avi
+};
+
+// Encodes a test video with GStreamer itself (videotestsrc, avenc_mpeg4, a muxer).
+// Fails the current test (ADD_FAILURE) and returns false when encoding fails.
+bool make_video(const std::string &path, const VideoSpec &spec = {});
+
+void write_file(const std::string &path, const std::string &content);
+std::string read_file(const std::string &path);
+
+// Runs a gst-launch style description to EOS or error; returns the error text ("" on success).
+std::string run_pipeline(const std::string &description, int timeout_s = 60);
+
+// Environment variable with a default.
+std::string env_or(const char *name, const std::string &fallback);
+
+// ../shared/reference (VIDEOTRAIN_REFERENCE_DIR).
+std::string reference_dir();
+
+}  // namespace vttest
