@@ -9,7 +9,10 @@ const gchar *no_tags[] = {nullptr};
 /* Registers an API type once; thread-safe through g_once. */
 GType register_api(const char *name, gsize *once) {
   if (g_once_init_enter(once)) {
-    GType t = gst_meta_api_type_register(name, no_tags);
+    // A test binary and the plugin it loads each hold a copy of this code: reuse
+    // the type when the other copy registered it first.
+    GType t = g_type_from_name(name);
+    if (!t) t = gst_meta_api_type_register(name, no_tags);
     g_once_init_leave(once, t);
   }
   return (GType)*once;
@@ -130,7 +133,8 @@ gboolean batch_transform(GstBuffer *dest, GstMeta *meta, GstBuffer *, GQuark, gp
 const GstMetaInfo *register_impl(GType api, const char *impl, gsize size, GstMetaInitFunction init,
                                  GstMetaFreeFunction fr, GstMetaTransformFunction tr, gsize *once) {
   if (g_once_init_enter(once)) {
-    const GstMetaInfo *info = gst_meta_register(api, impl, size, init, fr, tr);
+    const GstMetaInfo *info = gst_meta_get_info(impl);  // registered by another copy?
+    if (!info) info = gst_meta_register(api, impl, size, init, fr, tr);
     g_once_init_leave(once, (gsize)info);
   }
   return (const GstMetaInfo *)*once;

@@ -82,7 +82,10 @@ void tensor_allocator_init(GTypeInstance *inst, gpointer) {
 GType tensor_allocator_get_type() {
   static gsize once = 0;
   if (g_once_init_enter(&once)) {
-    GType t = g_type_register_static_simple(GST_TYPE_ALLOCATOR, "GstVideoTrainTensorAllocator",
+    // Another copy of this code (test binary vs plugin) may have registered it.
+    GType t = g_type_from_name("GstVideoTrainTensorAllocator");
+    if (!t)
+      t = g_type_register_static_simple(GST_TYPE_ALLOCATOR, "GstVideoTrainTensorAllocator",
                                             sizeof(VideoTrainTensorAllocatorClass), tensor_allocator_class_init,
                                             sizeof(VideoTrainTensorAllocator), tensor_allocator_init,
                                             GTypeFlags(0));

@@ -35,7 +35,9 @@ extern "C" {
 GType gst_videotrain_tensor_meta_api_get_type(void) {
   static gsize once = 0;
   if (g_once_init_enter(&once)) {
-    GType t = gst_meta_api_type_register("GstVideoTrainTensorMetaAPI", no_tags);
+    // Another copy of this code (test binary vs plugin) may have registered it.
+    GType t = g_type_from_name("GstVideoTrainTensorMetaAPI");
+    if (!t) t = gst_meta_api_type_register("GstVideoTrainTensorMetaAPI", no_tags);
     g_once_init_leave(&once, t);
   }
   return (GType)once;
@@ -44,8 +46,9 @@ GType gst_videotrain_tensor_meta_api_get_type(void) {
 const GstMetaInfo *gst_videotrain_tensor_meta_get_info(void) {
   static gsize once = 0;
   if (g_once_init_enter(&once)) {
-    const GstMetaInfo *info =
-        gst_meta_register(GST_VIDEOTRAIN_TENSOR_META_API_TYPE, "GstVideoTrainTensorMeta",
+    const GstMetaInfo *info = gst_meta_get_info("GstVideoTrainTensorMeta");
+    if (!info)
+      info = gst_meta_register(GST_VIDEOTRAIN_TENSOR_META_API_TYPE, "GstVideoTrainTensorMeta",
                           sizeof(GstVideoTrainTensorMeta), tensor_meta_init, nullptr, tensor_meta_transform);
     g_once_init_leave(&once, (gsize)info);
   }

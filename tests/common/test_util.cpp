@@ -74,11 +74,20 @@ std::string run_pipeline(const std::string &description, int timeout_s) {
 }
 
 bool make_video(const std::string &path, const VideoSpec &s) {
-  std::string mux = s.container == "mkv" ? "matroskamux" : s.container == "avi" ? "avimux" : "mp4mux";
+  // avenc_mpeg4 of gst-libav 1.22 loses timestamps unless a parser follows it; H.264 comes
+  // from openh264 (plugins-bad) and VP8 from libvpx (plugins-good).
+  std::string enc;
+  if (s.container == "mkv" || s.container == "webm")
+    enc = "vp8enc deadline=1 keyframe-max-dist=" + std::to_string(s.gop) + " ! " +
+          (s.container == "mkv" ? "matroskamux" : "webmmux");
+  else if (s.container == "avi")
+    enc = "avenc_mpeg4 gop-size=" + std::to_string(s.gop) + " bitrate=2000000 ! mpeg4videoparse ! avimux";
+  else
+    enc = "openh264enc gop-size=" + std::to_string(s.gop) + " ! h264parse ! mp4mux";
   std::ostringstream d;
   d << "videotestsrc num-buffers=" << s.frames << " pattern=" << s.pattern << " ! video/x-raw,format=I420,width="
-    << s.width << ",height=" << s.height << ",framerate=" << s.fps << "/1 ! avenc_mpeg4 gop-size=" << s.gop
-    << " bitrate=2000000 ! " << mux << " ! filesink location=\"" << path << "\"";
+    << s.width << ",height=" << s.height << ",framerate=" << s.fps << "/1 ! " << enc << " ! filesink location=\""
+    << path << "\"";
   std::string err = run_pipeline(d.str(), 120);
   if (!err.empty()) ADD_FAILURE() << "could not make test video " << path << ": " << err;
   return err.empty();

@@ -29,10 +29,10 @@ struct VideoSpec {
   int fps = 10;
   int gop = 10;                    // keyframe interval
   std::string pattern = "smpte";  // videotestsrc pattern
-  std::string container = "mp4";  // mp4 | mkv | avi
+  std::string container = "mp4";  // mp4 (H.264) | mkv, webm (VP8) | avi (MPEG-4 part 2)
 };
 
-// Encodes a test video with GStreamer itself (videotestsrc, avenc_mpeg4, a muxer).
+// Encodes a test video with GStreamer itself (videotestsrc, an encoder, a muxer).
 // Fails the current test (ADD_FAILURE) and returns false when encoding fails.
 bool make_video(const std::string &path, const VideoSpec &spec = {});
 

@@ -1,0 +1,344 @@
+#include "clip_decoder.h"
+
+#include <gst/app/gstappsink.h>
+#include <gst/video/video.h>
+
+#include <chrono>
+#include <cmath>
+#include <mutex>
+
+GST_DEBUG_CATEGORY_STATIC(clip_decoder_debug);
+#define GST_CAT_DEFAULT clip_decoder_debug
+
+namespace videotrain {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr GstClockTime kSlice = 50 * GST_MSECOND;  // how often waits look at cancel/deadline
+
+void init_debug() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    GST_DEBUG_CATEGORY_INIT(clip_decoder_debug, "csvvideosrc-decoder", 0, "csvvideosrc per-video decoding chains");
+  });
+}
+
+// State shared with the decodebin callbacks (streaming threads).
+struct Chain {
+  GstElement *pipeline = nullptr;
+  GstElement *crop = nullptr;
+  GstElement *sink = nullptr;
+  const ClipRequest *req = nullptr;
+  std::mutex lock;
+  bool linked = false;
+  bool no_more_pads = false;
+  int fps_n = 0, fps_d = 1;
+  std::atomic<uint64_t> decoded{0};
+
+  ~Chain() {
+    if (pipeline) {
+      gst_element_set_state(pipeline, GST_STATE_NULL);
+      gst_object_unref(pipeline);
+    }
+  }
+};
+
+// Centre crop (in source pixels) that gives the output's aspect ratio.
+void set_crop(GstElement *crop, const GstVideoInfo &vi, int out_w, int out_h) {
+  double par = vi.par_d > 0 && vi.par_n > 0 ? double(vi.par_n) / vi.par_d : 1.0;
+  double src_aspect = vi.width * par / vi.height;
+  double dst_aspect = double(out_w) / out_h;
+  int left = 0, right = 0, top = 0, bottom = 0;
+  if (src_aspect > dst_aspect) {
+    int keep = int(std::lround(vi.height * dst_aspect / par));
+    int cut = vi.width - keep;
+    if (cut > 0) left = cut / 2, right = cut - cut / 2;
+  } else {
+    int keep = int(std::lround(vi.width * par / dst_aspect));
+    int cut = vi.height - keep;
+    if (cut > 0) top = cut / 2, bottom = cut - cut / 2;
+  }
+  g_object_set(crop, "left", left, "right", right, "top", top, "bottom", bottom, nullptr);
+}
+
+GstPadProbeReturn count_frames(GstPad *, GstPadProbeInfo *info, gpointer data) {
+  if (GST_PAD_PROBE_INFO_TYPE(info) & GST_PAD_PROBE_TYPE_BUFFER) static_cast<Chain *>(data)->decoded++;
+  return GST_PAD_PROBE_OK;
+}
+
+void on_pad_added(GstElement *, GstPad *pad, gpointer data) {
+  auto *c = static_cast<Chain *>(data);
+  GstCaps *caps = gst_pad_get_current_caps(pad);
+  if (!caps) caps = gst_pad_query_caps(pad, nullptr);
+  GstVideoInfo vi;
+  bool is_video = caps && g_str_has_prefix(gst_structure_get_name(gst_caps_get_structure(caps, 0)), "video/x-raw") &&
+                  gst_video_info_from_caps(&vi, caps);
+  if (caps) gst_caps_unref(caps);
+  std::lock_guard<std::mutex> g(c->lock);
+  if (!is_video || c->linked) return;  // first video stream only; audio is left unlinked
+  c->fps_n = vi.fps_n;
+  c->fps_d = vi.fps_d > 0 ? vi.fps_d : 1;
+  if (c->req->resize == ResizeMode::Crop) set_crop(c->crop, vi, c->req->width, c->req->height);
+  GstPad *sinkpad = gst_element_get_static_pad(c->crop, "sink");
+  if (gst_pad_link(pad, sinkpad) == GST_PAD_LINK_OK) {
+    c->linked = true;
+    gst_pad_add_probe(pad, GST_PAD_PROBE_TYPE_BUFFER, count_frames, c, nullptr);
+  }
+  gst_object_unref(sinkpad);
+}
+
+void on_no_more_pads(GstElement *, gpointer data) {
+  auto *c = static_cast<Chain *>(data);
+  std::lock_guard<std::mutex> g(c->lock);
+  c->no_more_pads = true;
+}
+
+// Threads per decoder: gst-libav decoders have max-threads (0 = auto).
+void on_element_added(GstBin *, GstBin *, GstElement *element, gpointer data) {
+  auto *c = static_cast<Chain *>(data);
+  if (g_object_class_find_property(G_OBJECT_GET_CLASS(element), "max-threads"))
+    g_object_set(element, "max-threads", c->req->decode_threads, nullptr);
+}
+
+GstElement *make(const char *factory, GstElement *bin) {
+  GstElement *e = gst_element_factory_make(factory, nullptr);
+  if (e) gst_bin_add(GST_BIN(bin), e);
+  return e;
+}
+
+std::string bus_error(GstElement *pipeline) {
+  GstBus *bus = gst_element_get_bus(pipeline);
+  std::string out;
+  while (GstMessage *m = gst_bus_pop_filtered(bus, GST_MESSAGE_ERROR)) {
+    if (out.empty()) {
+      GError *e = nullptr;
+      gst_message_parse_error(m, &e, nullptr);
+      out = e ? e->message : "unknown decoding error";
+      g_clear_error(&e);
+    }
+    gst_message_unref(m);
+  }
+  gst_object_unref(bus);
+  return out;
+}
+
+}  // namespace
+
+DecodedClip::DecodedClip(DecodedClip &&o) noexcept { *this = std::move(o); }
+
+DecodedClip &DecodedClip::operator=(DecodedClip &&o) noexcept {
+  if (this != &o) {
+    clear();
+    frames = std::move(o.frames);
+    source_frames = std::move(o.source_frames);
+    frames_decoded = o.frames_decoded;
+    total_frames = o.total_frames;
+    o.frames.clear();
+  }
+  return *this;
+}
+
+DecodedClip::~DecodedClip() { clear(); }
+
+void DecodedClip::clear() {
+  for (GstBuffer *b : frames)
+    if (b) gst_buffer_unref(b);
+  frames.clear();
+  source_frames.clear();
+}
+
+const char *decode_status_name(DecodeStatus s) {
+  switch (s) {
+    case DecodeStatus::Ok: return "ok";
+    case DecodeStatus::Failed: return "failed";
+    case DecodeStatus::Short: return "short";
+    case DecodeStatus::Timeout: return "timeout";
+    case DecodeStatus::Cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+DecodeStatus decode_clip(const ClipRequest &req, const std::atomic<bool> *cancel, DecodedClip *out,
+                         std::string *reason) {
+  init_debug();
+  out->clear();
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(req.timeout_s));
+  auto timed_out = [&] { return Clock::now() >= deadline; };
+  auto cancelled = [&] { return cancel && cancel->load(); };
+
+  if (!g_file_test(req.path.c_str(), G_FILE_TEST_EXISTS)) {
+    *reason = "file not found";
+    return DecodeStatus::Failed;
+  }
+  if (!g_file_test(req.path.c_str(), G_FILE_TEST_IS_REGULAR)) {
+    *reason = "not a regular file";
+    return DecodeStatus::Failed;
+  }
+
+  Chain c;
+  c.req = &req;
+  c.pipeline = gst_pipeline_new(nullptr);
+  GstElement *src = make("filesrc", c.pipeline);
+  GstElement *dec = make("decodebin", c.pipeline);
+  c.crop = make("videocrop", c.pipeline);
+  GstElement *scale = make("videoscale", c.pipeline);
+  GstElement *sizecaps = make("capsfilter", c.pipeline);
+  GstElement *convert = make("videoconvert", c.pipeline);
+  GstElement *rgbcaps = make("capsfilter", c.pipeline);
+  c.sink = make("appsink", c.pipeline);
+  if (!src || !dec || !c.crop || !scale || !sizecaps || !convert || !rgbcaps || !c.sink) {
+    *reason = "missing GStreamer elements (need filesrc, decodebin, videocrop, videoscale, videoconvert, appsink: "
+              "install gstreamer1.0-plugins-base and -good)";
+    return DecodeStatus::Failed;
+  }
+  g_object_set(src, "location", req.path.c_str(), nullptr);
+  // Scale in the decoder's format first (cheaper), then convert the small frame to RGB.
+  g_object_set(scale, "add-borders", req.resize == ResizeMode::Pad, nullptr);
+  GstCaps *size = gst_caps_new_simple("video/x-raw", "width", G_TYPE_INT, req.width, "height", G_TYPE_INT,
+                                      req.height, "pixel-aspect-ratio", GST_TYPE_FRACTION, 1, 1, nullptr);
+  g_object_set(sizecaps, "caps", size, nullptr);
+  gst_caps_unref(size);
+  GstCaps *rgb = gst_caps_new_simple("video/x-raw", "format", G_TYPE_STRING, "RGB", nullptr);
+  g_object_set(rgbcaps, "caps", rgb, nullptr);
+  gst_caps_unref(rgb);
+  // Bounded: the decoder stops when we stop pulling.
+  g_object_set(c.sink, "sync", FALSE, "max-buffers", 2, "drop", FALSE, "enable-last-sample", FALSE, nullptr);
+  if (!gst_element_link(src, dec) || !gst_element_link_many(c.crop, scale, sizecaps, convert, rgbcaps, c.sink, nullptr)) {
+    *reason = "could not link the decoding chain";
+    return DecodeStatus::Failed;
+  }
+  g_signal_connect(dec, "pad-added", G_CALLBACK(on_pad_added), &c);
+  g_signal_connect(dec, "no-more-pads", G_CALLBACK(on_no_more_pads), &c);
+  g_signal_connect(c.pipeline, "deep-element-added", G_CALLBACK(on_element_added), &c);
+
+  // Preroll: learn the frame rate and the duration.
+  gst_element_set_state(c.pipeline, GST_STATE_PAUSED);
+  for (;;) {
+    std::string err = bus_error(c.pipeline);
+    if (!err.empty()) {
+      *reason = "cannot decode: " + err;
+      return DecodeStatus::Failed;
+    }
+    GstState state;
+    GstStateChangeReturn r = gst_element_get_state(c.pipeline, &state, nullptr, kSlice);
+    if (r == GST_STATE_CHANGE_SUCCESS && state == GST_STATE_PAUSED) break;
+    if (r == GST_STATE_CHANGE_FAILURE) {
+      err = bus_error(c.pipeline);
+      *reason = "cannot decode: " + (err.empty() ? std::string("state change failed") : err);
+      return DecodeStatus::Failed;
+    }
+    {
+      std::lock_guard<std::mutex> g(c.lock);
+      if (c.no_more_pads && !c.linked) {
+        *reason = "no video stream";
+        return DecodeStatus::Failed;
+      }
+    }
+    if (cancelled()) return DecodeStatus::Cancelled;
+    if (timed_out()) {
+      *reason = "decode timeout: no frame within " + std::to_string(req.timeout_s) + " s";
+      return DecodeStatus::Timeout;
+    }
+  }
+
+  int fps_n, fps_d;
+  {
+    std::lock_guard<std::mutex> g(c.lock);
+    fps_n = c.fps_n;
+    fps_d = c.fps_d;
+  }
+  const bool fps_known = fps_n > 0;
+  if (!fps_known) fps_n = 25, fps_d = 1;  // variable rate: frame numbers are only indicative
+  gint64 duration = -1;
+  if (gst_element_query_duration(c.pipeline, GST_FORMAT_TIME, &duration) && duration > 0 && fps_known)
+    out->total_frames = gst_util_uint64_scale_round(duration, fps_n, GST_SECOND * (guint64)fps_d);
+
+  const int64_t span = int64_t(req.num_frames - 1) * req.stride + 1;
+  int64_t start = 0;
+  if (out->total_frames >= 0) {
+    if (out->total_frames + 2 < span && !req.pad_short) {
+      *reason = "too few frames: video has " + std::to_string(out->total_frames) + ", clip needs " +
+                std::to_string(span) + " (num-frames x frame-stride)";
+      return DecodeStatus::Short;
+    }
+    int64_t room = std::max<int64_t>(0, out->total_frames - span);
+    if (req.start == ClipStart::Center) start = room / 2;
+    if (req.start == ClipStart::Random) start = int64_t(req.random_key % uint64_t(room + 1));
+  }
+  // Frame counts from the duration can be off by a frame or two: when a clip placed near the
+  // end meets the end of the stream, it is placed earlier once and decoded again.
+  bool eos = false;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    if (start > 0 || attempt > 0) {
+      GstClockTime t = gst_util_uint64_scale(start, GST_SECOND * (guint64)fps_d, fps_n);
+      if (!gst_element_seek(c.pipeline, 1.0, GST_FORMAT_TIME,
+                            GstSeekFlags(GST_SEEK_FLAG_FLUSH | GST_SEEK_FLAG_ACCURATE), GST_SEEK_TYPE_SET, t,
+                            GST_SEEK_TYPE_NONE, -1)) {
+        *reason = "seek to frame " + std::to_string(start) + " failed";
+        return DecodeStatus::Failed;
+      }
+    }
+    gst_element_set_state(c.pipeline, GST_STATE_PLAYING);
+    out->clear();
+    eos = false;
+    int64_t seen = 0;
+    while ((int)out->frames.size() < req.num_frames) {
+      if (cancelled()) return DecodeStatus::Cancelled;
+      std::string err = bus_error(c.pipeline);
+      if (!err.empty()) {
+        *reason = "decoding error after " + std::to_string(out->frames.size()) + " frames: " + err;
+        return DecodeStatus::Failed;
+      }
+      if (timed_out()) {
+        *reason = "decode timeout: " + std::to_string(out->frames.size()) + " of " +
+                  std::to_string(req.num_frames) + " frames after " + std::to_string(req.timeout_s) + " s";
+        return DecodeStatus::Timeout;
+      }
+      GstSample *sample = gst_app_sink_try_pull_sample(GST_APP_SINK(c.sink), kSlice);
+      if (!sample) {
+        if (gst_app_sink_is_eos(GST_APP_SINK(c.sink))) {
+          eos = true;
+          break;
+        }
+        continue;
+      }
+      GstBuffer *buf = gst_sample_get_buffer(sample);
+      uint64_t src_frame = GST_BUFFER_PTS_IS_VALID(buf)
+                               ? gst_util_uint64_scale_round(GST_BUFFER_PTS(buf), fps_n, GST_SECOND * (guint64)fps_d)
+                               : uint64_t(start + seen);
+      if ((int64_t)src_frame < start) {  // a frame before the clip that an inexact seek let through
+        gst_sample_unref(sample);
+        continue;
+      }
+      if (seen++ % req.stride == 0) {
+        out->frames.push_back(gst_buffer_ref(buf));
+        out->source_frames.push_back(src_frame);
+      }
+      gst_sample_unref(sample);
+    }
+    const int64_t missing = req.num_frames - (int64_t)out->frames.size();
+    if (missing == 0 || !eos || start == 0) break;
+    start = std::max<int64_t>(0, start - missing * req.stride);
+  }
+  out->frames_decoded = c.decoded.load();
+
+  if ((int)out->frames.size() < req.num_frames) {
+    if (!req.pad_short || out->frames.empty()) {
+      *reason = "too few frames: got " + std::to_string(out->frames.size()) + " of " + std::to_string(req.num_frames) +
+                (eos ? " before the end of the stream" : "");
+      out->clear();
+      return DecodeStatus::Short;
+    }
+    while ((int)out->frames.size() < req.num_frames) {
+      out->frames.push_back(gst_buffer_ref(out->frames.back()));
+      out->source_frames.push_back(out->source_frames.back());
+    }
+  }
+  GST_DEBUG("%s: %zu frames from %" G_GINT64_FORMAT " (decoded %" G_GUINT64_FORMAT ", total %" G_GINT64_FORMAT ")",
+            req.path.c_str(), out->frames.size(), start, out->frames_decoded, out->total_frames);
+  return DecodeStatus::Ok;
+}
+
+}  // namespace videotrain

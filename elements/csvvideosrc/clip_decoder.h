@@ -1,0 +1,53 @@
+/* Decodes the frames of one clip from one video file with its own GStreamer chain
+ * (filesrc ! decodebin ! videocrop ! videoscale ! videoconvert ! appsink): seeks to the
+ * keyframe before the clip (accurate seek), decodes to the clip's last frame, stops. */
+#pragma once
+
+#include <gst/gst.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace videotrain {
+
+enum class ClipStart { Random, Start, Center };
+enum class ResizeMode { Crop, Pad, Stretch };
+
+struct ClipRequest {
+  std::string path;
+  int num_frames = 49;
+  int stride = 1;
+  ClipStart start = ClipStart::Random;
+  uint64_t random_key = 0;  // seeds the random start
+  int width = 720, height = 480;
+  ResizeMode resize = ResizeMode::Crop;
+  bool pad_short = false;   // repeat the last frame of a short video instead of failing
+  int decode_threads = 1;   // 0 = decoder's automatic choice
+  double timeout_s = 60.0;  // whole clip, preroll included
+};
+
+enum class DecodeStatus { Ok, Failed, Short, Timeout, Cancelled };
+
+struct DecodedClip {
+  std::vector<GstBuffer *> frames;     // RGB, width x height, owned
+  std::vector<uint64_t> source_frames;  // frame number in the source of each frame
+  uint64_t frames_decoded = 0;          // frames that left the decoder (incl. those skipped)
+  int64_t total_frames = -1;            // estimated frames in the video, -1 unknown
+  DecodedClip() = default;
+  DecodedClip(const DecodedClip &) = delete;
+  DecodedClip &operator=(const DecodedClip &) = delete;
+  DecodedClip(DecodedClip &&o) noexcept;
+  DecodedClip &operator=(DecodedClip &&o) noexcept;
+  ~DecodedClip();
+  void clear();
+};
+
+// Blocking; returns promptly (Cancelled) when *cancel becomes true.
+DecodeStatus decode_clip(const ClipRequest &req, const std::atomic<bool> *cancel, DecodedClip *out,
+                         std::string *reason);
+
+const char *decode_status_name(DecodeStatus s);
+
+}  // namespace videotrain

@@ -1,0 +1,558 @@
+/* csvvideosrc: the GObject face of SourceEngine.
+ *
+ * A GstPushSrc that emits RGB frames, one buffer per frame, each with a clip meta;
+ * timestamps run on continuously across clips at `framerate`. */
+#include "gstcsvvideosrc.h"
+
+#include <gst/video/video.h>
+
+#include <climits>
+#include <memory>
+
+#include "dist_env.h"
+#include "resume_query.h"
+#include "source_engine.h"
+
+GST_DEBUG_CATEGORY_STATIC(csvvideosrc_debug);
+#define GST_CAT_DEFAULT csvvideosrc_debug
+
+using namespace videotrain;
+
+struct _GstCsvVideoSrc {
+  GstPushSrc parent;
+  // Properties (guarded by the object lock).
+  gchar *location, *root, *path_column, *caption_column, *split;
+  gint num_frames, frame_stride, width, height, rank, world_size, prefetch, decode_threads;
+  ClipStart clip_start;
+  ResizeMode resize_mode;
+  ShortClips short_clips;
+  OnError on_error;
+  gboolean shuffle;
+  guint64 seed, start_clip;
+  guint num_epochs, start_epoch;
+  gdouble decode_timeout;
+  gint fps_n, fps_d;
+  // Streaming state.
+  std::unique_ptr<SourceEngine> *engine;
+  guint64 frames_out;
+};
+
+G_DEFINE_TYPE(GstCsvVideoSrc, gst_csv_video_src, GST_TYPE_PUSH_SRC);
+GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(csvvideosrc, "csvvideosrc", GST_RANK_NONE, GST_TYPE_CSV_VIDEO_SRC,
+                                      GST_DEBUG_CATEGORY_INIT(csvvideosrc_debug, "csvvideosrc", 0,
+                                                              "CSV-driven training video source"));
+
+enum {
+  PROP_0,
+  PROP_LOCATION,
+  PROP_ROOT,
+  PROP_PATH_COLUMN,
+  PROP_CAPTION_COLUMN,
+  PROP_SPLIT,
+  PROP_NUM_FRAMES,
+  PROP_FRAME_STRIDE,
+  PROP_CLIP_START,
+  PROP_WIDTH,
+  PROP_HEIGHT,
+  PROP_RESIZE_MODE,
+  PROP_SHORT_CLIPS,
+  PROP_ON_ERROR,
+  PROP_RANK,
+  PROP_WORLD_SIZE,
+  PROP_SHUFFLE,
+  PROP_SEED,
+  PROP_NUM_EPOCHS,
+  PROP_START_EPOCH,
+  PROP_START_CLIP,
+  PROP_PREFETCH,
+  PROP_DECODE_THREADS,
+  PROP_DECODE_TIMEOUT,
+  PROP_FRAMERATE,
+  PROP_REPLACED,
+  PROP_CLIPS_PER_EPOCH,
+};
+
+static GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
+    "src", GST_PAD_SRC, GST_PAD_ALWAYS,
+    GST_STATIC_CAPS("video/x-raw, format=(string)RGB, width=(int)[1, 16384], height=(int)[1, 16384], "
+                    "framerate=(fraction)[0/1, 1000/1], pixel-aspect-ratio=(fraction)1/1"));
+
+#define DEFINE_ENUM(fn, Name, ...)                                   \
+  static GType fn(void) {                                            \
+    static gsize id = 0;                                             \
+    static const GEnumValue values[] = {__VA_ARGS__, {0, NULL, NULL}}; \
+    if (g_once_init_enter(&id)) g_once_init_leave(&id, g_enum_register_static(Name, values)); \
+    return (GType)id;                                                \
+  }
+
+DEFINE_ENUM(clip_start_get_type, "GstCsvVideoSrcClipStart",
+            {(gint)ClipStart::Random, "Random start, seeded by seed, epoch and sample id", "random"},
+            {(gint)ClipStart::Start, "First frames of the video", "start"},
+            {(gint)ClipStart::Center, "Centred in the video", "center"})
+DEFINE_ENUM(resize_mode_get_type, "GstCsvVideoSrcResizeMode",
+            {(gint)ResizeMode::Crop, "Keep aspect, fill and centre-crop", "crop"},
+            {(gint)ResizeMode::Pad, "Keep aspect, fit and pad with black borders", "pad"},
+            {(gint)ResizeMode::Stretch, "Scale to the size, ignoring aspect", "stretch"})
+DEFINE_ENUM(short_clips_get_type, "GstCsvVideoSrcShortClips",
+            {(gint)ShortClips::Replace, "Warn and use another sample of the shard", "replace"},
+            {(gint)ShortClips::Pad, "Repeat the last frame", "pad"},
+            {(gint)ShortClips::Fail, "Post an element error", "fail"})
+DEFINE_ENUM(on_error_get_type, "GstCsvVideoSrcOnError",
+            {(gint)OnError::Replace, "Warn and use another sample of the shard", "replace"},
+            {(gint)OnError::Fail, "Post an element error", "fail"})
+
+static SourceEngine *engine_of(GstCsvVideoSrc *self) { return self->engine ? self->engine->get() : nullptr; }
+
+static GstClockTime frame_duration(GstCsvVideoSrc *self) {
+  return self->fps_n > 0 ? gst_util_uint64_scale(GST_SECOND, self->fps_d, self->fps_n) : GST_CLOCK_TIME_NONE;
+}
+
+static void set_string(gchar **field, const GValue *v) {
+  g_free(*field);
+  *field = g_value_dup_string(v);
+}
+
+static void gst_csv_video_src_set_property(GObject *object, guint id, const GValue *v, GParamSpec *pspec) {
+  auto *self = GST_CSV_VIDEO_SRC(object);
+  GST_OBJECT_LOCK(self);
+  switch (id) {
+    case PROP_LOCATION: set_string(&self->location, v); break;
+    case PROP_ROOT: set_string(&self->root, v); break;
+    case PROP_PATH_COLUMN: set_string(&self->path_column, v); break;
+    case PROP_CAPTION_COLUMN: set_string(&self->caption_column, v); break;
+    case PROP_SPLIT: set_string(&self->split, v); break;
+    case PROP_NUM_FRAMES: self->num_frames = g_value_get_int(v); break;
+    case PROP_FRAME_STRIDE: self->frame_stride = g_value_get_int(v); break;
+    case PROP_CLIP_START: self->clip_start = (ClipStart)g_value_get_enum(v); break;
+    case PROP_WIDTH: self->width = g_value_get_int(v); break;
+    case PROP_HEIGHT: self->height = g_value_get_int(v); break;
+    case PROP_RESIZE_MODE: self->resize_mode = (ResizeMode)g_value_get_enum(v); break;
+    case PROP_SHORT_CLIPS: self->short_clips = (ShortClips)g_value_get_enum(v); break;
+    case PROP_ON_ERROR: self->on_error = (OnError)g_value_get_enum(v); break;
+    case PROP_RANK: self->rank = g_value_get_int(v); break;
+    case PROP_WORLD_SIZE: self->world_size = g_value_get_int(v); break;
+    case PROP_SHUFFLE: self->shuffle = g_value_get_boolean(v); break;
+    case PROP_SEED: self->seed = g_value_get_uint64(v); break;
+    case PROP_NUM_EPOCHS: self->num_epochs = g_value_get_uint(v); break;
+    case PROP_START_EPOCH: self->start_epoch = g_value_get_uint(v); break;
+    case PROP_START_CLIP: self->start_clip = g_value_get_uint64(v); break;
+    case PROP_PREFETCH: self->prefetch = g_value_get_int(v); break;
+    case PROP_DECODE_THREADS: self->decode_threads = g_value_get_int(v); break;
+    case PROP_DECODE_TIMEOUT: self->decode_timeout = g_value_get_double(v); break;
+    case PROP_FRAMERATE:
+      self->fps_n = gst_value_get_fraction_numerator(v);
+      self->fps_d = gst_value_get_fraction_denominator(v);
+      break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+static void gst_csv_video_src_get_property(GObject *object, guint id, GValue *v, GParamSpec *pspec) {
+  auto *self = GST_CSV_VIDEO_SRC(object);
+  GST_OBJECT_LOCK(self);
+  switch (id) {
+    case PROP_LOCATION: g_value_set_string(v, self->location); break;
+    case PROP_ROOT: g_value_set_string(v, self->root); break;
+    case PROP_PATH_COLUMN: g_value_set_string(v, self->path_column); break;
+    case PROP_CAPTION_COLUMN: g_value_set_string(v, self->caption_column); break;
+    case PROP_SPLIT: g_value_set_string(v, self->split); break;
+    case PROP_NUM_FRAMES: g_value_set_int(v, self->num_frames); break;
+    case PROP_FRAME_STRIDE: g_value_set_int(v, self->frame_stride); break;
+    case PROP_CLIP_START: g_value_set_enum(v, (gint)self->clip_start); break;
+    case PROP_WIDTH: g_value_set_int(v, self->width); break;
+    case PROP_HEIGHT: g_value_set_int(v, self->height); break;
+    case PROP_RESIZE_MODE: g_value_set_enum(v, (gint)self->resize_mode); break;
+    case PROP_SHORT_CLIPS: g_value_set_enum(v, (gint)self->short_clips); break;
+    case PROP_ON_ERROR: g_value_set_enum(v, (gint)self->on_error); break;
+    case PROP_RANK: g_value_set_int(v, self->rank); break;
+    case PROP_WORLD_SIZE: g_value_set_int(v, self->world_size); break;
+    case PROP_SHUFFLE: g_value_set_boolean(v, self->shuffle); break;
+    case PROP_SEED: g_value_set_uint64(v, self->seed); break;
+    case PROP_NUM_EPOCHS: g_value_set_uint(v, self->num_epochs); break;
+    case PROP_START_EPOCH: g_value_set_uint(v, self->start_epoch); break;
+    case PROP_START_CLIP: g_value_set_uint64(v, self->start_clip); break;
+    case PROP_PREFETCH: g_value_set_int(v, self->prefetch); break;
+    case PROP_DECODE_THREADS: g_value_set_int(v, self->decode_threads); break;
+    case PROP_DECODE_TIMEOUT: g_value_set_double(v, self->decode_timeout); break;
+    case PROP_FRAMERATE: gst_value_set_fraction(v, self->fps_n, self->fps_d); break;
+    case PROP_REPLACED: {
+      SourceEngine *e = engine_of(self);
+      g_value_set_uint64(v, e ? e->stats().replaced : 0);
+      break;
+    }
+    case PROP_CLIPS_PER_EPOCH: {
+      SourceEngine *e = engine_of(self);
+      g_value_set_uint64(v, e ? e->clips_per_epoch() : 0);
+      break;
+    }
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+// Configuration from the properties, with rank/world from the environment when unset.
+static SourceConfig config_from_properties(GstCsvVideoSrc *self) {
+  SourceConfig c;
+  DistEnv env = dist_env_from_environment();
+  GST_OBJECT_LOCK(self);
+  c.manifest.location = self->location ? self->location : "";
+  c.manifest.root = self->root ? self->root : "";
+  c.manifest.path_column = self->path_column ? self->path_column : "";
+  c.manifest.caption_column = self->caption_column ? self->caption_column : "";
+  c.manifest.split = self->split ? self->split : "";
+  c.num_frames = self->num_frames;
+  c.frame_stride = self->frame_stride;
+  c.clip_start = self->clip_start;
+  c.width = self->width;
+  c.height = self->height;
+  c.resize = self->resize_mode;
+  c.short_clips = self->short_clips;
+  c.on_error = self->on_error;
+  c.world_size = self->world_size > 0 ? self->world_size : env.world_size;
+  c.rank = self->rank >= 0 ? self->rank : (self->world_size > 0 ? 0 : env.rank);
+  c.shuffle = self->shuffle;
+  c.seed = self->seed;
+  c.num_epochs = self->num_epochs;
+  c.start_epoch = self->start_epoch;
+  c.start_clip = self->start_clip;
+  c.prefetch = self->prefetch;
+  c.decode_threads = self->decode_threads;
+  c.decode_timeout_s = self->decode_timeout;
+  GST_OBJECT_UNLOCK(self);
+  return c;
+}
+
+static gboolean gst_csv_video_src_start(GstBaseSrc *src) {
+  auto *self = GST_CSV_VIDEO_SRC(src);
+  SourceConfig cfg = config_from_properties(self);
+  if (cfg.manifest.location.empty()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("No manifest: set the 'location' property"),
+                      ("location is empty; give a CSV file or a folder with videos.txt and prompts.txt"));
+    return FALSE;
+  }
+  SourceCallbacks cb;
+  cb.replaced = [self](const ReplacedEvent &e) {
+    GST_WARNING_OBJECT(self, "replacing row %" G_GUINT64_FORMAT " (%s): %s", e.row, e.path.c_str(),
+                       e.reason.c_str());
+    GstStructure *s = gst_structure_new("csvvideosrc-replaced", "row", G_TYPE_UINT64, e.row, "path", G_TYPE_STRING,
+                                        e.path.c_str(), "reason", G_TYPE_STRING, e.reason.c_str(), "epoch",
+                                        G_TYPE_UINT, e.epoch, "clip", G_TYPE_UINT64, e.clip, NULL);
+    gchar *text = g_strdup_printf("Replaced manifest row %" G_GUINT64_FORMAT " (%s): %s", e.row, e.path.c_str(),
+                                  e.reason.c_str());
+    GError *err = g_error_new_literal(GST_STREAM_ERROR, GST_STREAM_ERROR_DECODE, text);
+    gst_element_post_message(GST_ELEMENT(self),
+                             gst_message_new_warning_with_details(GST_OBJECT(self), err, text, s));
+    g_error_free(err);
+    g_free(text);
+  };
+  cb.epoch_done = [self](uint32_t epoch, uint64_t clips, uint64_t replaced) {
+    GST_INFO_OBJECT(self, "epoch %u done: %" G_GUINT64_FORMAT " clips, %" G_GUINT64_FORMAT " replaced", epoch, clips,
+                    replaced);
+    GstStructure *s = gst_structure_new("csvvideosrc-epoch", "epoch", G_TYPE_UINT, epoch, "clips", G_TYPE_UINT64,
+                                        clips, "replaced", G_TYPE_UINT64, replaced, NULL);
+    gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), s));
+  };
+  // A trainer downstream that resumes from a checkpoint says where this rank's data stopped.
+  GstQuery *q = videotrain_resume_query_new();
+  VideoTrainResumePosition pos;
+  if (gst_pad_peer_query(GST_BASE_SRC_PAD(src), q) && videotrain_resume_query_parse(q, &pos)) {
+    GST_INFO_OBJECT(self, "resuming at epoch %u, clip %" G_GUINT64_FORMAT " (from downstream checkpoint)", pos.epoch,
+                    pos.clip);
+    cfg.start_epoch = pos.epoch;
+    cfg.start_clip = pos.clip;
+  }
+  gst_query_unref(q);
+  auto engine = std::make_unique<SourceEngine>(cfg, cb);
+  std::string err;
+  if (!engine->start(&err)) {
+    GST_ELEMENT_ERROR(self, RESOURCE, OPEN_READ, ("Cannot start csvvideosrc: %s", err.c_str()),
+                      ("location=%s", cfg.manifest.location.c_str()));
+    return FALSE;
+  }
+  GST_INFO_OBJECT(self, "manifest %s; rank %d of %d, %" G_GUINT64_FORMAT " clips per epoch",
+                  engine->manifest_description().c_str(), cfg.rank, cfg.world_size, engine->clips_per_epoch());
+  GST_OBJECT_LOCK(self);
+  self->engine = new std::unique_ptr<SourceEngine>(std::move(engine));
+  self->frames_out = 0;
+  GST_OBJECT_UNLOCK(self);
+  return TRUE;
+}
+
+static gboolean gst_csv_video_src_stop(GstBaseSrc *src) {
+  auto *self = GST_CSV_VIDEO_SRC(src);
+  GST_OBJECT_LOCK(self);
+  auto *holder = self->engine;
+  self->engine = nullptr;
+  GST_OBJECT_UNLOCK(self);
+  delete holder;  // stops and joins the workers
+  return TRUE;
+}
+
+static GstCaps *gst_csv_video_src_get_caps(GstBaseSrc *src, GstCaps *filter) {
+  auto *self = GST_CSV_VIDEO_SRC(src);
+  GST_OBJECT_LOCK(self);
+  GstCaps *caps = gst_caps_new_simple("video/x-raw", "format", G_TYPE_STRING, "RGB", "width", G_TYPE_INT, self->width,
+                                      "height", G_TYPE_INT, self->height, "framerate", GST_TYPE_FRACTION,
+                                      self->fps_n, self->fps_d, "pixel-aspect-ratio", GST_TYPE_FRACTION, 1, 1,
+                                      NULL);
+  GST_OBJECT_UNLOCK(self);
+  if (filter) {
+    GstCaps *i = gst_caps_intersect_full(filter, caps, GST_CAPS_INTERSECT_FIRST);
+    gst_caps_unref(caps);
+    caps = i;
+  }
+  return caps;
+}
+
+static gboolean gst_csv_video_src_is_seekable(GstBaseSrc *) { return TRUE; }
+
+// A seek in time goes to the start of the clip that holds that time.
+static gboolean gst_csv_video_src_do_seek(GstBaseSrc *src, GstSegment *segment) {
+  auto *self = GST_CSV_VIDEO_SRC(src);
+  SourceEngine *e = engine_of(self);
+  GstClockTime dur = frame_duration(self);
+  if (!e || !GST_CLOCK_TIME_IS_VALID(dur) || segment->format != GST_FORMAT_TIME) return FALSE;
+  guint64 frame = segment->start / dur;
+  guint64 clip = frame / (guint64)self->num_frames;
+  guint64 target = clip * (guint64)self->num_frames;
+  if (target != self->frames_out) {
+    GST_DEBUG_OBJECT(self, "seek to clip %" G_GUINT64_FORMAT, clip);
+    e->restart_at(clip);
+    self->frames_out = target;
+  }
+  segment->position = segment->time = segment->start = target * dur;
+  return TRUE;
+}
+
+static gboolean gst_csv_video_src_query(GstBaseSrc *src, GstQuery *query) {
+  auto *self = GST_CSV_VIDEO_SRC(src);
+  if (GST_QUERY_TYPE(query) == GST_QUERY_DURATION) {
+    GstFormat fmt;
+    gst_query_parse_duration(query, &fmt, nullptr);
+    SourceEngine *e = engine_of(self);
+    if (e && e->total_clips() != G_MAXUINT64 && (fmt == GST_FORMAT_TIME || fmt == GST_FORMAT_DEFAULT)) {
+      guint64 frames = e->total_clips() * (guint64)self->num_frames;
+      GstClockTime d = frame_duration(self);
+      gst_query_set_duration(query, fmt, fmt == GST_FORMAT_TIME ? (gint64)(frames * d) : (gint64)frames);
+      return TRUE;
+    }
+  }
+  return GST_BASE_SRC_CLASS(gst_csv_video_src_parent_class)->query(src, query);
+}
+
+static gboolean gst_csv_video_src_unlock(GstBaseSrc *src) {
+  if (SourceEngine *e = engine_of(GST_CSV_VIDEO_SRC(src))) e->set_flushing(true);
+  return TRUE;
+}
+
+static gboolean gst_csv_video_src_unlock_stop(GstBaseSrc *src) {
+  if (SourceEngine *e = engine_of(GST_CSV_VIDEO_SRC(src))) e->set_flushing(false);
+  return TRUE;
+}
+
+static GstFlowReturn gst_csv_video_src_create(GstPushSrc *src, GstBuffer **buf) {
+  auto *self = GST_CSV_VIDEO_SRC(src);
+  SourceEngine *e = engine_of(self);
+  if (!e) return GST_FLOW_FLUSHING;
+  std::string err;
+  GstBuffer *frame = nullptr;
+  switch (e->next(&frame, &err)) {
+    case SourceEngine::Pull::Frame: break;
+    case SourceEngine::Pull::Eos: return GST_FLOW_EOS;
+    case SourceEngine::Pull::Flushing: return GST_FLOW_FLUSHING;
+    case SourceEngine::Pull::Error:
+      GST_ELEMENT_ERROR(self, STREAM, DECODE, ("%s", err.c_str()),
+                        ("set on-error=replace and short-clips=replace or pad to replace bad samples instead"));
+      return GST_FLOW_ERROR;
+  }
+  frame = gst_buffer_make_writable(frame);  // sole owner: no copy
+  GstClockTime dur = frame_duration(self);
+  if (GST_CLOCK_TIME_IS_VALID(dur)) {
+    GST_BUFFER_PTS(frame) = self->frames_out * dur;
+    GST_BUFFER_DURATION(frame) = dur;
+  }
+  GST_BUFFER_OFFSET(frame) = self->frames_out;
+  GST_BUFFER_OFFSET_END(frame) = self->frames_out + 1;
+  self->frames_out++;
+  *buf = frame;
+  return GST_FLOW_OK;
+}
+
+static void gst_csv_video_src_finalize(GObject *object) {
+  auto *self = GST_CSV_VIDEO_SRC(object);
+  delete self->engine;
+  g_free(self->location);
+  g_free(self->root);
+  g_free(self->path_column);
+  g_free(self->caption_column);
+  g_free(self->split);
+  G_OBJECT_CLASS(gst_csv_video_src_parent_class)->finalize(object);
+}
+
+static void gst_csv_video_src_init(GstCsvVideoSrc *self) {
+  self->location = self->root = self->path_column = self->caption_column = self->split = nullptr;
+  self->num_frames = 49;
+  self->frame_stride = 1;
+  self->clip_start = ClipStart::Random;
+  self->width = 720;
+  self->height = 480;
+  self->resize_mode = ResizeMode::Crop;
+  self->short_clips = ShortClips::Replace;
+  self->on_error = OnError::Replace;
+  self->rank = -1;
+  self->world_size = 0;
+  self->shuffle = TRUE;
+  self->seed = 0;
+  self->num_epochs = 1;
+  self->start_epoch = 0;
+  self->start_clip = 0;
+  self->prefetch = 4;
+  self->decode_threads = 1;
+  self->decode_timeout = 60.0;
+  self->fps_n = 8;
+  self->fps_d = 1;
+  self->engine = nullptr;
+  self->frames_out = 0;
+  gst_base_src_set_format(GST_BASE_SRC(self), GST_FORMAT_TIME);
+  gst_base_src_set_live(GST_BASE_SRC(self), FALSE);
+}
+
+static void gst_csv_video_src_class_init(GstCsvVideoSrcClass *klass) {
+  auto *oc = G_OBJECT_CLASS(klass);
+  auto *ec = GST_ELEMENT_CLASS(klass);
+  auto *bc = GST_BASE_SRC_CLASS(klass);
+  oc->set_property = gst_csv_video_src_set_property;
+  oc->get_property = gst_csv_video_src_get_property;
+  oc->finalize = gst_csv_video_src_finalize;
+
+  const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  const auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+  g_object_class_install_property(
+      oc, PROP_LOCATION,
+      g_param_spec_string("location", "Manifest",
+                          "CSV manifest with a header row (path column: path, video, video_path, file or filename; "
+                          "caption: text, caption or prompt), or a folder with videos.txt and prompts.txt",
+                          nullptr, rw));
+  g_object_class_install_property(
+      oc, PROP_ROOT,
+      g_param_spec_string("root", "Root", "Folder that relative video paths resolve against (default: the manifest's)",
+                          nullptr, rw));
+  g_object_class_install_property(
+      oc, PROP_PATH_COLUMN,
+      g_param_spec_string("path-column", "Path column", "Name of the video path column (default: auto-detect)",
+                          nullptr, rw));
+  g_object_class_install_property(
+      oc, PROP_CAPTION_COLUMN,
+      g_param_spec_string("caption-column", "Caption column", "Name of the caption column (default: auto-detect)",
+                          nullptr, rw));
+  g_object_class_install_property(
+      oc, PROP_SPLIT,
+      g_param_spec_string("split", "Split",
+                          "Only rows whose 'split' column equals this (e.g. train, val); empty: all rows", nullptr,
+                          rw));
+  g_object_class_install_property(
+      oc, PROP_NUM_FRAMES,
+      g_param_spec_int("num-frames", "Frames per clip", "Frames in each emitted clip", 1, 100000, 49, rw));
+  g_object_class_install_property(
+      oc, PROP_FRAME_STRIDE,
+      g_param_spec_int("frame-stride", "Frame stride", "Take every n-th decoded frame (1: consecutive frames)", 1,
+                       1000, 1, rw));
+  g_object_class_install_property(
+      oc, PROP_CLIP_START,
+      g_param_spec_enum("clip-start", "Clip start", "Where in the video a clip starts", clip_start_get_type(),
+                        (gint)ClipStart::Random, rw));
+  g_object_class_install_property(
+      oc, PROP_WIDTH, g_param_spec_int("width", "Width", "Output frame width in pixels", 1, 16384, 720, rw));
+  g_object_class_install_property(
+      oc, PROP_HEIGHT, g_param_spec_int("height", "Height", "Output frame height in pixels", 1, 16384, 480, rw));
+  g_object_class_install_property(
+      oc, PROP_RESIZE_MODE,
+      g_param_spec_enum("resize-mode", "Resize mode", "How frames of another aspect ratio are fitted",
+                        resize_mode_get_type(), (gint)ResizeMode::Crop, rw));
+  g_object_class_install_property(
+      oc, PROP_SHORT_CLIPS,
+      g_param_spec_enum("short-clips", "Short clips", "What to do with a video that has too few frames",
+                        short_clips_get_type(), (gint)ShortClips::Replace, rw));
+  g_object_class_install_property(
+      oc, PROP_ON_ERROR,
+      g_param_spec_enum("on-error", "On error",
+                        "What to do with a missing, unreadable, corrupt or too slow video (decode-timeout)",
+                        on_error_get_type(), (gint)OnError::Replace, rw));
+  g_object_class_install_property(
+      oc, PROP_RANK,
+      g_param_spec_int("rank", "Rank",
+                       "This process's rank (-1: from RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK, else 0)", -1,
+                       1 << 20, -1, rw));
+  g_object_class_install_property(
+      oc, PROP_WORLD_SIZE,
+      g_param_spec_int("world-size", "World size",
+                       "Number of ranks sharing the manifest (0: from WORLD_SIZE, SLURM_NTASKS or "
+                       "OMPI_COMM_WORLD_SIZE, else 1)",
+                       0, 1 << 20, 0, rw));
+  g_object_class_install_property(
+      oc, PROP_SHUFFLE,
+      g_param_spec_boolean("shuffle", "Shuffle", "Visit rows in a permutation that depends on seed and epoch", TRUE,
+                           rw));
+  g_object_class_install_property(
+      oc, PROP_SEED,
+      g_param_spec_uint64("seed", "Seed", "Seed of the permutations, random clip starts and replacements", 0,
+                          G_MAXUINT64, 0, rw));
+  g_object_class_install_property(
+      oc, PROP_NUM_EPOCHS,
+      g_param_spec_uint("num-epochs", "Epochs", "Epochs to emit (0: forever)", 0, G_MAXUINT, 1, rw));
+  g_object_class_install_property(
+      oc, PROP_START_EPOCH,
+      g_param_spec_uint("start-epoch", "Start epoch", "Epoch to resume at", 0, G_MAXUINT, 0, rw));
+  g_object_class_install_property(
+      oc, PROP_START_CLIP,
+      g_param_spec_uint64("start-clip", "Start clip", "Clip index within start-epoch to resume at", 0, G_MAXUINT64,
+                          0, rw));
+  g_object_class_install_property(
+      oc, PROP_PREFETCH,
+      g_param_spec_int("prefetch", "Prefetch",
+                       "Videos decoded at once on worker threads; also the most decoded clips held", 1, 256, 4, rw));
+  g_object_class_install_property(
+      oc, PROP_DECODE_THREADS,
+      g_param_spec_int("decode-threads", "Decode threads", "Threads per decoder (0: decoder's automatic choice)", 0,
+                       256, 1, rw));
+  g_object_class_install_property(
+      oc, PROP_DECODE_TIMEOUT,
+      g_param_spec_double("decode-timeout", "Decode timeout",
+                          "Seconds one clip may take to decode before the video counts as bad", 0.1, 86400.0, 60.0,
+                          rw));
+  g_object_class_install_property(
+      oc, PROP_FRAMERATE,
+      gst_param_spec_fraction("framerate", "Frame rate", "Frame rate of the output timestamps and caps", 1, 1, 1000,
+                              1, 8, 1, rw));
+  g_object_class_install_property(
+      oc, PROP_REPLACED,
+      g_param_spec_uint64("replaced", "Replaced", "Samples replaced so far because they could not be used", 0,
+                          G_MAXUINT64, 0, ro));
+  g_object_class_install_property(
+      oc, PROP_CLIPS_PER_EPOCH,
+      g_param_spec_uint64("clips-per-epoch", "Clips per epoch",
+                          "Clips this rank emits per epoch, ceil(rows / world-size) (known once started)", 0,
+                          G_MAXUINT64, 0, ro));
+
+  gst_element_class_add_static_pad_template(ec, &src_template);
+  gst_element_class_set_static_metadata(
+      ec, "CSV video training source", "Source/Video",
+      "Reads a CSV manifest of videos lazily, shards it over ranks, shuffles per epoch and decodes only the frames of "
+      "each clip, several videos in parallel",
+      "gst-videotrain developers");
+  gst_type_mark_as_plugin_api(clip_start_get_type(), GstPluginAPIFlags(0));
+  gst_type_mark_as_plugin_api(resize_mode_get_type(), GstPluginAPIFlags(0));
+  gst_type_mark_as_plugin_api(short_clips_get_type(), GstPluginAPIFlags(0));
+  gst_type_mark_as_plugin_api(on_error_get_type(), GstPluginAPIFlags(0));
+
+  bc->start = gst_csv_video_src_start;
+  bc->stop = gst_csv_video_src_stop;
+  bc->get_caps = gst_csv_video_src_get_caps;
+  bc->is_seekable = gst_csv_video_src_is_seekable;
+  bc->do_seek = gst_csv_video_src_do_seek;
+  bc->query = gst_csv_video_src_query;
+  bc->unlock = gst_csv_video_src_unlock;
+  bc->unlock_stop = gst_csv_video_src_unlock_stop;
+  GST_PUSH_SRC_CLASS(klass)->create = gst_csv_video_src_create;
+}

@@ -1,0 +1,66 @@
+/* The manifest of a training run, indexed, not loaded.
+ *
+ * A CSV file (RFC 4180, header row) or a CogVideo folder (videos.txt + prompts.txt).
+ * Opening scans the file once and keeps the byte offset of every record (8 bytes a
+ * row, plus 4 for the row number when a split filter drops rows); paths and captions
+ * are read from disk when a row is asked for. */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace videotrain {
+
+struct ManifestOptions {
+  std::string location;        // CSV file or CogVideo folder
+  std::string root;            // base for relative paths; empty = the CSV's folder
+  std::string path_column;     // override; empty = auto
+  std::string caption_column;  // override; empty = auto
+  std::string split;           // keep only rows whose split column equals this; empty = all
+};
+
+struct ManifestRow {
+  uint64_t row = 0;     // 0-based data row number in the file (before split filtering)
+  std::string path;     // resolved against root
+  std::string caption;
+  std::string split;
+  std::string error;    // non-empty: row unusable (missing path, bad UTF-8, ...)
+};
+
+class Manifest {
+ public:
+  static std::unique_ptr<Manifest> open(const ManifestOptions &opts, std::string *error);
+  ~Manifest();
+  Manifest(const Manifest &) = delete;
+  Manifest &operator=(const Manifest &) = delete;
+
+  size_t size() const;                  // rows after split filtering
+  ManifestRow row(size_t index) const;  // index in [0, size()); thread-safe; reads from disk
+  const std::string &description() const;
+  size_t index_bytes() const;           // bytes held by the index
+
+ private:
+  Manifest() = default;
+  bool open_csv(const ManifestOptions &opts, std::string *error);
+  bool open_folder(const ManifestOptions &opts, std::string *error);
+  // One record (CSV) or line (folder) starting at `offset` of file `fd`.
+  std::vector<std::string> read_record(int fd, uint64_t offset, bool csv) const;
+
+  bool csv_ = true;
+  int fd_ = -1, prompts_fd_ = -1;
+  std::string base_;                // folder relative paths resolve against
+  int path_col_ = -1, caption_col_ = -1, split_col_ = -1;
+  std::vector<uint64_t> offsets_;   // record starts (CSV or videos.txt)
+  std::vector<uint64_t> prompt_offsets_;  // prompts.txt line starts (folder layout)
+  std::vector<uint32_t> row_numbers_;     // only when a split filter dropped rows
+  std::string description_;
+};
+
+// RFC 4180 fields of one record in `text` starting at `pos`; sets *end past the
+// record's terminator. Exposed for tests.
+std::vector<std::string> parse_csv_record(const std::string &text, size_t pos, size_t *end);
+
+}  // namespace videotrain

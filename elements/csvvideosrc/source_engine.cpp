@@ -1,0 +1,290 @@
+#include "source_engine.h"
+
+#include <limits>
+
+#include "metas.h"
+
+namespace videotrain {
+
+SourceEngine::SourceEngine(SourceConfig config, SourceCallbacks callbacks)
+    : cfg_(std::move(config)), cb_(std::move(callbacks)), cancel_(std::make_shared<std::atomic<bool>>(false)) {}
+
+SourceEngine::~SourceEngine() { stop(); }
+
+bool SourceEngine::start(std::string *error) {
+  stop();
+  if (cfg_.world_size < 1 || cfg_.rank < 0 || cfg_.rank >= cfg_.world_size) {
+    *error = "rank " + std::to_string(cfg_.rank) + " is outside world-size " + std::to_string(cfg_.world_size);
+    return false;
+  }
+  if (cfg_.num_epochs != 0 && cfg_.start_epoch >= cfg_.num_epochs) {
+    *error = "start-epoch " + std::to_string(cfg_.start_epoch) + " is not below num-epochs " +
+             std::to_string(cfg_.num_epochs);
+    return false;
+  }
+  if (!manifest_) {
+    manifest_ = Manifest::open(cfg_.manifest, error);
+    if (!manifest_) return false;
+  }
+  if (manifest_->size() == 0) {
+    *error = "manifest " + cfg_.manifest.location + " has no rows" +
+             (cfg_.manifest.split.empty() ? std::string() : " with split '" + cfg_.manifest.split + "'");
+    return false;
+  }
+  if (manifest_->size() > std::numeric_limits<uint32_t>::max()) {
+    *error = "manifest " + cfg_.manifest.location + " has more than 2^32 rows";
+    return false;
+  }
+  schedule_ = std::make_unique<Schedule>(manifest_->size(), cfg_.rank, cfg_.world_size, cfg_.shuffle, cfg_.seed);
+  // A position at or past an epoch's end (clips consumed) continues in the next epoch.
+  const uint64_t cpe = schedule_->clips_per_epoch();
+  cfg_.start_epoch += uint32_t(cfg_.start_clip / cpe);
+  cfg_.start_clip %= cpe;
+  if (cfg_.num_epochs != 0 && cfg_.start_epoch >= cfg_.num_epochs) {
+    *error = "start position (epoch " + std::to_string(cfg_.start_epoch) + ", clip " +
+             std::to_string(cfg_.start_clip) + ") is past the last of num-epochs " + std::to_string(cfg_.num_epochs) +
+             " (" + std::to_string(cpe) + " clips per epoch on this rank)";
+    return false;
+  }
+  total_ = cfg_.num_epochs == 0 ? std::numeric_limits<uint64_t>::max()
+                                : (uint64_t(cfg_.num_epochs - cfg_.start_epoch) * cpe - cfg_.start_clip);
+  {
+    std::lock_guard<std::mutex> g(lock_);
+    next_dispatch_ = next_consume_ = 0;
+    fatal_.clear();
+    quit_ = false;
+  }
+  start_workers();
+  return true;
+}
+
+void SourceEngine::start_workers() {
+  std::lock_guard<std::mutex> g(lock_);
+  quit_ = false;
+  for (int i = 0; i < cfg_.prefetch; i++) workers_.emplace_back(&SourceEngine::worker_loop, this);
+}
+
+void SourceEngine::halt_workers() {
+  {
+    std::lock_guard<std::mutex> g(lock_);
+    quit_ = true;
+    cancel_->store(true);
+  }
+  work_cv_.notify_all();
+  out_cv_.notify_all();
+  for (auto &t : workers_) t.join();
+  workers_.clear();
+}
+
+void SourceEngine::stop() {
+  halt_workers();
+  std::lock_guard<std::mutex> g(lock_);
+  ready_.clear();
+  current_ = Result();
+  have_current_ = false;
+  generation_++;
+  cancel_ = std::make_shared<std::atomic<bool>>(false);
+}
+
+void SourceEngine::restart_at(uint64_t seq) {
+  halt_workers();
+  {
+    std::lock_guard<std::mutex> g(lock_);
+    ready_.clear();
+    current_ = Result();
+    have_current_ = false;
+    generation_++;
+    cancel_ = std::make_shared<std::atomic<bool>>(false);
+    next_dispatch_ = next_consume_ = std::min(seq, total_);
+    fatal_.clear();
+  }
+  if (schedule_) start_workers();
+}
+
+void SourceEngine::set_flushing(bool flushing) {
+  std::lock_guard<std::mutex> g(lock_);
+  flushing_ = flushing;
+  out_cv_.notify_all();
+}
+
+SourceEngine::Position SourceEngine::position(uint64_t seq) const {
+  const uint64_t cpe = schedule_->clips_per_epoch();
+  const uint64_t abs = cfg_.start_clip + seq;
+  return {uint32_t(cfg_.start_epoch + abs / cpe), abs % cpe};
+}
+
+void SourceEngine::worker_loop() {
+  std::unique_lock<std::mutex> lk(lock_);
+  for (;;) {
+    work_cv_.wait(lk, [&] {
+      return quit_ || (fatal_.empty() && next_dispatch_ < total_ &&
+                       next_dispatch_ - next_consume_ < uint64_t(cfg_.prefetch));
+    });
+    if (quit_) return;
+    const uint64_t seq = next_dispatch_++;
+    const uint64_t gen = generation_;
+    std::shared_ptr<std::atomic<bool>> cancel = cancel_;
+    lk.unlock();
+    Result r = produce(seq, cancel.get());
+    lk.lock();
+    if (gen != generation_ || cancel->load()) continue;  // dropped by a seek or stop
+    if (!r.fatal.empty() && fatal_.empty()) fatal_ = r.fatal;
+    ready_.emplace(seq, std::move(r));
+    out_cv_.notify_all();
+  }
+}
+
+void SourceEngine::attach_metas(DecodedClip &clip, const ManifestRow &row, const Position &pos, bool padding) {
+  const guint n = guint(clip.frames.size());
+  for (guint i = 0; i < n; i++) {
+    // Padded frames repeat a buffer: make_writable gives each its own (shallow) copy.
+    GstBuffer *b = gst_buffer_make_writable(clip.frames[i]);
+    clip.frames[i] = b;
+    GST_BUFFER_PTS(b) = GST_BUFFER_DTS(b) = GST_BUFFER_DURATION(b) = GST_CLOCK_TIME_NONE;
+    GST_BUFFER_OFFSET(b) = GST_BUFFER_OFFSET_END(b) = GST_BUFFER_OFFSET_NONE;
+    auto *m = gst_buffer_add_videotrain_clip_meta(b, row.caption.c_str(), row.path.c_str(), row.split.c_str());
+    m->sample_id = row.row;
+    m->epoch = pos.epoch;
+    m->clip_index = pos.clip;
+    m->frame_index = i;
+    m->num_frames = n;
+    m->source_frame = clip.source_frames[i];
+    m->padding = padding;
+  }
+}
+
+SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool> *cancel) {
+  Result r;
+  const Position pos = position(seq);
+  const ScheduleSlot slot = schedule_->at(pos.epoch, pos.clip);
+  const uint64_t cpe = schedule_->clips_per_epoch();
+  const uint64_t attempts = std::min<uint64_t>(uint64_t(cfg_.max_replacements) + 1, std::max<uint64_t>(cpe, 1));
+  std::string last_reason;
+  for (uint64_t k = 0; k < attempts; k++) {
+    if (cancel->load()) return r;
+    const ScheduleSlot cand = k == 0 ? slot : schedule_->replacement(pos.epoch, pos.clip, k);
+    ManifestRow row = manifest_->row(cand.index);
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> g(bad_lock_);
+      auto it = bad_.find(cand.index);
+      if (it != bad_.end()) reason = it->second;
+    }
+    bool known_bad = !reason.empty();
+    if (!known_bad) {
+      if (!row.error.empty()) {
+        reason = row.error;
+      } else {
+        ClipRequest req;
+        req.path = row.path;
+        req.num_frames = cfg_.num_frames;
+        req.stride = cfg_.frame_stride;
+        req.start = cfg_.clip_start;
+        req.random_key = hash_combine(hash_combine(cfg_.seed, pos.epoch), row.row);
+        req.width = cfg_.width;
+        req.height = cfg_.height;
+        req.resize = cfg_.resize;
+        req.pad_short = cfg_.short_clips == ShortClips::Pad;
+        req.decode_threads = cfg_.decode_threads;
+        req.timeout_s = cfg_.decode_timeout_s;
+        DecodeStatus st = decode_clip(req, cancel, &r.clip, &reason);
+        stat_decoded_ += r.clip.frames_decoded;
+        if (st == DecodeStatus::Cancelled) return r;
+        if (st == DecodeStatus::Ok) {
+          attach_metas(r.clip, row, pos, slot.padding);
+          return r;
+        }
+        if (st == DecodeStatus::Short && cfg_.short_clips == ShortClips::Fail) {
+          r.fatal = "row " + std::to_string(row.row) + " (" + row.path + "): " + reason + "; short-clips=fail";
+          return r;
+        }
+      }
+      std::lock_guard<std::mutex> g(bad_lock_);
+      bad_.emplace(cand.index, reason);
+    }
+    if (cfg_.on_error == OnError::Fail) {
+      r.fatal = "row " + std::to_string(row.row) + " (" + row.path + "): " + reason + "; on-error=fail";
+      return r;
+    }
+    last_reason = reason;
+    if (k == 0 || !known_bad) {  // a known-bad candidate was reported when it first failed
+      stat_replaced_++;
+      {
+        std::lock_guard<std::mutex> g(bad_lock_);
+        replaced_per_epoch_[pos.epoch]++;
+      }
+      if (cb_.replaced) cb_.replaced(ReplacedEvent{pos.epoch, pos.clip, row.row, row.path, reason});
+    }
+  }
+  r.fatal = "no usable video for clip " + std::to_string(pos.clip) + " of epoch " + std::to_string(pos.epoch) +
+            " on rank " + std::to_string(cfg_.rank) + ": " + std::to_string(attempts) +
+            " samples of the shard failed (last: " + last_reason + ")";
+  return r;
+}
+
+SourceEngine::Pull SourceEngine::next(GstBuffer **frame, std::string *error) {
+  std::unique_lock<std::mutex> lk(lock_);
+  for (;;) {
+    if (flushing_) return Pull::Flushing;
+    if (have_current_) {
+      auto &frames = current_.clip.frames;
+      *frame = frames[current_pos_];  // ownership moves to the caller
+      frames[current_pos_++] = nullptr;
+      stat_frames_++;
+      if (current_pos_ == frames.size()) {
+        const Position pos = position(next_consume_);
+        have_current_ = false;
+        current_ = Result();
+        next_consume_++;
+        stat_clips_++;
+        work_cv_.notify_all();
+        if (pos.clip + 1 == schedule_->clips_per_epoch() && cb_.epoch_done) {
+          uint64_t replaced;
+          {
+            std::lock_guard<std::mutex> g(bad_lock_);
+            replaced = replaced_per_epoch_[pos.epoch];
+            replaced_per_epoch_.erase(pos.epoch);
+          }
+          lk.unlock();
+          cb_.epoch_done(pos.epoch, schedule_->clips_per_epoch(), replaced);
+        }
+      }
+      return Pull::Frame;
+    }
+    if (next_consume_ >= total_) return Pull::Eos;
+    auto it = ready_.find(next_consume_);
+    if (it != ready_.end()) {
+      if (!it->second.fatal.empty()) {
+        *error = it->second.fatal;
+        return Pull::Error;
+      }
+      current_ = std::move(it->second);
+      ready_.erase(it);
+      current_pos_ = 0;
+      have_current_ = !current_.clip.frames.empty();
+      if (!have_current_) {
+        *error = "internal: empty clip at position " + std::to_string(next_consume_);
+        return Pull::Error;
+      }
+      continue;
+    }
+    out_cv_.wait(lk);
+  }
+}
+
+uint64_t SourceEngine::clips_per_epoch() const { return schedule_ ? schedule_->clips_per_epoch() : 0; }
+
+uint64_t SourceEngine::total_clips() const { return total_; }
+
+std::string SourceEngine::manifest_description() const { return manifest_ ? manifest_->description() : ""; }
+
+SourceStats SourceEngine::stats() const {
+  return SourceStats{stat_clips_.load(), stat_frames_.load(), stat_replaced_.load(), stat_decoded_.load()};
+}
+
+size_t SourceEngine::clips_held() const {
+  std::lock_guard<std::mutex> g(lock_);
+  return size_t(next_dispatch_ - next_consume_);
+}
+
+}  // namespace videotrain

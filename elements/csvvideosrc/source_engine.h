@@ -1,0 +1,144 @@
+/* The work behind csvvideosrc, without GObject: schedules the clips of a rank's
+ * epochs, decodes `prefetch` of them at once on worker threads, replaces bad
+ * samples, and hands frames out in a deterministic order. */
+#pragma once
+
+#include <gst/gst.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "clip_decoder.h"
+#include "manifest.h"
+#include "schedule.h"
+
+namespace videotrain {
+
+enum class ShortClips { Replace, Pad, Fail };
+enum class OnError { Replace, Fail };
+
+struct SourceConfig {
+  ManifestOptions manifest;
+  int num_frames = 49;
+  int frame_stride = 1;
+  ClipStart clip_start = ClipStart::Random;
+  int width = 720, height = 480;
+  ResizeMode resize = ResizeMode::Crop;
+  ShortClips short_clips = ShortClips::Replace;
+  OnError on_error = OnError::Replace;
+  int rank = 0, world_size = 1;
+  bool shuffle = true;
+  uint64_t seed = 0;
+  uint32_t num_epochs = 1;  // 0 = forever
+  uint32_t start_epoch = 0;
+  uint64_t start_clip = 0;
+  int prefetch = 4;
+  int decode_threads = 1;
+  double decode_timeout_s = 60.0;
+  int max_replacements = 32;  // candidates tried for one clip before giving up
+};
+
+struct ReplacedEvent {
+  uint32_t epoch;
+  uint64_t clip;
+  uint64_t row;
+  std::string path;
+  std::string reason;
+};
+
+struct SourceCallbacks {
+  // Both may be called from worker threads or the streaming thread.
+  std::function<void(const ReplacedEvent &)> replaced;
+  std::function<void(uint32_t epoch, uint64_t clips, uint64_t replaced)> epoch_done;
+};
+
+struct SourceStats {
+  uint64_t clips = 0;           // clips handed out completely
+  uint64_t frames = 0;          // frames handed out
+  uint64_t replaced = 0;        // failed samples replaced
+  uint64_t frames_decoded = 0;  // frames that left the decoders
+};
+
+class SourceEngine {
+ public:
+  enum class Pull { Frame, Eos, Flushing, Error };
+
+  SourceEngine(SourceConfig config, SourceCallbacks callbacks);
+  ~SourceEngine();
+  SourceEngine(const SourceEngine &) = delete;
+  SourceEngine &operator=(const SourceEngine &) = delete;
+
+  // Opens and indexes the manifest, checks the configuration, starts the workers.
+  bool start(std::string *error);
+  void stop();
+
+  // Next frame in order (a new ref, with its clip meta). Blocks until one is decoded.
+  Pull next(GstBuffer **frame, std::string *error);
+
+  // Unblocks next() (returns Flushing) and cancels decoding while set.
+  void set_flushing(bool flushing);
+  // Restart at the `seq`-th clip after the start position (a seek); drops what is prefetched.
+  void restart_at(uint64_t seq);
+
+  uint64_t clips_per_epoch() const;
+  uint64_t total_clips() const;  // UINT64_MAX when num-epochs is 0
+  std::string manifest_description() const;
+  SourceStats stats() const;
+  // Decoded clips held (in flight + ready); never above prefetch.
+  size_t clips_held() const;
+
+ private:
+  struct Result {
+    DecodedClip clip;
+    std::string fatal;  // non-empty: stop the stream with this error
+  };
+  struct Position {
+    uint32_t epoch;
+    uint64_t clip;
+  };
+
+  Position position(uint64_t seq) const;
+  void worker_loop();
+  Result produce(uint64_t seq, const std::atomic<bool> *cancel);
+  void attach_metas(DecodedClip &clip, const ManifestRow &row, const Position &pos, bool padding);
+  void halt_workers();
+  void start_workers();
+
+  SourceConfig cfg_;
+  SourceCallbacks cb_;
+  std::unique_ptr<Manifest> manifest_;
+  std::unique_ptr<Schedule> schedule_;
+  uint64_t total_ = 0;
+
+  mutable std::mutex lock_;
+  std::condition_variable work_cv_, out_cv_;
+  std::vector<std::thread> workers_;
+  bool quit_ = false;
+  bool flushing_ = false;
+  uint64_t generation_ = 0;
+  std::shared_ptr<std::atomic<bool>> cancel_;
+  uint64_t next_dispatch_ = 0, next_consume_ = 0;
+  std::map<uint64_t, Result> ready_;
+  Result current_;
+  size_t current_pos_ = 0;
+  bool have_current_ = false;
+  std::string fatal_;
+
+  std::mutex bad_lock_;
+  std::unordered_map<uint64_t, std::string> bad_;  // manifest index -> reason
+  std::map<uint32_t, uint64_t> replaced_per_epoch_;
+
+  std::atomic<uint64_t> stat_clips_{0}, stat_frames_{0}, stat_replaced_{0}, stat_decoded_{0};
+};
+
+}  // namespace videotrain

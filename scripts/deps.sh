@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian (bookworm) packages gst-videotrain needs, if any are missing.
+# Usage: scripts/deps.sh [--bench]   (--bench adds what the benchmarks compare against)
+set -euo pipefail
+pkgs=(g++ pkg-config meson ninja-build
+      libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev gstreamer1.0-tools
+      gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-libav
+      libtorch-dev libgloo-dev nlohmann-json3-dev libgtest-dev libgmock-dev python3-torch)
+if [[ "${1:-}" == "--bench" ]]; then
+  pkgs+=(ffmpeg python3-torchvision python3-av time)
+fi
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+echo "Installing: ${missing[*]}"
+sudo=""
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,127 @@
+// elements/common: launcher environment, metas, tensor caps.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "dist_env.h"
+#include "metas.h"
+#include "tensor_caps.h"
+
+using namespace videotrain;
+
+namespace {
+const char *kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
+                       "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                       "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+struct CleanEnv : ::testing::Test {
+  void SetUp() override {
+    for (const char *v : kVars) unsetenv(v);
+  }
+  void TearDown() override { SetUp(); }
+};
+}  // namespace
+
+TEST_F(CleanEnv, DefaultsToOneRank) {
+  DistEnv e = dist_env_from_environment();
+  EXPECT_EQ(e.rank, 0);
+  EXPECT_EQ(e.world_size, 1);
+  EXPECT_EQ(e.source, "default");
+}
+
+TEST_F(CleanEnv, TorchrunComesBeforeSlurmAndOpenMpi) {
+  setenv("SLURM_PROCID", "3", 1);
+  setenv("SLURM_NTASKS", "8", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "5", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "6", 1);
+  EXPECT_EQ(dist_env_from_environment().source, "slurm");
+  EXPECT_EQ(dist_env_from_environment().rank, 3);
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  setenv("LOCAL_RANK", "1", 1);
+  setenv("MASTER_ADDR", "10.1.2.3", 1);
+  setenv("MASTER_PORT", "29555", 1);
+  DistEnv e = dist_env_from_environment();
+  EXPECT_EQ(e.source, "torchrun");
+  EXPECT_EQ(e.rank, 1);
+  EXPECT_EQ(e.world_size, 2);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.master_addr, "10.1.2.3");
+  EXPECT_EQ(e.master_port, 29555);
+}
+
+TEST_F(CleanEnv, OpenMpiAndInvalidValues) {
+  setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  EXPECT_EQ(dist_env_from_environment().rank, 2);
+  setenv("RANK", "4", 1);  // rank outside the world: ignored, falls through
+  setenv("WORLD_SIZE", "4", 1);
+  EXPECT_EQ(dist_env_from_environment().source, "openmpi");
+  setenv("RANK", "x", 1);
+  EXPECT_EQ(dist_env_from_environment().source, "openmpi");
+  EXPECT_FALSE(env_int("RANK").has_value());
+}
+
+TEST(Metas, ClipMetaSurvivesBufferCopies) {
+  GstBuffer *b = gst_buffer_new_allocate(nullptr, 16, nullptr);
+  auto *m = gst_buffer_add_videotrain_clip_meta(b, "a \"caption\"", "/x/y.mp4", "train");
+  m->sample_id = 42;
+  m->clip_index = 7;
+  m->frame_index = 3;
+  m->num_frames = 9;
+  m->padding = TRUE;
+  GstBuffer *c = gst_buffer_copy(b);
+  auto *n = gst_buffer_get_videotrain_clip_meta(c);
+  ASSERT_NE(n, nullptr);
+  EXPECT_EQ(n->sample_id, 42u);
+  EXPECT_EQ(n->clip_index, 7u);
+  EXPECT_EQ(n->frame_index, 3u);
+  EXPECT_EQ(n->num_frames, 9u);
+  EXPECT_TRUE(n->padding);
+  EXPECT_STREQ(n->caption, "a \"caption\"");
+  EXPECT_STREQ(n->split, "train");
+  EXPECT_NE(n->caption, m->caption) << "strings are owned by each meta";
+  // No tags: video filters keep it.
+  const gchar *const *tags = gst_meta_api_type_get_tags(GST_VIDEOTRAIN_CLIP_META_API_TYPE);
+  EXPECT_TRUE(tags == nullptr || tags[0] == nullptr);
+  gst_buffer_unref(b);
+  gst_buffer_unref(c);
+}
+
+TEST(Metas, BatchMetaCopiesItsLists) {
+  GstBuffer *b = gst_buffer_new();
+  auto *m = gst_buffer_add_videotrain_batch_meta(b);
+  m->step = 5;
+  m->sync = TRUE;
+  gst_videotrain_batch_meta_append(m, 11, "first", FALSE);
+  gst_videotrain_batch_meta_append(m, 12, nullptr, TRUE);
+  GstBuffer *c = gst_buffer_copy(b);
+  gst_buffer_unref(b);
+  auto *n = gst_buffer_get_videotrain_batch_meta(c);
+  ASSERT_NE(n, nullptr);
+  EXPECT_EQ(n->step, 5u);
+  EXPECT_TRUE(n->sync);
+  ASSERT_EQ(n->sample_ids->len, 2u);
+  EXPECT_EQ(g_array_index(n->sample_ids, guint64, 1), 12u);
+  EXPECT_STREQ((const char *)g_ptr_array_index(n->captions, 0), "first");
+  EXPECT_STREQ((const char *)g_ptr_array_index(n->captions, 1), "");
+  EXPECT_TRUE(g_array_index(n->padding, gboolean, 1));
+  gst_buffer_unref(c);
+}
+
+TEST(TensorCaps, RoundTripAndRefusal) {
+  GstCaps *caps = tensor_caps_new({"latents", "bfloat16", "cuda:1"});
+  TensorCapsInfo info;
+  std::string why;
+  ASSERT_TRUE(tensor_caps_parse(caps, &info, &why)) << why;
+  EXPECT_EQ(info.content, "latents");
+  EXPECT_EQ(info.dtype, "bfloat16");
+  EXPECT_EQ(info.device, "cuda:1");
+  GstCaps *tmpl = tensor_caps_template("latents");
+  EXPECT_TRUE(gst_caps_can_intersect(caps, tmpl));
+  gst_caps_unref(tmpl);
+  gst_caps_unref(caps);
+  caps = gst_caps_from_string("application/x-videotrain-tensor, content=weights, dtype=float32, device=cpu");
+  EXPECT_FALSE(tensor_caps_parse(caps, &info, &why));
+  EXPECT_NE(why.find("weights"), std::string::npos) << why;
+  gst_caps_unref(caps);
+}

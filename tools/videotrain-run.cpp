@@ -1,0 +1,263 @@
+/* videotrain-run: runs one gst-videotrain pipeline (one rank) and reports on it.
+ *
+ *   videotrain-run [options] PIPELINE-DESCRIPTION...
+ *   videotrain-run [options] -f pipelines/demo.pipeline -D DATA=demo-data
+ *
+ * Over gst-launch-1.0 it adds: ${VAR} substitution in pipeline files (from -D and the
+ * environment), a readable log of the project's bus messages, an optional line per
+ * clip (--print-clips NAME), a progress line, and Ctrl-C sent as EOS so that sinks
+ * finish cleanly (a second Ctrl-C aborts). */
+#include <glib-unix.h>
+#include <gst/gst.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "metas.h"
+
+namespace {
+
+GMainLoop *loop = nullptr;
+GstElement *pipeline = nullptr;
+int exit_code = 0;
+int interrupts = 0;
+bool quiet = false;
+bool tty = false;
+std::string status_line;
+
+std::string substitute(std::string text, const std::map<std::string, std::string> &defs) {
+  static const std::regex var(R"(\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\})");
+  std::string out;
+  std::smatch m;
+  while (std::regex_search(text, m, var)) {
+    out += m.prefix();
+    std::string name = m[1];
+    auto it = defs.find(name);
+    const char *env = std::getenv(name.c_str());
+    if (it != defs.end()) out += it->second;
+    else if (env) out += env;
+    else if (m[2].matched) out += m[3];
+    else {
+      std::fprintf(stderr, "videotrain-run: ${%s} is not defined (use -D %s=VALUE)\n", name.c_str(), name.c_str());
+      std::exit(2);
+    }
+    text = m.suffix();
+  }
+  out += text;
+  // Comments and line breaks of pipeline files.
+  std::istringstream lines(out);
+  std::string line, joined;
+  while (std::getline(lines, line)) {
+    auto hash = line.find('#');
+    if (hash != std::string::npos && (hash == 0 || line[hash - 1] == ' ' || line[hash - 1] == '\t'))
+      line = line.substr(0, hash);
+    if (!line.empty() && line.back() == '\\') line.pop_back();
+    joined += line + " ";
+  }
+  return joined;
+}
+
+void print_line(const std::string &s) {
+  if (tty && !status_line.empty()) std::fprintf(stderr, "\r\033[K");
+  std::printf("%s\n", s.c_str());
+  std::fflush(stdout);
+  if (tty && !status_line.empty()) std::fprintf(stderr, "%s", status_line.c_str());
+}
+
+void set_status(const std::string &s) {
+  status_line = s;
+  if (tty) std::fprintf(stderr, "\r\033[K%s", s.c_str());
+}
+
+std::string structure_text(const GstStructure *s) {
+  gchar *t = gst_structure_to_string(s);
+  std::string r = t;
+  g_free(t);
+  return r;
+}
+
+gboolean on_message(GstBus *, GstMessage *msg, gpointer) {
+  switch (GST_MESSAGE_TYPE(msg)) {
+    case GST_MESSAGE_ERROR: {
+      GError *e = nullptr;
+      gchar *dbg = nullptr;
+      gst_message_parse_error(msg, &e, &dbg);
+      std::fprintf(stderr, "%sERROR from %s: %s\n%s%s\n", tty ? "\n" : "", GST_OBJECT_NAME(msg->src), e->message,
+                   dbg ? "  " : "", dbg ? dbg : "");
+      g_error_free(e);
+      g_free(dbg);
+      exit_code = 1;
+      g_main_loop_quit(loop);
+      break;
+    }
+    case GST_MESSAGE_WARNING: {
+      GError *e = nullptr;
+      gst_message_parse_warning(msg, &e, nullptr);
+      print_line(std::string("WARNING ") + GST_OBJECT_NAME(msg->src) + ": " + e->message);
+      g_error_free(e);
+      break;
+    }
+    case GST_MESSAGE_ELEMENT: {
+      const GstStructure *s = gst_message_get_structure(msg);
+      const char *name = gst_structure_get_name(s);
+      if (g_str_has_suffix(name, "-progress")) {
+        set_status(structure_text(s));
+      } else if (!quiet && (g_str_has_prefix(name, "csvvideosrc") || g_str_has_prefix(name, "vaeencoder") ||
+                            g_str_has_prefix(name, "microbatcher") || g_str_has_prefix(name, "ddp"))) {
+        print_line(structure_text(s));
+      }
+      break;
+    }
+    case GST_MESSAGE_EOS:
+      g_main_loop_quit(loop);
+      break;
+    default:
+      break;
+  }
+  return TRUE;
+}
+
+gboolean on_sigint(gpointer) {
+  if (++interrupts == 1) {
+    std::fprintf(stderr, "\nvideotrain-run: interrupt: sending EOS (Ctrl-C again to abort)\n");
+    gst_element_send_event(pipeline, gst_event_new_eos());
+  } else {
+    exit_code = 130;
+    g_main_loop_quit(loop);
+  }
+  return G_SOURCE_CONTINUE;
+}
+
+struct ClipPrinter {
+  guint64 clips = 0;
+  guint64 frames = 0;
+};
+
+GstPadProbeReturn print_clip(GstPad *pad, GstPadProbeInfo *info, gpointer data) {
+  auto *p = static_cast<ClipPrinter *>(data);
+  GstBuffer *b = GST_PAD_PROBE_INFO_BUFFER(info);
+  p->frames++;
+  if (auto *m = gst_buffer_get_videotrain_clip_meta(b); m && m->frame_index == 0) {
+    p->clips++;
+    GstCaps *caps = gst_pad_get_current_caps(pad);
+    gchar *c = caps ? gst_caps_to_string(caps) : g_strdup("?");
+    char line[1024];
+    std::snprintf(line, sizeof line,
+                  "clip %" G_GUINT64_FORMAT " epoch %u: row %" G_GUINT64_FORMAT ", %u frames from %" G_GUINT64_FORMAT
+                  "%s, \"%s\" (%s)",
+                  m->clip_index, m->epoch, m->sample_id, m->num_frames, m->source_frame,
+                  m->padding ? " [padding]" : "", m->caption ? m->caption : "", m->path ? m->path : "");
+    print_line(line);
+    if (p->clips == 1) print_line(std::string("  caps: ") + c);
+    g_free(c);
+    if (caps) gst_caps_unref(caps);
+  } else if (auto *s = gst_buffer_get_videotrain_sample_meta(b)) {
+    p->clips++;
+    char line[512];
+    std::snprintf(line, sizeof line, "sample %" G_GUINT64_FORMAT " (clip %" G_GUINT64_FORMAT "): %zu bytes",
+                  s->sample_id, s->clip_index, gst_buffer_get_size(b));
+    print_line(line);
+  }
+  return GST_PAD_PROBE_OK;
+}
+
+void usage() {
+  std::fprintf(stderr,
+               "usage: videotrain-run [-q] [--print-clips NAME] [-D KEY=VALUE]... (-f FILE | PIPELINE...)\n"
+               "  -f FILE              read the pipeline description from FILE (${VAR} substituted)\n"
+               "  -D KEY=VALUE         define ${KEY} for the pipeline file\n"
+               "  --print-clips NAME   print a line per clip leaving element NAME\n"
+               "  -q                   only errors, warnings and the summary\n");
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  gst_init(&argc, &argv);
+  std::map<std::string, std::string> defs;
+  std::string file, description, clip_element;
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    if (a == "-f" && i + 1 < argc) file = argv[++i];
+    else if (a == "-D" && i + 1 < argc) {
+      std::string kv = argv[++i];
+      auto eq = kv.find('=');
+      if (eq == std::string::npos) return usage(), 2;
+      defs[kv.substr(0, eq)] = kv.substr(eq + 1);
+    } else if (a == "--print-clips" && i + 1 < argc) clip_element = argv[++i];
+    else if (a == "-q") quiet = true;
+    else if (a == "-h" || a == "--help") return usage(), 0;
+    else description += a + " ";
+  }
+  if (!file.empty()) {
+    std::ifstream f(file);
+    if (!f) {
+      std::fprintf(stderr, "videotrain-run: cannot read %s\n", file.c_str());
+      return 2;
+    }
+    std::stringstream ss;
+    ss << f.rdbuf();
+    description = ss.str() + " " + description;
+  }
+  description = substitute(description, defs);
+  if (description.find_first_not_of(" \t\n") == std::string::npos) return usage(), 2;
+  tty = isatty(fileno(stderr));
+
+  GError *err = nullptr;
+  pipeline = gst_parse_launch(description.c_str(), &err);
+  if (!pipeline) {
+    std::fprintf(stderr, "videotrain-run: bad pipeline: %s\n  %s\n", err ? err->message : "?", description.c_str());
+    return 2;
+  }
+  if (err) {
+    std::fprintf(stderr, "videotrain-run: warning: %s\n", err->message);
+    g_clear_error(&err);
+  }
+  ClipPrinter printer;
+  if (!clip_element.empty()) {
+    GstElement *e = gst_bin_get_by_name(GST_BIN(pipeline), clip_element.c_str());
+    if (!e) {
+      std::fprintf(stderr, "videotrain-run: no element named '%s' in the pipeline\n", clip_element.c_str());
+      return 2;
+    }
+    GstPad *pad = gst_element_get_static_pad(e, "src");
+    if (!pad) {
+      std::fprintf(stderr, "videotrain-run: element '%s' has no src pad\n", clip_element.c_str());
+      return 2;
+    }
+    gst_pad_add_probe(pad, GST_PAD_PROBE_TYPE_BUFFER, print_clip, &printer, nullptr);
+    gst_object_unref(pad);
+    gst_object_unref(e);
+  }
+  loop = g_main_loop_new(nullptr, FALSE);
+  GstBus *bus = gst_element_get_bus(pipeline);
+  gst_bus_add_watch(bus, on_message, nullptr);
+  g_unix_signal_add(SIGINT, on_sigint, nullptr);
+  g_unix_signal_add(SIGTERM, on_sigint, nullptr);
+  gint64 t0 = g_get_monotonic_time();
+  if (gst_element_set_state(pipeline, GST_STATE_PLAYING) == GST_STATE_CHANGE_FAILURE) {
+    // The error message on the bus says why.
+    exit_code = 1;
+  }
+  g_main_loop_run(loop);
+  gst_element_set_state(pipeline, GST_STATE_NULL);
+  double secs = (g_get_monotonic_time() - t0) / 1e6;
+  if (tty && !status_line.empty()) std::fprintf(stderr, "\n");
+  if (!clip_element.empty())
+    std::printf("videotrain-run: %" G_GUINT64_FORMAT " clips, %" G_GUINT64_FORMAT " frames in %.1f s (%.1f frames/s)\n",
+                printer.clips, printer.frames, secs, secs > 0 ? printer.frames / secs : 0.0);
+  else
+    std::printf("videotrain-run: finished in %.1f s%s\n", secs, exit_code ? " with an error" : "");
+  gst_bus_remove_watch(bus);
+  gst_object_unref(bus);
+  gst_object_unref(pipeline);
+  g_main_loop_unref(loop);
+  return exit_code;
+}
