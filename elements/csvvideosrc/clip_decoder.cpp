@@ -16,6 +16,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr GstClockTime kSlice = 50 * GST_MSECOND;  // how often waits look at cancel/deadline
+constexpr gint64 kStallUs = 3 * G_USEC_PER_SEC;     // no read and no stream found: the demuxer gave up
 
 void init_debug() {
   static std::once_flag once;
@@ -35,6 +36,7 @@ struct Chain {
   bool no_more_pads = false;
   int fps_n = 0, fps_d = 1;
   std::atomic<uint64_t> decoded{0};
+  std::atomic<gint64> last_read{0};  // monotonic time of the last read from the file
 
   ~Chain() {
     if (pipeline) {
@@ -60,6 +62,11 @@ void set_crop(GstElement *crop, const GstVideoInfo &vi, int out_w, int out_h) {
     if (cut > 0) top = cut / 2, bottom = cut - cut / 2;
   }
   g_object_set(crop, "left", left, "right", right, "top", top, "bottom", bottom, nullptr);
+}
+
+GstPadProbeReturn note_read(GstPad *, GstPadProbeInfo *, gpointer data) {
+  static_cast<Chain *>(data)->last_read = g_get_monotonic_time();
+  return GST_PAD_PROBE_OK;
 }
 
 GstPadProbeReturn count_frames(GstPad *, GstPadProbeInfo *info, gpointer data) {
@@ -213,6 +220,14 @@ DecodeStatus decode_clip(const ClipRequest &req, const std::atomic<bool> *cancel
   g_signal_connect(dec, "no-more-pads", G_CALLBACK(on_no_more_pads), &c);
   g_signal_connect(c.pipeline, "deep-element-added", G_CALLBACK(on_element_added), &c);
 
+  // decodebin drops errors of a demuxer it is still trying out (a truncated MP4 can fail
+  // that early): a file that nobody reads any more before a stream is found has failed.
+  GstPad *srcpad = gst_element_get_static_pad(src, "src");
+  gst_pad_add_probe(srcpad, GstPadProbeType(GST_PAD_PROBE_TYPE_BUFFER | GST_PAD_PROBE_TYPE_PULL), note_read, &c,
+                    nullptr);
+  gst_object_unref(srcpad);
+  c.last_read = g_get_monotonic_time();
+
   // Preroll: learn the frame rate and the duration.
   gst_element_set_state(c.pipeline, GST_STATE_PAUSED);
   for (;;) {
@@ -235,10 +250,16 @@ DecodeStatus decode_clip(const ClipRequest &req, const std::atomic<bool> *cancel
         *reason = "no video stream";
         return DecodeStatus::Failed;
       }
+      if (!c.linked && g_get_monotonic_time() - c.last_read > kStallUs) {
+        *reason = "cannot decode: no playable stream found and the file is no longer read (truncated or corrupt)";
+        return DecodeStatus::Failed;
+      }
     }
     if (cancelled()) return DecodeStatus::Cancelled;
     if (timed_out()) {
-      *reason = "decode timeout: no frame within " + std::to_string(req.timeout_s) + " s";
+      std::lock_guard<std::mutex> g(c.lock);
+      *reason = "decode timeout: no frame within " + std::to_string(req.timeout_s) + " s" +
+                (c.linked ? "" : c.no_more_pads ? " (no video stream)" : " (no stream found yet)");
       return DecodeStatus::Timeout;
     }
   }

@@ -15,6 +15,10 @@ namespace {
 
 const char *kPathColumns[] = {"path", "video", "video_path", "file", "filename"};
 const char *kCaptionColumns[] = {"text", "caption", "prompt"};
+// A row longer than this is reported as unusable rather than read into memory.
+constexpr size_t kMaxRecord = 64u << 20;
+// Indexing reads the file in blocks this large.
+constexpr size_t kScanBlock = 4u << 20;
 
 std::string trim(const std::string &s) {
   size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
@@ -31,71 +35,71 @@ bool has_bom(int fd) {
   return pread(fd, b, 3, 0) == 3 && b[0] == 0xEF && b[1] == 0xBB && b[2] == 0xBF;
 }
 
-// Reads from `offset` until a whole record (csv) or line is in `text`, or EOF.
-std::string read_from(int fd, uint64_t offset, bool csv, size_t *end) {
-  std::string text;
-  size_t chunk = 4096;
+ssize_t pread_full(int fd, char *buf, size_t len, uint64_t offset) {
   for (;;) {
-    size_t old = text.size();
-    text.resize(old + chunk);
-    ssize_t n = pread(fd, &text[old], chunk, off_t(offset + old));
-    if (n < 0 && errno == EINTR) {
-      text.resize(old);
-      continue;
-    }
-    text.resize(old + size_t(std::max<ssize_t>(n, 0)));
-    bool eof = n <= 0 || size_t(n) < chunk;
-    if (csv) {
-      // Quotes toggle; a newline outside quotes ends the record.
-      bool inq = false;
-      for (size_t i = 0; i < text.size(); i++) {
-        if (text[i] == '"') inq = !inq;
-        else if (text[i] == '\n' && !inq) {
-          *end = i + 1;
-          return text;
-        }
-      }
-    } else if (size_t nl = text.find('\n'); nl != std::string::npos) {
-      *end = nl + 1;
-      return text;
-    }
-    if (eof) {
-      *end = text.size();
-      return text;
-    }
-    chunk = std::min<size_t>(chunk * 2, 16u << 20);
+    ssize_t n = pread(fd, buf, len, off_t(offset));
+    if (n >= 0 || errno != EINTR) return n;
   }
 }
 
-// Line starts of a text file; trailing empty lines are not rows.
-bool index_lines(int fd, std::vector<uint64_t> *offsets) {
-  std::vector<char> buf(1 << 20);
-  uint64_t base = 0, start = 0;
-  bool empty = true;
-  size_t keep = 0;  // lines up to the last non-empty one
+enum class Read { kOk, kTooLong, kError };
+
+// Reads from `offset` until a whole record (csv: a newline outside quotes) or line is in
+// *text, or EOF; *end is the record's length including its newline.
+Read read_from(int fd, uint64_t offset, bool csv, std::string *text, size_t *end) {
+  text->clear();
+  size_t chunk = 2048, scanned = 0;
+  bool inq = false;
   for (;;) {
-    ssize_t n = pread(fd, buf.data(), buf.size(), off_t(base));
-    if (n < 0 && errno == EINTR) continue;
+    const size_t old = text->size();
+    text->resize(old + chunk);
+    ssize_t n = pread_full(fd, &(*text)[old], chunk, offset + old);
+    if (n < 0) return Read::kError;
+    text->resize(old + size_t(n));
+    // Resume the quote state where the previous block stopped.
+    for (size_t i = scanned; i < text->size(); i++) {
+      const char c = (*text)[i];
+      if (csv && c == '"') {
+        inq = !inq;
+      } else if (c == '\n' && !inq) {
+        *end = i + 1;
+        return Read::kOk;
+      }
+    }
+    scanned = text->size();
+    if (size_t(n) < chunk) {
+      *end = text->size();
+      return Read::kOk;
+    }
+    if (text->size() >= kMaxRecord) return Read::kTooLong;
+    chunk = std::min<size_t>(chunk * 2, 8u << 20);
+  }
+}
+
+// Starts of the non-blank lines of a text file, from `from` (past a BOM).
+bool index_lines(int fd, uint64_t from, std::vector<uint64_t> *offsets) {
+  std::unique_ptr<char[]> buf(new char[kScanBlock]);
+  uint64_t base = from, start = from;
+  bool blank = true;
+  for (;;) {
+    ssize_t n = pread_full(fd, buf.get(), kScanBlock, base);
     if (n < 0) return false;
     if (n == 0) break;
-    for (ssize_t i = 0; i < n; i++) {
-      char c = buf[size_t(i)];
-      if (c == '\n') {
-        offsets->push_back(start);
-        if (!empty) keep = offsets->size();
-        start = base + uint64_t(i) + 1;
-        empty = true;
-      } else if (c != '\r' && c != ' ' && c != '\t') {
-        empty = false;
-      }
+    const char *p = buf.get(), *e = p + n, *i = p;
+    while (i < e) {
+      const char *nl = static_cast<const char *>(memchr(i, '\n', size_t(e - i)));
+      const char *stop = nl ? nl : e;
+      for (const char *c = i; blank && c < stop; c++)
+        if (*c != ' ' && *c != '\t' && *c != '\r') blank = false;
+      if (!nl) break;
+      if (!blank) offsets->push_back(start);
+      blank = true;
+      i = nl + 1;
+      start = base + uint64_t(i - p);
     }
     base += uint64_t(n);
   }
-  if (!empty) {
-    offsets->push_back(start);
-    keep = offsets->size();
-  }
-  offsets->resize(keep);
+  if (!blank) offsets->push_back(start);
   return true;
 }
 
@@ -103,6 +107,17 @@ std::string strip_eol(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
   return s;
 }
+
+std::string absolute_dir(const std::string &dir) {
+  gchar *cwd = g_get_current_dir();
+  gchar *abs = g_canonicalize_filename(dir.empty() ? "." : dir.c_str(), cwd);
+  std::string r = abs;
+  g_free(abs);
+  g_free(cwd);
+  return r;
+}
+
+bool utf8(const std::string &s) { return g_utf8_validate(s.data(), gssize(s.size()), nullptr); }
 
 }  // namespace
 
@@ -123,8 +138,11 @@ std::vector<std::string> parse_csv_record(const std::string &text, size_t pos, s
           i++;
         }
       } else {
-        f += c;
-        i++;
+        // Copy the run up to the next quote at once.
+        size_t q = text.find('"', i);
+        if (q == std::string::npos) q = n;
+        f.append(text, i, q - i);
+        i = q;
       }
       continue;
     }
@@ -141,8 +159,11 @@ std::vector<std::string> parse_csv_record(const std::string &text, size_t pos, s
     } else if (c == '\r' && (i + 1 >= n || text[i + 1] == '\n')) {
       i++;  // the \n ends the record next
     } else {
-      f += c;
-      i++;
+      // Copy the run of plain characters at once.
+      size_t stop = text.find_first_of(",\"\r\n", i + 1);
+      if (stop == std::string::npos) stop = n;
+      f.append(text, i, stop - i);
+      i = stop;
     }
   }
   fields.push_back(std::move(f));
@@ -157,6 +178,10 @@ Manifest::~Manifest() {
 
 std::unique_ptr<Manifest> Manifest::open(const ManifestOptions &opts, std::string *error) {
   std::unique_ptr<Manifest> m(new Manifest());
+  if (opts.location.empty()) {
+    *error = "no manifest given: set location to a CSV file or a CogVideo folder (videos.txt + prompts.txt)";
+    return nullptr;
+  }
   struct stat st;
   if (stat(opts.location.c_str(), &st) != 0) {
     *error = "cannot open manifest " + opts.location + ": " + std::strerror(errno);
@@ -168,15 +193,6 @@ std::unique_ptr<Manifest> Manifest::open(const ManifestOptions &opts, std::strin
   m->prompt_offsets_.shrink_to_fit();
   m->row_numbers_.shrink_to_fit();
   return m;
-}
-
-static std::string absolute_dir(const std::string &dir) {
-  gchar *cwd = g_get_current_dir();
-  gchar *abs = g_canonicalize_filename(dir.empty() ? "." : dir.c_str(), cwd);
-  std::string r = abs;
-  g_free(abs);
-  g_free(cwd);
-  return r;
 }
 
 bool Manifest::open_csv(const ManifestOptions &opts, std::string *error) {
@@ -191,18 +207,34 @@ bool Manifest::open_csv(const ManifestOptions &opts, std::string *error) {
   base_ = absolute_dir(opts.root.empty() ? dir : opts.root);
   g_free(dir);
 
-  const uint64_t header_at = has_bom(fd_) ? 3 : 0;
+  // The header is the first non-blank record.
+  uint64_t header_at = has_bom(fd_) ? 3 : 0;
   size_t end = 0;
-  std::string text = read_from(fd_, header_at, true, &end);
-  if (trim(text).empty()) {
-    *error = "manifest " + loc + " is empty: expected a header row such as 'path,text'";
+  std::string text;
+  for (;;) {
+    Read r = read_from(fd_, header_at, true, &text, &end);
+    if (r != Read::kOk) {
+      *error = r == Read::kTooLong ? "manifest " + loc + " has a header row longer than 64 MiB (unbalanced quote?)"
+                                   : "cannot read manifest " + loc + ": " + std::strerror(errno);
+      return false;
+    }
+    if (end == 0) {
+      *error = "manifest " + loc + " is empty: expected a header row such as 'path,text'";
+      return false;
+    }
+    text.resize(end);
+    if (!trim(text).empty()) break;
+    header_at += end;
+  }
+  if (std::count(text.begin(), text.end(), '"') % 2 != 0) {
+    *error = "manifest " + loc + " has a quote that never closes in its header row";
+    return false;
+  }
+  if (!utf8(text)) {
+    *error = "manifest " + loc + " has a header row that is not UTF-8";
     return false;
   }
   std::vector<std::string> header = parse_csv_record(text, 0, nullptr);
-  if (!g_utf8_validate(text.data(), gssize(end), nullptr)) {
-    *error = "manifest " + loc + " has a header that is not UTF-8";
-    return false;
-  }
   std::vector<std::string> names;
   for (auto &h : header) names.push_back(lower(trim(h)));
   auto find = [&](const std::string &wanted) -> int {
@@ -223,7 +255,8 @@ bool Manifest::open_csv(const ManifestOptions &opts, std::string *error) {
       if ((path_col_ = find(c)) >= 0) break;
     if (path_col_ < 0) {
       *error = "manifest " + loc +
-               " has no path column: looked for path, video, video_path, file, filename; header has: " + header_list;
+               " has no path column: looked for path, video, video_path, file, filename; header has: " + header_list +
+               " (set path-column to choose one)";
       return false;
     }
   }
@@ -240,70 +273,117 @@ bool Manifest::open_csv(const ManifestOptions &opts, std::string *error) {
   }
   split_col_ = find("split");
   if (!opts.split.empty() && split_col_ < 0) {
-    *error = "manifest " + loc + " has no 'split' column, but split=" + opts.split + " was asked for";
+    *error = "manifest " + loc + " has no 'split' column, but split=" + opts.split + " was asked for; header has: " +
+             header_list;
     return false;
   }
 
-  // One pass over the data: record starts (and each record's split value when filtering).
+  // One pass over the data keeps each record's start (and, when filtering, its split
+  // value). Quotes toggle the quoted state (a doubled quote toggles twice); a newline
+  // outside quotes ends a record. memchr finds newlines and quotes, so a line without
+  // quotes costs two vectorised searches.
   const bool filter = !opts.split.empty();
-  std::vector<char> buf(1 << 20);
-  uint64_t base = header_at + end, start = base, row = 0;
+  std::unique_ptr<char[]> buf(new char[kScanBlock]);
+  uint64_t base = header_at + end, start = base, rows = 0;
   bool inq = false, empty = true;
+  bool just_closed = false;  // the last byte was a closing quote: a quote now is a doubled one
   int field = 0;
   std::string split_value;
+  // Split values are short; a runaway field (say, a quote that never closes) must not
+  // pull the rest of the file into memory.
+  const size_t split_cap = opts.split.size() + 4096;
+  auto add_split = [&](const char *s, const char *e) {
+    split_value.append(s, std::min<size_t>(size_t(e - s), split_cap - std::min(split_cap, split_value.size())));
+  };
   auto end_record = [&] {
     if (!empty) {
       if (!filter) {
         offsets_.push_back(start);
       } else if (trim(split_value) == opts.split) {
         offsets_.push_back(start);
-        row_numbers_.push_back(uint32_t(row));
+        row_numbers_.push_back(uint32_t(rows));
       }
-      row++;
+      rows++;
     }
     empty = true;
     field = 0;
     split_value.clear();
   };
+  // Unquoted bytes of the current record: blank lines (only \r) are not records.
+  auto unquoted = [&](const char *s, const char *e) {
+    for (const char *c = s; empty && c < e; c++)
+      if (*c != '\r') empty = false;
+    while (filter && field <= split_col_ && s < e) {
+      const char *comma = static_cast<const char *>(memchr(s, ',', size_t(e - s)));
+      const char *stop = comma ? comma : e;
+      if (field == split_col_) add_split(s, stop);
+      if (!comma) break;
+      field++;
+      s = comma + 1;
+    }
+  };
   for (;;) {
-    ssize_t n = pread(fd_, buf.data(), buf.size(), off_t(base));
-    if (n < 0 && errno == EINTR) continue;
+    const ssize_t n = pread_full(fd_, buf.get(), kScanBlock, base);
     if (n < 0) {
       *error = "cannot read manifest " + loc + ": " + std::strerror(errno);
       return false;
     }
     if (n == 0) break;
-    for (ssize_t i = 0; i < n; i++) {
-      const char c = buf[size_t(i)];
-      if (c == '"') {
-        inq = !inq;
+    const char *p = buf.get(), *e = p + n, *i = p;
+    const char *nl = nullptr;  // next newline at or after i; null: none left in this block
+    bool nl_known = false;
+    while (i < e) {
+      if (inq) {
+        const char *q = static_cast<const char *>(memchr(i, '"', size_t(e - i)));
+        const char *stop = q ? q : e;
+        if (filter && field == split_col_) add_split(i, stop);
+        if (!q) break;
+        inq = false;
+        just_closed = true;
+        i = q + 1;
+        continue;
+      }
+      if (!nl_known || (nl && nl < i)) {
+        nl = static_cast<const char *>(memchr(i, '\n', size_t(e - i)));
+        nl_known = true;
+      }
+      const char *line_end = nl ? nl : e;
+      const char *q = static_cast<const char *>(memchr(i, '"', size_t(line_end - i)));
+      if (q == i && just_closed && filter && field == split_col_) split_value += '"';
+      just_closed = false;
+      unquoted(i, q ? q : line_end);
+      if (q) {
         empty = false;
-      } else if (inq) {
-        if (filter && field == split_col_) split_value += c;
-      } else if (c == '\n') {
+        inq = true;
+        i = q + 1;
+      } else if (nl) {
         end_record();
-        start = base + uint64_t(i) + 1;
-      } else if (c != '\r') {
-        empty = false;
-        if (c == ',') field++;
-        else if (filter && field == split_col_) split_value += c;
+        i = nl + 1;
+        start = base + uint64_t(i - p);
+      } else {
+        break;
       }
     }
     base += uint64_t(n);
   }
+  uint64_t unterminated_row = 0;
+  if (inq) {
+    unterminated_at_ = start;
+    unterminated_row = rows;
+  }
   end_record();
-  // Row numbers are only needed when rows were dropped.
-  if (filter && row_numbers_.size() == row) row_numbers_.clear();
-  if (row > UINT32_MAX && filter) {
-    *error = "manifest " + loc + " has more than 2^32 rows";
+  if (filter && rows > UINT32_MAX) {
+    *error = "manifest " + loc + " has more than 2^32 rows; split filtering supports up to 2^32";
     return false;
   }
+  // Row numbers are only needed when rows were dropped.
+  if (filter && row_numbers_.size() == rows) row_numbers_.clear();
   description_ = loc + " (CSV, " + std::to_string(offsets_.size()) + " rows" +
-                 (filter ? " of " + std::to_string(row) + " with split '" + opts.split + "'" : std::string()) +
+                 (filter ? " of " + std::to_string(rows) + " with split '" + opts.split + "'" : std::string()) +
                  ", path column '" + trim(header[size_t(path_col_)]) + "'" +
                  (caption_col_ >= 0 ? ", caption column '" + trim(header[size_t(caption_col_)]) + "'"
                                     : std::string(", no caption column")) +
-                 ")";
+                 (inq ? ", quote never closes from row " + std::to_string(unterminated_row) : std::string()) + ")";
   return true;
 }
 
@@ -311,10 +391,12 @@ bool Manifest::open_folder(const ManifestOptions &opts, std::string *error) {
   csv_ = false;
   const std::string videos = opts.location + "/videos.txt", prompts = opts.location + "/prompts.txt";
   fd_ = ::open(videos.c_str(), O_RDONLY | O_CLOEXEC);
+  int videos_errno = errno;
   prompts_fd_ = ::open(prompts.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0 || prompts_fd_ < 0) {
-    *error = "manifest folder " + opts.location + " needs videos.txt and prompts.txt (CogVideo layout): cannot open " +
-             (fd_ < 0 ? videos : prompts) + ": " + std::strerror(errno);
+    *error = "manifest folder " + opts.location +
+             " is not a CogVideo dataset (videos.txt + prompts.txt): cannot open " + (fd_ < 0 ? videos : prompts) +
+             ": " + std::strerror(fd_ < 0 ? videos_errno : errno);
     return false;
   }
   if (!opts.split.empty()) {
@@ -323,27 +405,40 @@ bool Manifest::open_folder(const ManifestOptions &opts, std::string *error) {
     return false;
   }
   base_ = absolute_dir(opts.root.empty() ? opts.location : opts.root);
-  if (!index_lines(fd_, &offsets_) || !index_lines(prompts_fd_, &prompt_offsets_)) {
-    *error = "cannot read " + videos + " or " + prompts + ": " + std::strerror(errno);
+  if (!index_lines(fd_, has_bom(fd_) ? 3 : 0, &offsets_)) {
+    *error = "cannot read " + videos + ": " + std::strerror(errno);
+    return false;
+  }
+  if (!index_lines(prompts_fd_, has_bom(prompts_fd_) ? 3 : 0, &prompt_offsets_)) {
+    *error = "cannot read " + prompts + ": " + std::strerror(errno);
     return false;
   }
   if (offsets_.size() != prompt_offsets_.size()) {
-    *error = "manifest folder " + opts.location + ": videos.txt has " + std::to_string(offsets_.size()) +
-             " lines but prompts.txt has " + std::to_string(prompt_offsets_.size()) + "; they must pair line by line";
+    *error = "manifest folder " + opts.location + ": " + videos + " has " + std::to_string(offsets_.size()) +
+             " lines but " + prompts + " has " + std::to_string(prompt_offsets_.size()) +
+             " (blank lines not counted); they must pair line by line";
     return false;
   }
-  if (has_bom(fd_) && !offsets_.empty()) offsets_[0] = 3;
-  if (has_bom(prompts_fd_) && !prompt_offsets_.empty()) prompt_offsets_[0] = 3;
   description_ = opts.location + " (CogVideo folder, " + std::to_string(offsets_.size()) + " rows)";
   return true;
 }
 
-std::vector<std::string> Manifest::read_record(int fd, uint64_t offset, bool csv) const {
+bool Manifest::read_record(int fd, uint64_t offset, bool csv, std::vector<std::string> *fields,
+                           std::string *error) const {
   size_t end = 0;
-  std::string text = read_from(fd, offset, csv, &end);
+  std::string text;
+  Read r = read_from(fd, offset, csv, &text, &end);
+  if (r != Read::kOk) {
+    *error = r == Read::kTooLong ? "row is longer than 64 MiB"
+                                 : std::string("cannot read the manifest: ") + std::strerror(errno);
+    return false;
+  }
   text.resize(end);
-  if (csv) return parse_csv_record(text, 0, nullptr);
-  return {strip_eol(text)};
+  if (csv)
+    *fields = parse_csv_record(text, 0, nullptr);
+  else
+    *fields = {strip_eol(std::move(text))};
+  return true;
 }
 
 size_t Manifest::size() const { return offsets_.size(); }
@@ -351,29 +446,38 @@ size_t Manifest::size() const { return offsets_.size(); }
 ManifestRow Manifest::row(size_t index) const {
   ManifestRow r;
   if (index >= offsets_.size()) {
-    r.error = "row index " + std::to_string(index) + " is outside the manifest";
+    r.error = "row index " + std::to_string(index) + " is outside the manifest (" + std::to_string(offsets_.size()) +
+              " rows)";
     return r;
   }
   r.row = row_numbers_.empty() ? index : row_numbers_[index];
+  if (csv_ && offsets_[index] == unterminated_at_) {
+    r.error = "a quoted field never closes: the row runs to the end of the file";
+    return r;
+  }
   std::string path;
+  std::vector<std::string> f;
+  if (!read_record(fd_, offsets_[index], csv_, &f, &r.error)) return r;
   if (csv_) {
-    std::vector<std::string> f = read_record(fd_, offsets_[index], true);
     if (int(f.size()) <= path_col_) {
-      r.error = "row has " + std::to_string(f.size()) + " fields, too few for the path column";
+      r.error = "row has " + std::to_string(f.size()) + " fields, too few for the path column (field " +
+                std::to_string(path_col_ + 1) + ")";
       return r;
     }
     path = trim(f[size_t(path_col_)]);
-    if (caption_col_ >= 0 && int(f.size()) > caption_col_) r.caption = f[size_t(caption_col_)];
+    if (caption_col_ >= 0 && int(f.size()) > caption_col_) r.caption = std::move(f[size_t(caption_col_)]);
     if (split_col_ >= 0 && int(f.size()) > split_col_) r.split = trim(f[size_t(split_col_)]);
   } else {
-    path = trim(read_record(fd_, offsets_[index], false)[0]);
-    r.caption = trim(read_record(prompts_fd_, prompt_offsets_[index], false)[0]);
+    path = trim(f[0]);
+    if (!read_record(prompts_fd_, prompt_offsets_[index], false, &f, &r.error)) return r;
+    r.caption = trim(f[0]);
   }
-  if (!g_utf8_validate(path.data(), gssize(path.size()), nullptr) ||
-      !g_utf8_validate(r.caption.data(), gssize(r.caption.size()), nullptr)) {
-    r.error = "bad UTF-8 in the path or caption";
+  const bool path_ok = utf8(path);
+  if (!path_ok || !utf8(r.caption) || !utf8(r.split)) {
+    r.error = std::string("bad UTF-8 in the ") + (path_ok ? "caption" : "path");
     r.caption.clear();
-    r.path = g_utf8_validate(path.data(), gssize(path.size()), nullptr) ? path : "(not UTF-8)";
+    r.split.clear();
+    r.path = path_ok ? path : "(not UTF-8)";
     return r;
   }
   if (path.empty()) {
@@ -381,7 +485,7 @@ ManifestRow Manifest::row(size_t index) const {
     return r;
   }
   if (g_path_is_absolute(path.c_str())) {
-    r.path = path;
+    r.path = std::move(path);
   } else {
     gchar *p = g_build_filename(base_.c_str(), path.c_str(), nullptr);
     r.path = p;

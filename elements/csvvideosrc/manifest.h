@@ -2,8 +2,9 @@
  *
  * A CSV file (RFC 4180, header row) or a CogVideo folder (videos.txt + prompts.txt).
  * Opening scans the file once and keeps the byte offset of every record (8 bytes a
- * row, plus 4 for the row number when a split filter drops rows); paths and captions
- * are read from disk when a row is asked for. */
+ * row, plus 4 for the row number when a split filter drops rows; 16 for a folder);
+ * paths and captions are read from disk (pread) when a row is asked for.
+ * Blank lines are not rows, in both layouts (as CogVideo's loader skips them). */
 #pragma once
 
 #include <cstddef>
@@ -46,8 +47,9 @@ class Manifest {
   Manifest() = default;
   bool open_csv(const ManifestOptions &opts, std::string *error);
   bool open_folder(const ManifestOptions &opts, std::string *error);
-  // One record (CSV) or line (folder) starting at `offset` of file `fd`.
-  std::vector<std::string> read_record(int fd, uint64_t offset, bool csv) const;
+  // One record (CSV) or line (folder) starting at `offset` of file `fd`; false and
+  // *error when it cannot be read or is too long.
+  bool read_record(int fd, uint64_t offset, bool csv, std::vector<std::string> *fields, std::string *error) const;
 
   bool csv_ = true;
   int fd_ = -1, prompts_fd_ = -1;
@@ -56,6 +58,7 @@ class Manifest {
   std::vector<uint64_t> offsets_;   // record starts (CSV or videos.txt)
   std::vector<uint64_t> prompt_offsets_;  // prompts.txt line starts (folder layout)
   std::vector<uint32_t> row_numbers_;     // only when a split filter dropped rows
+  uint64_t unterminated_at_ = UINT64_MAX;  // start of a record whose quote never closes
   std::string description_;
 };
 

@@ -117,6 +117,8 @@ TEST_F(ClipDecoderTest, BadFilesFailWithAReason) {
   std::string data = vttest::read_file(v);
   vttest::write_file(dir.file("trunc.mp4"), data.substr(0, data.size() / 3));
   DecodeStatus st = decode_clip(request(dir.file("trunc.mp4"), 30), nullptr, &c, &why);
+  EXPECT_EQ(why.find("timeout"), std::string::npos) << "a truncated file fails at once: " << why;
+  EXPECT_EQ(why.find("timeout"), std::string::npos) << why;
   EXPECT_NE(st, DecodeStatus::Ok);
   EXPECT_FALSE(why.empty());
 }
