@@ -1,0 +1,70 @@
+/* The CogVideoX causal 3D VAE encoder, built natively from a diffusers config and
+ * its safetensors weights (decoder tensors are ignored). */
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "vae_config.h"
+
+namespace videotrain::vae {
+
+// What each causal convolution keeps of its padded input (the last kernel-1 frames)
+// so that the next temporal chunk continues where this one stopped. One entry per
+// causal convolution, in call order; empty before the first chunk.
+struct ConvCache {
+  std::vector<at::Tensor> entries;
+};
+
+class CogVideoXEncoder {
+ public:
+  // Reads dir/config.json and dir/diffusion_pytorch_model.safetensors. Throws
+  // std::runtime_error naming the file, the tensor and expected vs found shape on any mismatch,
+  // and the config key for configs the encoder does not support.
+  static std::unique_ptr<CogVideoXEncoder> load(const std::string &dir, c10::Device device, c10::ScalarType dtype);
+
+  const VaeConfig &config() const { return cfg_; }
+  c10::Device device() const { return device_; }
+  c10::ScalarType dtype() const { return dtype_; }
+
+  // x: [B, 3, t, H, W] (any dtype; computed in the encoder's dtype on its device).
+  // Returns the moments [B, 2*latent_channels, t', H/s, W/s]; `cache` is read and updated.
+  at::Tensor forward(const at::Tensor &x, ConvCache &cache) const;
+
+  struct Conv {
+    at::Tensor w, b;
+  };
+  struct Norm {
+    at::Tensor w, b;
+  };
+  struct Resnet {
+    Norm norm1, norm2;
+    Conv conv1, conv2, shortcut;  // shortcut undefined when channels match
+  };
+  struct Block {
+    std::vector<Resnet> resnets;
+    bool downsample = false, compress_time = false;
+    Conv down;  // 2D weights viewed as [out, in, 1, 3, 3]
+  };
+
+ private:
+  CogVideoXEncoder() = default;
+  at::Tensor resnet(const Resnet &r, const at::Tensor &x, ConvCache &cache, size_t &idx) const;
+  at::Tensor causal_conv(const Conv &c, const at::Tensor &x, ConvCache &cache, size_t &idx) const;
+  at::Tensor downsample(const Block &b, const at::Tensor &x) const;
+
+  VaeConfig cfg_;
+  c10::Device device_ = c10::Device(c10::kCPU);
+  c10::ScalarType dtype_ = c10::kFloat;
+  Conv conv_in_, conv_out_, quant_conv_;
+  std::vector<Block> blocks_;
+  std::vector<Resnet> mid_;
+  Norm norm_out_;
+};
+
+}  // namespace videotrain::vae

@@ -1,0 +1,574 @@
+/* vaeencoder: the GObject face of VaeEngine.
+ *
+ * Frames (video/x-raw RGB, one buffer per frame, each with a clip meta) go to the engine
+ * as they arrive; the engine encodes each temporal chunk as soon as its frames are in and
+ * releases them. When a clip's last frame is in, one latent buffer goes out, with the
+ * clip's sample meta, the first frame's PTS and a duration spanning the clip.
+ * A clip that cannot be encoded is dropped with a warning and a `vaeencoder-dropped`
+ * element message (sample-id, reason); the stream goes on. */
+#include "gstvaeencoder.h"
+
+#include <gst/video/video.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "metas.h"
+#include "tensor_caps.h"
+#include "vae_engine.h"
+
+GST_DEBUG_CATEGORY_STATIC(vaeencoder_debug);
+#define GST_CAT_DEFAULT vaeencoder_debug
+
+using namespace videotrain;
+using videotrain::vae::LatentKind;
+using videotrain::vae::VaeEngine;
+
+struct _GstVaeEncoder {
+  GstElement parent;
+  GstPad *sinkpad, *srcpad;
+  // Properties (object lock).
+  gchar *model, *device, *dtype;
+  gboolean per_frame;
+  guint micro_batch_size, chunk_frames, tile_height, tile_width;
+  gdouble tile_overlap_height, tile_overlap_width;
+  gint latent;
+  guint64 seed;
+  // Streaming state (stream lock).
+  std::unique_ptr<VaeEngine> *engine;
+  GstVideoInfo vinfo;
+  gboolean have_info;
+  GstBuffer *clip_holder;      // empty buffer carrying the current clip's clip meta
+  GstClockTime clip_pts, clip_end;
+  gboolean skipping;           // frames of a dropped clip are being skipped
+  guint64 skip_sample, skip_clip_index;
+  GstClockTime last_clip_duration;
+  guint64 clips_encoded, clips_dropped;
+};
+
+G_DEFINE_TYPE(GstVaeEncoder, gst_vae_encoder, GST_TYPE_ELEMENT);
+GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(vaeencoder, "vaeencoder", GST_RANK_NONE, GST_TYPE_VAE_ENCODER,
+                                      GST_DEBUG_CATEGORY_INIT(vaeencoder_debug, "vaeencoder", 0,
+                                                              "Chunked causal 3D VAE encoder"));
+
+enum {
+  PROP_0,
+  PROP_MODEL,
+  PROP_PER_FRAME,
+  PROP_MICRO_BATCH_SIZE,
+  PROP_CHUNK_FRAMES,
+  PROP_TILE_HEIGHT,
+  PROP_TILE_WIDTH,
+  PROP_TILE_OVERLAP_HEIGHT,
+  PROP_TILE_OVERLAP_WIDTH,
+  PROP_LATENT,
+  PROP_SEED,
+  PROP_DEVICE,
+  PROP_DTYPE,
+  PROP_CLIPS_ENCODED,
+  PROP_CLIPS_DROPPED,
+};
+
+static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
+    "sink", GST_PAD_SINK, GST_PAD_ALWAYS,
+    GST_STATIC_CAPS("video/x-raw, format=(string)RGB, width=(int)[1, 16384], height=(int)[1, 16384], "
+                    "framerate=(fraction)[0/1, 1000/1]"));
+
+static GType gst_vae_encoder_latent_get_type(void) {
+  static GType type = 0;
+  static const GEnumValue values[] = {
+      {(gint)LatentKind::Sample, "Posterior sample (mean + std * seeded noise) times scaling_factor", "sample"},
+      {(gint)LatentKind::Mode, "Posterior mean times scaling_factor", "mode"},
+      {(gint)LatentKind::Moments, "Mean and log-variance concatenated on channels (unscaled)", "moments"},
+      {0, nullptr, nullptr}};
+  if (g_once_init_enter(&type)) {
+    GType t = g_enum_register_static("GstVaeEncoderLatent", values);
+    g_once_init_leave(&type, t);
+  }
+  return type;
+}
+
+static VaeEngine *engine_of(GstVaeEncoder *self) { return self->engine ? self->engine->get() : nullptr; }
+
+static void clear_clip(GstVaeEncoder *self) {
+  if (VaeEngine *e = engine_of(self)) e->abort_clip();
+  gst_clear_buffer(&self->clip_holder);
+  self->clip_pts = self->clip_end = GST_CLOCK_TIME_NONE;
+}
+
+// Warning + element message for one clip that will not come out.
+static void drop_clip(GstVaeEncoder *self, const GstVideoTrainClipMeta *meta, const std::string &reason) {
+  guint64 sample = meta ? meta->sample_id : 0;
+  GST_WARNING_OBJECT(self, "dropping clip of sample %" G_GUINT64_FORMAT ": %s", sample, reason.c_str());
+  GST_ELEMENT_WARNING(self, STREAM, DECODE, ("Dropped the clip of sample %" G_GUINT64_FORMAT, sample),
+                      ("%s", reason.c_str()));
+  GstStructure *s = gst_structure_new("vaeencoder-dropped", "sample-id", G_TYPE_UINT64, sample, "reason",
+                                      G_TYPE_STRING, reason.c_str(), nullptr);
+  if (meta)
+    gst_structure_set(s, "epoch", G_TYPE_UINT, meta->epoch, "clip-index", G_TYPE_UINT64, meta->clip_index,
+                      "num-frames", G_TYPE_UINT, meta->num_frames, nullptr);
+  gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), s));
+  GST_OBJECT_LOCK(self);
+  self->clips_dropped++;
+  GST_OBJECT_UNLOCK(self);
+  if (meta) {
+    self->skipping = TRUE;
+    self->skip_sample = meta->sample_id;
+    self->skip_clip_index = meta->clip_index;
+  }
+  clear_clip(self);
+}
+
+static GstVideoTrainClipMeta *holder_meta(GstVaeEncoder *self) {
+  return self->clip_holder ? gst_buffer_get_videotrain_clip_meta(self->clip_holder) : nullptr;
+}
+
+static GstFlowReturn finish_clip(GstVaeEncoder *self) {
+  VaeEngine *eng = engine_of(self);
+  std::string why;
+  GstBuffer *out = eng->finish_clip(&why);
+  GstVideoTrainClipMeta *meta = holder_meta(self);
+  if (!out) {
+    drop_clip(self, meta, why);
+    return GST_FLOW_OK;
+  }
+  if (meta) gst_buffer_add_videotrain_sample_meta_from_clip(out, meta);
+  GST_BUFFER_PTS(out) = self->clip_pts;
+  GST_BUFFER_DTS(out) = GST_CLOCK_TIME_NONE;
+  if (GST_CLOCK_TIME_IS_VALID(self->clip_pts) && GST_CLOCK_TIME_IS_VALID(self->clip_end) &&
+      self->clip_end >= self->clip_pts) {
+    GST_BUFFER_DURATION(out) = self->clip_end - self->clip_pts;
+    self->last_clip_duration = GST_BUFFER_DURATION(out);
+  }
+  clear_clip(self);
+  GST_OBJECT_LOCK(self);
+  self->clips_encoded++;
+  GST_OBJECT_UNLOCK(self);
+  return gst_pad_push(self->srcpad, out);
+}
+
+static GstFlowReturn gst_vae_encoder_chain(GstPad *, GstObject *parent, GstBuffer *buf) {
+  auto *self = GST_VAE_ENCODER(parent);
+  VaeEngine *eng = engine_of(self);
+  if (!eng || !self->have_info) {
+    gst_buffer_unref(buf);
+    GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("Frames arrived before caps or before the model was loaded"),
+                      (nullptr));
+    return GST_FLOW_NOT_NEGOTIATED;
+  }
+  GstVideoTrainClipMeta *meta = gst_buffer_get_videotrain_clip_meta(buf);
+  if (!meta) {
+    gst_buffer_unref(buf);
+    GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("Frames carry no clip meta"),
+                      ("vaeencoder needs to know where clips start and how many frames they hold: feed it from "
+                       "csvvideosrc (or attach a GstVideoTrainClipMeta to every frame)"));
+    return GST_FLOW_ERROR;
+  }
+  GstClockTime pts = GST_BUFFER_PTS(buf), dur = GST_BUFFER_DURATION(buf);
+
+  if (meta->frame_index == 0) {
+    self->skipping = FALSE;
+    if (eng->in_clip()) {
+      GstVideoTrainClipMeta *cur = holder_meta(self);
+      drop_clip(self, cur,
+                "clip ended after " + std::to_string(eng->frames_received()) + " of " +
+                    std::to_string(eng->frames_expected()) + " frames (the next clip started)");
+      self->skipping = FALSE;
+    }
+    std::string why;
+    int w = GST_VIDEO_INFO_WIDTH(&self->vinfo), h = GST_VIDEO_INFO_HEIGHT(&self->vinfo);
+    if (!eng->begin_clip(meta->sample_id, static_cast<int>(meta->num_frames), w, h, &why)) {
+      drop_clip(self, meta, why);
+      gst_buffer_unref(buf);
+      return GST_FLOW_OK;
+    }
+    self->clip_holder = gst_buffer_new();
+    gst_buffer_copy_into(self->clip_holder, buf, GST_BUFFER_COPY_META, 0, -1);
+    self->clip_pts = pts;
+  } else if (!eng->in_clip()) {
+    bool known = self->skipping && meta->sample_id == self->skip_sample && meta->clip_index == self->skip_clip_index;
+    if (!known)  // joined in the middle of a clip (e.g. after a flush)
+      drop_clip(self, meta, "clip started at frame " + std::to_string(meta->frame_index) + ", not at frame 0");
+    gst_buffer_unref(buf);
+    return GST_FLOW_OK;
+  } else {
+    GstVideoTrainClipMeta *cur = holder_meta(self);
+    if (!cur || meta->sample_id != cur->sample_id || meta->clip_index != cur->clip_index ||
+        static_cast<int>(meta->frame_index) != eng->frames_received() ||
+        static_cast<int>(meta->num_frames) != eng->frames_expected()) {
+      std::string reason = "frame " + std::to_string(meta->frame_index) + " of sample " +
+                           std::to_string(meta->sample_id) + " arrived where frame " +
+                           std::to_string(eng->frames_received()) + " of the current clip was expected";
+      drop_clip(self, cur, reason);
+      gst_buffer_unref(buf);
+      return GST_FLOW_OK;
+    }
+  }
+
+  GstVideoFrame frame;
+  if (!gst_video_frame_map(&frame, &self->vinfo, buf, GST_MAP_READ)) {
+    std::string reason = "frame " + std::to_string(meta->frame_index) + " has " +
+                         std::to_string(gst_buffer_get_size(buf)) + " bytes, too few for " +
+                         std::to_string(GST_VIDEO_INFO_WIDTH(&self->vinfo)) + "x" +
+                         std::to_string(GST_VIDEO_INFO_HEIGHT(&self->vinfo)) + " RGB";
+    drop_clip(self, holder_meta(self), reason);
+    gst_buffer_unref(buf);
+    return GST_FLOW_OK;
+  }
+  std::string why;
+  bool ok = eng->push_frame(static_cast<const uint8_t *>(GST_VIDEO_FRAME_PLANE_DATA(&frame, 0)),
+                            GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0), &why);
+  gst_video_frame_unmap(&frame);
+  if (GST_CLOCK_TIME_IS_VALID(pts)) self->clip_end = pts + (GST_CLOCK_TIME_IS_VALID(dur) ? dur : 0);
+  gst_buffer_unref(buf);
+  if (!ok && eng->failure_is_fatal()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, NO_SPACE_LEFT, ("VAE encoder ran out of memory"),
+                      ("%s; lower chunk-frames, set smaller tile-height/tile-width or use smaller frames",
+                       why.c_str()));
+    clear_clip(self);
+    return GST_FLOW_ERROR;
+  }
+  if (!ok) {
+    drop_clip(self, holder_meta(self), why);
+    return GST_FLOW_OK;
+  }
+  if (eng->clip_complete()) return finish_clip(self);
+  return GST_FLOW_OK;
+}
+
+static gboolean set_sink_caps(GstVaeEncoder *self, GstCaps *caps) {
+  GstVideoInfo info;
+  if (!gst_video_info_from_caps(&info, caps) || GST_VIDEO_INFO_FORMAT(&info) != GST_VIDEO_FORMAT_RGB) {
+    GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("vaeencoder takes RGB frames"), ("caps: %" GST_PTR_FORMAT, caps));
+    return FALSE;
+  }
+  VaeEngine *eng = engine_of(self);
+  if (!eng) return FALSE;
+  std::string bad = eng->check_clip(1, GST_VIDEO_INFO_WIDTH(&info), GST_VIDEO_INFO_HEIGHT(&info));
+  if (!bad.empty()) {
+    GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("Frames of this size cannot be encoded"),
+                      ("%s (model %s); resize the frames upstream", bad.c_str(), eng->options().model.c_str()));
+    return FALSE;
+  }
+  if (eng->in_clip()) drop_clip(self, holder_meta(self), "frame size changed in the middle of the clip");
+  self->vinfo = info;
+  self->have_info = TRUE;
+  GstCaps *out = tensor_caps_new({"latents", eng->dtype_name(), eng->device_name()});
+  gboolean ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(out));
+  gst_caps_unref(out);
+  return ok;
+}
+
+static gboolean gst_vae_encoder_sink_event(GstPad *pad, GstObject *parent, GstEvent *event) {
+  auto *self = GST_VAE_ENCODER(parent);
+  switch (GST_EVENT_TYPE(event)) {
+    case GST_EVENT_CAPS: {
+      GstCaps *caps;
+      gst_event_parse_caps(event, &caps);
+      gboolean ok = set_sink_caps(self, caps);
+      gst_event_unref(event);
+      return ok;
+    }
+    case GST_EVENT_FLUSH_STOP:
+      clear_clip(self);
+      self->skipping = FALSE;
+      break;
+    case GST_EVENT_EOS:
+      if (engine_of(self) && engine_of(self)->in_clip()) {
+        VaeEngine *eng = engine_of(self);
+        drop_clip(self, holder_meta(self),
+                  "stream ended after " + std::to_string(eng->frames_received()) + " of " +
+                      std::to_string(eng->frames_expected()) + " frames of the clip");
+      }
+      break;
+    default:
+      break;
+  }
+  return gst_pad_event_default(pad, parent, event);
+}
+
+static gboolean gst_vae_encoder_sink_query(GstPad *pad, GstObject *parent, GstQuery *query) {
+  switch (GST_QUERY_TYPE(query)) {
+    case GST_QUERY_ALLOCATION:
+      return FALSE;  // downstream holds tensors, not frames: upstream picks its own allocator
+    case GST_QUERY_CAPS: {
+      GstCaps *filter, *tmpl = gst_pad_get_pad_template_caps(pad);
+      gst_query_parse_caps(query, &filter);
+      GstCaps *res = filter ? gst_caps_intersect_full(filter, tmpl, GST_CAPS_INTERSECT_FIRST) : gst_caps_ref(tmpl);
+      gst_query_set_caps_result(query, res);
+      gst_caps_unref(res);
+      gst_caps_unref(tmpl);
+      return TRUE;
+    }
+    default:
+      return gst_pad_query_default(pad, parent, query);
+  }
+}
+
+static gboolean gst_vae_encoder_src_query(GstPad *pad, GstObject *parent, GstQuery *query) {
+  auto *self = GST_VAE_ENCODER(parent);
+  switch (GST_QUERY_TYPE(query)) {
+    case GST_QUERY_CAPS: {
+      GstCaps *caps;
+      VaeEngine *eng = engine_of(self);
+      if (eng)
+        caps = tensor_caps_new({"latents", eng->dtype_name(), eng->device_name()});
+      else
+        caps = gst_pad_get_pad_template_caps(pad);
+      GstCaps *filter;
+      gst_query_parse_caps(query, &filter);
+      if (filter) {
+        GstCaps *i = gst_caps_intersect_full(filter, caps, GST_CAPS_INTERSECT_FIRST);
+        gst_caps_unref(caps);
+        caps = i;
+      }
+      gst_query_set_caps_result(query, caps);
+      gst_caps_unref(caps);
+      return TRUE;
+    }
+    case GST_QUERY_LATENCY: {
+      // A clip's latent leaves when its last frame is in: add one clip's duration.
+      if (!gst_pad_peer_query(self->sinkpad, query)) return FALSE;
+      gboolean live;
+      GstClockTime min, max;
+      gst_query_parse_latency(query, &live, &min, &max);
+      GstClockTime own = GST_CLOCK_TIME_IS_VALID(self->last_clip_duration) ? self->last_clip_duration : 0;
+      min += own;
+      if (GST_CLOCK_TIME_IS_VALID(max)) max += own;
+      gst_query_set_latency(query, live, min, max);
+      return TRUE;
+    }
+    default:
+      return gst_pad_query_default(pad, parent, query);
+  }
+}
+
+static LatentKind latent_kind(gint v) { return static_cast<LatentKind>(v); }
+
+static gboolean load_engine(GstVaeEncoder *self) {
+  vae::EngineOptions o;
+  GST_OBJECT_LOCK(self);
+  o.model = self->model ? self->model : "";
+  o.per_frame = self->per_frame;
+  o.micro_batch_size = static_cast<int>(self->micro_batch_size);
+  o.chunk_frames = static_cast<int>(self->chunk_frames);
+  o.tile_height = static_cast<int>(self->tile_height);
+  o.tile_width = static_cast<int>(self->tile_width);
+  o.tile_overlap_height = self->tile_overlap_height;
+  o.tile_overlap_width = self->tile_overlap_width;
+  o.latent = latent_kind(self->latent);
+  o.seed = self->seed;
+  o.device = self->device ? self->device : "";
+  o.dtype = self->dtype ? self->dtype : "";
+  GST_OBJECT_UNLOCK(self);
+  // Test hook: pretend tiles over N pixels run out of memory (exercises the retry on CPU).
+  if (const char *fake = std::getenv("VIDEOTRAIN_VAEENCODER_FAKE_OOM_PIXELS")) o.fake_oom_pixels = atoll(fake);
+  std::string error;
+  auto eng = VaeEngine::create(o, &error);
+  if (!eng) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Could not set up the VAE encoder"), ("%s", error.c_str()));
+    return FALSE;
+  }
+  eng->set_warning_callback([self](const std::string &w) {
+    GST_ELEMENT_WARNING(self, RESOURCE, NO_SPACE_LEFT, ("VAE encoder ran out of memory"), ("%s", w.c_str()));
+  });
+  GST_INFO_OBJECT(self, "model %s on %s as %s", o.model.c_str(), eng->device_name().c_str(),
+                  eng->dtype_name().c_str());
+  *self->engine = std::move(eng);
+  return TRUE;
+}
+
+static GstStateChangeReturn gst_vae_encoder_change_state(GstElement *element, GstStateChange transition) {
+  auto *self = GST_VAE_ENCODER(element);
+  switch (transition) {
+    case GST_STATE_CHANGE_NULL_TO_READY:
+      if (!load_engine(self)) return GST_STATE_CHANGE_FAILURE;
+      break;
+    case GST_STATE_CHANGE_READY_TO_PAUSED:
+      self->have_info = FALSE;
+      self->skipping = FALSE;
+      self->last_clip_duration = GST_CLOCK_TIME_NONE;
+      break;
+    default:
+      break;
+  }
+  GstStateChangeReturn ret = GST_ELEMENT_CLASS(gst_vae_encoder_parent_class)->change_state(element, transition);
+  switch (transition) {
+    case GST_STATE_CHANGE_PAUSED_TO_READY:
+      GST_PAD_STREAM_LOCK(self->sinkpad);
+      clear_clip(self);
+      self->have_info = FALSE;
+      GST_PAD_STREAM_UNLOCK(self->sinkpad);
+      break;
+    case GST_STATE_CHANGE_READY_TO_NULL:
+      self->engine->reset();
+      break;
+    default:
+      break;
+  }
+  return ret;
+}
+
+static void gst_vae_encoder_set_property(GObject *object, guint id, const GValue *value, GParamSpec *pspec) {
+  auto *self = GST_VAE_ENCODER(object);
+  GST_OBJECT_LOCK(self);
+  switch (id) {
+    case PROP_MODEL: g_free(self->model); self->model = g_value_dup_string(value); break;
+    case PROP_PER_FRAME: self->per_frame = g_value_get_boolean(value); break;
+    case PROP_MICRO_BATCH_SIZE: self->micro_batch_size = g_value_get_uint(value); break;
+    case PROP_CHUNK_FRAMES: self->chunk_frames = g_value_get_uint(value); break;
+    case PROP_TILE_HEIGHT: self->tile_height = g_value_get_uint(value); break;
+    case PROP_TILE_WIDTH: self->tile_width = g_value_get_uint(value); break;
+    case PROP_TILE_OVERLAP_HEIGHT: self->tile_overlap_height = g_value_get_double(value); break;
+    case PROP_TILE_OVERLAP_WIDTH: self->tile_overlap_width = g_value_get_double(value); break;
+    case PROP_LATENT: self->latent = g_value_get_enum(value); break;
+    case PROP_SEED: self->seed = g_value_get_uint64(value); break;
+    case PROP_DEVICE: g_free(self->device); self->device = g_value_dup_string(value); break;
+    case PROP_DTYPE: g_free(self->dtype); self->dtype = g_value_dup_string(value); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+static void gst_vae_encoder_get_property(GObject *object, guint id, GValue *value, GParamSpec *pspec) {
+  auto *self = GST_VAE_ENCODER(object);
+  GST_OBJECT_LOCK(self);
+  switch (id) {
+    case PROP_MODEL: g_value_set_string(value, self->model); break;
+    case PROP_PER_FRAME: g_value_set_boolean(value, self->per_frame); break;
+    case PROP_MICRO_BATCH_SIZE: g_value_set_uint(value, self->micro_batch_size); break;
+    case PROP_CHUNK_FRAMES: g_value_set_uint(value, self->chunk_frames); break;
+    case PROP_TILE_HEIGHT: g_value_set_uint(value, self->tile_height); break;
+    case PROP_TILE_WIDTH: g_value_set_uint(value, self->tile_width); break;
+    case PROP_TILE_OVERLAP_HEIGHT: g_value_set_double(value, self->tile_overlap_height); break;
+    case PROP_TILE_OVERLAP_WIDTH: g_value_set_double(value, self->tile_overlap_width); break;
+    case PROP_LATENT: g_value_set_enum(value, self->latent); break;
+    case PROP_SEED: g_value_set_uint64(value, self->seed); break;
+    case PROP_DEVICE: g_value_set_string(value, self->device); break;
+    case PROP_DTYPE: g_value_set_string(value, self->dtype); break;
+    case PROP_CLIPS_ENCODED: g_value_set_uint64(value, self->clips_encoded); break;
+    case PROP_CLIPS_DROPPED: g_value_set_uint64(value, self->clips_dropped); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+static void gst_vae_encoder_finalize(GObject *object) {
+  auto *self = GST_VAE_ENCODER(object);
+  gst_clear_buffer(&self->clip_holder);
+  delete self->engine;
+  g_free(self->model);
+  g_free(self->device);
+  g_free(self->dtype);
+  G_OBJECT_CLASS(gst_vae_encoder_parent_class)->finalize(object);
+}
+
+static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
+  auto *gobject_class = G_OBJECT_CLASS(klass);
+  auto *element_class = GST_ELEMENT_CLASS(klass);
+  gobject_class->set_property = gst_vae_encoder_set_property;
+  gobject_class->get_property = gst_vae_encoder_get_property;
+  gobject_class->finalize = gst_vae_encoder_finalize;
+  element_class->change_state = gst_vae_encoder_change_state;
+
+  const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  const auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+  g_object_class_install_property(
+      gobject_class, PROP_MODEL,
+      g_param_spec_string("model", "Model",
+                          "A diffusers CogVideoX VAE folder (config.json + diffusion_pytorch_model.safetensors), or "
+                          "a TorchScript file whose module has an encode method",
+                          nullptr, rw));
+  g_object_class_install_property(
+      gobject_class, PROP_PER_FRAME,
+      g_param_spec_boolean("per-frame", "Per frame",
+                           "The TorchScript model is an image encoder ([N,3,H,W] -> [N,C,h,w]); the clip's frames "
+                           "are folded into the batch and the results stacked along time",
+                           FALSE, rw));
+  g_object_class_install_property(
+      gobject_class, PROP_MICRO_BATCH_SIZE,
+      g_param_spec_uint("micro-batch-size", "Micro-batch size", "Frames per call of a per-frame image encoder", 1,
+                        4096, 8, rw));
+  g_object_class_install_property(
+      gobject_class, PROP_CHUNK_FRAMES,
+      g_param_spec_uint("chunk-frames", "Chunk frames",
+                        "Frames per temporal chunk (k; chunk 0 also takes the T mod k extra frames); memory is set "
+                        "by the chunk. Must be a multiple of the VAE's temporal compression",
+                        1, 4096, 8, rw));
+  g_object_class_install_property(
+      gobject_class, PROP_TILE_HEIGHT,
+      g_param_spec_uint("tile-height", "Tile height", "Spatial tile height in pixels (0: no tiles)", 0, 16384, 0, rw));
+  g_object_class_install_property(
+      gobject_class, PROP_TILE_WIDTH,
+      g_param_spec_uint("tile-width", "Tile width", "Spatial tile width in pixels (0: no tiles)", 0, 16384, 0, rw));
+  g_object_class_install_property(
+      gobject_class, PROP_TILE_OVERLAP_HEIGHT,
+      g_param_spec_double("tile-overlap-height", "Tile overlap height",
+                          "Fraction of a tile's height shared with the tile above (linear blend)", 0.0, 0.95,
+                          1.0 / 6, rw));
+  g_object_class_install_property(
+      gobject_class, PROP_TILE_OVERLAP_WIDTH,
+      g_param_spec_double("tile-overlap-width", "Tile overlap width",
+                          "Fraction of a tile's width shared with the tile to the left (linear blend)", 0.0, 0.95,
+                          1.0 / 5, rw));
+  g_object_class_install_property(
+      gobject_class, PROP_LATENT,
+      g_param_spec_enum("latent", "Latent", "What goes out per clip (TorchScript encoders: their output as is)",
+                        gst_vae_encoder_latent_get_type(), (gint)LatentKind::Sample, rw));
+  g_object_class_install_property(
+      gobject_class, PROP_SEED,
+      g_param_spec_uint64("seed", "Seed", "Seed of the posterior noise (mixed with each clip's sample id)", 0,
+                          G_MAXUINT64, 0, rw));
+  g_object_class_install_property(
+      gobject_class, PROP_DEVICE,
+      g_param_spec_string("device", "Device",
+                          "cpu, cuda or cuda:N (default: cuda:LOCAL_RANK when CUDA is available, else cpu)", nullptr,
+                          rw));
+  g_object_class_install_property(
+      gobject_class, PROP_DTYPE,
+      g_param_spec_string("dtype", "Dtype",
+                          "float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU)", nullptr, rw));
+  g_object_class_install_property(
+      gobject_class, PROP_CLIPS_ENCODED,
+      g_param_spec_uint64("clips-encoded", "Clips encoded", "Clips encoded so far", 0, G_MAXUINT64, 0, ro));
+  g_object_class_install_property(
+      gobject_class, PROP_CLIPS_DROPPED,
+      g_param_spec_uint64("clips-dropped", "Clips dropped", "Clips dropped so far (see vaeencoder-dropped messages)",
+                          0, G_MAXUINT64, 0, ro));
+
+  gst_element_class_set_static_metadata(
+      element_class, "VAE encoder", "Filter/Encoder/Video",
+      "Encodes each clip of RGB frames into one latent tensor with a CogVideoX causal 3D VAE (temporal chunks "
+      "with a causal-convolution cache, optional spatial tiles) or a TorchScript encoder. With a CogVideoX VAE, "
+      "clips need 1 + 4n frames (temporal compression 4) and frame sizes divisible by 8; other clips are dropped "
+      "with a vaeencoder-dropped message",
+      "gst-videotrain");
+  gst_element_class_add_static_pad_template(element_class, &sink_template);
+  GstCaps *src_caps = tensor_caps_template("latents");
+  gst_element_class_add_pad_template(element_class, gst_pad_template_new("src", GST_PAD_SRC, GST_PAD_ALWAYS, src_caps));
+  gst_caps_unref(src_caps);
+  gst_type_mark_as_plugin_api(gst_vae_encoder_latent_get_type(), GstPluginAPIFlags(0));
+}
+
+static void gst_vae_encoder_init(GstVaeEncoder *self) {
+  self->sinkpad = gst_pad_new_from_static_template(&sink_template, "sink");
+  gst_pad_set_chain_function(self->sinkpad, gst_vae_encoder_chain);
+  gst_pad_set_event_function(self->sinkpad, gst_vae_encoder_sink_event);
+  gst_pad_set_query_function(self->sinkpad, gst_vae_encoder_sink_query);
+  gst_element_add_pad(GST_ELEMENT(self), self->sinkpad);
+  self->srcpad = gst_pad_new_from_template(
+      gst_element_class_get_pad_template(GST_ELEMENT_GET_CLASS(self), "src"), "src");
+  gst_pad_set_query_function(self->srcpad, gst_vae_encoder_src_query);
+  gst_pad_use_fixed_caps(self->srcpad);
+  gst_element_add_pad(GST_ELEMENT(self), self->srcpad);
+
+  self->micro_batch_size = 8;
+  self->chunk_frames = 8;
+  self->tile_overlap_height = 1.0 / 6;
+  self->tile_overlap_width = 1.0 / 5;
+  self->latent = (gint)LatentKind::Sample;
+  self->engine = new std::unique_ptr<VaeEngine>();
+  self->clip_pts = self->clip_end = GST_CLOCK_TIME_NONE;
+  self->last_clip_duration = GST_CLOCK_TIME_NONE;
+}

@@ -1,0 +1,284 @@
+#include "vae_config.h"
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "safetensors.h"
+
+namespace videotrain::vae {
+
+using json = nlohmann::json;
+
+int VaeConfig::temporal_levels() const {
+  int l = 0;
+  while ((1 << l) < temporal_compression_ratio) l++;
+  return l;
+}
+
+std::string shape_str(const std::vector<int64_t> &shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); i++) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+bool parse_vae_config(const std::string &text, VaeConfig *out, std::string *error) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception &e) {
+    if (error) *error = std::string("not valid JSON: ") + e.what();
+    return false;
+  }
+  if (!j.is_object()) {
+    if (error) *error = "not a JSON object";
+    return false;
+  }
+  VaeConfig c;
+  try {
+    auto get = [&](const char *key, auto &dst) {
+      if (j.contains(key) && !j[key].is_null()) dst = j[key].get<std::decay_t<decltype(dst)>>();
+    };
+    get("_class_name", c.class_name);
+    get("in_channels", c.in_channels);
+    get("latent_channels", c.latent_channels);
+    get("layers_per_block", c.layers_per_block);
+    get("act_fn", c.act_fn);
+    get("norm_eps", c.norm_eps);
+    get("norm_num_groups", c.norm_num_groups);
+    get("temporal_compression_ratio", c.temporal_compression_ratio);
+    get("scaling_factor", c.scaling_factor);
+    get("use_quant_conv", c.use_quant_conv);
+    if (!j.contains("block_out_channels") || !j.contains("down_block_types")) {
+      if (error) *error = "missing 'block_out_channels' or 'down_block_types'";
+      return false;
+    }
+    c.block_out_channels = j.at("block_out_channels").get<std::vector<int>>();
+    c.down_block_types = j.at("down_block_types").get<std::vector<std::string>>();
+  } catch (const std::exception &e) {
+    if (error) *error = std::string("unexpected value type: ") + e.what();
+    return false;
+  }
+  *out = c;
+  return true;
+}
+
+bool load_vae_config(const std::string &path, VaeConfig *out, std::string *error) {
+  std::ifstream f(path);
+  if (!f) {
+    if (error) *error = path + ": cannot open";
+    return false;
+  }
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string why;
+  if (!parse_vae_config(ss.str(), out, &why)) {
+    if (error) *error = path + ": " + why;
+    return false;
+  }
+  return true;
+}
+
+std::string vae_config_to_json(const VaeConfig &c) {
+  std::vector<std::string> up(c.down_block_types.size(), "CogVideoXUpBlock3D");
+  json j = {{"_class_name", c.class_name},
+            {"in_channels", c.in_channels},
+            {"out_channels", c.in_channels},
+            {"down_block_types", c.down_block_types},
+            {"up_block_types", up},
+            {"block_out_channels", c.block_out_channels},
+            {"latent_channels", c.latent_channels},
+            {"layers_per_block", c.layers_per_block},
+            {"act_fn", c.act_fn},
+            {"norm_eps", c.norm_eps},
+            {"norm_num_groups", c.norm_num_groups},
+            {"temporal_compression_ratio", c.temporal_compression_ratio},
+            {"sample_height", 480},
+            {"sample_width", 720},
+            {"scaling_factor", c.scaling_factor},
+            {"shift_factor", nullptr},
+            {"latents_mean", nullptr},
+            {"latents_std", nullptr},
+            {"force_upcast", true},
+            {"use_quant_conv", c.use_quant_conv},
+            {"use_post_quant_conv", false},
+            {"invert_scale_latents", false}};
+  return j.dump(2);
+}
+
+std::string check_supported(const VaeConfig &c) {
+  if (c.class_name != "AutoencoderKLCogVideoX")
+    return "_class_name is '" + c.class_name + "', the native encoder runs AutoencoderKLCogVideoX only";
+  if (c.in_channels != 3) return "in_channels is " + std::to_string(c.in_channels) + ", RGB input needs 3";
+  if (c.block_out_channels.empty()) return "block_out_channels is empty";
+  if (c.block_out_channels.size() != c.down_block_types.size())
+    return "block_out_channels has " + std::to_string(c.block_out_channels.size()) + " entries but down_block_types " +
+           std::to_string(c.down_block_types.size());
+  for (size_t i = 0; i < c.down_block_types.size(); i++)
+    if (c.down_block_types[i] != "CogVideoXDownBlock3D")
+      return "down_block_types[" + std::to_string(i) + "] is '" + c.down_block_types[i] +
+             "', only CogVideoXDownBlock3D is supported";
+  if (c.norm_num_groups < 1) return "norm_num_groups must be at least 1";
+  for (size_t i = 0; i < c.block_out_channels.size(); i++) {
+    int ch = c.block_out_channels[i];
+    if (ch < 1 || ch % c.norm_num_groups != 0)
+      return "block_out_channels[" + std::to_string(i) + "] = " + std::to_string(ch) +
+             " is not a positive multiple of norm_num_groups = " + std::to_string(c.norm_num_groups);
+  }
+  if (c.latent_channels < 1) return "latent_channels must be at least 1";
+  if (c.layers_per_block < 1) return "layers_per_block must be at least 1";
+  if (c.act_fn != "silu" && c.act_fn != "swish") return "act_fn '" + c.act_fn + "' is not supported (silu only)";
+  int r = c.temporal_compression_ratio;
+  if (r < 1 || (r & (r - 1)) != 0) return "temporal_compression_ratio " + std::to_string(r) + " is not a power of two";
+  if (c.temporal_levels() > c.num_blocks() - 1)
+    return "temporal_compression_ratio " + std::to_string(r) + " needs " + std::to_string(c.temporal_levels()) +
+           " downsampling blocks, the config has " + std::to_string(c.num_blocks() - 1);
+  if (!(c.norm_eps > 0)) return "norm_eps must be positive";
+  return "";
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> encoder_tensor_table(const VaeConfig &c) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> t;
+  auto add = [&](const std::string &n, std::vector<int64_t> s) { t.emplace_back(n, std::move(s)); };
+  auto conv3 = [&](const std::string &p, int64_t out, int64_t in) {
+    add(p + ".conv.weight", {out, in, 3, 3, 3});
+    add(p + ".conv.bias", {out});
+  };
+  auto resnet = [&](const std::string &p, int64_t in, int64_t out) {
+    add(p + ".norm1.weight", {in});
+    add(p + ".norm1.bias", {in});
+    conv3(p + ".conv1", out, in);
+    add(p + ".norm2.weight", {out});
+    add(p + ".norm2.bias", {out});
+    conv3(p + ".conv2", out, out);
+    if (in != out) {
+      add(p + ".conv_shortcut.weight", {out, in, 1, 1, 1});
+      add(p + ".conv_shortcut.bias", {out});
+    }
+  };
+  const auto &ch = c.block_out_channels;
+  if (ch.empty()) return t;
+  conv3("encoder.conv_in", ch[0], c.in_channels);
+  for (int i = 0; i < c.num_blocks(); i++) {
+    int64_t in = i == 0 ? ch[0] : ch[i - 1], out = ch[i];
+    std::string p = "encoder.down_blocks." + std::to_string(i);
+    for (int l = 0; l < c.layers_per_block; l++) resnet(p + ".resnets." + std::to_string(l), l == 0 ? in : out, out);
+    if (i != c.num_blocks() - 1) {
+      add(p + ".downsamplers.0.conv.weight", {out, out, 3, 3});
+      add(p + ".downsamplers.0.conv.bias", {out});
+    }
+  }
+  int64_t last = ch.back();
+  for (int l = 0; l < 2; l++) resnet("encoder.mid_block.resnets." + std::to_string(l), last, last);
+  add("encoder.norm_out.weight", {last});
+  add("encoder.norm_out.bias", {last});
+  conv3("encoder.conv_out", 2 * c.latent_channels, last);
+  if (c.use_quant_conv) {
+    add("quant_conv.weight", {2 * c.latent_channels, 2 * c.latent_channels, 1, 1, 1});
+    add("quant_conv.bias", {2 * c.latent_channels});
+  }
+  return t;
+}
+
+VaeConfig tiny_config() {
+  VaeConfig c;
+  c.down_block_types.assign(4, "CogVideoXDownBlock3D");
+  c.block_out_channels = {16, 32, 32, 32};
+  c.latent_channels = 4;
+  c.layers_per_block = 1;
+  c.norm_num_groups = 4;
+  return c;
+}
+
+VaeConfig cogvideox_2b_config() {
+  VaeConfig c;
+  c.down_block_types.assign(4, "CogVideoXDownBlock3D");
+  c.block_out_channels = {128, 256, 256, 512};
+  c.latent_channels = 16;
+  c.layers_per_block = 3;
+  c.norm_num_groups = 32;
+  return c;
+}
+
+namespace {
+
+// splitmix64: a small seeded generator whose stream is the same on every platform.
+struct Rng {
+  uint64_t s;
+  uint64_t next() {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return (next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
+};
+
+}  // namespace
+
+bool make_random_vae(const std::string &dir, const VaeConfig &cfg, uint64_t seed, const std::string &dtype,
+                     std::string *error) {
+  std::string bad = check_supported(cfg);
+  if (!bad.empty()) {
+    if (error) *error = "unsupported config: " + bad;
+    return false;
+  }
+  if (dtype != "F32" && dtype != "F16" && dtype != "BF16") {
+    if (error) *error = "dtype must be F32, F16 or BF16, not '" + dtype + "'";
+    return false;
+  }
+  mkdir(dir.c_str(), 0755);  // may exist already
+  Rng rng{seed * 0x2545F4914F6CDD1DULL + 1};
+  std::vector<SafetensorsOutTensor> out;
+  const auto table = encoder_tensor_table(cfg);
+  std::map<std::string, std::vector<int64_t>> shapes(table.begin(), table.end());
+  for (const auto &[name, shape] : table) {
+    size_t numel = 1;
+    for (auto d : shape) numel *= d;
+    std::vector<float> v(numel);
+    bool is_norm = name.find("norm") != std::string::npos;
+    bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    if (is_norm) {
+      for (auto &x : v) x = static_cast<float>((is_bias ? 0.0 : 1.0) + 0.2 * (rng.uniform() - 0.5));
+    } else {
+      // fan_in of the layer this weight or bias belongs to
+      std::string wname = is_bias ? name.substr(0, name.size() - 5) + ".weight" : name;
+      int64_t fan_in = 1;
+      const auto &ws = shapes[wname];
+      for (size_t k = 1; k < ws.size(); k++) fan_in *= ws[k];
+      double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+      for (auto &x : v) x = static_cast<float>(bound * (2.0 * rng.uniform() - 1.0));
+    }
+    SafetensorsOutTensor t;
+    t.name = name;
+    t.dtype = dtype;
+    t.shape = shape;
+    if (dtype == "F32") {
+      t.bytes.resize(numel * 4);
+      memcpy(t.bytes.data(), v.data(), numel * 4);
+    } else {
+      t.bytes.resize(numel * 2);
+      for (size_t k = 0; k < numel; k++) {
+        uint16_t h = dtype == "F16" ? float_to_half(v[k]) : float_to_bfloat16(v[k]);
+        memcpy(t.bytes.data() + 2 * k, &h, 2);
+      }
+    }
+    out.push_back(std::move(t));
+  }
+  std::string cfg_path = dir + "/config.json";
+  {
+    std::ofstream f(cfg_path, std::ios::trunc);
+    f << vae_config_to_json(cfg) << "\n";
+    if (!f.good()) {
+      if (error) *error = cfg_path + ": cannot write";
+      return false;
+    }
+  }
+  return write_safetensors(dir + "/diffusion_pytorch_model.safetensors", out, {{"format", "pt"}}, error);
+}
+
+}  // namespace videotrain::vae

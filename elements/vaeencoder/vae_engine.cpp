@@ -1,0 +1,625 @@
+#include "vae_engine.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/InferenceMode.h>
+#include <sys/stat.h>
+#include <torch/cuda.h>
+#include <torch/script.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "cogvideox_encoder.h"
+#include "dist_env.h"
+#include "tensor_buffer.h"
+#include "vae_engine_tensors.h"
+
+#ifdef VIDEOTRAIN_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace videotrain::vae {
+
+const char *latent_kind_name(LatentKind k) {
+  switch (k) {
+    case LatentKind::Sample: return "sample";
+    case LatentKind::Mode: return "mode";
+    case LatentKind::Moments: return "moments";
+  }
+  return "?";
+}
+
+namespace {
+
+// ---------------------------------------------------------------- backends
+
+struct Backend {
+  virtual ~Backend() = default;
+  // x: [1, 3, n, h, w] on the device in the compute dtype; returns [1, C, t, h', w'].
+  virtual at::Tensor encode_chunk(const at::Tensor &x, ConvCache &cache) = 0;
+};
+
+struct NativeBackend : Backend {
+  std::unique_ptr<CogVideoXEncoder> enc;
+  at::Tensor encode_chunk(const at::Tensor &x, ConvCache &cache) override { return enc->forward(x, cache); }
+};
+
+// A TorchScript module with an `encode` method: a video encoder called once per temporal
+// chunk, or an image encoder fed the chunk's frames in micro-batches.
+struct ScriptBackend : Backend {
+  torch::jit::Module module;
+  bool per_frame = false;
+  int micro_batch = 8;
+
+  at::Tensor call(const at::Tensor &x, int64_t want_dim) {
+    c10::IValue out = module.get_method("encode")({x});
+    if (out.isTuple()) out = out.toTupleRef().elements().at(0);
+    if (!out.isTensor()) throw std::runtime_error("the TorchScript encode method did not return a tensor");
+    at::Tensor t = out.toTensor();
+    if (t.dim() != want_dim || t.size(0) != x.size(0))
+      throw std::runtime_error("the TorchScript encode method returned shape " + shape_str(t.sizes().vec()) +
+                               " for input " + shape_str(x.sizes().vec()) + "; expected " + std::to_string(want_dim) +
+                               " dimensions with the same batch");
+    return t;
+  }
+
+  at::Tensor encode_chunk(const at::Tensor &x, ConvCache &) override {
+    if (!per_frame) return call(x, 5);
+    at::Tensor frames = x.select(0, 0).transpose(0, 1);  // [n, 3, H, W]
+    std::vector<at::Tensor> outs;
+    for (int64_t s = 0; s < frames.size(0); s += micro_batch)
+      outs.push_back(call(frames.narrow(0, s, std::min<int64_t>(micro_batch, frames.size(0) - s)).contiguous(), 4));
+    return at::cat(outs, 0).transpose(0, 1).unsqueeze(0);  // [1, C, n, h, w]
+  }
+};
+
+// ---------------------------------------------------------------- tiles and chunks
+
+// diffusers' tiled encode: tile origins every int(tile * (1 - overlap)) pixels; latent tiles
+// blend over int(latent_tile * overlap) rows/columns and keep latent_tile - blend of each.
+struct TilePlan {
+  bool tiled = false;
+  int th = 0, tw = 0;
+  std::vector<int> ys{0}, xs{0};  // tile origins (one tile at 0,0 when untiled)
+  int blend_h = 0, blend_w = 0, keep_h = 0, keep_w = 0;
+  std::string describe() const {
+    return tiled ? std::to_string(tw) + "x" + std::to_string(th) + " tiles" : std::string("no tiles");
+  }
+};
+
+TilePlan plan_tiles(int H, int W, int th, int tw, double fh, double fw, int s) {
+  TilePlan p;
+  if (th <= 0 && tw <= 0) return p;
+  if (th <= 0) th = H, fh = 0;  // a tile spans the frame in a dimension left at 0
+  if (tw <= 0) tw = W, fw = 0;
+  if (!(W > tw || H > th)) return p;  // the frame fits one tile: diffusers does not tile
+  p.tiled = true;
+  p.th = th, p.tw = tw;
+  p.ys.clear();
+  p.xs.clear();
+  int step_h = std::max(1, static_cast<int>(th * (1 - fh)));
+  int step_w = std::max(1, static_cast<int>(tw * (1 - fw)));
+  for (int y = 0; y < H; y += step_h) p.ys.push_back(y);
+  for (int x = 0; x < W; x += step_w) p.xs.push_back(x);
+  int lh = static_cast<int>(th / static_cast<double>(s)), lw = static_cast<int>(tw / static_cast<double>(s));
+  p.blend_h = static_cast<int>(lh * fh);
+  p.blend_w = static_cast<int>(lw * fw);
+  p.keep_h = lh - p.blend_h;
+  p.keep_w = lw - p.blend_w;
+  return p;
+}
+
+// Tiles chosen by the engine itself (out-of-memory retry): sizes and overlaps in whole
+// latent pixels, so that the tiles stride by exactly what each keeps and the result has
+// the untiled shape.
+TilePlan plan_tiles_exact(int H, int W, int th, int tw, int s) {
+  TilePlan p;
+  th = std::min(th, H), tw = std::min(tw, W);
+  if (th >= H && tw >= W) return p;
+  p.tiled = true;
+  p.th = th, p.tw = tw;
+  p.ys.clear();
+  p.xs.clear();
+  int lh = th / s, lw = tw / s;
+  p.blend_h = th < H ? lh / 4 : 0;
+  p.blend_w = tw < W ? lw / 4 : 0;
+  p.keep_h = lh - p.blend_h;
+  p.keep_w = lw - p.blend_w;
+  for (int y = 0; y < H; y += p.keep_h * s) p.ys.push_back(y);
+  for (int x = 0; x < W; x += p.keep_w * s) p.xs.push_back(x);
+  return p;
+}
+
+// Latent size of `n` pixels after `levels` stride-2 downsamplers (pad 1 at the end, 3x3
+// kernel): floor(n / 2) each, failing below 2. -1 when the encoder cannot run it.
+int latent_extent(int n, int levels) {
+  for (int i = 0; i < levels; i++) {
+    if (n < 2) return -1;
+    n /= 2;
+  }
+  return n;
+}
+
+// The latent height (or width) a tile plan assembles: each tile row keeps at most keep rows.
+int assembled_extent(const std::vector<int> &origins, int tile, int keep, int total, int levels) {
+  int sum = 0;
+  for (int o : origins) {
+    int l = latent_extent(std::min(o + tile, total) - o, levels);
+    if (l < 0) return -1;
+    sum += std::min(keep, l);
+  }
+  return sum;
+}
+
+std::vector<std::pair<int, int>> chunk_schedule(int T, int k) {
+  std::vector<std::pair<int, int>> out;
+  int nb = std::max(T / k, 1), r = T % k;
+  for (int i = 0; i < nb; i++) out.emplace_back(i == 0 ? 0 : k * i + r, std::min(k * (i + 1) + r, T));
+  return out;
+}
+
+// b's first rows/columns fade from a's last ones (in place, as diffusers does it).
+void blend_v(const at::Tensor &a, at::Tensor &b, int extent) {
+  extent = std::min<int>({static_cast<int>(a.size(3)), static_cast<int>(b.size(3)), extent});
+  for (int y = 0; y < extent; y++)
+    b.select(3, y).copy_(a.select(3, a.size(3) - extent + y) * (1 - static_cast<double>(y) / extent) +
+                         b.select(3, y) * (static_cast<double>(y) / extent));
+}
+void blend_h(const at::Tensor &a, at::Tensor &b, int extent) {
+  extent = std::min<int>({static_cast<int>(a.size(4)), static_cast<int>(b.size(4)), extent});
+  for (int x = 0; x < extent; x++)
+    b.select(4, x).copy_(a.select(4, a.size(4) - extent + x) * (1 - static_cast<double>(x) / extent) +
+                         b.select(4, x) * (static_cast<double>(x) / extent));
+}
+
+// Out of memory with no smaller tiles left: the element stops rather than drop every clip.
+struct OutOfMemoryFatal : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+bool is_oom(const c10::Error &e) {
+  if (dynamic_cast<const c10::OutOfMemoryError *>(&e)) return true;
+  return e.msg().find("out of memory") != std::string::npos;
+}
+
+uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- engine state
+
+struct Clip {
+  bool active = false;
+  uint64_t sample_id = 0;
+  int T = 0, H = 0, W = 0;
+  std::vector<std::pair<int, int>> chunks;
+  size_t next_chunk = 0;
+  int received = 0;
+  int held = 0;
+  std::vector<at::Tensor> frames;  // uint8 [H, W, 3] each; undefined once released
+  at::Tensor video;                // whole-clip float input (tensor API)
+  TilePlan plan;
+  std::vector<ConvCache> caches;                 // one per tile
+  std::vector<std::vector<at::Tensor>> outs;     // per tile, per chunk
+
+  void reset_tiles() {
+    size_t n = plan.ys.size() * plan.xs.size();
+    caches.assign(n, ConvCache{});
+    outs.assign(n, {});
+    next_chunk = 0;
+  }
+};
+
+struct VaeEngine::Impl {
+  EngineOptions opts;
+  c10::Device device{c10::kCPU};
+  c10::ScalarType dtype = at::kFloat;
+  std::unique_ptr<Backend> backend;
+  bool native = false;
+  int tcomp = 1, scomp = 1;
+  double scaling = 1.0;
+  bool retain = false;
+  std::function<void(const std::string &)> warn;
+  int64_t chunks_encoded = 0, oom_retries = 0, peak_frames = 0;
+  bool fatal = false;  // the last failure was out of memory at the smallest tiles
+  Clip clip;
+
+  std::string clip_name(const Clip &c) const {
+    return "clip sample-id " + std::to_string(c.sample_id) + " (" + std::to_string(c.T) + " frames of " +
+           std::to_string(c.W) + "x" + std::to_string(c.H) + ")";
+  }
+
+  at::Tensor chunk_input(Clip &c, int s, int e) {
+    at::Tensor x;
+    if (c.video.defined()) {
+      x = c.video.narrow(2, s, e - s);
+    } else {
+      std::vector<at::Tensor> fr(c.frames.begin() + s, c.frames.begin() + e);
+      x = dequantize_frames(at::stack(fr).to(device));
+    }
+    return x.to(device, dtype);
+  }
+
+  at::Tensor run_tile(Clip &c, const at::Tensor &x, size_t t) {
+    const TilePlan &p = c.plan;
+    size_t i = t / p.xs.size(), j = t % p.xs.size();
+    at::Tensor region = x;
+    if (p.tiled) {
+      int y = p.ys[i], x0 = p.xs[j];
+      region = x.slice(3, y, std::min(y + p.th, c.H)).slice(4, x0, std::min(x0 + p.tw, c.W));
+    }
+    if (opts.fake_oom_pixels > 0 && region.size(3) * region.size(4) > opts.fake_oom_pixels)
+      throw c10::OutOfMemoryError("CUDA out of memory (test hook: a " + std::to_string(region.size(4)) + "x" +
+                                      std::to_string(region.size(3)) + " tile is over the fake limit of " +
+                                      std::to_string(opts.fake_oom_pixels) + " pixels)",
+                                  "");
+    return backend->encode_chunk(region, c.caches[t]);
+  }
+
+  // A smaller tile plan after an out-of-memory failure; false when tiles cannot shrink further.
+  bool shrink_tiles(const Clip &c, TilePlan *next) const {
+    int cur_h = c.plan.tiled ? c.plan.th : c.H, cur_w = c.plan.tiled ? c.plan.tw : c.W;
+    int s = std::max(scomp, 1), min_tile = 4 * s;
+    auto half = [&](int v) { return std::max(min_tile, v / 2 / s * s); };
+    int nh = std::min(half(cur_h), cur_h), nw = std::min(half(cur_w), cur_w);
+    if (nh >= cur_h && nw >= cur_w) return false;
+    *next = plan_tiles_exact(c.H, c.W, nh, nw, s);
+    return next->tiled;
+  }
+
+  void handle_oom(Clip &c, const c10::Error &e) {
+#ifdef VIDEOTRAIN_HAVE_CUDA
+    if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+    bool frames_there = c.video.defined();
+    if (!frames_there) {
+      frames_there = true;
+      for (int f = 0; f < c.received; f++) frames_there = frames_there && c.frames[f].defined();
+    }
+    std::string what = e.msg().substr(0, e.msg().find('\n'));
+    TilePlan next;
+    if (!native)
+      throw OutOfMemoryFatal("out of memory encoding " + clip_name(c) +
+                               " (tiles apply to CogVideoX VAE folders only): " + what);
+    if (!frames_there)
+      throw OutOfMemoryFatal("out of memory encoding " + clip_name(c) + " with " + c.plan.describe() +
+                               " after its first frames were released (retain-frames is off): " + what);
+    if (!shrink_tiles(c, &next))
+      throw OutOfMemoryFatal("out of memory encoding " + clip_name(c) + " even with the smallest tiles (" +
+                               c.plan.describe() + "): " + what);
+    oom_retries++;
+    if (warn)
+      warn("out of memory encoding " + clip_name(c) + " with " + c.plan.describe() + "; retrying with " +
+           next.describe());
+    c.plan = next;
+    c.reset_tiles();
+  }
+
+  // Encodes every chunk whose frames are all in.
+  void advance(Clip &c, int available) {
+    while (c.next_chunk < c.chunks.size()) {
+      auto [s, e] = c.chunks[c.next_chunk];
+      if (available < e) return;
+      try {
+        at::Tensor x = chunk_input(c, s, e);
+        for (size_t t = 0; t < c.outs.size(); t++) c.outs[t].push_back(run_tile(c, x, t));
+      } catch (const c10::Error &err) {
+        if (!is_oom(err)) throw;
+        handle_oom(c, err);
+        continue;
+      }
+      chunks_encoded++;
+      if (!retain && !c.video.defined())
+        for (int f = s; f < e; f++)
+          if (c.frames[f].defined()) {
+            c.frames[f] = at::Tensor();
+            c.held--;
+          }
+      c.next_chunk++;
+    }
+  }
+
+  at::Tensor assemble(Clip &c) {
+    std::vector<at::Tensor> tiles;
+    for (auto &o : c.outs) tiles.push_back(o.size() == 1 ? o[0] : at::cat(o, 2));
+    const TilePlan &p = c.plan;
+    if (!p.tiled) return tiles[0];
+    size_t nr = p.ys.size(), nc = p.xs.size();
+    std::vector<at::Tensor> rows;
+    for (size_t i = 0; i < nr; i++) {
+      std::vector<at::Tensor> row;
+      for (size_t j = 0; j < nc; j++) {
+        at::Tensor &t = tiles[i * nc + j];
+        if (i > 0) blend_v(tiles[(i - 1) * nc + j], t, p.blend_h);
+        if (j > 0) blend_h(tiles[i * nc + j - 1], t, p.blend_w);
+        row.push_back(t.slice(3, 0, p.keep_h).slice(4, 0, p.keep_w));
+      }
+      rows.push_back(at::cat(row, 4));
+    }
+    return at::cat(rows, 3);
+  }
+
+  void start(Clip &c, uint64_t sample_id, int T, int H, int W, int chunk_frames) {
+    c = Clip();
+    c.active = true;
+    c.sample_id = sample_id;
+    c.T = T, c.H = H, c.W = W;
+    c.chunks = chunk_schedule(T, chunk_frames);
+    c.plan = plan_tiles(H, W, opts.tile_height, opts.tile_width, opts.tile_overlap_height, opts.tile_overlap_width,
+                        scomp);
+    c.reset_tiles();
+  }
+
+  at::Tensor latent(const at::Tensor &raw_in, uint64_t sample_id, const at::Tensor &noise_in) {
+    at::Tensor raw = raw_in.to(at::kFloat);
+    if (!native) return raw.select(0, 0);
+    int64_t C = raw.size(1) / 2;
+    at::Tensor mean = raw.narrow(1, 0, C);
+    at::Tensor logvar = raw.narrow(1, C, C).clamp(-30.0, 20.0);
+    at::Tensor out;
+    switch (opts.latent) {
+      case LatentKind::Moments: out = at::cat({mean, logvar}, 1); break;
+      case LatentKind::Mode: out = mean * scaling; break;
+      case LatentKind::Sample: {
+        at::Tensor noise = noise_in;
+        if (!noise.defined()) {
+          auto gen = at::make_generator<at::CPUGeneratorImpl>(mix64(opts.seed ^ mix64(sample_id)));
+          noise = at::randn(mean.sizes(), gen, at::TensorOptions().dtype(at::kFloat));
+        }
+        out = (mean + at::exp(0.5 * logvar) * noise.to(mean.device(), at::kFloat)) * scaling;
+        break;
+      }
+    }
+    return out.select(0, 0);
+  }
+};
+
+// ---------------------------------------------------------------- tensor API
+
+at::Tensor dequantize_frames(const at::Tensor &u8) {
+  return u8.permute({3, 0, 1, 2}).unsqueeze(0).to(at::kFloat).div(127.5).sub(1.0);
+}
+
+at::Tensor encode_raw(VaeEngine &engine, const at::Tensor &video, int chunk_frames) {
+  auto *im = engine.impl();
+  c10::InferenceMode guard;
+  Clip c;
+  int T = static_cast<int>(video.size(2));
+  im->start(c, 0, T, static_cast<int>(video.size(3)), static_cast<int>(video.size(4)),
+            chunk_frames > 0 ? chunk_frames : im->opts.chunk_frames);
+  c.video = video;
+  im->advance(c, T);
+  return im->assemble(c).to(at::kCPU, at::kFloat);
+}
+
+at::Tensor latent_from_raw(VaeEngine &engine, const at::Tensor &raw, uint64_t sample_id, const at::Tensor &noise) {
+  at::NoGradGuard ng;
+  return engine.impl()->latent(raw, sample_id, noise).to(at::kCPU, at::kFloat);
+}
+
+// ---------------------------------------------------------------- VaeEngine
+
+VaeEngine::VaeEngine() : impl_(std::make_unique<Impl>()) {}
+VaeEngine::~VaeEngine() = default;
+
+std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::string *error) {
+  auto fail = [&](const std::string &why) -> std::unique_ptr<VaeEngine> {
+    if (error) *error = why;
+    return nullptr;
+  };
+  std::unique_ptr<VaeEngine> eng(new VaeEngine());
+  Impl &im = *eng->impl_;
+  im.opts = opts;
+  if (opts.model.empty()) return fail("property 'model' is not set (a CogVideoX VAE folder or a TorchScript file)");
+  if (opts.chunk_frames < 1) return fail("chunk-frames must be at least 1");
+  if (opts.micro_batch_size < 1) return fail("micro-batch-size must be at least 1");
+  if (opts.tile_height < 0 || opts.tile_width < 0) return fail("tile-height and tile-width must not be negative");
+  if (!(opts.tile_overlap_height >= 0 && opts.tile_overlap_height < 1) ||
+      !(opts.tile_overlap_width >= 0 && opts.tile_overlap_width < 1))
+    return fail("tile-overlap-height and tile-overlap-width must be in [0, 1)");
+
+  // Device and dtype.
+  bool cuda = torch::cuda::is_available();
+  try {
+    if (opts.device.empty())
+      im.device = cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(dist_env_from_environment().local_rank))
+                       : c10::Device(c10::kCPU);
+    else
+      im.device = c10::Device(opts.device);
+  } catch (const std::exception &) {
+    return fail("device '" + opts.device + "' is not a device name (cpu, cuda, cuda:N)");
+  }
+  if (im.device.is_cuda() && !cuda)
+    return fail("device '" + opts.device + "' needs CUDA, but LibTorch reports no usable CUDA device");
+  if (!im.device.is_cpu() && !im.device.is_cuda()) return fail("device '" + opts.device + "' is not cpu or cuda");
+  if (im.device.is_cuda() && !im.device.has_index())
+    im.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(dist_env_from_environment().local_rank));
+  if (opts.dtype.empty()) {
+    im.dtype = im.device.is_cuda() ? at::kBFloat16 : at::kFloat;
+  } else {
+    auto d = dtype_from_name(opts.dtype);
+    if (!d) return fail("dtype '" + opts.dtype + "' is not float32, bfloat16 or float16");
+    im.dtype = *d;
+  }
+  im.retain = opts.retain_frames > 0 || (opts.retain_frames < 0 && (im.device.is_cuda() || opts.fake_oom_pixels > 0));
+
+  struct stat st;
+  if (stat(opts.model.c_str(), &st) != 0) return fail("model '" + opts.model + "' does not exist");
+  c10::InferenceMode guard;
+  if (S_ISDIR(st.st_mode)) {
+    if (opts.per_frame) return fail("per-frame=true needs a TorchScript image encoder, but model '" + opts.model +
+                                    "' is a VAE folder");
+    auto nb = std::make_unique<NativeBackend>();
+    try {
+      nb->enc = CogVideoXEncoder::load(opts.model, im.device, im.dtype);
+    } catch (const std::exception &e) {
+      return fail(e.what());
+    }
+    const VaeConfig &cfg = nb->enc->config();
+    im.native = true;
+    im.tcomp = cfg.temporal_compression_ratio;
+    im.scomp = cfg.spatial_compression();
+    im.scaling = cfg.scaling_factor;
+    im.backend = std::move(nb);
+    if (opts.chunk_frames % im.tcomp != 0)
+      return fail("chunk-frames=" + std::to_string(opts.chunk_frames) + " is not a multiple of the VAE's temporal " +
+                  "compression " + std::to_string(im.tcomp) + " (" + opts.model + "/config.json)");
+    for (auto [t, name] : {std::pair{opts.tile_height, "tile-height"}, std::pair{opts.tile_width, "tile-width"}})
+      if (t > 0 && t < im.scomp)
+        return fail(std::string(name) + "=" + std::to_string(t) + " is smaller than the VAE's spatial compression " +
+                    std::to_string(im.scomp));
+  } else {
+    if (opts.tile_height > 0 || opts.tile_width > 0)
+      return fail("tile-height/tile-width apply to a CogVideoX VAE folder; model '" + opts.model +
+                  "' is a TorchScript file");
+    auto sb = std::make_unique<ScriptBackend>();
+    try {
+      sb->module = torch::jit::load(opts.model, im.device);
+      sb->module.eval();
+      sb->module.to(im.dtype);
+    } catch (const std::exception &e) {
+      std::string w = e.what();
+      return fail("model '" + opts.model + "' is neither a VAE folder nor a loadable TorchScript file: " +
+                  w.substr(0, w.find('\n')));
+    }
+    if (!sb->module.find_method("encode"))
+      return fail("TorchScript model '" + opts.model + "' has no 'encode' method");
+    sb->per_frame = opts.per_frame;
+    sb->micro_batch = opts.micro_batch_size;
+    im.backend = std::move(sb);
+  }
+  return eng;
+}
+
+const EngineOptions &VaeEngine::options() const { return impl_->opts; }
+std::string VaeEngine::dtype_name() const { return videotrain::dtype_name(impl_->dtype); }
+std::string VaeEngine::device_name() const { return videotrain::device_name(impl_->device); }
+bool VaeEngine::native() const { return impl_->native; }
+int VaeEngine::temporal_compression() const { return impl_->tcomp; }
+int VaeEngine::spatial_compression() const { return impl_->scomp; }
+void VaeEngine::set_warning_callback(std::function<void(const std::string &)> cb) { impl_->warn = std::move(cb); }
+int64_t VaeEngine::chunks_encoded() const { return impl_->chunks_encoded; }
+int64_t VaeEngine::oom_retries() const { return impl_->oom_retries; }
+int64_t VaeEngine::peak_frames_held() const { return impl_->peak_frames; }
+bool VaeEngine::failure_is_fatal() const { return impl_->fatal; }
+bool VaeEngine::in_clip() const { return impl_->clip.active; }
+int VaeEngine::frames_received() const { return impl_->clip.received; }
+int VaeEngine::frames_expected() const { return impl_->clip.T; }
+bool VaeEngine::clip_complete() const { return impl_->clip.active && impl_->clip.received == impl_->clip.T; }
+
+std::string VaeEngine::check_clip(int T, int W, int H) const {
+  const Impl &im = *impl_;
+  if (T < 1) return "clip has no frames";
+  if (W < 1 || H < 1) return "frames are empty";
+  if (im.native) {
+    if (!im.opts.allow_any_length && (T - 1) % im.tcomp != 0)
+      return "clip has " + std::to_string(T) + " frames; the VAE's temporal compression " + std::to_string(im.tcomp) +
+             " needs 1 + " + std::to_string(im.tcomp) + "n frames (e.g. " + std::to_string(1 + 12 * im.tcomp) + ")";
+    if (W % im.scomp != 0 || H % im.scomp != 0)
+      return "frames are " + std::to_string(W) + "x" + std::to_string(H) + "; the VAE needs width and height " +
+             "divisible by its spatial compression " + std::to_string(im.scomp);
+    // Tiles that do not stride by what they keep would give another shape than the untiled encode.
+    TilePlan p = plan_tiles(H, W, im.opts.tile_height, im.opts.tile_width, im.opts.tile_overlap_height,
+                            im.opts.tile_overlap_width, im.scomp);
+    if (p.tiled) {
+      int levels = 0;
+      while ((1 << levels) < im.scomp) levels++;
+      int gh = assembled_extent(p.ys, p.th, p.keep_h, H, levels), gw = assembled_extent(p.xs, p.tw, p.keep_w, W, levels);
+      if (gh != H / im.scomp || gw != W / im.scomp)
+        return "tile-height=" + std::to_string(im.opts.tile_height) + ", tile-width=" +
+               std::to_string(im.opts.tile_width) + " with overlaps " + std::to_string(im.opts.tile_overlap_height) +
+               ", " + std::to_string(im.opts.tile_overlap_width) + " do not tile " + std::to_string(W) + "x" +
+               std::to_string(H) + " frames into a " + std::to_string(W / im.scomp) + "x" +
+               std::to_string(H / im.scomp) + " latent (use tile sizes and overlaps in multiples of " +
+               std::to_string(im.scomp) + " pixels)";
+    }
+  }
+  return "";
+}
+
+bool VaeEngine::begin_clip(uint64_t sample_id, int T, int W, int H, std::string *why) {
+  Impl &im = *impl_;
+  abort_clip();
+  std::string bad = check_clip(T, W, H);
+  if (!bad.empty()) {
+    if (why) *why = bad;
+    return false;
+  }
+  im.start(im.clip, sample_id, T, H, W, im.opts.chunk_frames);
+  im.clip.frames.resize(T);
+  im.fatal = false;
+  im.peak_frames = 0;
+  return true;
+}
+
+bool VaeEngine::push_frame(const uint8_t *rgb, size_t stride, std::string *why) {
+  Impl &im = *impl_;
+  Clip &c = im.clip;
+  if (!c.active) {
+    if (why) *why = "frame outside a clip";
+    return false;
+  }
+  if (c.received >= c.T) {
+    if (why) *why = "more frames than the clip's " + std::to_string(c.T);
+    abort_clip();
+    return false;
+  }
+  try {
+    c10::InferenceMode guard;
+    // Copy out of the caller's (mapped) buffer; rows may be padded.
+    at::Tensor view = at::from_blob(const_cast<uint8_t *>(rgb), {c.H, c.W, 3},
+                                    {static_cast<int64_t>(stride), 3, 1}, at::TensorOptions().dtype(at::kByte));
+    c.frames[c.received++] = view.clone(at::MemoryFormat::Contiguous);
+    c.held++;
+    im.peak_frames = std::max<int64_t>(im.peak_frames, c.held);
+    im.advance(c, c.received);
+  } catch (const OutOfMemoryFatal &e) {
+    im.fatal = true;
+    if (why) *why = e.what();
+    abort_clip();
+    return false;
+  } catch (const std::exception &e) {
+    std::string w = e.what();
+    if (why) *why = "encoding " + im.clip_name(c) + " failed: " + w.substr(0, w.find('\n'));
+    abort_clip();
+    return false;
+  }
+  return true;
+}
+
+GstBuffer *VaeEngine::finish_clip(std::string *why) {
+  Impl &im = *impl_;
+  Clip &c = im.clip;
+  if (!c.active || c.received != c.T || c.next_chunk != c.chunks.size()) {
+    if (why) *why = "clip is incomplete (" + std::to_string(c.received) + " of " + std::to_string(c.T) + " frames)";
+    abort_clip();
+    return nullptr;
+  }
+  GstBuffer *buf = nullptr;
+  try {
+    at::Tensor raw;
+    {
+      c10::InferenceMode guard;
+      raw = im.assemble(c);
+    }
+    // Outside inference mode so that downstream autograd may use the latent as an input.
+    at::NoGradGuard ng;
+    at::Tensor lat = im.latent(raw, c.sample_id, at::Tensor()).to(im.dtype).contiguous();
+    buf = buffer_from_tensor(lat);
+  } catch (const std::exception &e) {
+    std::string w = e.what();
+    if (why) *why = "finishing " + im.clip_name(c) + " failed: " + w.substr(0, w.find('\n'));
+  }
+  abort_clip();
+  return buf;
+}
+
+void VaeEngine::abort_clip() { impl_->clip = Clip(); }
+
+}  // namespace videotrain::vae

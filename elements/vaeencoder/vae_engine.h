@@ -1,0 +1,93 @@
+/* vaeencoder's engine: frames in, one latent tensor per clip out.
+ *
+ * Frames arrive one at a time (uint8 RGB); the clip is encoded in temporal chunks as
+ * diffusers' chunked encode makes them (chunk 0: frames [0, k + r), chunk i:
+ * [k*i + r, k*(i+1) + r), r = T mod k), each chunk as soon as its frames are in, with the
+ * causal-convolution cache carried over, so memory is set by the chunk and not the clip.
+ * No torch in this header: the GObject face includes it. */
+#pragma once
+
+#include <gst/gst.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace videotrain::vae {
+
+enum class LatentKind { Sample, Mode, Moments };
+
+struct EngineOptions {
+  std::string model;            // CogVideoX VAE folder, or a TorchScript file with an `encode` method
+  bool per_frame = false;       // TorchScript image encoder: [N,3,H,W] -> [N,C,h,w]
+  int micro_batch_size = 8;     // frames per call of a per-frame encoder
+  int chunk_frames = 8;         // k
+  int tile_height = 0, tile_width = 0;             // pixels; 0 = no tiles
+  double tile_overlap_height = 1.0 / 6, tile_overlap_width = 1.0 / 5;  // fractions of a tile
+  LatentKind latent = LatentKind::Sample;
+  uint64_t seed = 0;
+  std::string device;           // "" = cuda:LOCAL_RANK when CUDA is available, else cpu
+  std::string dtype;            // "" = bfloat16 on CUDA, float32 on CPU
+  // Clips whose length the VAE cannot use (T mod temporal_compression != 1) are refused
+  // unless this is set (diffusers itself runs them; the latents then do not decode).
+  bool allow_any_length = false;
+  // Keep a clip's uint8 frames until the clip is done so that an out-of-memory clip can be
+  // retried with smaller tiles. -1: on CUDA devices only (CPU allocation failures are not
+  // retried), 0: never, 1: always.
+  int retain_frames = -1;
+  // Test hook: any tile (or untiled frame) of more than this many pixels fails as if the
+  // device ran out of memory. 0 = off.
+  int64_t fake_oom_pixels = 0;
+};
+
+class VaeEngine {
+ public:
+  // Loads the model; null with a reason (file, tensor, property) on failure.
+  static std::unique_ptr<VaeEngine> create(const EngineOptions &opts, std::string *error);
+  ~VaeEngine();
+
+  const EngineOptions &options() const;
+  std::string dtype_name() const;   // "float32" | "bfloat16" | "float16"
+  std::string device_name() const;  // "cpu" | "cuda:N"
+  bool native() const;              // CogVideoX folder (not TorchScript)
+  int temporal_compression() const; // 1 for TorchScript encoders
+  int spatial_compression() const;  // 1 for TorchScript encoders (unknown)
+
+  // "" when a clip of this size can be encoded, else why not.
+  std::string check_clip(int num_frames, int width, int height) const;
+
+  // Streaming. begin_clip() then exactly num_frames push_frame() calls, then finish_clip().
+  // A false return (reason in *why) abandons the clip; the engine is ready for the next one.
+  bool begin_clip(uint64_t sample_id, int num_frames, int width, int height, std::string *why);
+  bool push_frame(const uint8_t *rgb, size_t stride, std::string *why);
+  // The latent tensor [C, t, h, w] as a tensor buffer (no sample meta, no timestamps).
+  GstBuffer *finish_clip(std::string *why);
+  void abort_clip();
+  // After a false push_frame(): the device ran out of memory even with the smallest tiles
+  // (or the clip could not be retried), so later clips would fail the same way.
+  bool failure_is_fatal() const;
+  bool in_clip() const;
+  int frames_received() const;
+  int frames_expected() const;
+  bool clip_complete() const;
+
+  // Called (in the streaming thread) with a human-readable warning, e.g. an OOM retry.
+  void set_warning_callback(std::function<void(const std::string &)> cb);
+
+  // Counters, for tests and benchmarks.
+  int64_t chunks_encoded() const;
+  int64_t oom_retries() const;
+  int64_t peak_frames_held() const;  // most uint8 frames held at once in the last clip
+
+  struct Impl;
+  Impl *impl() { return impl_.get(); }
+
+ private:
+  VaeEngine();
+  std::unique_ptr<Impl> impl_;
+};
+
+const char *latent_kind_name(LatentKind k);
+
+}  // namespace videotrain::vae

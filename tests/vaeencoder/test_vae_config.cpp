@@ -1,0 +1,166 @@
+// VAE config parsing, the encoder tensor table, safetensors reading/writing, make-vae.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "safetensors.h"
+#include "test_util.h"
+#include "vaeencoder/vae_config.h"
+
+using namespace videotrain;
+using namespace videotrain::vae;
+
+namespace {
+std::string cogvideox_dir() { return vttest::reference_dir() + "/cogvideox_vae"; }
+}  // namespace
+
+// The table built from the real CogVideoX-2b config equals the checkpoint's encoder tensors.
+TEST(VaeConfig, TableMatchesCogVideoX2bLayout) {
+  auto layout = nlohmann::json::parse(vttest::read_file(cogvideox_dir() + "/cogvideox_2b_vae_layout.json"));
+  VaeConfig cfg;
+  std::string err;
+  ASSERT_TRUE(parse_vae_config(layout.at("config").dump(), &cfg, &err)) << err;
+  EXPECT_EQ(check_supported(cfg), "");
+  std::map<std::string, std::vector<int64_t>> expected, found;
+  for (const auto &[name, shape] : encoder_tensor_table(cfg)) expected[name] = shape;
+  for (auto it = layout.at("tensors").begin(); it != layout.at("tensors").end(); ++it) {
+    const std::string &name = it.key();
+    if (name.rfind("encoder.", 0) == 0 || name.rfind("quant_conv.", 0) == 0)
+      found[name] = it->get<std::vector<int64_t>>();
+  }
+  EXPECT_EQ(expected.size(), found.size());
+  EXPECT_EQ(expected, found);
+  EXPECT_EQ(cfg.spatial_compression(), 8);
+  EXPECT_EQ(cfg.temporal_levels(), 2);
+}
+
+// The tiny reference checkpoint holds every table tensor with the table's shape.
+TEST(VaeConfig, TinyReferenceCheckpointMatchesTable) {
+  VaeConfig cfg;
+  std::string err;
+  ASSERT_TRUE(load_vae_config(cogvideox_dir() + "/tiny_a/config.json", &cfg, &err)) << err;
+  auto f = SafetensorsFile::open(cogvideox_dir() + "/tiny_a/diffusion_pytorch_model.safetensors", &err);
+  ASSERT_TRUE(f) << err;
+  size_t n = 0;
+  for (const auto &[name, shape] : encoder_tensor_table(cfg)) {
+    const SafetensorsEntry *e = f->find(name);
+    ASSERT_NE(e, nullptr) << name;
+    EXPECT_EQ(e->shape, shape) << name;
+    EXPECT_EQ(e->dtype, "F32");
+    n++;
+  }
+  size_t enc = 0;
+  for (const auto &[name, e] : f->entries()) enc += name.rfind("encoder.", 0) == 0;
+  EXPECT_EQ(n, enc) << "the table names every encoder tensor of the file";
+}
+
+TEST(VaeConfig, UnsupportedConfigsAreNamed) {
+  VaeConfig c = tiny_config();
+  EXPECT_EQ(check_supported(c), "");
+  c.down_block_types[2] = "CogVideoXAttnDownBlock3D";
+  EXPECT_NE(check_supported(c).find("down_block_types[2]"), std::string::npos) << check_supported(c);
+  c = tiny_config();
+  c.block_out_channels[1] = 30;
+  EXPECT_NE(check_supported(c).find("norm_num_groups"), std::string::npos) << check_supported(c);
+  c = tiny_config();
+  c.temporal_compression_ratio = 3;
+  EXPECT_NE(check_supported(c).find("power of two"), std::string::npos);
+  c = tiny_config();
+  c.temporal_compression_ratio = 16;  // needs 4 downsampling blocks, the config has 3
+  EXPECT_NE(check_supported(c).find("downsampling"), std::string::npos);
+  c = tiny_config();
+  c.class_name = "AutoencoderKL";
+  EXPECT_NE(check_supported(c).find("AutoencoderKLCogVideoX"), std::string::npos);
+  VaeConfig p;
+  std::string err;
+  EXPECT_FALSE(parse_vae_config("{not json", &p, &err));
+  EXPECT_FALSE(parse_vae_config("{\"latent_channels\": 4}", &p, &err));
+  EXPECT_NE(err.find("block_out_channels"), std::string::npos);
+}
+
+TEST(Safetensors, WriteReadRoundTripWithMetadata) {
+  vttest::TempDir dir;
+  std::vector<SafetensorsOutTensor> ts(3);
+  ts[0] = {"a", "F32", {2, 3}, std::vector<uint8_t>(24)};
+  for (int i = 0; i < 6; i++) {
+    float v = i * 0.5f;
+    memcpy(ts[0].bytes.data() + 4 * i, &v, 4);
+  }
+  ts[1] = {"b.half", "F16", {2}, {0x00, 0x3c, 0x00, 0xc0}};  // 1.0, -2.0
+  ts[2] = {"c", "BF16", {1}, {0x80, 0x3f}};                  // 1.0
+  std::string err;
+  ASSERT_TRUE(write_safetensors(dir.file("x.safetensors"), ts, {{"k", "v"}}, &err)) << err;
+  auto f = SafetensorsFile::open(dir.file("x.safetensors"), &err);
+  ASSERT_TRUE(f) << err;
+  EXPECT_EQ(f->metadata().at("k"), "v");
+  ASSERT_EQ(f->entries().size(), 3u);
+  const auto *a = f->find("a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->shape, (std::vector<int64_t>{2, 3}));
+  float v5;
+  memcpy(&v5, a->data + 20, 4);
+  EXPECT_EQ(v5, 2.5f);
+  EXPECT_EQ(f->find("b.half")->dtype, "F16");
+  EXPECT_EQ(f->find("c")->nbytes, 2u);
+  EXPECT_EQ(float_to_half(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_half(-2.0f), 0xc000);
+  EXPECT_EQ(float_to_half(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_half(1e-7f), 0x0002);  // subnormal: 1e-7 / 2^-24 = 1.68 -> 2
+  EXPECT_EQ(float_to_bfloat16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bfloat16(-3.0f), 0xc040);
+}
+
+TEST(Safetensors, BadFilesAreRefusedWithTheirPath) {
+  vttest::TempDir dir;
+  std::string err;
+  EXPECT_FALSE(SafetensorsFile::open(dir.file("missing.safetensors"), &err));
+  EXPECT_NE(err.find("missing.safetensors"), std::string::npos);
+  vttest::write_file(dir.file("short"), "abc");
+  EXPECT_FALSE(SafetensorsFile::open(dir.file("short"), &err));
+  std::string h = "{\"t\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}";
+  std::string len(8, '\0');
+  len[0] = static_cast<char>(h.size());
+  vttest::write_file(dir.file("trunc"), len + h + std::string(8, '\0'));  // 8 of 16 data bytes
+  EXPECT_FALSE(SafetensorsFile::open(dir.file("trunc"), &err));
+  EXPECT_NE(err.find("'t'"), std::string::npos) << err;
+  std::string h2 = "{\"t\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,16]}}";
+  len[0] = static_cast<char>(h2.size());
+  vttest::write_file(dir.file("size"), len + h2 + std::string(16, '\0'));
+  EXPECT_FALSE(SafetensorsFile::open(dir.file("size"), &err));
+  EXPECT_NE(err.find("needs 12"), std::string::npos) << err;
+  len[0] = 100;
+  vttest::write_file(dir.file("hdr"), len + "{}");
+  EXPECT_FALSE(SafetensorsFile::open(dir.file("hdr"), &err));
+}
+
+TEST(MakeVae, WritesALoadableSeededFolder) {
+  vttest::TempDir dir;
+  std::string err;
+  for (const char *dt : {"F32", "BF16"}) {
+    std::string out = dir.file(std::string("vae_") + dt);
+    ASSERT_TRUE(make_random_vae(out, tiny_config(), 3, dt, &err)) << err;
+    VaeConfig cfg;
+    ASSERT_TRUE(load_vae_config(out + "/config.json", &cfg, &err)) << err;
+    EXPECT_EQ(cfg.block_out_channels, tiny_config().block_out_channels);
+    auto f = SafetensorsFile::open(out + "/diffusion_pytorch_model.safetensors", &err);
+    ASSERT_TRUE(f) << err;
+    EXPECT_EQ(f->entries().size(), encoder_tensor_table(cfg).size());
+    EXPECT_EQ(f->find("encoder.conv_in.conv.weight")->dtype, dt);
+  }
+  // Same seed, same bytes; another seed, other bytes.
+  ASSERT_TRUE(make_random_vae(dir.file("s3b"), tiny_config(), 3, "F32", &err));
+  ASSERT_TRUE(make_random_vae(dir.file("s4"), tiny_config(), 4, "F32", &err));
+  std::string a = vttest::read_file(dir.file("vae_F32/diffusion_pytorch_model.safetensors"));
+  EXPECT_EQ(a, vttest::read_file(dir.file("s3b/diffusion_pytorch_model.safetensors")));
+  EXPECT_NE(a, vttest::read_file(dir.file("s4/diffusion_pytorch_model.safetensors")));
+  // The command-line tool.
+  std::string tool = vttest::env_or("VIDEOTRAIN_BUILD_DIR", "build") + "/elements/vaeencoder/videotrain-make-vae";
+  std::string cmd = "'" + tool + "' '" + dir.file("cli") + "' --seed 3 --tiny > /dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  EXPECT_EQ(a, vttest::read_file(dir.file("cli/diffusion_pytorch_model.safetensors")));
+  EXPECT_NE(std::system(("'" + tool + "' > /dev/null 2>&1").c_str()), 0) << "no OUTDIR is a usage error";
+}

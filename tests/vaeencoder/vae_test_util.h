@@ -1,0 +1,61 @@
+// Helpers shared by the vaeencoder tests (torch).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "safetensors.h"
+#include "test_util.h"
+#include "vaeencoder/vae_engine.h"
+#include "vaeencoder/vae_engine_tensors.h"
+
+namespace vaetest {
+
+inline std::string tiny_a_dir() { return vttest::reference_dir() + "/cogvideox_vae/tiny_a"; }
+
+// Reference cases from diffusers' implementation.
+class Cases {
+ public:
+  Cases() {
+    std::string err;
+    file_ = videotrain::SafetensorsFile::open(tiny_a_dir() + "/cases.safetensors", &err);
+    if (!file_) ADD_FAILURE() << err;
+  }
+  bool ok() const { return file_ != nullptr; }
+  at::Tensor get(const std::string &name) const {
+    const auto *e = file_->find(name);
+    if (!e || e->dtype != "F32") {
+      ADD_FAILURE() << "no F32 tensor " << name << " in cases.safetensors";
+      return at::Tensor();
+    }
+    at::Tensor t = at::empty(e->shape, at::kFloat);
+    memcpy(t.data_ptr(), e->data, e->nbytes);
+    return t;
+  }
+  std::string meta(const std::string &k) const { return file_->metadata().at(k); }
+
+ private:
+  std::unique_ptr<videotrain::SafetensorsFile> file_;
+};
+
+inline double rel_l2(const at::Tensor &a, const at::Tensor &ref) {
+  return (a.to(at::kDouble) - ref.to(at::kDouble)).norm().item<double>() / ref.to(at::kDouble).norm().item<double>();
+}
+
+// [-1, 1] float video [1, 3, T, H, W] -> uint8 frames [T, H, W, 3].
+inline at::Tensor quantize(const at::Tensor &video) {
+  return ((video[0] + 1) * 127.5).round().clamp(0, 255).to(at::kByte).permute({1, 2, 3, 0}).contiguous();
+}
+
+inline std::unique_ptr<videotrain::vae::VaeEngine> make_engine(const videotrain::vae::EngineOptions &o) {
+  std::string err;
+  auto e = videotrain::vae::VaeEngine::create(o, &err);
+  EXPECT_TRUE(e) << err;
+  return e;
+}
+
+}  // namespace vaetest
