@@ -8,6 +8,7 @@ static gboolean plugin_init(GstPlugin *plugin) {
   ok &= GST_ELEMENT_REGISTER(csvvideosrc, plugin);
   ok &= GST_ELEMENT_REGISTER(vaeencoder, plugin);
   ok &= GST_ELEMENT_REGISTER(microbatcher, plugin);
+  ok &= GST_ELEMENT_REGISTER(ddptrainsink, plugin);
   return ok;
 }
 

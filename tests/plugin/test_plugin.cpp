@@ -6,7 +6,7 @@
 #include "test_util.h"
 
 namespace {
-const char *kElements[] = {"csvvideosrc", "vaeencoder", "microbatcher"};
+const char *kElements[] = {"csvvideosrc", "vaeencoder", "microbatcher", "ddptrainsink"};
 }
 
 TEST(Plugin, LoadsFromTheBuildTreeWithEveryElement) {

@@ -1,0 +1,72 @@
+/* Rendezvous (c10d TCPStore) and the process group (Gloo or NCCL) of one training
+ * run, with collectives that fail with an error naming the peer and the operation
+ * instead of hanging. Torch TUs only. */
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace videotrain {
+
+struct DistOptions {
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string backend = "gloo";  // resolved: gloo | nccl
+  std::chrono::milliseconds timeout{600000};
+  std::string prefix = "ddptrainsink";  // store key prefix of this group
+};
+
+// A collective or the rendezvous failed; what() names the operation and the peer.
+class DistError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// True when this LibTorch was built with NCCL and the headers were compiled in.
+bool nccl_available();
+
+class DistGroup {
+ public:
+  // Connects to (rank 0: serves) the store and builds the process group. Throws DistError.
+  explicit DistGroup(const DistOptions &opts);
+  ~DistGroup();
+  DistGroup(const DistGroup &) = delete;
+  DistGroup &operator=(const DistGroup &) = delete;
+
+  int rank() const { return opts_.rank; }
+  int world_size() const { return opts_.world_size; }
+  const std::string &backend() const { return opts_.backend; }
+  std::chrono::milliseconds timeout() const { return opts_.timeout; }
+  c10::intrusive_ptr<c10d::Store> store() const;
+
+  // In-place sum over ranks; async (wait with wait()).
+  c10::intrusive_ptr<c10d::Work> allreduce_async(std::vector<at::Tensor> &tensors);
+  c10::intrusive_ptr<c10d::Work> broadcast_async(std::vector<at::Tensor> &tensors, int root);
+  // Waits within the timeout; throws DistError naming `what` and the suspect peer(s).
+  void wait(const c10::intrusive_ptr<c10d::Work> &work, const std::string &what);
+  void allreduce(std::vector<at::Tensor> &tensors, const std::string &what);
+
+  // Progress marker in the store (which step this rank finished), so that a failure
+  // can name the rank that fell behind or went away. Best effort.
+  void mark_progress(uint64_t step);
+  void mark_exit();
+  // "rank 1 (last finished step 1) stopped responding" or the store's state.
+  std::string describe_peers();
+
+ private:
+  struct Impl;
+  DistOptions opts_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace videotrain

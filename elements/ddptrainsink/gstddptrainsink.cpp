@@ -1,0 +1,469 @@
+/* ddptrainsink: the GObject face of TrainerEngine (no torch here).
+ *
+ * Micro-batches in (application/x-videotrain-tensor, content=micro-batch); render()
+ * runs forward/backward of each one, and on the last micro-batch of a step the
+ * gradient all-reduce and the optimizer step. Progress goes to the bus as
+ * ddptrainsink-step / ddptrainsink-checkpoint element messages. With resume=true the
+ * checkpoint is loaded in READY->PAUSED, and the videotrain-resume query (sent
+ * upstream by csvvideosrc) is answered from it. */
+#include "gstddptrainsink.h"
+
+#include <chrono>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "resume_query.h"
+#include "tensor_caps.h"
+#include "trainer_engine.h"
+
+GST_DEBUG_CATEGORY_STATIC(ddptrainsink_debug);
+#define GST_CAT_DEFAULT ddptrainsink_debug
+
+using namespace videotrain;
+
+struct _GstDdpTrainSink {
+  GstBaseSink parent;
+  TrainerConfig *config;  // properties (object lock)
+  std::shared_ptr<TrainerEngine> *engine;  // object lock to swap; streaming thread uses it
+  guint64 steps;          // read-only mirrors (object lock)
+  gdouble loss;
+  bool done;              // max-steps reached
+  std::chrono::steady_clock::time_point *last_return;  // when render() last returned
+};
+
+G_DEFINE_TYPE(GstDdpTrainSink, gst_ddp_train_sink, GST_TYPE_BASE_SINK);
+GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(ddptrainsink, "ddptrainsink", GST_RANK_NONE, GST_TYPE_DDP_TRAIN_SINK,
+                                      GST_DEBUG_CATEGORY_INIT(ddptrainsink_debug, "ddptrainsink", 0,
+                                                              "Distributed data-parallel trainer sink"));
+
+enum {
+  PROP_0,
+  PROP_MODEL,
+  PROP_LATENT_CHANNELS,
+  PROP_LR,
+  PROP_WEIGHT_DECAY,
+  PROP_BETA1,
+  PROP_BETA2,
+  PROP_EPS,
+  PROP_LR_SCHEDULE,
+  PROP_WARMUP_STEPS,
+  PROP_MAX_STEPS,
+  PROP_GRAD_CLIP,
+  PROP_DEVICE,
+  PROP_PRECISION,
+  PROP_SEED,
+  PROP_RANK,
+  PROP_WORLD_SIZE,
+  PROP_MASTER_ADDR,
+  PROP_MASTER_PORT,
+  PROP_BACKEND,
+  PROP_TIMEOUT,
+  PROP_BUCKET_CAP_MB,
+  PROP_CHECKPOINT_DIR,
+  PROP_CHECKPOINT_EVERY,
+  PROP_KEEP_CHECKPOINTS,
+  PROP_RESUME,
+  PROP_NAN_POLICY,
+  PROP_LOG_EVERY,
+  PROP_METRICS_FILE,
+  PROP_TENSORBOARD_DIR,
+  PROP_STEPS,
+  PROP_LOSS,
+};
+
+/* ---- enum property types (string values in the engine config) ---- */
+
+#define DEFINE_ENUM(fn, TypeName, ...)                                       \
+  static GType fn(void) {                                                    \
+    static GType type = 0;                                                   \
+    static const GEnumValue values[] = {__VA_ARGS__, {0, nullptr, nullptr}}; \
+    if (g_once_init_enter(&type)) {                                          \
+      GType t = g_enum_register_static(TypeName, values);                    \
+      g_once_init_leave(&type, t);                                           \
+    }                                                                        \
+    return type;                                                             \
+  }
+
+DEFINE_ENUM(lr_schedule_type, "GstDdpTrainSinkLrSchedule", {0, "Constant after warmup", "constant"},
+            {1, "Cosine decay to 0 at max-steps", "cosine"}, {2, "Linear decay to 0 at max-steps", "linear"})
+DEFINE_ENUM(precision_type, "GstDdpTrainSinkPrecision", {0, "bf16 autocast on CUDA, fp32 on CPU", "auto"},
+            {1, "float32", "fp32"}, {2, "bfloat16 autocast", "bf16"})
+DEFINE_ENUM(backend_type, "GstDdpTrainSinkBackend", {0, "NCCL for CUDA tensors when available, else Gloo", "auto"},
+            {1, "NCCL", "nccl"}, {2, "Gloo", "gloo"})
+DEFINE_ENUM(nan_policy_type, "GstDdpTrainSinkNanPolicy",
+            {0, "Warn and skip the optimizer step on every rank", "skip"}, {1, "Stop with an error", "fail"})
+
+static const char *enum_nick(GType type, gint value) {
+  GEnumClass *k = G_ENUM_CLASS(g_type_class_ref(type));
+  GEnumValue *v = g_enum_get_value(k, value);
+  const char *nick = v ? v->value_nick : "";
+  g_type_class_unref(k);
+  return nick;
+}
+
+static gint enum_value(GType type, const std::string &nick) {
+  GEnumClass *k = G_ENUM_CLASS(g_type_class_ref(type));
+  GEnumValue *v = g_enum_get_value_by_nick(k, nick.c_str());
+  gint r = v ? v->value : 0;
+  g_type_class_unref(k);
+  return r;
+}
+
+static GstStaticPadTemplate *sink_template() {
+  static GstStaticPadTemplate t = GST_STATIC_PAD_TEMPLATE(
+      "sink", GST_PAD_SINK, GST_PAD_ALWAYS,
+      GST_STATIC_CAPS(VIDEOTRAIN_TENSOR_MEDIA_TYPE ", content=(string)micro-batch, "
+                                                   "dtype=(string){ float32, bfloat16, float16 }"));
+  return &t;
+}
+
+static std::shared_ptr<TrainerEngine> get_engine(GstDdpTrainSink *self) {
+  GST_OBJECT_LOCK(self);
+  auto e = *self->engine;
+  GST_OBJECT_UNLOCK(self);
+  return e;
+}
+
+std::shared_ptr<TrainerEngine> gst_ddp_train_sink_get_engine(GstDdpTrainSink *sink) { return get_engine(sink); }
+
+// Posts what the engine queued: element messages, warnings.
+static void post_messages(GstDdpTrainSink *self, TrainerEngine &engine) {
+  for (auto &m : engine.take_messages()) {
+    if (m.name == "warning") {
+      GST_ELEMENT_WARNING(self, STREAM, FAILED, ("%s", m.strings["text"].c_str()), (nullptr));
+      continue;
+    }
+    GstStructure *s = gst_structure_new_empty(m.name.c_str());
+    for (auto &[k, v] : m.ints) {
+      if (k == "epoch")
+        gst_structure_set(s, k.c_str(), G_TYPE_UINT, static_cast<guint>(v), NULL);
+      else if (k == "skipped")
+        gst_structure_set(s, k.c_str(), G_TYPE_BOOLEAN, v != 0, NULL);
+      else
+        gst_structure_set(s, k.c_str(), G_TYPE_UINT64, static_cast<guint64>(v), NULL);
+    }
+    for (auto &[k, v] : m.numbers) gst_structure_set(s, k.c_str(), G_TYPE_DOUBLE, v, NULL);
+    for (auto &[k, v] : m.strings) gst_structure_set(s, k.c_str(), G_TYPE_STRING, v.c_str(), NULL);
+    gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), s));
+  }
+  GST_OBJECT_LOCK(self);
+  self->steps = engine.steps_done();
+  self->loss = engine.last_loss();
+  GST_OBJECT_UNLOCK(self);
+}
+
+static gboolean gst_ddp_train_sink_start(GstBaseSink *sink) {
+  auto *self = GST_DDP_TRAIN_SINK(sink);
+  GST_OBJECT_LOCK(self);
+  TrainerConfig cfg = *self->config;
+  GST_OBJECT_UNLOCK(self);
+  auto engine = std::make_shared<TrainerEngine>(cfg);
+  bool ok = engine->start();
+  post_messages(self, *engine);
+  if (!ok) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Cannot start training: %s", engine->error().c_str()),
+                      ("model=%s checkpoint-dir=%s", cfg.model.c_str(), cfg.checkpoint_dir.c_str()));
+    return FALSE;
+  }
+  GST_INFO_OBJECT(self, "rank %d of %d on %s%s", engine->rank(), engine->world_size(), engine->device_name().c_str(),
+                  engine->resumed() ? " (resumed)" : "");
+  GST_OBJECT_LOCK(self);
+  *self->engine = engine;
+  self->done = false;
+  *self->last_return = std::chrono::steady_clock::now();
+  GST_OBJECT_UNLOCK(self);
+  return TRUE;
+}
+
+static gboolean gst_ddp_train_sink_stop(GstBaseSink *sink) {
+  auto *self = GST_DDP_TRAIN_SINK(sink);
+  GST_OBJECT_LOCK(self);
+  auto engine = std::move(*self->engine);
+  self->engine->reset();
+  GST_OBJECT_UNLOCK(self);
+  if (engine) engine->stop();
+  return TRUE;
+}
+
+static gboolean gst_ddp_train_sink_set_caps(GstBaseSink *sink, GstCaps *caps) {
+  TensorCapsInfo info;
+  std::string why;
+  if (!tensor_caps_parse(caps, &info, &why) || info.content != "micro-batch") {
+    if (why.empty()) why = "content is '" + info.content + "', expected micro-batch (put a microbatcher before)";
+    GST_ELEMENT_ERROR(sink, STREAM, WRONG_TYPE, ("Cannot train on %s", why.c_str()), ("caps %" GST_PTR_FORMAT, caps));
+    return FALSE;
+  }
+  return TRUE;
+}
+
+static GstFlowReturn gst_ddp_train_sink_render(GstBaseSink *sink, GstBuffer *buf) {
+  auto *self = GST_DDP_TRAIN_SINK(sink);
+  auto engine = get_engine(self);
+  if (!engine) return GST_FLOW_FLUSHING;
+  if (self->done) return GST_FLOW_EOS;
+  const auto arrived = std::chrono::steady_clock::now();
+  engine->add_wait_time(std::chrono::duration<double>(arrived - *self->last_return).count());
+  ProcessResult r = engine->process_buffer(buf);
+  post_messages(self, *engine);
+  *self->last_return = std::chrono::steady_clock::now();
+  switch (r) {
+    case ProcessResult::kOk:
+      return GST_FLOW_OK;
+    case ProcessResult::kDone:
+      GST_INFO_OBJECT(self, "max-steps reached at step %" G_GUINT64_FORMAT, engine->steps_done());
+      self->done = true;
+      return GST_FLOW_EOS;
+    case ProcessResult::kError:
+    default:
+      GST_ELEMENT_ERROR(self, STREAM, FAILED, ("Training failed: %s", engine->error().c_str()),
+                        ("rank %d of %d, after %" G_GUINT64_FORMAT " optimizer steps", engine->rank(),
+                         engine->world_size(), engine->steps_done()));
+      return GST_FLOW_ERROR;
+  }
+}
+
+static gboolean gst_ddp_train_sink_event(GstBaseSink *sink, GstEvent *event) {
+  auto *self = GST_DDP_TRAIN_SINK(sink);
+  if (GST_EVENT_TYPE(event) == GST_EVENT_EOS) {
+    if (auto engine = get_engine(self)) {
+      bool ok = engine->finish();
+      post_messages(self, *engine);
+      if (!ok)
+        GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("Cannot write the final checkpoint: %s", engine->error().c_str()),
+                          (nullptr));
+    }
+  }
+  return GST_BASE_SINK_CLASS(gst_ddp_train_sink_parent_class)->event(sink, event);
+}
+
+static gboolean gst_ddp_train_sink_query(GstBaseSink *sink, GstQuery *query) {
+  auto *self = GST_DDP_TRAIN_SINK(sink);
+  if (videotrain_is_resume_query(query)) {
+    auto engine = get_engine(self);
+    if (!engine || !engine->resumed()) return FALSE;  // nothing to resume: the source starts at the beginning
+    ResumePoint rp = engine->resume_point();
+    VideoTrainResumePosition pos{rp.epoch, rp.clip, rp.step};
+    videotrain_resume_query_answer(query, &pos);
+    GST_INFO_OBJECT(self, "resume: epoch %u clip %" G_GUINT64_FORMAT " step %" G_GUINT64_FORMAT, pos.epoch, pos.clip,
+                    pos.step);
+    return TRUE;
+  }
+  return GST_BASE_SINK_CLASS(gst_ddp_train_sink_parent_class)->query(sink, query);
+}
+
+/* ---- properties ---- */
+
+static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GValue *v, GParamSpec *pspec) {
+  auto *self = GST_DDP_TRAIN_SINK(object);
+  GST_OBJECT_LOCK(self);
+  TrainerConfig &c = *self->config;
+  auto str = [v]() { const char *s = g_value_get_string(v); return std::string(s ? s : ""); };
+  switch (id) {
+    case PROP_MODEL: c.model = str(); break;
+    case PROP_LATENT_CHANNELS: c.latent_channels = static_cast<int>(g_value_get_uint(v)); break;
+    case PROP_LR: c.lr = g_value_get_double(v); break;
+    case PROP_WEIGHT_DECAY: c.weight_decay = g_value_get_double(v); break;
+    case PROP_BETA1: c.beta1 = g_value_get_double(v); break;
+    case PROP_BETA2: c.beta2 = g_value_get_double(v); break;
+    case PROP_EPS: c.eps = g_value_get_double(v); break;
+    case PROP_LR_SCHEDULE: c.lr_schedule = enum_nick(lr_schedule_type(), g_value_get_enum(v)); break;
+    case PROP_WARMUP_STEPS: c.warmup_steps = g_value_get_uint64(v); break;
+    case PROP_MAX_STEPS: c.max_steps = g_value_get_uint64(v); break;
+    case PROP_GRAD_CLIP: c.grad_clip = g_value_get_double(v); break;
+    case PROP_DEVICE: c.device = str(); break;
+    case PROP_PRECISION: c.precision = enum_nick(precision_type(), g_value_get_enum(v)); break;
+    case PROP_SEED: c.seed = g_value_get_uint64(v); break;
+    case PROP_RANK: c.rank = g_value_get_int(v); break;
+    case PROP_WORLD_SIZE: c.world_size = static_cast<int>(g_value_get_uint(v)); break;
+    case PROP_MASTER_ADDR: c.master_addr = str(); break;
+    case PROP_MASTER_PORT: c.master_port = static_cast<int>(g_value_get_uint(v)); break;
+    case PROP_BACKEND: c.backend = enum_nick(backend_type(), g_value_get_enum(v)); break;
+    case PROP_TIMEOUT: c.timeout_s = g_value_get_double(v); break;
+    case PROP_BUCKET_CAP_MB: c.bucket_cap_mb = g_value_get_double(v); break;
+    case PROP_CHECKPOINT_DIR: c.checkpoint_dir = str(); break;
+    case PROP_CHECKPOINT_EVERY: c.checkpoint_every = g_value_get_uint64(v); break;
+    case PROP_KEEP_CHECKPOINTS: c.keep_checkpoints = g_value_get_uint(v); break;
+    case PROP_RESUME: c.resume = g_value_get_boolean(v); break;
+    case PROP_NAN_POLICY: c.nan_policy = enum_nick(nan_policy_type(), g_value_get_enum(v)); break;
+    case PROP_LOG_EVERY: c.log_every = g_value_get_uint(v); break;
+    case PROP_METRICS_FILE: c.metrics_file = str(); break;
+    case PROP_TENSORBOARD_DIR: c.tensorboard_dir = str(); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v, GParamSpec *pspec) {
+  auto *self = GST_DDP_TRAIN_SINK(object);
+  GST_OBJECT_LOCK(self);
+  const TrainerConfig &c = *self->config;
+  switch (id) {
+    case PROP_MODEL: g_value_set_string(v, c.model.c_str()); break;
+    case PROP_LATENT_CHANNELS: g_value_set_uint(v, static_cast<guint>(c.latent_channels)); break;
+    case PROP_LR: g_value_set_double(v, c.lr); break;
+    case PROP_WEIGHT_DECAY: g_value_set_double(v, c.weight_decay); break;
+    case PROP_BETA1: g_value_set_double(v, c.beta1); break;
+    case PROP_BETA2: g_value_set_double(v, c.beta2); break;
+    case PROP_EPS: g_value_set_double(v, c.eps); break;
+    case PROP_LR_SCHEDULE: g_value_set_enum(v, enum_value(lr_schedule_type(), c.lr_schedule)); break;
+    case PROP_WARMUP_STEPS: g_value_set_uint64(v, c.warmup_steps); break;
+    case PROP_MAX_STEPS: g_value_set_uint64(v, c.max_steps); break;
+    case PROP_GRAD_CLIP: g_value_set_double(v, c.grad_clip); break;
+    case PROP_DEVICE: g_value_set_string(v, c.device.c_str()); break;
+    case PROP_PRECISION: g_value_set_enum(v, enum_value(precision_type(), c.precision)); break;
+    case PROP_SEED: g_value_set_uint64(v, c.seed); break;
+    case PROP_RANK: g_value_set_int(v, c.rank); break;
+    case PROP_WORLD_SIZE: g_value_set_uint(v, static_cast<guint>(c.world_size)); break;
+    case PROP_MASTER_ADDR: g_value_set_string(v, c.master_addr.c_str()); break;
+    case PROP_MASTER_PORT: g_value_set_uint(v, static_cast<guint>(c.master_port)); break;
+    case PROP_BACKEND: g_value_set_enum(v, enum_value(backend_type(), c.backend)); break;
+    case PROP_TIMEOUT: g_value_set_double(v, c.timeout_s); break;
+    case PROP_BUCKET_CAP_MB: g_value_set_double(v, c.bucket_cap_mb); break;
+    case PROP_CHECKPOINT_DIR: g_value_set_string(v, c.checkpoint_dir.c_str()); break;
+    case PROP_CHECKPOINT_EVERY: g_value_set_uint64(v, c.checkpoint_every); break;
+    case PROP_KEEP_CHECKPOINTS: g_value_set_uint(v, c.keep_checkpoints); break;
+    case PROP_RESUME: g_value_set_boolean(v, c.resume); break;
+    case PROP_NAN_POLICY: g_value_set_enum(v, enum_value(nan_policy_type(), c.nan_policy)); break;
+    case PROP_LOG_EVERY: g_value_set_uint(v, c.log_every); break;
+    case PROP_METRICS_FILE: g_value_set_string(v, c.metrics_file.c_str()); break;
+    case PROP_TENSORBOARD_DIR: g_value_set_string(v, c.tensorboard_dir.c_str()); break;
+    case PROP_STEPS: g_value_set_uint64(v, self->steps); break;
+    case PROP_LOSS: g_value_set_double(v, self->loss); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+static void gst_ddp_train_sink_finalize(GObject *object) {
+  auto *self = GST_DDP_TRAIN_SINK(object);
+  delete self->engine;
+  delete self->config;
+  delete self->last_return;
+  G_OBJECT_CLASS(gst_ddp_train_sink_parent_class)->finalize(object);
+}
+
+static void gst_ddp_train_sink_init(GstDdpTrainSink *self) {
+  self->config = new TrainerConfig();
+  self->engine = new std::shared_ptr<TrainerEngine>();
+  self->last_return = new std::chrono::steady_clock::time_point(std::chrono::steady_clock::now());
+  self->steps = 0;
+  self->loss = std::numeric_limits<double>::quiet_NaN();
+  self->done = false;
+  // A trainer consumes as fast as it can: no clock sync, no QoS.
+  gst_base_sink_set_sync(GST_BASE_SINK(self), FALSE);
+  gst_base_sink_set_qos_enabled(GST_BASE_SINK(self), FALSE);
+  // The last sample would keep a micro-batch (maybe GPU memory) alive between steps.
+  gst_base_sink_set_last_sample_enabled(GST_BASE_SINK(self), FALSE);
+}
+
+static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
+  auto *oc = G_OBJECT_CLASS(klass);
+  auto *ec = GST_ELEMENT_CLASS(klass);
+  auto *bc = GST_BASE_SINK_CLASS(klass);
+  oc->set_property = gst_ddp_train_sink_set_property;
+  oc->get_property = gst_ddp_train_sink_get_property;
+  oc->finalize = gst_ddp_train_sink_finalize;
+  bc->start = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_start);
+  bc->stop = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_stop);
+  bc->set_caps = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_set_caps);
+  bc->render = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_render);
+  bc->event = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_event);
+  bc->query = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_query);
+
+  const TrainerConfig d;
+  const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  const auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+  auto install = [oc](guint id, GParamSpec *p) { g_object_class_install_property(oc, id, p); };
+  install(PROP_MODEL, g_param_spec_string("model", "Model",
+                                          "TorchScript file whose module has training_step(latents: Tensor, "
+                                          "captions: List[str]) -> Tensor (scalar loss), or builtin:tiny-unet3d / "
+                                          "builtin:linear-test",
+                                          "", rw));
+  install(PROP_LATENT_CHANNELS,
+          g_param_spec_uint("latent-channels", "Latent channels",
+                            "Input channels of a built-in model; 0: from the first micro-batch", 0, 4096, 0, rw));
+  install(PROP_LR, g_param_spec_double("lr", "Learning rate", "AdamW peak learning rate", 0, 10, d.lr, rw));
+  install(PROP_WEIGHT_DECAY,
+          g_param_spec_double("weight-decay", "Weight decay", "AdamW decoupled weight decay", 0, 10, d.weight_decay, rw));
+  install(PROP_BETA1, g_param_spec_double("beta1", "Beta 1", "AdamW first moment decay", 0, 1, d.beta1, rw));
+  install(PROP_BETA2, g_param_spec_double("beta2", "Beta 2", "AdamW second moment decay", 0, 1, d.beta2, rw));
+  install(PROP_EPS, g_param_spec_double("eps", "Epsilon", "AdamW denominator epsilon", 0, 1, d.eps, rw));
+  install(PROP_LR_SCHEDULE, g_param_spec_enum("lr-schedule", "LR schedule",
+                                               "Learning-rate schedule after warmup-steps of linear warmup "
+                                               "(cosine/linear decay over max-steps; constant when max-steps=0)",
+                                               lr_schedule_type(), 0, rw));
+  install(PROP_WARMUP_STEPS, g_param_spec_uint64("warmup-steps", "Warmup steps",
+                                                 "Optimizer steps of linear LR warmup", 0, G_MAXUINT64, 0, rw));
+  install(PROP_MAX_STEPS,
+          g_param_spec_uint64("max-steps", "Max steps",
+                              "Stop after this many optimizer steps (final checkpoint, then EOS); 0: until EOS", 0,
+                              G_MAXUINT64, 0, rw));
+  install(PROP_GRAD_CLIP, g_param_spec_double("grad-clip", "Gradient clip",
+                                              "Clip gradients to this global L2 norm; 0: off", 0, G_MAXDOUBLE, 0, rw));
+  install(PROP_DEVICE, g_param_spec_string("device", "Device",
+                                           "Training device (cpu, cuda:N); empty: cuda:LOCAL_RANK when CUDA is "
+                                           "available, else cpu",
+                                           "", rw));
+  install(PROP_PRECISION, g_param_spec_enum("precision", "Precision", "Compute precision of forward/backward",
+                                            precision_type(), 0, rw));
+  install(PROP_SEED, g_param_spec_uint64("seed", "Seed",
+                                         "Seed of the initial weights and (with rank and step) of the noise the model "
+                                         "draws",
+                                         0, G_MAXUINT64, 0, rw));
+  install(PROP_RANK, g_param_spec_int("rank", "Rank", "This process's rank; -1: from the environment (RANK, "
+                                                      "SLURM_PROCID, OMPI_COMM_WORLD_RANK)",
+                                      -1, G_MAXINT, -1, rw));
+  install(PROP_WORLD_SIZE, g_param_spec_uint("world-size", "World size",
+                                             "Number of ranks; 0: from the environment (WORLD_SIZE...)", 0, G_MAXINT,
+                                             0, rw));
+  install(PROP_MASTER_ADDR, g_param_spec_string("master-addr", "Master address",
+                                                "Host of the c10d store (rank 0); empty: MASTER_ADDR or 127.0.0.1",
+                                                "", rw));
+  install(PROP_MASTER_PORT, g_param_spec_uint("master-port", "Master port",
+                                              "Port of the c10d store; 0: MASTER_PORT or 29500", 0, 65535, 0, rw));
+  install(PROP_BACKEND, g_param_spec_enum("backend", "Backend", "c10d backend of the gradient all-reduce",
+                                          backend_type(), 0, rw));
+  install(PROP_TIMEOUT, g_param_spec_double("timeout", "Timeout",
+                                            "Seconds the store and every collective may take before a missing peer "
+                                            "is an error",
+                                            0.1, 86400, d.timeout_s, rw));
+  install(PROP_BUCKET_CAP_MB, g_param_spec_double("bucket-cap-mb", "Bucket cap (MB)",
+                                                  "Size of gradient all-reduce buckets (the first one holds 1 MB)",
+                                                  0.001, 4096, d.bucket_cap_mb, rw));
+  install(PROP_CHECKPOINT_DIR, g_param_spec_string("checkpoint-dir", "Checkpoint folder",
+                                                   "Where checkpoints go (step-NNNNNNNN folders); empty: none", "",
+                                                   rw));
+  install(PROP_CHECKPOINT_EVERY,
+          g_param_spec_uint64("checkpoint-every", "Checkpoint every",
+                              "Write a checkpoint every this many steps (and always at the end); 0: only at the end",
+                              0, G_MAXUINT64, 0, rw));
+  install(PROP_KEEP_CHECKPOINTS, g_param_spec_uint("keep-checkpoints", "Keep checkpoints",
+                                                   "Newest checkpoints kept; 0: keep all", 0, G_MAXUINT,
+                                                   d.keep_checkpoints, rw));
+  install(PROP_RESUME, g_param_spec_boolean("resume", "Resume",
+                                            "Load the newest complete checkpoint of checkpoint-dir at start and "
+                                            "answer the resume query with this rank's data position",
+                                            FALSE, rw));
+  install(PROP_NAN_POLICY, g_param_spec_enum("nan-policy", "NaN policy", "What a non-finite loss does",
+                                             nan_policy_type(), 0, rw));
+  install(PROP_LOG_EVERY, g_param_spec_uint("log-every", "Log every",
+                                            "Post a ddptrainsink-step message every this many steps; 0: never", 0,
+                                            G_MAXUINT, d.log_every, rw));
+  install(PROP_METRICS_FILE, g_param_spec_string("metrics-file", "Metrics file",
+                                                 "Append step and checkpoint records as JSON lines (rank 0)", "", rw));
+  install(PROP_TENSORBOARD_DIR, g_param_spec_string("tensorboard-dir", "TensorBoard folder",
+                                                    "Write TensorBoard event files of the step scalars (rank 0)", "",
+                                                    rw));
+  install(PROP_STEPS, g_param_spec_uint64("steps", "Steps", "Optimizer steps done", 0, G_MAXUINT64, 0, ro));
+  install(PROP_LOSS, g_param_spec_double("loss", "Loss", "Loss of the last step, averaged over ranks", -G_MAXDOUBLE,
+                                         G_MAXDOUBLE, 0, ro));
+
+  gst_element_class_add_static_pad_template(ec, sink_template());
+  gst_element_class_set_static_metadata(
+      ec, "Distributed trainer sink", "Sink/Tensor",
+      "Trains a TorchScript or built-in model on micro-batches with AdamW, gradient accumulation and a bucketed "
+      "all-reduce over c10d (one process per GPU); writes checkpoints and posts progress",
+      "gst-videotrain");
+}

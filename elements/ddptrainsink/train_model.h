@@ -1,0 +1,54 @@
+/* What the trainer trains: a TorchScript module with training_step(latents, captions)
+ * or one of the models built into the project (builtin:NAME). Torch TUs only. */
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace videotrain {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+class TrainModel {
+ public:
+  virtual ~TrainModel() = default;
+  virtual std::string spec() const = 0;  // the `model` property value
+  virtual NamedTensors named_parameters() = 0;
+  virtual NamedTensors named_buffers() = 0;
+  // Scalar loss, mean over the samples of `latents` [m, C, t, h, w].
+  virtual at::Tensor training_step(const at::Tensor &latents, const std::vector<std::string> &captions) = 0;
+  virtual void train(bool on) = 0;
+  // Validation loss of each sample, [m] float, with noise and timesteps drawn from
+  // generators seeded by seeds[i] (not the default generator, which the trainer's
+  // thread seeds and draws from), so that a sample's loss depends only on the weights,
+  // the sample and its seed. Undefined tensor: the model has no such method (ddpvalsink
+  // then falls back to training_step under a seeded default generator).
+  virtual at::Tensor validation_step(const at::Tensor &latents, const std::vector<std::string> &captions,
+                                     const std::vector<int64_t> &seeds) {
+    (void)latents, (void)captions, (void)seeds;
+    return at::Tensor();
+  }
+  // Weights in a form Python reads (TorchScript: torch.jit.load; builtin: safetensors).
+  // Returns the file name written in `dir`. Throws on error.
+  virtual std::string save(const std::string &dir) = 0;
+  // Copies weights saved by save() into this model (same architecture). Throws.
+  virtual void load(const std::string &dir) = 0;
+};
+
+// Builtin names (without the "builtin:" prefix).
+std::vector<std::string> builtin_model_names();
+bool is_builtin_spec(const std::string &spec);
+
+// Loads a TorchScript file or builds a builtin model on `device`. Builtin models need
+// `latent_channels` > 0. Throws std::runtime_error naming the file / name.
+std::unique_ptr<TrainModel> make_model(const std::string &spec, int latent_channels, const c10::Device &device);
+
+// Hashes caption words into `buckets` ids (builtin models' caption embedding).
+std::vector<int64_t> caption_token_ids(const std::string &caption, int64_t buckets);
+
+}  // namespace videotrain

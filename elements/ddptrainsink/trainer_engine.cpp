@@ -1,0 +1,758 @@
+/* TrainerEngine: model, AdamW, LR schedule, gradient accumulation, the bucketed
+ * all-reduce, checkpoints and progress. See trainer_engine.h. */
+#include "trainer_engine.h"
+
+#include <ATen/autocast_mode.h>
+#include <nlohmann/json.hpp>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+#include <torch/version.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <mutex>
+#include <sstream>
+
+#include "bucket_reducer.h"
+#include "dist_env.h"
+#include "dist_group.h"
+#include "metas.h"
+#include "tensor_buffer.h"
+#include "tfevents.h"
+#include "train_model.h"
+#include "trainer_snapshot.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace videotrain {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string first_line(std::string s) {
+  if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
+  return s;
+}
+
+// Seed of a step's generator: the same on reruns and resumes, different per rank.
+uint64_t step_seed(uint64_t seed, int rank, uint64_t step) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(rank) + 1) * 0xC2B2AE3D27D4EB4Full ^
+               (step + 1) * 0x165667B19E3779F9ull;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return x & 0x7fffffffffffffffull;
+}
+
+// bf16 autocast for the forward pass (CUDA, or CPU when asked).
+class AutocastGuard {
+ public:
+  AutocastGuard(bool on, bool cuda) : on_(on), cuda_(cuda) {
+    if (!on_) return;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    const auto dev = cuda_ ? at::kCUDA : at::kCPU;
+    prev_enabled_ = at::autocast::is_autocast_enabled(dev);
+    prev_dtype_ = at::autocast::get_autocast_dtype(dev);
+    at::autocast::set_autocast_enabled(dev, true);
+    at::autocast::set_autocast_dtype(dev, at::kBFloat16);
+#else
+    if (cuda_) {
+      prev_enabled_ = at::autocast::is_enabled();
+      prev_dtype_ = at::autocast::get_autocast_gpu_dtype();
+      at::autocast::set_enabled(true);
+      at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+    } else {
+      prev_enabled_ = at::autocast::is_cpu_enabled();
+      prev_dtype_ = at::autocast::get_autocast_cpu_dtype();
+      at::autocast::set_cpu_enabled(true);
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    }
+#endif
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    const auto dev = cuda_ ? at::kCUDA : at::kCPU;
+    at::autocast::set_autocast_enabled(dev, prev_enabled_);
+    at::autocast::set_autocast_dtype(dev, prev_dtype_);
+#else
+    if (cuda_) {
+      at::autocast::set_enabled(prev_enabled_);
+      at::autocast::set_autocast_gpu_dtype(prev_dtype_);
+    } else {
+      at::autocast::set_cpu_enabled(prev_enabled_);
+      at::autocast::set_autocast_cpu_dtype(prev_dtype_);
+    }
+#endif
+  }
+
+ private:
+  bool on_, cuda_;
+  bool prev_enabled_ = false;
+  at::ScalarType prev_dtype_ = at::kBFloat16;
+};
+
+std::string step_dir_name(uint64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "step-%08llu", static_cast<unsigned long long>(step));
+  return b;
+}
+
+struct FoundCheckpoint {
+  std::string dir;
+  uint64_t step = 0;
+  json state;
+};
+
+// Complete checkpoints (renamed into place, with trainer.json), oldest first.
+std::vector<FoundCheckpoint> list_checkpoints(const std::string &root) {
+  std::vector<FoundCheckpoint> out;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return out;
+  for (const auto &e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step-", 0) != 0 || !e.is_directory()) continue;
+    std::ifstream in(e.path() / "trainer.json");
+    if (!in) continue;
+    try {
+      FoundCheckpoint c;
+      c.state = json::parse(in);
+      c.step = c.state.at("step").get<uint64_t>();
+      c.dir = e.path().string();
+      out.push_back(std::move(c));
+    } catch (const std::exception &) {
+      continue;
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const auto &a, const auto &b) { return a.step < b.step; });
+  return out;
+}
+
+}  // namespace
+
+struct TrainerEngine::Impl {
+  TrainerConfig cfg;
+  std::string error;
+  int rank = 0, world = 1, local_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
+  c10::Device device{c10::kCPU};
+  bool bf16 = false;
+  std::string backend = "gloo";
+  std::unique_ptr<DistGroup> group;
+  std::unique_ptr<TrainModel> model;
+  int channels = 0;
+  std::vector<at::Tensor> params;
+  std::unique_ptr<torch::optim::AdamW> opt;
+  std::unique_ptr<BucketReducer> reducer;
+
+  uint64_t steps_done = 0;
+  // The step in progress.
+  bool in_step = false;
+  at::Tensor step_loss;  // sum of weighted micro-batch losses (device)
+  unsigned step_samples = 0;
+  unsigned epoch = 0;
+  uint64_t next_clip = 0;
+  std::vector<std::pair<unsigned, uint64_t>> positions;  // every rank's data position after the last step
+  double last_loss = std::numeric_limits<double>::quiet_NaN();
+
+  bool resumed = false;
+  ResumePoint rp;
+  FoundCheckpoint resume_from;
+  uint64_t last_ckpt_step = std::numeric_limits<uint64_t>::max();
+
+  // Throughput window (since the last log).
+  double window_start = 0, window_wait = 0;
+  uint64_t window_samples = 0;
+
+  std::vector<Message> messages;
+  TfEventsWriter tb;
+  bool tb_open = false;
+
+  mutable std::mutex state_mu;  // parameters change under it (optimizer step, loads)
+  std::mutex cb_mu;
+  std::map<int, StepCallback> callbacks;
+  int next_cb = 1;
+
+  bool fail(const std::string &msg) {
+    error = msg;
+    return false;
+  }
+  void warn(const std::string &text) {
+    Message m;
+    m.name = "warning";
+    m.strings["text"] = text;
+    messages.push_back(std::move(m));
+  }
+
+  bool resolve();
+  void build_model(int ch);
+  double lr_at(uint64_t step) const;
+  double grad_norm() const;
+  void end_step(const MicroBatchInfo &info);
+  void write_checkpoint();
+  void load_checkpoint();
+  void report(const StepReport &r);
+  void append_metrics(const json &j);
+};
+
+bool TrainerEngine::Impl::resolve() {
+  DistEnv env = dist_env_from_environment();
+  rank = cfg.rank >= 0 ? cfg.rank : env.rank;
+  world = cfg.world_size > 0 ? cfg.world_size : env.world_size;
+  local_rank = env.source == "default" ? rank : env.local_rank;
+  master_addr = cfg.master_addr.empty() ? env.master_addr : cfg.master_addr;
+  master_port = cfg.master_port > 0 ? cfg.master_port : env.master_port;
+  if (rank < 0 || rank >= world)
+    return fail("rank " + std::to_string(rank) + " is not below world-size " + std::to_string(world) +
+                " (properties rank/world-size or RANK/WORLD_SIZE)");
+  // Device.
+  const bool cuda_ok = torch::cuda::is_available();
+  if (cfg.device.empty() || cfg.device == "auto") {
+    device = cuda_ok ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % torch::cuda::device_count()))
+                     : c10::Device(c10::kCPU);
+  } else {
+    try {
+      device = c10::Device(cfg.device);
+    } catch (const std::exception &) {
+      return fail("device '" + cfg.device + "' is not a device name (property device: cpu, cuda or cuda:N)");
+    }
+    if (device.is_cuda() && !cuda_ok)
+      return fail("device '" + cfg.device + "' asked for but this LibTorch sees no CUDA device (property device)");
+    if (device.is_cuda() && !device.has_index())
+      device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % torch::cuda::device_count()));
+    if (!device.is_cpu() && !device.is_cuda())
+      return fail("device '" + cfg.device + "' is not supported (property device: cpu or cuda:N)");
+  }
+  if (cfg.precision == "auto")
+    bf16 = device.is_cuda();
+  else if (cfg.precision == "bf16")
+    bf16 = true;
+  else if (cfg.precision == "fp32")
+    bf16 = false;
+  else
+    return fail("precision '" + cfg.precision + "' is not one of auto, fp32, bf16 (property precision)");
+  if (cfg.lr_schedule != "constant" && cfg.lr_schedule != "cosine" && cfg.lr_schedule != "linear")
+    return fail("lr-schedule '" + cfg.lr_schedule + "' is not one of constant, cosine, linear");
+  if (cfg.nan_policy != "skip" && cfg.nan_policy != "fail")
+    return fail("nan-policy '" + cfg.nan_policy + "' is not one of skip, fail");
+  if (cfg.model.empty()) return fail("no model: set the model property (a TorchScript file or builtin:NAME)");
+  if (!is_builtin_spec(cfg.model)) {
+    std::error_code ec;
+    if (!fs::is_regular_file(cfg.model, ec))
+      return fail("model file '" + cfg.model + "' does not exist or is not a file (property model)");
+  }
+  if (cfg.resume && cfg.checkpoint_dir.empty()) return fail("resume=true needs checkpoint-dir");
+  // Backend.
+  if (cfg.backend == "auto")
+    backend = (device.is_cuda() && nccl_available()) ? "nccl" : "gloo";
+  else if (cfg.backend == "gloo" || cfg.backend == "nccl")
+    backend = cfg.backend;
+  else
+    return fail("backend '" + cfg.backend + "' is not one of auto, nccl, gloo");
+  if (backend == "nccl" && !device.is_cuda()) return fail("backend=nccl needs a CUDA device (property device)");
+  if (backend == "nccl" && !nccl_available())
+    return fail("backend=nccl but this LibTorch was built without NCCL (use backend=gloo)");
+  return true;
+}
+
+double TrainerEngine::Impl::lr_at(uint64_t step) const {
+  // `step`: optimizer steps done before this one.
+  const double base = cfg.lr;
+  if (cfg.warmup_steps > 0 && step < cfg.warmup_steps)
+    return base * static_cast<double>(step + 1) / static_cast<double>(cfg.warmup_steps);
+  if (cfg.lr_schedule == "constant" || cfg.max_steps == 0 || cfg.max_steps <= cfg.warmup_steps) return base;
+  double p = static_cast<double>(step - cfg.warmup_steps) / static_cast<double>(cfg.max_steps - cfg.warmup_steps);
+  p = std::min(std::max(p, 0.0), 1.0);
+  if (cfg.lr_schedule == "cosine") return base * 0.5 * (1.0 + std::cos(M_PI * p));
+  return base * (1.0 - p);
+}
+
+void TrainerEngine::Impl::build_model(int ch) {
+  channels = ch;
+  torch::manual_seed(cfg.seed);  // the same initial weights on every rank (and broadcast anyway)
+  auto m = make_model(cfg.model, ch, device);
+  std::vector<at::Tensor> ps;
+  for (auto &[name, p] : m->named_parameters())
+    if (p.requires_grad()) ps.push_back(p);
+  if (ps.empty()) throw std::runtime_error("model " + cfg.model + " has no trainable parameters");
+  auto o = torch::optim::AdamWOptions(cfg.lr)
+               .betas(std::make_tuple(cfg.beta1, cfg.beta2))
+               .eps(cfg.eps)
+               .weight_decay(cfg.weight_decay);
+  {
+    std::lock_guard<std::mutex> lock(state_mu);
+    model = std::move(m);
+    params = ps;
+    opt = std::make_unique<torch::optim::AdamW>(params, o);
+  }
+  if (resumed) load_checkpoint();
+  if (group) {
+    // Rank 0's weights everywhere (TorchScript files may differ per host; random inits).
+    torch::NoGradGuard ng;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    std::vector<at::Tensor> all;
+    for (auto &[n, p] : model->named_parameters()) all.push_back(p);
+    for (auto &[n, b] : model->named_buffers()) all.push_back(b);
+    for (auto &t : all) {
+      std::vector<at::Tensor> one{t.detach()};
+      works.push_back(group->broadcast_async(one, 0));
+    }
+    for (size_t i = 0; i < works.size(); i++) group->wait(works[i], "initial parameter broadcast");
+    reducer = std::make_unique<BucketReducer>(params, group.get(), cfg.bucket_cap_mb, 1.0);
+  }
+}
+
+void TrainerEngine::Impl::load_checkpoint() {
+  const auto &c = resume_from;
+  try {
+    std::lock_guard<std::mutex> lock(state_mu);
+    model->load(c.dir);
+    torch::load(*opt, c.dir + "/optimizer.pt", device);
+    steps_done = c.step;
+    last_ckpt_step = c.step;
+  } catch (const std::exception &e) {
+    throw std::runtime_error("cannot resume from checkpoint '" + c.dir + "': " + first_line(e.what()));
+  }
+}
+
+double TrainerEngine::Impl::grad_norm() const {
+  double sq = 0;
+  for (const auto &p : params)
+    if (p.grad().defined()) sq += p.grad().detach().to(at::kDouble).pow(2).sum().item<double>();
+  return std::sqrt(sq);
+}
+
+void TrainerEngine::Impl::append_metrics(const json &j) {
+  if (cfg.metrics_file.empty() || rank != 0) return;
+  std::ofstream out(cfg.metrics_file, std::ios::app);
+  if (!out) {
+    warn("cannot append to metrics-file '" + cfg.metrics_file + "'");
+    return;
+  }
+  out << j.dump() << "\n";
+}
+
+void TrainerEngine::Impl::report(const StepReport &r) {
+  const bool log = cfg.log_every > 0 && (r.step % cfg.log_every == 0);
+  if (log) {
+    Message m;
+    m.name = "ddptrainsink-step";
+    m.ints["step"] = static_cast<int64_t>(r.step);
+    m.ints["epoch"] = r.epoch;
+    m.numbers["loss"] = r.loss;
+    m.numbers["lr"] = r.lr;
+    m.numbers["grad-norm"] = r.grad_norm;
+    m.numbers["samples-per-second"] = r.samples_per_s;
+    m.numbers["data-wait"] = r.data_wait;
+    m.ints["skipped"] = r.skipped ? 1 : 0;
+    messages.push_back(m);
+    auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
+    append_metrics({{"type", "step"},
+                    {"step", r.step},
+                    {"epoch", r.epoch},
+                    {"loss", num(r.loss)},
+                    {"lr", r.lr},
+                    {"grad_norm", num(r.grad_norm)},
+                    {"samples_per_second", r.samples_per_s},
+                    {"data_wait", r.data_wait},
+                    {"skipped", r.skipped},
+                    {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}});
+    if (tb_open) {
+      std::vector<std::pair<std::string, float>> s{{"train/loss", static_cast<float>(r.loss)},
+                                                  {"train/lr", static_cast<float>(r.lr)},
+                                                  {"train/samples_per_second", static_cast<float>(r.samples_per_s)},
+                                                  {"train/data_wait", static_cast<float>(r.data_wait)}};
+      if (std::isfinite(r.grad_norm)) s.emplace_back("train/grad_norm", static_cast<float>(r.grad_norm));
+      tb.add_scalars(static_cast<int64_t>(r.step), s);
+    }
+  }
+  std::vector<StepCallback> cbs;
+  {
+    std::lock_guard<std::mutex> lock(cb_mu);
+    for (auto &[id, cb] : callbacks) cbs.push_back(cb);
+  }
+  for (auto &cb : cbs) cb(r);
+}
+
+void TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
+  torch::NoGradGuard ng;
+  if (reducer) reducer->finish();
+  // One small all-reduce: loss, non-finite flag, and every rank's data position.
+  const auto stats_opts = torch::TensorOptions().dtype(torch::kDouble);
+  at::Tensor local_loss = step_loss.defined() ? step_loss.to(torch::kCPU, torch::kDouble) : torch::zeros({}, stats_opts);
+  const double l = local_loss.item<double>();
+  auto stats = torch::zeros({2 + 2 * world}, stats_opts);
+  stats[0] = std::isfinite(l) ? l : 0.0;
+  stats[1] = std::isfinite(l) ? 0.0 : 1.0;
+  stats[2 + 2 * rank] = static_cast<double>(epoch);
+  stats[3 + 2 * rank] = static_cast<double>(next_clip);
+  if (group) {
+    std::vector<at::Tensor> t{backend == "nccl" ? stats.to(device) : stats};
+    group->allreduce(t, "loss/position all-reduce at step " + std::to_string(steps_done + 1));
+    stats = t[0].to(torch::kCPU);
+  }
+  auto acc = stats.accessor<double, 1>();
+  positions.assign(world, {0, 0});
+  for (int r = 0; r < world; r++)
+    positions[r] = {static_cast<unsigned>(acc[2 + 2 * r]), static_cast<uint64_t>(acc[3 + 2 * r])};
+  const bool bad = acc[1] > 0;
+  StepReport rep;
+  rep.epoch = epoch;
+  rep.lr = lr_at(steps_done);
+  rep.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  if (bad) {
+    rep.loss = std::numeric_limits<double>::quiet_NaN();
+    rep.skipped = true;
+    const std::string what = "non-finite loss at step " + std::to_string(steps_done + 1) + " on " +
+                             std::to_string(static_cast<int>(acc[1])) + " of " + std::to_string(world) +
+                             " rank(s) (this rank: " + std::to_string(l) + ")";
+    if (cfg.nan_policy == "fail") throw std::runtime_error(what + "; nan-policy=fail");
+    warn(what + ": optimizer step skipped on every rank (nan-policy=skip)");
+  } else {
+    rep.loss = acc[0] / world;
+    const bool log = cfg.log_every > 0 && ((steps_done + 1) % cfg.log_every == 0);
+    if (cfg.grad_clip > 0)
+      rep.grad_norm = torch::nn::utils::clip_grad_norm_(params, cfg.grad_clip);
+    else if (log)
+      rep.grad_norm = grad_norm();
+    for (auto &g : opt->param_groups()) static_cast<torch::optim::AdamWOptions &>(g.options()).lr(rep.lr);
+    std::lock_guard<std::mutex> lock(state_mu);
+    opt->step();
+  }
+  for (auto &p : params) p.mutable_grad() = at::Tensor();
+  in_step = false;
+  steps_done++;
+  rep.step = steps_done;
+  last_loss = rep.loss;
+  window_samples += static_cast<uint64_t>(step_samples) * world;
+  if (group) group->mark_progress(steps_done);
+  const double t = now_s();
+  const double elapsed = std::max(t - window_start, 1e-9);
+  rep.samples_per_s = window_samples / elapsed;
+  rep.data_wait = std::min(1.0, window_wait / elapsed);
+  const bool log = cfg.log_every > 0 && (steps_done % cfg.log_every == 0);
+  report(rep);
+  if (log) {
+    window_start = now_s();
+    window_wait = 0;
+    window_samples = 0;
+  }
+  (void)info;
+  if (!cfg.checkpoint_dir.empty() && cfg.checkpoint_every > 0 && steps_done % cfg.checkpoint_every == 0)
+    write_checkpoint();
+}
+
+void TrainerEngine::Impl::write_checkpoint() {
+  if (!model || last_ckpt_step == steps_done) return;
+  last_ckpt_step = steps_done;
+  if (rank != 0) return;  // every rank holds the same weights; rank 0 writes
+  const std::string root = cfg.checkpoint_dir;
+  const std::string name = step_dir_name(steps_done);
+  const std::string final_dir = root + "/" + name;
+  const std::string tmp = root + "/.tmp-" + name + "-" + std::to_string(getpid());
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directories(tmp, ec))
+    throw std::runtime_error("cannot create checkpoint folder '" + tmp + "' (checkpoint-dir): " + ec.message());
+  std::string model_file;
+  {
+    std::lock_guard<std::mutex> lock(state_mu);
+    model_file = model->save(tmp);
+    torch::save(*opt, tmp + "/optimizer.pt");
+  }
+  torch::save(at::detail::getDefaultCPUGenerator().get_state(), tmp + "/rng.pt");
+  json pos = json::array();
+  for (int r = 0; r < static_cast<int>(positions.size()); r++)
+    pos.push_back({{"rank", r}, {"epoch", positions[r].first}, {"clip", positions[r].second}});
+  json state = {{"format", 1},
+                {"model", cfg.model},
+                {"model_file", model_file},
+                {"latent_channels", channels},
+                {"step", steps_done},
+                {"lr", lr_at(steps_done ? steps_done - 1 : 0)},
+                {"lr_schedule", cfg.lr_schedule},
+                {"warmup_steps", cfg.warmup_steps},
+                {"max_steps", cfg.max_steps},
+                {"seed", cfg.seed},
+                {"world_size", world},
+                {"positions", pos},
+                {"optimizer_file", "optimizer.pt"},
+                {"rng_file", "rng.pt"},
+                {"rng_note", "the generator is reseeded every step from seed, rank and step"}};
+  {
+    std::ofstream out(tmp + "/trainer.json");
+    out << state.dump(2) << "\n";
+    if (!out) throw std::runtime_error("cannot write '" + tmp + "/trainer.json' (checkpoint-dir)");
+  }
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp, final_dir, ec);
+  if (ec) throw std::runtime_error("cannot rename '" + tmp + "' to '" + final_dir + "': " + ec.message());
+  if (cfg.keep_checkpoints > 0) {
+    auto all = list_checkpoints(root);
+    for (size_t i = 0; i + cfg.keep_checkpoints < all.size(); i++) fs::remove_all(all[i].dir, ec);
+  }
+  Message m;
+  m.name = "ddptrainsink-checkpoint";
+  m.ints["step"] = static_cast<int64_t>(steps_done);
+  m.strings["path"] = final_dir;
+  messages.push_back(m);
+  append_metrics({{"type", "checkpoint"}, {"step", steps_done}, {"path", final_dir}});
+}
+
+/* ---------------- TrainerEngine ---------------- */
+
+TrainerEngine::TrainerEngine(const TrainerConfig &config) : impl_(std::make_unique<Impl>()) { impl_->cfg = config; }
+
+TrainerEngine::~TrainerEngine() { stop(); }
+
+bool TrainerEngine::start() {
+  auto &im = *impl_;
+  if (!im.resolve()) return false;
+  try {
+    if (im.world > 1) {
+      DistOptions o;
+      o.rank = im.rank;
+      o.world_size = im.world;
+      o.master_addr = im.master_addr;
+      o.master_port = im.master_port;
+      o.backend = im.backend;
+      o.timeout = std::chrono::milliseconds(static_cast<int64_t>(im.cfg.timeout_s * 1000));
+      im.group = std::make_unique<DistGroup>(o);
+    }
+    if (im.cfg.resume) {
+      auto all = list_checkpoints(im.cfg.checkpoint_dir);
+      if (all.empty()) {
+        im.warn("resume=true but checkpoint-dir '" + im.cfg.checkpoint_dir +
+                "' holds no complete checkpoint: training from scratch");
+      } else {
+        im.resume_from = all.back();
+        const auto &st = im.resume_from.state;
+        if (st.value("world_size", 1) != im.world)
+          return im.fail("checkpoint '" + im.resume_from.dir + "' was written by " +
+                         std::to_string(st.value("world_size", 1)) + " rank(s), this run has " +
+                         std::to_string(im.world) + " (world-size)");
+        if (st.value("model", std::string()) != im.cfg.model)
+          im.warn("checkpoint '" + im.resume_from.dir + "' was written for model '" +
+                  st.value("model", std::string()) + "', loading it into '" + im.cfg.model + "'");
+        im.resumed = true;
+        im.rp.step = im.resume_from.step;
+        for (const auto &p : st.at("positions"))
+          if (p.at("rank").get<int>() == im.rank) {
+            im.rp.epoch = p.at("epoch").get<unsigned>();
+            im.rp.clip = p.at("clip").get<uint64_t>();
+          }
+        im.steps_done = im.resume_from.step;
+        if (im.cfg.latent_channels <= 0) im.cfg.latent_channels = st.value("latent_channels", 0);
+      }
+    }
+    if (!is_builtin_spec(im.cfg.model) || im.cfg.latent_channels > 0) im.build_model(im.cfg.latent_channels);
+    if (!im.cfg.tensorboard_dir.empty() && im.rank == 0) {
+      std::string err;
+      if (im.tb.open(im.cfg.tensorboard_dir, "", &err))
+        im.tb_open = true;
+      else
+        im.warn(err);
+    }
+  } catch (const std::exception &e) {
+    return im.fail(first_line(e.what()));
+  }
+  im.window_start = now_s();
+  return true;
+}
+
+bool TrainerEngine::resumed() const { return impl_->resumed; }
+ResumePoint TrainerEngine::resume_point() const { return impl_->rp; }
+
+ProcessResult TrainerEngine::process_tensor(const at::Tensor &batch, const MicroBatchInfo &info) {
+  auto &im = *impl_;
+  if (im.cfg.max_steps > 0 && im.steps_done >= im.cfg.max_steps) return ProcessResult::kDone;
+  try {
+    if (batch.dim() != 5 || !batch.is_floating_point() || batch.size(0) < 1) {
+      std::ostringstream s;
+      s << "micro-batch tensor has shape " << batch.sizes() << " and dtype " << batch.scalar_type()
+        << "; expected a float tensor [m, C, t, h, w]";
+      im.error = s.str();
+      return ProcessResult::kError;
+    }
+    if (!im.model) im.build_model(static_cast<int>(batch.size(1)));
+    if (is_builtin_spec(im.cfg.model) && batch.size(1) != im.channels) {
+      im.error = "micro-batch has " + std::to_string(batch.size(1)) + " latent channels, the model was built for " +
+                 std::to_string(im.channels) + " (property latent-channels / checkpoint)";
+      return ProcessResult::kError;
+    }
+    const int64_t m = batch.size(0);
+    const unsigned S = info.step_samples > 0 ? info.step_samples : static_cast<unsigned>(m);
+    if (im.in_step && info.micro_index == 0) {
+      im.warn("step " + std::to_string(im.steps_done + 1) +
+              " restarted before its last micro-batch (flush or upstream restart): its gradients are dropped");
+      im.in_step = false;
+    }
+    if (!im.in_step) {
+      // First micro-batch of a step (a partial step that never got its sync micro-batch
+      // is discarded with its gradients).
+      for (auto &p : im.params) p.mutable_grad() = at::Tensor();
+      im.step_loss = at::Tensor();
+      im.in_step = true;
+      torch::manual_seed(step_seed(im.cfg.seed, im.rank, im.steps_done));
+    }
+    im.step_samples = S;
+    im.epoch = info.epoch;
+    im.next_clip = info.next_clip;
+    const bool reduce = info.sync && im.reducer;
+    if (im.reducer) im.reducer->prepare(reduce, im.steps_done);
+    auto x = batch.to(im.device, torch::kFloat, /*non_blocking=*/true);
+    at::Tensor loss;
+    {
+      AutocastGuard ac(im.bf16, im.device.is_cuda());
+      loss = im.model->training_step(x, info.captions);
+    }
+    if (!loss.defined() || loss.numel() != 1)
+      throw std::runtime_error("training_step of model " + im.cfg.model + " returned a non-scalar loss");
+    const double w = static_cast<double>(m) / S;
+    auto scaled = loss.reshape({}).to(torch::kFloat) * w;
+    scaled.backward();
+    auto d = scaled.detach().to(torch::kDouble);
+    im.step_loss = im.step_loss.defined() ? im.step_loss + d : d;
+    if (!info.sync) return ProcessResult::kOk;
+    im.end_step(info);
+  } catch (const std::exception &e) {
+    im.error = first_line(e.what());
+    return ProcessResult::kError;
+  }
+  if (im.cfg.max_steps > 0 && im.steps_done >= im.cfg.max_steps) {
+    try {
+      if (!im.cfg.checkpoint_dir.empty()) im.write_checkpoint();
+    } catch (const std::exception &e) {
+      im.error = first_line(e.what());
+      return ProcessResult::kError;
+    }
+    return ProcessResult::kDone;
+  }
+  return ProcessResult::kOk;
+}
+
+ProcessResult TrainerEngine::process_buffer(GstBuffer *buf) {
+  std::string why;
+  auto t = tensor_from_buffer(buf, &why);
+  if (!t) {
+    impl_->error = "buffer holds no tensor: " + why;
+    return ProcessResult::kError;
+  }
+  MicroBatchInfo info;
+  const GstVideoTrainBatchMeta *meta = gst_buffer_get_videotrain_batch_meta(buf);
+  if (meta) {
+    info.step = meta->step;
+    info.micro_index = meta->micro_index;
+    info.micro_count = meta->micro_count;
+    info.step_samples = meta->step_samples;
+    info.sync = meta->sync;
+    info.epoch = meta->epoch;
+    info.next_clip = meta->next_clip;
+    if (meta->sample_ids)
+      for (guint i = 0; i < meta->sample_ids->len; i++) info.sample_ids.push_back(g_array_index(meta->sample_ids, guint64, i));
+    if (meta->captions)
+      for (guint i = 0; i < meta->captions->len; i++) {
+        auto *c = static_cast<const char *>(g_ptr_array_index(meta->captions, i));
+        info.captions.emplace_back(c ? c : "");
+      }
+  } else {
+    // No batch meta: each buffer is a whole step on its own.
+    info.step_samples = t->dim() > 0 ? static_cast<unsigned>(t->size(0)) : 0;
+  }
+  return process_tensor(*t, info);
+}
+
+void TrainerEngine::add_wait_time(double seconds) {
+  if (seconds > 0) impl_->window_wait += seconds;
+}
+
+bool TrainerEngine::finish() {
+  auto &im = *impl_;
+  if (im.in_step) {
+    im.warn("end of stream in the middle of step " + std::to_string(im.steps_done + 1) +
+            ": its micro-batches are dropped");
+    for (auto &p : im.params) p.mutable_grad() = at::Tensor();
+    im.in_step = false;
+  }
+  try {
+    if (!im.cfg.checkpoint_dir.empty() && im.model && im.steps_done > 0) im.write_checkpoint();
+  } catch (const std::exception &e) {
+    return im.fail(first_line(e.what()));
+  }
+  return true;
+}
+
+void TrainerEngine::stop() {
+  auto &im = *impl_;
+  if (im.group) im.group->mark_exit();
+  im.reducer.reset();
+  im.group.reset();
+  im.tb.close();
+  im.tb_open = false;
+}
+
+const std::string &TrainerEngine::error() const { return impl_->error; }
+
+std::vector<TrainerEngine::Message> TrainerEngine::take_messages() {
+  std::vector<Message> out;
+  out.swap(impl_->messages);
+  return out;
+}
+
+int TrainerEngine::rank() const { return impl_->rank; }
+int TrainerEngine::world_size() const { return impl_->world; }
+uint64_t TrainerEngine::steps_done() const { return impl_->steps_done; }
+std::string TrainerEngine::device_name() const { return videotrain::device_name(impl_->device); }
+double TrainerEngine::last_loss() const { return impl_->last_loss; }
+
+std::shared_ptr<const ParamSnapshot> TrainerEngine::snapshot_state() const {
+  auto &im = *impl_;
+  std::lock_guard<std::mutex> lock(im.state_mu);
+  if (!im.model) return nullptr;
+  auto s = std::make_shared<ParamSnapshot>();
+  torch::NoGradGuard ng;
+  s->step = im.steps_done;
+  s->model = im.cfg.model;
+  s->latent_channels = im.channels;
+  for (auto &[n, p] : im.model->named_parameters()) s->parameters.emplace_back(n, p.detach().clone());
+  for (auto &[n, b] : im.model->named_buffers()) s->buffers.emplace_back(n, b.detach().clone());
+  return s;
+}
+
+int TrainerEngine::add_step_callback(StepCallback cb) {
+  std::lock_guard<std::mutex> lock(impl_->cb_mu);
+  int id = impl_->next_cb++;
+  impl_->callbacks[id] = std::move(cb);
+  return id;
+}
+
+void TrainerEngine::remove_step_callback(int id) {
+  std::lock_guard<std::mutex> lock(impl_->cb_mu);
+  impl_->callbacks.erase(id);
+}
+
+std::map<std::string, std::vector<float>> TrainerEngine::parameters_cpu() const {
+  std::map<std::string, std::vector<float>> out;
+  auto &im = *impl_;
+  std::lock_guard<std::mutex> lock(im.state_mu);
+  if (!im.model) return out;
+  for (auto &[n, p] : im.model->named_parameters()) {
+    auto c = p.detach().to(torch::kCPU, torch::kFloat).contiguous();
+    out[n] = std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  }
+  return out;
+}
+
+}  // namespace videotrain

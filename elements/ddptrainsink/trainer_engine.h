@@ -1,0 +1,153 @@
+/* TrainerEngine: the work behind ddptrainsink, without GObject and without torch
+ * types in this header (pimpl), so that the element face compiles without LibTorch.
+ *
+ * One engine per process (rank). Micro-batches come in one at a time; each one is
+ * forward/backward'ed; on the last micro-batch of a step (sync) the gradients are
+ * all-reduced by the bucketed reducer while backward runs, then AdamW steps.
+ *
+ * Threading: start()/process_*()/finish()/stop() are called from one thread at a time
+ * (the element's streaming thread or state changes). snapshot_state() and the step
+ * callbacks are for other threads (ddpvalsink): see below. */
+#pragma once
+
+#include <gst/gst.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace at {
+class Tensor;
+}
+
+namespace videotrain {
+
+struct TrainerConfig {
+  // Model and optimisation.
+  std::string model;              // TorchScript file, or builtin:NAME
+  int latent_channels = 0;        // 0: from the first micro-batch (builtin models)
+  double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  std::string lr_schedule = "constant";  // constant | cosine | linear
+  uint64_t warmup_steps = 0;
+  uint64_t max_steps = 0;         // 0: until EOS
+  double grad_clip = 0.0;         // global norm; 0: off
+  std::string device;             // "" / "auto": cuda:LOCAL_RANK when available, else cpu
+  std::string precision = "auto"; // auto | fp32 | bf16
+  uint64_t seed = 0;
+  // Distributed (-1 / 0 / "" = from the environment).
+  int rank = -1, world_size = 0, master_port = 0;
+  std::string master_addr;
+  std::string backend = "auto";   // auto | nccl | gloo
+  double timeout_s = 600.0;
+  double bucket_cap_mb = 25.0;
+  // Checkpoints.
+  std::string checkpoint_dir;
+  uint64_t checkpoint_every = 0;  // steps; 0: only at the end
+  unsigned keep_checkpoints = 3;  // 0: keep all
+  bool resume = false;
+  std::string nan_policy = "skip"; // skip | fail
+  // Progress.
+  unsigned log_every = 10;
+  std::string metrics_file;
+  std::string tensorboard_dir;
+};
+
+// What a micro-batch's batch meta says.
+struct MicroBatchInfo {
+  uint64_t step = 0;
+  unsigned micro_index = 0, micro_count = 1, step_samples = 0;  // step_samples 0: m
+  bool sync = true;
+  unsigned epoch = 0;
+  uint64_t next_clip = 0;
+  std::vector<uint64_t> sample_ids;
+  std::vector<std::string> captions;
+};
+
+// One completed optimizer step (identical on every rank except data_wait/local_loss).
+struct StepReport {
+  uint64_t step = 0;           // number of optimizer steps done, this one included
+  unsigned epoch = 0;
+  double loss = 0.0;           // averaged over ranks (and the step's micro-batches)
+  double lr = 0.0;
+  double grad_norm = 0.0;      // before clipping; NaN when not computed
+  double samples_per_s = 0.0;  // all ranks together
+  double data_wait = 0.0;      // fraction of wall time spent waiting for buffers (this rank)
+  bool skipped = false;        // non-finite loss: optimizer step skipped
+};
+
+struct ResumePoint {
+  unsigned epoch = 0;
+  uint64_t clip = 0;
+  uint64_t step = 0;  // next optimizer step
+};
+
+// Copy of the trained state at a step boundary (torch types: see trainer_snapshot.h).
+struct ParamSnapshot;
+
+enum class ProcessResult { kOk, kDone /* max-steps reached: EOS */, kError };
+
+class TrainerEngine {
+ public:
+  explicit TrainerEngine(const TrainerConfig &config);
+  ~TrainerEngine();
+  TrainerEngine(const TrainerEngine &) = delete;
+  TrainerEngine &operator=(const TrainerEngine &) = delete;
+
+  // Resolves rank/world/device, joins the process group, loads the model (unless it
+  // must wait for the first micro-batch to know its channels) and, with resume, the
+  // newest complete checkpoint. False with error().
+  bool start();
+  // Where this rank's data resumes (valid after start() when resumed() is true).
+  bool resumed() const;
+  ResumePoint resume_point() const;
+
+  // One micro-batch: tensor [m, C, t, h, w] (any device/float dtype).
+  ProcessResult process_tensor(const at::Tensor &batch, const MicroBatchInfo &info);
+  // Same from a GstBuffer holding a tensor and a GstVideoTrainBatchMeta.
+  ProcessResult process_buffer(GstBuffer *buf);
+  // Time the caller spent waiting for this micro-batch (for the data-wait fraction).
+  void add_wait_time(double seconds);
+
+  // End of stream: writes the final checkpoint (unless one was written for this step).
+  bool finish();
+  void stop();
+
+  const std::string &error() const;
+  // Messages that a face posts: drained by the caller after each call.
+  struct Message {
+    std::string name;  // ddptrainsink-step | ddptrainsink-checkpoint | warning (text in "text")
+    std::map<std::string, int64_t> ints;
+    std::map<std::string, double> numbers;
+    std::map<std::string, std::string> strings;
+  };
+  std::vector<Message> take_messages();
+
+  int rank() const;
+  int world_size() const;
+  uint64_t steps_done() const;
+  std::string device_name() const;
+  double last_loss() const;  // averaged over ranks, last completed step
+
+  /* For ddpvalsink. snapshot_state() may be called from any thread: it returns a copy
+   * (on the training device, detached) of every parameter and buffer as they are
+   * between two optimizer steps, never halfway through one; null before the model
+   * exists. Step callbacks run on the training thread right after each optimizer step
+   * (keep them short; they may call snapshot_state()). */
+  std::shared_ptr<const ParamSnapshot> snapshot_state() const;
+  using StepCallback = std::function<void(const StepReport &)>;
+  int add_step_callback(StepCallback cb);
+  void remove_step_callback(int id);
+
+  // Parameters copied to CPU float32, by name (tests, equivalence checks).
+  std::map<std::string, std::vector<float>> parameters_cpu() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace videotrain

@@ -1,0 +1,20 @@
+/* The copy of the trained state that TrainerEngine::snapshot_state() returns
+ * (for ddpvalsink). Torch TUs only. */
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "train_model.h"
+
+namespace videotrain {
+
+struct ParamSnapshot {
+  uint64_t step = 0;        // optimizer steps done when the copy was taken
+  std::string model;        // the model property (TorchScript path or builtin:NAME)
+  int latent_channels = 0;  // channels the model was built for
+  NamedTensors parameters;  // detached copies on the training device
+  NamedTensors buffers;
+};
+
+}  // namespace videotrain
