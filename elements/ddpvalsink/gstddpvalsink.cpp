@@ -1,0 +1,392 @@
+/* ddpvalsink: the GObject face of ValidationEngine (no torch here).
+ *
+ * A validation branch beside the training branch of the same pipeline. It finds its
+ * ddptrainsink by name (property trainer) in the top-level bin, takes snapshots of its
+ * weights every `every` optimizer steps (and at-start, and at the trainer's EOS), and
+ * evaluates each one on one epoch of the validation stream, on the samples of its
+ * shard (clip index mod num-shards). Between passes render() blocks until the next
+ * snapshot, so the validation source stays prefetched and idle. Rank 0 posts the mean
+ * over every shard and rank as a ddpvalsink-result element message. */
+#include "gstddpvalsink.h"
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "dist_env.h"
+#include "ddptrainsink/gstddptrainsink.h"
+#include "ddptrainsink/trainer_engine.h"
+#include "tensor_caps.h"
+#include "validation_engine.h"
+
+GST_DEBUG_CATEGORY_STATIC(ddpvalsink_debug);
+#define GST_CAT_DEFAULT ddpvalsink_debug
+
+using namespace videotrain;
+
+struct _GstDdpValSink {
+  GstBaseSink parent;
+  ValidationConfig *config;            // properties (object lock)
+  gchar *trainer_name;
+  ValidationEngine *engine;            // streaming thread; created in start()
+  GstElement *trainer;                 // ref, from start() or the first buffer
+  gulong eos_probe;
+  gdouble loss;                        // read-only mirrors (object lock)
+  guint64 step;
+};
+
+G_DEFINE_TYPE(GstDdpValSink, gst_ddp_val_sink, GST_TYPE_BASE_SINK);
+GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(ddpvalsink, "ddpvalsink", GST_RANK_NONE, GST_TYPE_DDP_VAL_SINK,
+                                      GST_DEBUG_CATEGORY_INIT(ddpvalsink_debug, "ddpvalsink", 0,
+                                                              "Distributed validation sink"));
+
+enum {
+  PROP_0,
+  PROP_TRAINER,
+  PROP_EVERY,
+  PROP_AT_START,
+  PROP_SKIP_IF_BUSY,
+  PROP_SHARD_INDEX,
+  PROP_NUM_SHARDS,
+  PROP_BATCH_SIZE,
+  PROP_DEVICE,
+  PROP_LAST_LOSS,
+  PROP_LAST_STEP,
+};
+
+static GstStaticPadTemplate sink_template =
+    GST_STATIC_PAD_TEMPLATE("sink", GST_PAD_SINK, GST_PAD_ALWAYS,
+                            GST_STATIC_CAPS(VIDEOTRAIN_TENSOR_MEDIA_TYPE ", content=(string){latents,micro-batch}"));
+
+static void post_messages(GstDdpValSink *self) {
+  if (!self->engine) return;
+  for (auto &m : self->engine->take_messages()) {
+    if (m.name == "warning") {
+      GST_ELEMENT_WARNING(self, STREAM, FAILED, ("%s", m.strings["text"].c_str()), (nullptr));
+      continue;
+    }
+    GstStructure *s = gst_structure_new_empty(m.name.c_str());
+    for (auto &[k, v] : m.ints) gst_structure_set(s, k.c_str(), G_TYPE_UINT64, (guint64)v, NULL);
+    for (auto &[k, v] : m.numbers) gst_structure_set(s, k.c_str(), G_TYPE_DOUBLE, v, NULL);
+    for (auto &[k, v] : m.strings) gst_structure_set(s, k.c_str(), G_TYPE_STRING, v.c_str(), NULL);
+    if (m.name == "ddpvalsink-result") {
+      GST_INFO_OBJECT(self, "validation of step %" G_GINT64_FORMAT ": loss %g over %" G_GINT64_FORMAT " samples",
+                      m.ints["step"], m.numbers["loss"], m.ints["samples"]);
+    }
+    gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), s));
+  }
+  GST_OBJECT_LOCK(self);
+  self->loss = self->engine->last_loss();
+  self->step = self->engine->last_step();
+  GST_OBJECT_UNLOCK(self);
+}
+
+static GstPadProbeReturn trainer_eos_probe(GstPad *, GstPadProbeInfo *info, gpointer user) {
+  auto *self = GST_DDP_VAL_SINK(user);
+  GstEvent *ev = GST_PAD_PROBE_INFO_EVENT(info);
+  // The trainer has processed every micro-batch (EOS is serialized): final snapshot.
+  if (ev && GST_EVENT_TYPE(ev) == GST_EVENT_EOS && self->engine) self->engine->trainer_finished();
+  return GST_PAD_PROBE_OK;
+}
+
+// Finds the ddptrainsink named by `trainer` in the top-level bin. FALSE (with an element
+// error) when it is missing or not a ddptrainsink; TRUE with *engine null when it has not
+// started yet.
+static gboolean find_trainer(GstDdpValSink *self, std::shared_ptr<TrainerEngine> *engine) {
+  if (!self->trainer) {
+    GstObject *top = GST_OBJECT(gst_object_ref(self));
+    while (GstObject *p = gst_object_get_parent(top)) {
+      gst_object_unref(top);
+      top = p;
+    }
+    GstElement *t = GST_IS_BIN(top) ? gst_bin_get_by_name(GST_BIN(top), self->trainer_name) : nullptr;
+    gst_object_unref(top);
+    if (!t) {
+      GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND,
+                        ("No element named '%s' in this pipeline (property trainer: the name of a ddptrainsink)",
+                         self->trainer_name),
+                        (nullptr));
+      return FALSE;
+    }
+    if (!GST_IS_DDP_TRAIN_SINK(t)) {
+      GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                        ("Element '%s' is a %s, not a ddptrainsink (property trainer)", self->trainer_name,
+                         G_OBJECT_TYPE_NAME(t)),
+                        (nullptr));
+      gst_object_unref(t);
+      return FALSE;
+    }
+    self->trainer = t;
+  }
+  *engine = gst_ddp_train_sink_get_engine(GST_DDP_TRAIN_SINK(self->trainer));
+  return TRUE;
+}
+
+// Attaches the engine to the trainer's engine once it exists. FALSE: error posted.
+static gboolean ensure_attached(GstDdpValSink *self) {
+  if (self->engine->attached()) return TRUE;
+  std::shared_ptr<TrainerEngine> te;
+  if (!find_trainer(self, &te)) return FALSE;
+  if (!te) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                      ("ddptrainsink '%s' has not started (it must be in the same pipeline and not failed)",
+                       self->trainer_name),
+                      (nullptr));
+    return FALSE;
+  }
+  if (!self->engine->attach(te)) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Cannot start validation: %s", self->engine->error().c_str()),
+                      (nullptr));
+    return FALSE;
+  }
+  if (!self->eos_probe) {
+    GstPad *pad = gst_element_get_static_pad(self->trainer, "sink");
+    self->eos_probe = gst_pad_add_probe(pad, GST_PAD_PROBE_TYPE_EVENT_DOWNSTREAM, trainer_eos_probe, self, nullptr);
+    gst_object_unref(pad);
+  }
+  GST_INFO_OBJECT(self, "validating for '%s': shard %u of %u, rank %d of %d", self->trainer_name,
+                  self->config->shard_index, self->config->num_shards, self->engine->rank(),
+                  self->engine->world_size());
+  return TRUE;
+}
+
+static gboolean gst_ddp_val_sink_start(GstBaseSink *sink) {
+  auto *self = GST_DDP_VAL_SINK(sink);
+  GST_OBJECT_LOCK(self);
+  ValidationConfig cfg = *self->config;
+  const std::string name = self->trainer_name ? self->trainer_name : "";
+  GST_OBJECT_UNLOCK(self);
+  if (name.empty()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("No trainer: set the trainer property to the name of a ddptrainsink"),
+                      (nullptr));
+    return FALSE;
+  }
+  if (cfg.shard_index >= cfg.num_shards) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                      ("shard-index %u is out of range for num-shards %u (0 .. num-shards - 1)", cfg.shard_index,
+                       cfg.num_shards),
+                      (nullptr));
+    return FALSE;
+  }
+  std::shared_ptr<TrainerEngine> te;
+  if (!find_trainer(self, &te)) return FALSE;
+  // Distributed settings and result files come from the trainer.
+  gchar *addr = nullptr, *metrics = nullptr, *tb = nullptr;
+  guint port = 0;
+  gdouble timeout = 600;
+  g_object_get(self->trainer, "master-addr", &addr, "master-port", &port, "timeout", &timeout, "metrics-file",
+               &metrics, "tensorboard-dir", &tb, NULL);
+  DistEnv env = dist_env_from_environment();
+  cfg.master_addr = addr && *addr ? addr : env.master_addr;
+  cfg.master_port = port > 0 ? static_cast<int>(port) : env.master_port;
+  cfg.timeout_s = timeout;
+  cfg.metrics_file = metrics ? metrics : "";
+  cfg.tensorboard_dir = tb ? tb : "";
+  g_free(addr);
+  g_free(metrics);
+  g_free(tb);
+  self->engine = new ValidationEngine(cfg);
+  // The trainer may start after us in this state change: then at the first buffer.
+  if (te && !ensure_attached(self)) return FALSE;
+  return TRUE;
+}
+
+static gboolean gst_ddp_val_sink_stop(GstBaseSink *sink) {
+  auto *self = GST_DDP_VAL_SINK(sink);
+  if (self->trainer && self->eos_probe) {
+    GstPad *pad = gst_element_get_static_pad(self->trainer, "sink");
+    gst_pad_remove_probe(pad, self->eos_probe);
+    gst_object_unref(pad);
+  }
+  self->eos_probe = 0;
+  delete self->engine;  // detaches from the hub
+  self->engine = nullptr;
+  gst_clear_object(&self->trainer);
+  return TRUE;
+}
+
+static gboolean gst_ddp_val_sink_unlock(GstBaseSink *sink) {
+  auto *self = GST_DDP_VAL_SINK(sink);
+  if (self->engine) self->engine->set_flushing(true);
+  return TRUE;
+}
+
+static gboolean gst_ddp_val_sink_unlock_stop(GstBaseSink *sink) {
+  auto *self = GST_DDP_VAL_SINK(sink);
+  if (self->engine) self->engine->set_flushing(false);
+  return TRUE;
+}
+
+static GstFlowReturn flow_of(GstDdpValSink *self, ValidationEngine::Result r) {
+  post_messages(self);
+  switch (r) {
+    case ValidationEngine::Result::kOk:
+      return GST_FLOW_OK;
+    case ValidationEngine::Result::kFlushing:
+      return GST_FLOW_FLUSHING;
+    case ValidationEngine::Result::kEos:
+      GST_INFO_OBJECT(self, "trainer finished and its last snapshot is validated");
+      return GST_FLOW_EOS;
+    case ValidationEngine::Result::kError:
+    default:
+      GST_ELEMENT_ERROR(self, STREAM, FAILED, ("Validation failed: %s", self->engine->error().c_str()),
+                        ("shard %u of %u, rank %d of %d", self->config->shard_index, self->config->num_shards,
+                         self->engine->rank(), self->engine->world_size()));
+      return GST_FLOW_ERROR;
+  }
+}
+
+static GstFlowReturn gst_ddp_val_sink_render(GstBaseSink *sink, GstBuffer *buf) {
+  auto *self = GST_DDP_VAL_SINK(sink);
+  if (!self->engine) return GST_FLOW_FLUSHING;
+  if (!ensure_attached(self)) return GST_FLOW_ERROR;
+  return flow_of(self, self->engine->push_buffer(buf));
+}
+
+static gboolean gst_ddp_val_sink_event(GstBaseSink *sink, GstEvent *event) {
+  auto *self = GST_DDP_VAL_SINK(sink);
+  if (GST_EVENT_TYPE(event) == GST_EVENT_EOS && self->engine && self->engine->attached()) {
+    // Blocks until the trainer is done (then fine) or a validation needs data it lacks.
+    GstFlowReturn fr = flow_of(self, self->engine->end_of_stream());
+    if (fr == GST_FLOW_ERROR) {
+      gst_event_unref(event);
+      return FALSE;
+    }
+  }
+  return GST_BASE_SINK_CLASS(gst_ddp_val_sink_parent_class)->event(sink, event);
+}
+
+static gboolean gst_ddp_val_sink_set_caps(GstBaseSink *sink, GstCaps *caps) {
+  TensorCapsInfo info;
+  std::string why;
+  if (!tensor_caps_parse(caps, &info, &why)) {
+    GST_ELEMENT_ERROR(sink, STREAM, WRONG_TYPE, ("Cannot validate on these caps: %s", why.c_str()),
+                      ("caps %" GST_PTR_FORMAT, caps));
+    return FALSE;
+  }
+  return TRUE;
+}
+
+/* ---- properties ---- */
+
+static void gst_ddp_val_sink_set_property(GObject *object, guint id, const GValue *v, GParamSpec *pspec) {
+  auto *self = GST_DDP_VAL_SINK(object);
+  GST_OBJECT_LOCK(self);
+  auto &c = *self->config;
+  switch (id) {
+    case PROP_TRAINER:
+      g_free(self->trainer_name);
+      self->trainer_name = g_value_dup_string(v);
+      break;
+    case PROP_EVERY: c.every = g_value_get_uint64(v); break;
+    case PROP_AT_START: c.at_start = g_value_get_boolean(v); break;
+    case PROP_SKIP_IF_BUSY: c.skip_if_busy = g_value_get_boolean(v); break;
+    case PROP_SHARD_INDEX: c.shard_index = g_value_get_uint(v); break;
+    case PROP_NUM_SHARDS: c.num_shards = g_value_get_uint(v); break;
+    case PROP_BATCH_SIZE: c.batch_size = g_value_get_uint(v); break;
+    case PROP_DEVICE: c.device = g_value_get_string(v) ? g_value_get_string(v) : ""; break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+static void gst_ddp_val_sink_get_property(GObject *object, guint id, GValue *v, GParamSpec *pspec) {
+  auto *self = GST_DDP_VAL_SINK(object);
+  GST_OBJECT_LOCK(self);
+  const auto &c = *self->config;
+  switch (id) {
+    case PROP_TRAINER: g_value_set_string(v, self->trainer_name); break;
+    case PROP_EVERY: g_value_set_uint64(v, c.every); break;
+    case PROP_AT_START: g_value_set_boolean(v, c.at_start); break;
+    case PROP_SKIP_IF_BUSY: g_value_set_boolean(v, c.skip_if_busy); break;
+    case PROP_SHARD_INDEX: g_value_set_uint(v, c.shard_index); break;
+    case PROP_NUM_SHARDS: g_value_set_uint(v, c.num_shards); break;
+    case PROP_BATCH_SIZE: g_value_set_uint(v, c.batch_size); break;
+    case PROP_DEVICE: g_value_set_string(v, c.device.c_str()); break;
+    case PROP_LAST_LOSS: g_value_set_double(v, self->loss); break;
+    case PROP_LAST_STEP: g_value_set_uint64(v, self->step); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+static void gst_ddp_val_sink_finalize(GObject *object) {
+  auto *self = GST_DDP_VAL_SINK(object);
+  delete self->engine;
+  delete self->config;
+  g_free(self->trainer_name);
+  gst_clear_object(&self->trainer);
+  G_OBJECT_CLASS(gst_ddp_val_sink_parent_class)->finalize(object);
+}
+
+static void gst_ddp_val_sink_init(GstDdpValSink *self) {
+  self->config = new ValidationConfig();
+  self->trainer_name = nullptr;
+  self->engine = nullptr;
+  self->trainer = nullptr;
+  self->eos_probe = 0;
+  self->loss = std::numeric_limits<double>::quiet_NaN();
+  self->step = 0;
+  gst_base_sink_set_sync(GST_BASE_SINK(self), FALSE);
+  gst_base_sink_set_qos_enabled(GST_BASE_SINK(self), FALSE);
+}
+
+static void gst_ddp_val_sink_class_init(GstDdpValSinkClass *klass) {
+  auto *oc = G_OBJECT_CLASS(klass);
+  auto *ec = GST_ELEMENT_CLASS(klass);
+  auto *bc = GST_BASE_SINK_CLASS(klass);
+  oc->set_property = gst_ddp_val_sink_set_property;
+  oc->get_property = gst_ddp_val_sink_get_property;
+  oc->finalize = gst_ddp_val_sink_finalize;
+  bc->start = GST_DEBUG_FUNCPTR(gst_ddp_val_sink_start);
+  bc->stop = GST_DEBUG_FUNCPTR(gst_ddp_val_sink_stop);
+  bc->unlock = GST_DEBUG_FUNCPTR(gst_ddp_val_sink_unlock);
+  bc->unlock_stop = GST_DEBUG_FUNCPTR(gst_ddp_val_sink_unlock_stop);
+  bc->set_caps = GST_DEBUG_FUNCPTR(gst_ddp_val_sink_set_caps);
+  bc->render = GST_DEBUG_FUNCPTR(gst_ddp_val_sink_render);
+  bc->event = GST_DEBUG_FUNCPTR(gst_ddp_val_sink_event);
+
+  const ValidationConfig d;
+  const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  const auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+  auto install = [oc](guint id, GParamSpec *p) { g_object_class_install_property(oc, id, p); };
+  install(PROP_TRAINER, g_param_spec_string("trainer", "Trainer",
+                                            "Name of the ddptrainsink in the same pipeline whose weights are validated",
+                                            nullptr, rw));
+  install(PROP_EVERY, g_param_spec_uint64("every", "Every",
+                                          "Validate after every this many optimizer steps of the trainer (0: only "
+                                          "at-start and at the trainer's EOS)",
+                                          0, G_MAXUINT64, d.every, rw));
+  install(PROP_AT_START, g_param_spec_boolean("at-start", "At start", "Also validate the weights before training (step 0)",
+                                              d.at_start, rw));
+  install(PROP_SKIP_IF_BUSY,
+          g_param_spec_boolean("skip-if-busy", "Skip if busy",
+                               "Skip a validation (ddpvalsink-skipped message) when the previous one is still running, "
+                               "instead of letting the newer snapshot wait",
+                               d.skip_if_busy, rw));
+  install(PROP_SHARD_INDEX, g_param_spec_uint("shard-index", "Shard index",
+                                              "This sink evaluates the clips whose index is shard-index mod num-shards",
+                                              0, 1023, d.shard_index, rw));
+  install(PROP_NUM_SHARDS, g_param_spec_uint("num-shards", "Shards",
+                                             "ddpvalsinks of this trainer in this process (one per validation device)",
+                                             1, 1024, d.num_shards, rw));
+  install(PROP_BATCH_SIZE, g_param_spec_uint("batch-size", "Batch size",
+                                             "Latent samples evaluated together (micro-batches keep their size)", 1,
+                                             4096, d.batch_size, rw));
+  install(PROP_DEVICE, g_param_spec_string("device", "Device",
+                                           "Device of the validation model: cpu, cuda:N; empty: the trainer's device",
+                                           "", rw));
+  install(PROP_LAST_LOSS, g_param_spec_double("last-loss", "Last loss",
+                                              "Mean validation loss of the last completed validation (NaN: none yet)",
+                                              -G_MAXDOUBLE, G_MAXDOUBLE, 0, ro));
+  install(PROP_LAST_STEP, g_param_spec_uint64("last-step", "Last step",
+                                              "Trainer step of the last completed validation", 0, G_MAXUINT64, 0, ro));
+
+  gst_element_class_add_static_pad_template(ec, &sink_template);
+  gst_element_class_set_static_metadata(
+      ec, "DDP validation sink", "Sink/Tensor",
+      "Validates snapshots of a ddptrainsink's weights beside training, split over ranks and devices; posts "
+      "ddpvalsink-result (step, loss, samples, seconds)",
+      "gst-videotrain");
+}

@@ -1,0 +1,767 @@
+/* ValidationEngine, its per-trainer hub and the validation process group (one torch
+ * TU). See validation_engine.h. */
+#include "validation_engine.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <mutex>
+#include <sstream>
+
+#include "ddptrainsink/tfevents.h"
+#include "ddptrainsink/train_model.h"
+#include "ddptrainsink/trainer_engine.h"
+#include "ddptrainsink/trainer_snapshot.h"
+#include "metas.h"
+#include "tensor_buffer.h"
+
+namespace videotrain {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
+
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+std::string first_line(std::string s) {
+  if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
+  return s;
+}
+
+bool is_loopback(const std::string &addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
+// The fallback path seeds the process-wide default generator: one shard at a time.
+std::mutex &fallback_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+/* Validation's own Gloo group: a client of the trainer's TCPStore (rank 0 of the
+ * trainer serves it) under the prefix "ddpvalsink/", so that its collectives never
+ * interleave with gradient traffic. */
+class ValGroup {
+ public:
+  ValGroup(int rank, int world, const std::string &addr, int port, std::chrono::milliseconds timeout)
+      : rank_(rank), world_(world), timeout_(timeout) {
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<std::uint16_t>(port);
+    so.isServer = false;
+    so.waitWorkers = false;
+    so.timeout = timeout;
+    const std::string where = addr + ":" + std::to_string(port);
+    try {
+      tcp_ = c10::make_intrusive<c10d::TCPStore>(addr, so);
+    } catch (const std::exception &e) {
+      throw std::runtime_error("validation group: rank " + std::to_string(rank) +
+                               " cannot reach the trainer's c10d store at " + where + ": " + first_line(e.what()));
+    }
+    store_ = c10::make_intrusive<c10d::PrefixStore>("ddpvalsink", tcp_);
+    auto pg_store = c10::make_intrusive<c10d::PrefixStore>("pg", store_);
+    try {
+      auto o = c10d::ProcessGroupGloo::Options::create(timeout);
+      const char *ifname = std::getenv("GLOO_SOCKET_IFNAME");
+      if (ifname && *ifname)
+        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+      else if (is_loopback(addr))
+        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      else
+        o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      o->threads = 1;
+      pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, rank, world, o);
+    } catch (const std::exception &e) {
+      throw std::runtime_error("creating the validation Gloo group (rank " + std::to_string(rank) + " of " +
+                               std::to_string(world) + ", store " + where + ") failed: " + first_line(e.what()));
+    }
+  }
+  ~ValGroup() {
+    pg_.reset();
+    store_.reset();
+    tcp_.reset();
+  }
+  // In-place sum of a CPU double tensor over ranks; throws naming `what`.
+  void allreduce(at::Tensor &t, const std::string &what) {
+    std::vector<at::Tensor> v{t};
+    try {
+      c10d::AllreduceOptions o;
+      o.timeout = timeout_;
+      auto w = pg_->allreduce(v, o);
+      if (!w->wait(timeout_)) throw std::runtime_error("timed out");
+    } catch (const std::exception &e) {
+      throw std::runtime_error("gloo " + what + " failed on rank " + std::to_string(rank_) + " of " +
+                               std::to_string(world_) + " within the " + std::to_string(timeout_.count() / 1000) +
+                               " s timeout: a peer rank failed or exited (" + first_line(e.what()) + ")");
+    }
+  }
+  // Every rank says whether it is busy with `step`; true when any is (store keys).
+  bool any_busy(uint64_t step, bool mine) {
+    const std::string base = "busy/" + std::to_string(step) + "/";
+    store_->set(base + std::to_string(rank_), std::vector<uint8_t>{static_cast<uint8_t>(mine ? '1' : '0')});
+    bool any = false;
+    for (int r = 0; r < world_; r++) {
+      auto v = store_->get(base + std::to_string(r));
+      any = any || (!v.empty() && v[0] == '1');
+    }
+    return any;
+  }
+
+ private:
+  int rank_, world_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Store> tcp_, store_;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
+};
+
+}  // namespace
+
+int64_t validation_seed(uint64_t sample_id) {
+  uint64_t x = sample_id * 0x9E3779B97F4A7C15ull + 0x5EED5EED5EEDull;
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return static_cast<int64_t>(x & 0x7fffffffffffffffull);
+}
+
+/* ---------------- the hub: one per trainer engine in this process ---------------- */
+
+struct Hub {
+  struct Slot {
+    std::shared_ptr<const ParamSnapshot> pending;
+    bool running = false;
+    bool attached = false;
+    bool flushing = false;
+  };
+  struct Combine {
+    double sum = 0;
+    uint64_t count = 0;
+    unsigned arrived = 0;
+  };
+
+  std::shared_ptr<TrainerEngine> trainer;
+  ValidationConfig cfg;  // of the first shard (every, at-start, skip-if-busy, group)
+  unsigned n = 1;
+  int rank = 0, world = 1;
+  int cb_id = 0;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Slot> slots;
+  bool closing = false;
+  bool finished = false;       // trainer EOS: no snapshot after the final one
+  bool at_start_done = false;
+  uint64_t last_dispatched = kNone;
+  std::map<uint64_t, double> dispatched_at;
+  std::map<uint64_t, Combine> combines;
+  uint64_t tickets_issued = 0, tickets_done = 0;
+  std::vector<ValidationEngine::Message> messages;  // drained by any shard
+  double last_loss = std::numeric_limits<double>::quiet_NaN();
+  uint64_t last_step = kNone;
+
+  std::mutex dispatch_mu;  // one dispatch at a time (training thread, at-start, EOS)
+  std::mutex group_mu;
+  std::unique_ptr<ValGroup> group;
+  TfEventsWriter tb;
+  bool tb_tried = false;
+
+  ~Hub() {
+    if (trainer && cb_id) trainer->remove_step_callback(cb_id);
+  }
+
+  ValGroup &get_group() {
+    std::lock_guard<std::mutex> lock(group_mu);
+    if (!group)
+      group = std::make_unique<ValGroup>(rank, world, cfg.master_addr, cfg.master_port,
+                                         std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000)));
+    return *group;
+  }
+
+  void note(const std::string &name, uint64_t step, const std::string &text) {
+    ValidationEngine::Message m;
+    m.name = name;
+    m.ints["step"] = static_cast<int64_t>(step);
+    m.strings["text"] = text;
+    messages.push_back(std::move(m));
+  }
+
+  // Hands a snapshot of the trainer's weights to every shard (see header). Runs on the
+  // training thread (step callback, trainer EOS) or a shard's thread (at-start).
+  void dispatch(uint64_t step, bool final) {
+    std::lock_guard<std::mutex> dlock(dispatch_mu);
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      if (closing || finished) return;
+      if (final && last_dispatched != kNone && last_dispatched == trainer->steps_done()) {
+        finished = true;  // this step was (or is being) validated already
+        cv.notify_all();
+        return;
+      }
+      if (!final && last_dispatched == step) return;
+      if (cfg.skip_if_busy && !final) {
+        bool busy = false;
+        for (auto &s : slots) busy = busy || s.pending || s.running;
+        lock.unlock();
+        if (world > 1) busy = get_group().any_busy(step, busy);  // the same decision on every rank
+        lock.lock();
+        if (busy) {
+          note("ddpvalsink-skipped", step,
+               "validation of step " + std::to_string(step) + " skipped: the previous one is still running (skip-if-busy)");
+          return;
+        }
+      }
+      // A slot holds one snapshot: a newer one waits for it to be taken (bounded memory).
+      const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000));
+      auto free = [&] {
+        if (closing) return true;
+        for (auto &s : slots)
+          if (s.pending) return false;
+        return true;
+      };
+      if (!cv.wait_until(lock, deadline, free))
+        throw std::runtime_error("ddpvalsink: validation shards took no snapshot for " +
+                                 std::to_string(static_cast<int>(cfg.timeout_s)) +
+                                 " s (is every shard-index of num-shards=" + std::to_string(n) +
+                                 " present and fed?)");
+      if (closing) return;
+    }
+    auto snap = trainer->snapshot_state();  // between two optimizer steps, on the training device
+    std::lock_guard<std::mutex> lock(mu);
+    if (!snap) {
+      if (final) finished = true;
+      cv.notify_all();
+      return;
+    }
+    for (auto &s : slots) s.pending = snap;
+    last_dispatched = snap->step;
+    dispatched_at[snap->step] = now_s();
+    if (final) finished = true;
+    cv.notify_all();
+  }
+
+  void maybe_at_start() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (at_start_done || !cfg.at_start) return;
+      at_start_done = true;
+    }
+    if (trainer->steps_done() != 0 || !trainer->snapshot_state()) {
+      std::lock_guard<std::mutex> lock(mu);
+      note("warning", 0,
+           trainer->steps_done() != 0
+               ? "at-start: the trainer had already done " + std::to_string(trainer->steps_done()) +
+                     " step(s) when validation started; step 0 is not validated"
+               : "at-start: the trainer builds its model at its first micro-batch (set latent-channels on "
+                 "ddptrainsink); step 0 is not validated");
+      return;
+    }
+    dispatch(0, false);
+  }
+
+  void append_result(uint64_t step, double loss, uint64_t samples, double seconds) {
+    if (rank != 0) return;
+    auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
+    if (!cfg.metrics_file.empty()) {
+      std::ofstream out(cfg.metrics_file, std::ios::app);
+      if (out)
+        out << nlohmann::json{{"type", "validation"},
+                              {"step", step},
+                              {"loss", num(loss)},
+                              {"samples", samples},
+                              {"seconds", seconds},
+                              {"time", std::chrono::duration<double>(
+                                           std::chrono::system_clock::now().time_since_epoch())
+                                           .count()}}
+                   .dump()
+            << "\n";
+    }
+    if (!cfg.tensorboard_dir.empty()) {
+      if (!tb_tried) {
+        tb_tried = true;
+        std::string err;
+        if (!tb.open(cfg.tensorboard_dir, "ddpvalsink", &err)) note("warning", step, err);
+      }
+      if (!tb.path().empty() && std::isfinite(loss))
+        tb.add_scalars(static_cast<int64_t>(step), {{"val/loss", static_cast<float>(loss)}});
+    }
+  }
+};
+
+namespace {
+
+std::mutex g_registry_mu;
+std::map<const TrainerEngine *, std::weak_ptr<Hub>> g_registry;
+
+}  // namespace
+
+/* ---------------- ValidationEngine ---------------- */
+
+struct ValidationEngine::Impl {
+  ValidationConfig cfg;
+  std::string error;
+  std::shared_ptr<Hub> hub;
+  c10::Device device{c10::kCPU};
+  std::unique_ptr<TrainModel> model;
+  std::string model_spec;
+  int model_channels = -1;
+  bool warned_fallback = false;
+  std::vector<Message> messages;
+
+  // The pass in progress.
+  bool active = false;
+  unsigned pass_epoch = 0;
+  uint64_t pass_step = 0;
+  double pass_sum = 0;
+  uint64_t pass_count = 0;
+  std::vector<at::Tensor> batch;
+  std::vector<ValSample> batch_samples;
+
+  uint64_t passes = 0, evaluated = 0;
+  // Micro-batch input: clip index counted here (the batch meta has none per sample).
+  bool mb_started = false;
+  unsigned mb_epoch = 0;
+  uint64_t mb_clip = 0;
+
+  Result fail(const std::string &m) {
+    error = m;
+    return Result::kError;
+  }
+  Hub::Slot &slot() { return hub->slots[cfg.shard_index]; }
+
+  void load(const ParamSnapshot &snap) {
+    if (!model || model_spec != snap.model || model_channels != snap.latent_channels) {
+      model = make_model(snap.model, snap.latent_channels, device);
+      model_spec = snap.model;
+      model_channels = snap.latent_channels;
+    }
+    torch::NoGradGuard ng;
+    auto copy = [&](NamedTensors dst, const NamedTensors &src) {
+      std::map<std::string, const at::Tensor *> by;
+      for (const auto &[name, t] : src) by[name] = &t;
+      for (auto &[name, t] : dst) {
+        auto it = by.find(name);
+        if (it == by.end() || it->second->sizes() != t.sizes())
+          throw std::runtime_error("snapshot of model '" + snap.model + "' does not match at '" + name + "'");
+        t.copy_(*it->second);
+      }
+    };
+    copy(model->named_parameters(), snap.parameters);
+    copy(model->named_buffers(), snap.buffers);
+    model->train(false);
+  }
+
+  Result start_pass(unsigned epoch) {
+    std::shared_ptr<const ParamSnapshot> snap;
+    {
+      std::unique_lock<std::mutex> lock(hub->mu);
+      auto &s = slot();
+      hub->cv.wait(lock, [&] { return s.flushing || hub->closing || s.pending || hub->finished; });
+      if (s.flushing || hub->closing) return Result::kFlushing;
+      if (!s.pending) return Result::kEos;  // finished and nothing left
+      snap = std::move(s.pending);
+      s.pending.reset();
+      s.running = true;
+      hub->cv.notify_all();  // the trainer may be waiting for this slot
+    }
+    try {
+      load(*snap);
+    } catch (const std::exception &e) {
+      end_running();
+      return fail("cannot load the trainer's weights into the validation model on " + device_name(device) + ": " +
+                  first_line(e.what()));
+    }
+    active = true;
+    pass_epoch = epoch;
+    pass_step = snap->step;
+    pass_sum = 0;
+    pass_count = 0;
+    return Result::kOk;
+  }
+
+  void end_running() {
+    std::lock_guard<std::mutex> lock(hub->mu);
+    slot().running = false;
+    hub->cv.notify_all();
+  }
+
+  void evaluate_batch() {
+    if (batch.empty()) return;
+    torch::NoGradGuard ng;
+    auto x = torch::stack(batch).to(device, torch::kFloat);
+    std::vector<std::string> caps;
+    std::vector<int64_t> seeds;
+    for (const auto &s : batch_samples) {
+      caps.push_back(s.caption);
+      seeds.push_back(validation_seed(s.sample_id));
+    }
+    at::Tensor losses = model->validation_step(x, caps, seeds);
+    if (!losses.defined()) {
+      // No validation_step: training_step per sample under a generator seeded from its id.
+      if (!warned_fallback) {
+        warned_fallback = true;
+        Message m;
+        m.name = "warning";
+        m.strings["text"] = "model '" + model_spec +
+                            "' has no validation_step(latents, captions, seeds): using training_step with the "
+                            "default generator seeded per sample (not isolated from the trainer's generator)";
+        messages.push_back(m);
+      }
+      std::vector<at::Tensor> ls;
+      for (int64_t i = 0; i < x.size(0); i++) {
+        std::lock_guard<std::mutex> lock(fallback_mutex());
+        torch::manual_seed(static_cast<uint64_t>(seeds[i]));
+        ls.push_back(model->training_step(x.narrow(0, i, 1), {caps[i]}).reshape({1}).to(torch::kFloat));
+      }
+      losses = torch::cat(ls);
+    }
+    if (losses.numel() != x.size(0))
+      throw std::runtime_error("validation_step of '" + model_spec + "' returned " + std::to_string(losses.numel()) +
+                               " losses for " + std::to_string(x.size(0)) + " samples");
+    auto l = losses.to(torch::kCPU, torch::kDouble).contiguous();
+    const double *p = l.data_ptr<double>();
+    for (int64_t i = 0; i < l.numel(); i++) pass_sum += p[i];
+    pass_count += static_cast<uint64_t>(l.numel());
+    evaluated += static_cast<uint64_t>(l.numel());
+    batch.clear();
+    batch_samples.clear();
+  }
+
+  Result finish_pass();
+  Result take(const at::Tensor &x, const ValSample &s);
+};
+
+ValidationEngine::Result ValidationEngine::Impl::finish_pass() {
+  try {
+    evaluate_batch();
+  } catch (const std::exception &e) {
+    end_running();
+    active = false;
+    return fail("validation of step " + std::to_string(pass_step) + " failed: " + first_line(e.what()));
+  }
+  active = false;
+  passes++;
+  Hub &h = *hub;
+  Hub::Combine total;
+  uint64_t ticket = 0;
+  {
+    std::unique_lock<std::mutex> lock(h.mu);
+    auto &c = h.combines[pass_step];
+    c.sum += pass_sum;
+    c.count += pass_count;
+    c.arrived++;
+    slot().running = false;
+    h.cv.notify_all();
+    if (c.arrived < h.n) return Result::kOk;  // another shard completes this step
+    total = c;
+    h.combines.erase(pass_step);
+    ticket = h.tickets_issued++;
+    // Cross-rank reductions in the order the steps completed here (same on every rank).
+    h.cv.wait(lock, [&] { return h.tickets_done == ticket; });
+  }
+  std::string err;
+  double sum = total.sum, count = static_cast<double>(total.count);
+  if (h.world > 1) {
+    try {
+      const double st = static_cast<double>(pass_step);
+      auto t = torch::tensor({sum, count, st, st * st}, torch::kDouble);
+      h.get_group().allreduce(t, "validation all-reduce of step " + std::to_string(pass_step));
+      auto a = t.accessor<double, 1>();
+      sum = a[0];
+      count = a[1];
+      // Every rank must have validated the same step: sum(s)^2 == world * sum(s^2).
+      if (std::abs(a[2] * a[2] - h.world * a[3]) > 0.5)
+        err = "ranks validated different steps (this rank: step " + std::to_string(pass_step) +
+              "); every rank needs the same every/at-start/skip-if-busy settings";
+    } catch (const std::exception &e) {
+      err = first_line(e.what());
+    }
+  }
+  double seconds = 0;
+  {
+    std::lock_guard<std::mutex> lock(h.mu);
+    h.tickets_done++;
+    h.cv.notify_all();
+    if (auto it = h.dispatched_at.find(pass_step); it != h.dispatched_at.end()) {
+      seconds = now_s() - it->second;
+      h.dispatched_at.erase(it);
+    }
+    if (err.empty()) {
+      h.last_loss = count > 0 ? sum / count : std::numeric_limits<double>::quiet_NaN();
+      h.last_step = pass_step;
+    }
+  }
+  if (!err.empty()) return fail(err);
+  const double loss = count > 0 ? sum / count : std::numeric_limits<double>::quiet_NaN();
+  if (count == 0) {
+    Message m;
+    m.name = "warning";
+    m.strings["text"] = "validation of step " + std::to_string(pass_step) +
+                        " saw no samples (all padding, or no sample for any shard-index)";
+    messages.push_back(m);
+  }
+  if (h.rank == 0) {
+    Message m;
+    m.name = "ddpvalsink-result";
+    m.ints["step"] = static_cast<int64_t>(pass_step);
+    m.numbers["loss"] = loss;
+    m.ints["samples"] = static_cast<int64_t>(count);
+    m.numbers["seconds"] = seconds;
+    messages.push_back(m);
+    std::lock_guard<std::mutex> lock(h.mu);
+    h.append_result(pass_step, loss, static_cast<uint64_t>(count), seconds);
+  }
+  return Result::kOk;
+}
+
+ValidationEngine::Result ValidationEngine::Impl::take(const at::Tensor &x, const ValSample &s) {
+  for (;;) {
+    if (!active) {
+      Result r = start_pass(s.epoch);
+      if (r != Result::kOk) return r;
+    }
+    if (s.epoch == pass_epoch) break;
+    // First sample of the next epoch: the pass is complete; this sample opens the next one.
+    Result r = finish_pass();
+    if (r != Result::kOk) return r;
+  }
+  if (s.padding || s.clip_index % cfg.num_shards != cfg.shard_index) return Result::kOk;
+  try {
+    if (!batch.empty() && batch.front().sizes() != x.sizes()) evaluate_batch();
+    batch.push_back(x);
+    batch_samples.push_back(s);
+    if (batch.size() >= std::max(1u, cfg.batch_size)) evaluate_batch();
+  } catch (const std::exception &e) {
+    end_running();
+    active = false;
+    return fail("validation of step " + std::to_string(pass_step) + " failed: " + first_line(e.what()));
+  }
+  return Result::kOk;
+}
+
+ValidationEngine::ValidationEngine(const ValidationConfig &config) : impl_(std::make_unique<Impl>()) {
+  impl_->cfg = config;
+}
+
+ValidationEngine::~ValidationEngine() { detach(); }
+
+bool ValidationEngine::attach(std::shared_ptr<TrainerEngine> trainer) {
+  auto &im = *impl_;
+  const auto &c = im.cfg;
+  if (!trainer) {
+    im.error = "no trainer engine";
+    return false;
+  }
+  if (c.num_shards < 1 || c.shard_index >= c.num_shards) {
+    im.error = "shard-index " + std::to_string(c.shard_index) + " is out of range for num-shards " +
+               std::to_string(c.num_shards) + " (0 .. num-shards - 1)";
+    return false;
+  }
+  try {
+    const std::string dev = (c.device.empty() || c.device == "auto") ? trainer->device_name() : c.device;
+    im.device = c10::Device(dev);
+    if (im.device.is_cuda() && !torch::cuda::is_available())
+      throw std::runtime_error("no CUDA device visible to this LibTorch");
+  } catch (const std::exception &e) {
+    im.error = "device '" + c.device + "' cannot be used (property device: cpu or cuda:N): " + first_line(e.what());
+    return false;
+  }
+  std::shared_ptr<Hub> hub;
+  {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    hub = g_registry[trainer.get()].lock();
+    if (!hub) {
+      hub = std::make_shared<Hub>();
+      hub->trainer = trainer;
+      hub->cfg = c;
+      hub->n = c.num_shards;
+      hub->rank = trainer->rank();
+      hub->world = trainer->world_size();
+      hub->slots.resize(c.num_shards);
+      std::weak_ptr<Hub> weak = hub;
+      const uint64_t every = c.every;
+      hub->cb_id = trainer->add_step_callback([weak, every](const StepReport &r) {
+        if (every == 0 || r.step % every != 0) return;
+        if (auto h = weak.lock()) h->dispatch(r.step, false);
+      });
+      g_registry[trainer.get()] = hub;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(hub->mu);
+    if (hub->n != c.num_shards) {
+      im.error = "num-shards " + std::to_string(c.num_shards) + " differs from " + std::to_string(hub->n) +
+                 " of another ddpvalsink of the same trainer";
+      return false;
+    }
+    if (hub->slots[c.shard_index].attached) {
+      im.error = "shard-index " + std::to_string(c.shard_index) + " is used by two ddpvalsinks of the same trainer";
+      return false;
+    }
+    hub->slots[c.shard_index].attached = true;
+    hub->slots[c.shard_index].flushing = false;
+  }
+  im.hub = hub;
+  return true;
+}
+
+bool ValidationEngine::attached() const { return impl_->hub != nullptr; }
+
+void ValidationEngine::detach() {
+  auto &im = *impl_;
+  if (!im.hub) return;
+  {
+    std::lock_guard<std::mutex> lock(im.hub->mu);
+    auto &s = im.slot();
+    s.attached = false;
+    s.pending.reset();
+    s.running = false;
+    bool any = false;
+    for (auto &o : im.hub->slots) any = any || o.attached;
+    if (!any) im.hub->closing = true;  // wakes a trainer waiting on a slot
+    im.hub->cv.notify_all();
+  }
+  im.hub.reset();
+  im.active = false;
+  im.batch.clear();
+  im.batch_samples.clear();
+}
+
+ValidationEngine::Result ValidationEngine::push(const at::Tensor &tensor, const std::vector<ValSample> &samples) {
+  auto &im = *impl_;
+  if (!im.hub) return im.fail("not attached to a trainer");
+  at::Tensor t = tensor;
+  if (t.dim() == 4) t = t.unsqueeze(0);
+  if (t.dim() != 5 || !t.is_floating_point() || t.size(0) != static_cast<int64_t>(samples.size())) {
+    std::ostringstream s;
+    s << "validation buffer holds a tensor of shape " << tensor.sizes() << " for " << samples.size()
+      << " sample(s); expected float latents [C, t, h, w] or a micro-batch [m, C, t, h, w]";
+    return im.fail(s.str());
+  }
+  try {
+    im.hub->maybe_at_start();
+  } catch (const std::exception &e) {
+    return im.fail("at-start validation: " + first_line(e.what()));
+  }
+  for (size_t i = 0; i < samples.size(); i++) {
+    Result r = im.take(t[static_cast<int64_t>(i)], samples[i]);
+    if (r != Result::kOk) return r;
+  }
+  return Result::kOk;
+}
+
+ValidationEngine::Result ValidationEngine::push_buffer(GstBuffer *buf) {
+  auto &im = *impl_;
+  std::string why;
+  auto t = tensor_from_buffer(buf, &why);
+  if (!t) return im.fail("validation buffer holds no tensor: " + why);
+  std::vector<ValSample> samples;
+  if (const auto *bm = gst_buffer_get_videotrain_batch_meta(buf)) {
+    // The batch meta's epoch/next_clip is the position after its step: an epoch-final
+    // step says (e + 1, 0).
+    unsigned e = bm->epoch;
+    if (bm->next_clip == 0 && e > 0) e--;
+    if (!im.mb_started || e != im.mb_epoch) {
+      im.mb_started = true;
+      im.mb_epoch = e;
+      im.mb_clip = 0;
+    }
+    const guint n = bm->sample_ids ? bm->sample_ids->len : 0;
+    for (guint i = 0; i < n; i++) {
+      ValSample s;
+      s.sample_id = g_array_index(bm->sample_ids, guint64, i);
+      s.epoch = e;
+      s.clip_index = im.mb_clip++;
+      s.padding = bm->padding && i < bm->padding->len && g_array_index(bm->padding, gboolean, i);
+      if (bm->captions && i < bm->captions->len) {
+        auto *c = static_cast<const char *>(g_ptr_array_index(bm->captions, i));
+        s.caption = c ? c : "";
+      }
+      samples.push_back(std::move(s));
+    }
+  } else if (const auto *sm = gst_buffer_get_videotrain_sample_meta(buf)) {
+    ValSample s;
+    s.sample_id = sm->sample_id;
+    s.epoch = sm->epoch;
+    s.clip_index = sm->clip_index;
+    s.padding = sm->padding;
+    s.caption = sm->caption ? sm->caption : "";
+    samples.push_back(std::move(s));
+  } else {
+    return im.fail("validation buffer has neither a sample meta (latents from vaeencoder) nor a batch meta "
+                   "(micro-batch): the sample ids and clip indices that shards and passes need are missing");
+  }
+  return push(*t, samples);
+}
+
+ValidationEngine::Result ValidationEngine::end_of_stream() {
+  auto &im = *impl_;
+  if (!im.hub) return Result::kOk;
+  if (im.active) {
+    Result r = im.finish_pass();  // the source ended with its epoch
+    if (r != Result::kOk) return r;
+  }
+  std::unique_lock<std::mutex> lock(im.hub->mu);
+  auto &s = im.slot();
+  im.hub->cv.wait(lock, [&] { return s.flushing || im.hub->closing || s.pending || im.hub->finished; });
+  if (s.flushing || im.hub->closing) return Result::kFlushing;
+  if (s.pending)
+    return im.fail("the validation source ended (EOS) but validation of step " + std::to_string(s.pending->step) +
+                   " still needs a pass over it: set num-epochs=0 on the validation csvvideosrc so that every "
+                   "validation gets an epoch");
+  return Result::kOk;
+}
+
+void ValidationEngine::trainer_finished() {
+  if (auto h = impl_->hub) h->dispatch(0, true);
+}
+
+void ValidationEngine::set_flushing(bool flushing) {
+  auto &im = *impl_;
+  if (!im.hub) return;
+  std::lock_guard<std::mutex> lock(im.hub->mu);
+  im.slot().flushing = flushing;
+  im.hub->cv.notify_all();
+}
+
+std::vector<ValidationEngine::Message> ValidationEngine::take_messages() {
+  auto &im = *impl_;
+  std::vector<Message> out;
+  out.swap(im.messages);
+  if (im.hub) {
+    std::lock_guard<std::mutex> lock(im.hub->mu);
+    for (auto &m : im.hub->messages) out.push_back(std::move(m));
+    im.hub->messages.clear();
+  }
+  return out;
+}
+
+const std::string &ValidationEngine::error() const { return impl_->error; }
+int ValidationEngine::rank() const { return impl_->hub ? impl_->hub->rank : 0; }
+int ValidationEngine::world_size() const { return impl_->hub ? impl_->hub->world : 1; }
+uint64_t ValidationEngine::passes_done() const { return impl_->passes; }
+uint64_t ValidationEngine::evaluated_samples() const { return impl_->evaluated; }
+
+double ValidationEngine::last_loss() const {
+  if (!impl_->hub) return std::numeric_limits<double>::quiet_NaN();
+  std::lock_guard<std::mutex> lock(impl_->hub->mu);
+  return impl_->hub->last_loss;
+}
+
+uint64_t ValidationEngine::last_step() const {
+  if (!impl_->hub) return 0;
+  std::lock_guard<std::mutex> lock(impl_->hub->mu);
+  return impl_->hub->last_step == kNone ? 0 : impl_->hub->last_step;
+}
+
+}  // namespace videotrain

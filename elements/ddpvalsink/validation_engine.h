@@ -1,0 +1,111 @@
+/* ValidationEngine: the work behind ddpvalsink, without GObject (pimpl: no torch types
+ * here except the at::Tensor declaration the tensor entry point needs).
+ *
+ * One engine per ddpvalsink. The engines of the sinks that validate for the same
+ * trainer in one process share a hub (keyed by the TrainerEngine): the hub takes the
+ * trainer's snapshots (step callback every `every` steps, at-start, trainer EOS), gives
+ * each shard a pending slot of size 1, adds up the shards' sums when a pass ends, and
+ * the shard that completes a pass last all-reduces (sum, count) over ranks on the
+ * validation process group (its own Gloo group on the trainer's c10d store, prefix
+ * "ddpvalsink/") and reports the mean.
+ *
+ * Threading: push()/end_of_stream() run on the sink's streaming thread and may block
+ * (waiting for a snapshot); set_flushing() wakes them. trainer_finished() may run on any
+ * thread. */
+#pragma once
+
+#include <gst/gst.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace at {
+class Tensor;
+}
+
+namespace videotrain {
+
+class TrainerEngine;
+
+struct ValidationConfig {
+  unsigned shard_index = 0, num_shards = 1;
+  uint64_t every = 500;           // optimizer steps; 0: only at-start and trainer EOS
+  bool at_start = false;
+  bool skip_if_busy = false;
+  unsigned batch_size = 1;        // samples evaluated together (latents input)
+  std::string device;             // "" / "auto": the trainer's device
+  // Cross-rank group (the trainer's store): filled by the face from the trainer.
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  double timeout_s = 600.0;
+  // Where rank 0 appends results (the trainer's metrics-file / tensorboard-dir).
+  std::string metrics_file;
+  std::string tensorboard_dir;
+};
+
+// One validation sample as the metas describe it.
+struct ValSample {
+  uint64_t sample_id = 0;
+  unsigned epoch = 0;
+  uint64_t clip_index = 0;
+  bool padding = false;
+  std::string caption;
+};
+
+class ValidationEngine {
+ public:
+  explicit ValidationEngine(const ValidationConfig &config);
+  ~ValidationEngine();
+  ValidationEngine(const ValidationEngine &) = delete;
+  ValidationEngine &operator=(const ValidationEngine &) = delete;
+
+  // Joins the hub of `trainer` (creating it with the first shard). False with error():
+  // shard-index out of range, the same shard twice, shards that disagree on num-shards.
+  bool attach(std::shared_ptr<TrainerEngine> trainer);
+  bool attached() const;
+  // Leaves the hub (wakes its waits); the hub goes away with its last shard.
+  void detach();
+
+  enum class Result { kOk, kFlushing, kEos /* trainer done, everything validated */, kError };
+  // latents [C, t, h, w] with one sample, or [m, C, t, h, w] with samples.size() == m.
+  Result push(const at::Tensor &tensor, const std::vector<ValSample> &samples);
+  // Same from a buffer with a sample meta (latents) or a batch meta (micro-batch).
+  Result push_buffer(GstBuffer *buf);
+  // The validation source ended: completes a running pass; kOk when nothing more is
+  // expected (the trainer finished and everything was validated), else kError (the
+  // source cannot feed the validations still to come). Blocks until one is known.
+  Result end_of_stream();
+  // The trainer got EOS: a final snapshot (unless its step was validated already).
+  void trainer_finished();
+  void set_flushing(bool flushing);
+
+  struct Message {
+    std::string name;  // ddpvalsink-result | ddpvalsink-skipped | warning ("text")
+    std::map<std::string, int64_t> ints;
+    std::map<std::string, double> numbers;
+    std::map<std::string, std::string> strings;
+  };
+  std::vector<Message> take_messages();
+  const std::string &error() const;
+
+  // Tests and properties.
+  int rank() const;
+  int world_size() const;
+  uint64_t passes_done() const;      // passes this shard completed
+  double last_loss() const;          // last combined result seen by this process (NaN: none)
+  uint64_t last_step() const;
+  uint64_t evaluated_samples() const;  // samples this shard evaluated, all passes
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Seed of a validation sample's noise: a function of its id only.
+int64_t validation_seed(uint64_t sample_id);
+
+}  // namespace videotrain

@@ -1,0 +1,173 @@
+/* ddpvalsink in a pipeline beside a ddptrainsink (appsrc-fed, CPU): results on the bus,
+ * training goes on while a slow validation runs, bad trainer names are element errors. */
+#include <ATen/ATen.h>
+#include <gst/app/gstappsrc.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "metas.h"
+#include "tensor_buffer.h"
+#include "test_util.h"
+
+using namespace videotrain;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr const char *kMicro = "application/x-videotrain-tensor,content=micro-batch,dtype=float32,device=cpu";
+constexpr const char *kLatents = "application/x-videotrain-tensor,content=latents,dtype=float32,device=cpu";
+
+GstBuffer *micro_batch(uint64_t step) {
+  auto g = at::detail::createCPUGenerator(step + 1);
+  GstBuffer *buf = buffer_from_tensor(at::randn({1, 4, 2, 8, 8}, g));
+  auto *meta = gst_buffer_add_videotrain_batch_meta(buf);
+  meta->step = step;
+  meta->micro_count = 1;
+  meta->step_samples = 1;
+  meta->sync = TRUE;
+  gst_videotrain_batch_meta_append(meta, step, "a caption", FALSE);
+  return buf;
+}
+
+GstBuffer *val_latent(uint64_t id, unsigned epoch, uint64_t clip, int size) {
+  auto g = at::detail::createCPUGenerator(1000 + id);
+  GstBuffer *buf = buffer_from_tensor(at::randn({4, 2, size, size}, g));
+  auto *m = gst_buffer_add_videotrain_sample_meta(buf, "a val caption", "v.mp4");
+  m->sample_id = id;
+  m->epoch = epoch;
+  m->clip_index = clip;
+  return buf;
+}
+
+struct RunResult {
+  std::string error;
+  std::vector<double> step_times;                    // when each ddptrainsink-step arrived
+  std::vector<std::pair<uint64_t, double>> results;  // step, loss
+  std::vector<std::pair<double, double>> windows;    // (result time - seconds, result time)
+  uint64_t samples = 0;
+};
+
+// Trains `steps` steps while two ddpvalsinks validate every `every` steps on a looping
+// validation stream of `val_n` samples of size x size latents.
+RunResult run(unsigned steps, unsigned every, unsigned val_n, int size, const std::string &extra = "",
+        const std::string &trainer_name = "trainer") {
+  const std::string desc = std::string("appsrc name=train format=time caps=\"") + kMicro +
+                           "\" ! ddptrainsink name=trainer model=builtin:tiny-unet3d latent-channels=4 device=cpu "
+                           "log-every=1 " + extra + " appsrc name=val format=time block=true max-buffers=4 caps=\"" +
+                           kLatents + "\" ! tee name=v v. ! queue ! ddpvalsink trainer=" + trainer_name +
+                           " every=" + std::to_string(every) + " shard-index=0 num-shards=2 v. ! queue ! ddpvalsink trainer=" +
+                           trainer_name + " every=" + std::to_string(every) + " shard-index=1 num-shards=2";
+  RunResult r;
+  GError *err = nullptr;
+  GstElement *pipe = gst_parse_launch(desc.c_str(), &err);
+  if (!pipe) {
+    r.error = err ? err->message : "parse failed";
+    g_clear_error(&err);
+    return r;
+  }
+  GstElement *train = gst_bin_get_by_name(GST_BIN(pipe), "train");
+  GstElement *val = gst_bin_get_by_name(GST_BIN(pipe), "val");
+  gst_element_set_state(pipe, GST_STATE_PLAYING);
+  std::atomic<bool> stop{false};
+  std::thread tf([&] {
+    for (unsigned s = 0; s < steps && !stop; s++)
+      if (gst_app_src_push_buffer(GST_APP_SRC(train), micro_batch(s)) != GST_FLOW_OK) return;
+    gst_app_src_end_of_stream(GST_APP_SRC(train));
+  });
+  std::thread vf([&] {
+    for (unsigned ep = 0; !stop; ep++)  // num-epochs=0: loops until the sinks are done
+      for (unsigned k = 0; k < val_n; k++)
+        if (gst_app_src_push_buffer(GST_APP_SRC(val), val_latent(k, ep, k, size)) != GST_FLOW_OK) {
+          gst_app_src_end_of_stream(GST_APP_SRC(val));
+          return;
+        }
+  });
+  GstBus *bus = gst_element_get_bus(pipe);
+  const auto t0 = Clock::now();
+  for (;;) {
+    GstMessage *m = gst_bus_timed_pop(bus, 100 * GST_MSECOND);
+    const double now = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (now > 90) {
+      r.error = "timeout";
+      break;
+    }
+    if (!m) continue;
+    bool done = false;
+    if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_ERROR) {
+      GError *e = nullptr;
+      gst_message_parse_error(m, &e, nullptr);
+      r.error = e->message;
+      g_error_free(e);
+      done = true;
+    } else if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_EOS) {
+      done = true;
+    } else if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_ELEMENT) {
+      const GstStructure *s = gst_message_get_structure(m);
+      if (gst_structure_has_name(s, "ddptrainsink-step")) r.step_times.push_back(now);
+      if (gst_structure_has_name(s, "ddpvalsink-result")) {
+        guint64 step = 0, n = 0;
+        double loss = 0, secs = 0;
+        gst_structure_get_uint64(s, "step", &step);
+        gst_structure_get_uint64(s, "samples", &n);
+        gst_structure_get_double(s, "loss", &loss);
+        gst_structure_get_double(s, "seconds", &secs);
+        r.results.emplace_back(step, loss);
+        r.windows.emplace_back(now - secs, now);
+        r.samples = n;
+      }
+    }
+    gst_message_unref(m);
+    if (done) break;
+  }
+  stop = true;
+  gst_element_set_state(pipe, GST_STATE_NULL);
+  tf.join();
+  vf.join();
+  gst_object_unref(bus);
+  gst_object_unref(train);
+  gst_object_unref(val);
+  gst_object_unref(pipe);
+  return r;
+}
+
+}  // namespace
+
+TEST(DdpValSinkElement, ValidatesEveryNStepsAndAtTheTrainersEosThenEnds) {
+  vttest::TempDir dir;
+  RunResult r = run(5, 2, 6, 8, "metrics-file=" + dir.file("m.jsonl"));
+  ASSERT_EQ(r.error, "");
+  std::vector<uint64_t> steps;
+  for (auto &[s, l] : r.results) {
+    steps.push_back(s);
+    EXPECT_TRUE(std::isfinite(l));
+  }
+  EXPECT_EQ(steps, (std::vector<uint64_t>{2, 4, 5}));
+  EXPECT_EQ(r.samples, 6u);
+  EXPECT_NE(vttest::read_file(dir.file("m.jsonl")).find("\"type\":\"validation\""), std::string::npos);
+}
+
+TEST(DdpValSinkElement, TrainingKeepsCompletingStepsWhileASlowValidationRuns) {
+  // Validation of 40 samples of 4x2x48x48 against training steps on 4x2x8x8.
+  RunResult r = run(12, 2, 40, 40);
+  ASSERT_EQ(r.error, "");
+  ASSERT_FALSE(r.results.empty());
+  ASSERT_EQ(r.results.front().first, 2u);
+  const auto [from, to] = r.windows.front();
+  int during = 0;
+  for (double t : r.step_times) during += t > from && t < to;
+  EXPECT_GE(during, 2) << "training steps completed while step 2 was validated (" << (to - from) << " s)";
+}
+
+TEST(DdpValSinkElement, AMissingOrWrongTrainerIsAnElementError) {
+  RunResult r = run(2, 1, 2, 8, "", "nosuchtrainer");
+  EXPECT_NE(r.error.find("nosuchtrainer"), std::string::npos) << r.error;
+  r = run(2, 1, 2, 8, "", "v");
+  EXPECT_NE(r.error.find("not a ddptrainsink"), std::string::npos) << r.error;
+}

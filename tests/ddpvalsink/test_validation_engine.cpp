@@ -1,0 +1,198 @@
+/* ValidationEngine with a real TrainerEngine (one process, CPU): shard filter, padding,
+ * deterministic loss per sample id, in-process combine of shards, snapshot slots. */
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "valsink_test_util.h"
+
+using namespace videotrain;
+using namespace valtest;
+
+namespace {
+
+using R = ValidationEngine::Result;
+
+ValidationConfig vconfig(unsigned index, unsigned shards, unsigned batch = 1) {
+  ValidationConfig c;
+  c.shard_index = index;
+  c.num_shards = shards;
+  c.every = 0;
+  c.at_start = true;
+  c.batch_size = batch;
+  c.device = "cpu";
+  return c;
+}
+
+// Feeds one epoch (and the first sample of the next, which ends the pass) to an engine
+// whose trainer already finished: the pass of the at-start snapshot runs, then kEos.
+R feed_epoch(ValidationEngine &e, const std::vector<ValSample> &epoch0) {
+  for (const auto &s : epoch0) {
+    R r = e.push(latent(s.sample_id), {s});
+    if (r != R::kOk) return r;
+  }
+  ValSample next = epoch0.front();
+  next.epoch++;
+  return e.push(latent(next.sample_id), {next});
+}
+
+double loss_of(const ValidationEngine &e) { return e.last_loss(); }
+
+}  // namespace
+
+TEST(ValidationEngine, TwoShardsGiveTheSameLossAsOneAndCountEachSampleOnce) {
+  TrainerEngine trainer(trainer_config());
+  ASSERT_TRUE(trainer.start()) << trainer.error();
+  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  // 7 samples over a "rank" of world 2: rank 0 gets 4 clips, rank 1 gets 3 + 1 padding.
+  auto samples = rank_samples(7, 1, 2, 0);
+  ASSERT_TRUE(samples.back().padding);
+  double one = 0;
+  {
+    ValidationEngine e(vconfig(0, 1));
+    ASSERT_TRUE(e.attach(t)) << e.error();
+    e.trainer_finished();  // nothing after the at-start snapshot
+    EXPECT_EQ(feed_epoch(e, samples), R::kEos) << e.error();
+    EXPECT_EQ(e.passes_done(), 1u);
+    EXPECT_EQ(e.evaluated_samples(), 3u) << "padding is not evaluated";
+    one = loss_of(e);
+    auto msgs = e.take_messages();
+    bool got = false;
+    for (auto &m : msgs)
+      if (m.name == "ddpvalsink-result") {
+        got = true;
+        EXPECT_EQ(m.ints["samples"], 3);
+        EXPECT_EQ(m.ints["step"], 0);
+        EXPECT_DOUBLE_EQ(m.numbers["loss"], one);
+      }
+    EXPECT_TRUE(got);
+  }
+  ASSERT_TRUE(std::isfinite(one));
+  ValidationEngine a(vconfig(0, 2)), b(vconfig(1, 2, 2));
+  ASSERT_TRUE(a.attach(t)) << a.error();
+  ASSERT_TRUE(b.attach(t)) << b.error();
+  a.trainer_finished();
+  EXPECT_EQ(feed_epoch(a, samples), R::kEos) << a.error();
+  EXPECT_EQ(feed_epoch(b, samples), R::kEos) << b.error();
+  EXPECT_EQ(a.evaluated_samples() + b.evaluated_samples(), 3u);
+  EXPECT_EQ(a.evaluated_samples(), 2u);  // clips 0, 2 (clip 3 is padding... of shard 1)
+  EXPECT_NEAR(loss_of(b), one, 1e-6 * std::abs(one));
+  // Exactly one shard (the last to finish) posts the result.
+  int results = 0;
+  for (auto *e : {&a, &b})
+    for (auto &m : e->take_messages()) results += m.name == "ddpvalsink-result";
+  EXPECT_EQ(results, 1);
+}
+
+TEST(ValidationEngine, TheSameWeightsAlwaysGiveTheSameNumberWhateverTheBatching) {
+  TrainerEngine trainer(trainer_config());
+  ASSERT_TRUE(trainer.start()) << trainer.error();
+  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto samples = rank_samples(6, 0, 1, 3);
+  double first = 0;
+  for (unsigned batch : {1u, 4u, 6u}) {
+    ValidationEngine e(vconfig(0, 1, batch));
+    ASSERT_TRUE(e.attach(t));
+    e.trainer_finished();
+    ASSERT_EQ(feed_epoch(e, samples), R::kEos) << e.error();
+    if (batch == 1)
+      first = e.last_loss();
+    else
+      EXPECT_NEAR(e.last_loss(), first, 1e-6 * std::abs(first)) << "batch " << batch;
+  }
+  // The training generator in between does not change it.
+  at::manual_seed(12345);
+  (void)at::randn({100});
+  ValidationEngine e(vconfig(0, 1));
+  ASSERT_TRUE(e.attach(t));
+  e.trainer_finished();
+  ASSERT_EQ(feed_epoch(e, samples), R::kEos);
+  EXPECT_NEAR(e.last_loss(), first, 1e-6 * std::abs(first));
+}
+
+TEST(ValidationEngine, StepsTriggerPassesAndANewerSnapshotWaitsInItsSlot) {
+  TrainerEngine trainer(trainer_config("builtin:linear-test"));
+  ASSERT_TRUE(trainer.start()) << trainer.error();
+  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto cfg = vconfig(0, 1);
+  cfg.at_start = false;
+  cfg.every = 2;
+  ValidationEngine e(cfg);
+  ASSERT_TRUE(e.attach(t));
+  auto step = [&](int s) {
+    MicroBatchInfo info;
+    info.captions = {"x", "y"};
+    ASSERT_EQ(trainer.process_tensor(at::stack({latent(s), latent(s + 50)}), info), ProcessResult::kOk)
+        << trainer.error();
+  };
+  step(0);
+  step(1);  // step 2: its snapshot waits in the slot
+  // A validation thread: epochs 0, 1, 2 of 3 samples (each epoch is a pass), then the
+  // first sample of epoch 3, which ends the last pass and finds nothing more (EOS).
+  std::thread val([&] {
+    for (unsigned ep = 0; ep < 4; ep++)
+      for (auto &s : rank_samples(3, 0, 1, ep))
+        if (e.push(latent(s.sample_id), {s}) != R::kOk) return;
+  });
+  for (int s = 2; s < 6; s++) step(s);  // step 6 waits until the pass of step 4 took its slot
+  trainer.finish();
+  e.trainer_finished();  // step 6 was dispatched already: nothing more
+  val.join();
+  EXPECT_EQ(e.last_step(), 6u);
+  std::vector<int64_t> steps;
+  for (auto &m : e.take_messages())
+    if (m.name == "ddpvalsink-result") steps.push_back(m.ints["step"]);
+  EXPECT_EQ(steps, (std::vector<int64_t>{2, 4, 6}));
+}
+
+TEST(ValidationEngine, SkipIfBusySkipsInsteadOfWaiting) {
+  TrainerEngine trainer(trainer_config("builtin:linear-test"));
+  ASSERT_TRUE(trainer.start()) << trainer.error();
+  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto cfg = vconfig(0, 1);
+  cfg.at_start = false;
+  cfg.every = 1;
+  cfg.skip_if_busy = true;
+  ValidationEngine e(cfg);
+  ASSERT_TRUE(e.attach(t));
+  MicroBatchInfo info;
+  info.captions = {"x"};
+  for (int s = 0; s < 3; s++)
+    ASSERT_EQ(trainer.process_tensor(latent(s).unsqueeze(0), info), ProcessResult::kOk);
+  int skipped = 0;
+  for (auto &m : e.take_messages()) skipped += m.name == "ddpvalsink-skipped";
+  EXPECT_EQ(skipped, 2) << "step 1 pending, steps 2 and 3 skipped, the trainer never blocked";
+}
+
+TEST(ValidationEngine, BadShardIndexAndDuplicateShardsAreErrors) {
+  TrainerEngine trainer(trainer_config("builtin:linear-test"));
+  ASSERT_TRUE(trainer.start());
+  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  ValidationEngine bad(vconfig(2, 2));
+  EXPECT_FALSE(bad.attach(t));
+  EXPECT_NE(bad.error().find("shard-index 2"), std::string::npos) << bad.error();
+  ValidationEngine a(vconfig(0, 2)), b(vconfig(0, 2)), c(vconfig(1, 3));
+  ASSERT_TRUE(a.attach(t));
+  EXPECT_FALSE(b.attach(t));
+  EXPECT_NE(b.error().find("two ddpvalsinks"), std::string::npos) << b.error();
+  EXPECT_FALSE(c.attach(t));
+  EXPECT_NE(c.error().find("num-shards"), std::string::npos) << c.error();
+}
+
+TEST(ValidationEngine, SourceEndingBeforeAValidationIsAnError) {
+  TrainerEngine trainer(trainer_config("builtin:linear-test"));
+  ASSERT_TRUE(trainer.start());
+  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto cfg = vconfig(0, 1);
+  cfg.every = 1;
+  ValidationEngine e(cfg);
+  ASSERT_TRUE(e.attach(t));
+  for (auto &s : rank_samples(3, 0, 1, 0)) ASSERT_EQ(e.push(latent(s.sample_id), {s}), R::kOk);
+  MicroBatchInfo info;
+  info.captions = {"x"};
+  ASSERT_EQ(trainer.process_tensor(latent(0).unsqueeze(0), info), ProcessResult::kOk);  // step 1 dispatched
+  EXPECT_EQ(e.end_of_stream(), R::kError);  // pass of step 0 completes; step 1 has no data
+  EXPECT_NE(e.error().find("num-epochs=0"), std::string::npos) << e.error();
+  EXPECT_EQ(e.passes_done(), 1u);
+}
