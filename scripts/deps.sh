@@ -5,7 +5,8 @@ set -euo pipefail
 pkgs=(g++ pkg-config meson ninja-build
       libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev gstreamer1.0-tools
       gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-libav
-      libtorch-dev libgloo-dev nlohmann-json3-dev libgtest-dev libgmock-dev python3-torch)
+      libtorch-dev libgloo-dev nlohmann-json3-dev libgtest-dev libgmock-dev python3-torch
+      libopenblas0-pthread)  # libtorch-dev alone computes with the reference BLAS
 if [[ "${1:-}" == "--bench" ]]; then
   pkgs+=(ffmpeg python3-torchvision python3-av time)
 fi
