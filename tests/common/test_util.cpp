@@ -99,5 +99,10 @@ bool make_video(const std::string &path, const VideoSpec &s) {
 int main(int argc, char **argv) {
   gst_init(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
+  // Worker tests are the entry points of spawned ranks (multirank.h), not tests of their own.
+  if (!std::getenv("VIDEOTRAIN_TEST_WORKER")) {
+    std::string f = ::testing::GTEST_FLAG(filter);
+    ::testing::GTEST_FLAG(filter) = f + (f.find('-') == std::string::npos ? "-" : ":") + "*Worker.*";
+  }
   return RUN_ALL_TESTS();
 }

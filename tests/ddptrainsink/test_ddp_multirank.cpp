@@ -1,6 +1,6 @@
 /* Two-process Gloo runs of TrainerEngine: the test binary starts itself twice (fork +
- * exec, one process per rank, MASTER_PORT picked free) to run the disabled
- * DdpWorker.DISABLED_Rank test, which drives the engine with synthetic micro-batches.
+ * exec, one process per rank, MASTER_PORT picked free; tests/common/multirank.h) to
+ * run the DdpWorker.Rank entry point, which drives the engine with synthetic micro-batches.
  *  - equivalence: 2 ranks x 2 micro-batches of 2 == 1 rank with batch 8 (5 steps);
  *  - a dead rank: rank 1 exits after step 1; rank 0 fails with an error naming the peer
  *    and the operation, within the timeout, and nobody hangs. */
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ddptrainsink/trainer_engine.h"
+#include "multirank.h"
 #include "test_util.h"
 
 using namespace videotrain;
@@ -92,78 +93,15 @@ std::map<std::string, std::vector<float>> read_params(const std::string &path) {
   return p;
 }
 
-int free_port() {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  bind(s, reinterpret_cast<sockaddr *>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(s, reinterpret_cast<sockaddr *>(&a), &len);
-  int port = ntohs(a.sin_port);
-  close(s);
-  return port;
-}
-
-struct Worker {
-  pid_t pid = -1;
-  int status = -1;
-  std::string out;
-};
-
-// Starts this binary as rank `rank` of 2 in `mode`.
-Worker spawn(const std::string &mode, int rank, int port, const std::string &out) {
-  Worker w;
-  w.out = out;
-  w.pid = fork();
-  if (w.pid == 0) {
-    setenv("VT_DDP_MODE", mode.c_str(), 1);
-    setenv("VT_DDP_OUT", out.c_str(), 1);
-    setenv("RANK", std::to_string(rank).c_str(), 1);
-    setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-    setenv("WORLD_SIZE", "2", 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-    execl("/proc/self/exe", "test-ddp-multirank", "--gtest_filter=DdpWorker.DISABLED_Rank",
-          "--gtest_also_run_disabled_tests", static_cast<char *>(nullptr));
-    _exit(127);
-  }
-  return w;
-}
-
-// Waits for every worker; kills them all and fails past `limit_s`.
-bool wait_all(std::vector<Worker> &ws, double limit_s) {
-  auto t0 = std::chrono::steady_clock::now();
-  size_t left = ws.size();
-  while (left > 0) {
-    for (auto &w : ws) {
-      if (w.pid <= 0) continue;
-      int st = 0;
-      if (waitpid(w.pid, &st, WNOHANG) == w.pid) {
-        w.status = st;
-        w.pid = -1;
-        left--;
-      }
-    }
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > limit_s) {
-      for (auto &w : ws)
-        if (w.pid > 0) {
-          kill(w.pid, SIGKILL);
-          waitpid(w.pid, &w.status, 0);
-          w.pid = -1;
-        }
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
+// Starts this binary as rank `rank` of 2 in `mode`, writing its results to `out`.
+pid_t spawn(const std::string &mode, int rank, int port, const std::string &out) {
+  return vttest::spawn_rank("DdpWorker.Rank", rank, 2, port, {{"VT_DDP_MODE", mode}, {"VT_DDP_OUT", out}});
 }
 
 }  // namespace
 
 // One rank of a two-process run (started by the tests below, never on its own).
-TEST(DdpWorker, DISABLED_Rank) {
+TEST(DdpWorker, Rank) {
   const char *mode = std::getenv("VT_DDP_MODE");
   const std::string out = std::getenv("VT_DDP_OUT") ? std::getenv("VT_DDP_OUT") : "";
   ASSERT_TRUE(mode && !out.empty()) << "run by the Ddp tests only";
@@ -205,8 +143,8 @@ TEST(DdpWorker, DISABLED_Rank) {
 
 TEST(Ddp, TwoRanksWithAccumulationMatchOneRankWithTheWholeBatch) {
   vttest::TempDir dir;
-  const int port = free_port();
-  std::vector<Worker> ws{spawn("equivalence", 0, port, dir.file("r0")), spawn("equivalence", 1, port, dir.file("r1"))};
+  const int port = vttest::free_port();
+  std::vector<pid_t> pids{spawn("equivalence", 0, port, dir.file("r0")), spawn("equivalence", 1, port, dir.file("r1"))};
   // Meanwhile: one rank, batch 8 in one micro-batch.
   auto c = config();
   c.rank = 0;
@@ -214,8 +152,9 @@ TEST(Ddp, TwoRanksWithAccumulationMatchOneRankWithTheWholeBatch) {
   TrainerEngine single(c);
   ASSERT_TRUE(single.start()) << single.error();
   for (int s = 0; s < kSteps; s++) feed(single, s, 0, 8, 0, 1, 8);
-  ASSERT_TRUE(wait_all(ws, 120)) << "a rank hung";
-  for (auto &w : ws) ASSERT_TRUE(WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0) << "rank failed: " << w.status;
+  std::vector<int> st;
+  ASSERT_TRUE(vttest::wait_all(pids, &st, 120)) << "a rank hung";
+  for (int w : st) ASSERT_TRUE(WIFEXITED(w) && WEXITSTATUS(w) == 0) << "rank failed: " << w;
   auto want = single.parameters_cpu();
   for (const char *f : {"r0", "r1"}) {
     auto got = read_params(dir.file(f));
@@ -244,9 +183,10 @@ TEST(Ddp, TwoRanksWithAccumulationMatchOneRankWithTheWholeBatch) {
 
 // Rank `dead` exits after step 1; the other's verdict, time taken and error.
 void run_dead(const char *mode, const std::string &survivor_out, const std::vector<std::string> &outs) {
-  const int port = free_port();
-  std::vector<Worker> ws{spawn(mode, 0, port, outs[0]), spawn(mode, 1, port, outs[1])};
-  ASSERT_TRUE(wait_all(ws, 60)) << "a rank hung after its peer died";
+  const int port = vttest::free_port();
+  std::vector<pid_t> pids{spawn(mode, 0, port, outs[0]), spawn(mode, 1, port, outs[1])};
+  std::vector<int> st;
+  ASSERT_TRUE(vttest::wait_all(pids, &st, 60)) << "a rank hung after its peer died";
   std::istringstream in(vttest::read_file(survivor_out));
   std::string verdict, error;
   double took = 0;

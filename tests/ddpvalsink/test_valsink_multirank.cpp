@@ -1,5 +1,5 @@
 /* Two-process Gloo runs of ValidationEngine: the test binary starts itself twice (fork
- * + exec, RANK/WORLD_SIZE/MASTER_PORT) to run ValWorker.DISABLED_Rank.
+ * + exec, RANK/WORLD_SIZE/MASTER_PORT; tests/common/multirank.h) to run ValWorker.Rank.
  *  - 2 ranks x 2 in-process shards give the validation loss of 1 rank x 1 shard over the
  *    same validation set and weights (1e-6 relative);
  *  - a rank that dies during validation makes the other fail within the timeout. */
@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "multirank.h"
 #include "test_util.h"
 #include "valsink_test_util.h"
 
@@ -26,62 +27,8 @@ namespace {
 
 constexpr unsigned kTotal = 11;  // odd: rank 1 gets a padding clip
 
-int free_port() {
-  int s = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(s, reinterpret_cast<sockaddr *>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(s, reinterpret_cast<sockaddr *>(&a), &len);
-  int port = ntohs(a.sin_port);
-  close(s);
-  return port;
-}
-
 pid_t spawn(const std::string &mode, int rank, int port, const std::string &out) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    setenv("VT_VAL_MODE", mode.c_str(), 1);
-    setenv("VT_VAL_OUT", out.c_str(), 1);
-    setenv("RANK", std::to_string(rank).c_str(), 1);
-    setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-    setenv("WORLD_SIZE", "2", 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-    execl("/proc/self/exe", "test-valsink-multirank", "--gtest_filter=ValWorker.DISABLED_Rank",
-          "--gtest_also_run_disabled_tests", static_cast<char *>(nullptr));
-    _exit(127);
-  }
-  return pid;
-}
-
-// Waits for the pids; kills them and returns false past limit_s.
-bool wait_all(std::vector<pid_t> pids, std::vector<int> *status, double limit_s) {
-  auto t0 = std::chrono::steady_clock::now();
-  status->assign(pids.size(), -1);
-  size_t left = pids.size();
-  while (left > 0) {
-    for (size_t i = 0; i < pids.size(); i++) {
-      if (pids[i] <= 0) continue;
-      int st = 0;
-      if (waitpid(pids[i], &st, WNOHANG) == pids[i]) {
-        (*status)[i] = st;
-        pids[i] = -1;
-        left--;
-      }
-    }
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > limit_s) {
-      for (auto &p : pids)
-        if (p > 0) {
-          kill(p, SIGKILL);
-          waitpid(p, nullptr, 0);
-        }
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
+  return vttest::spawn_rank("ValWorker.Rank", rank, 2, port, {{"VT_VAL_MODE", mode}, {"VT_VAL_OUT", out}});
 }
 
 ValidationConfig vconfig(unsigned index, unsigned shards) {
@@ -110,7 +57,7 @@ R feed(ValidationEngine &e, int rank, int world) {
 
 }  // namespace
 
-TEST(ValWorker, DISABLED_Rank) {
+TEST(ValWorker, Rank) {
   const std::string mode = vttest::env_or("VT_VAL_MODE", "");
   const std::string out = vttest::env_or("VT_VAL_OUT", "");
   ASSERT_FALSE(mode.empty() || out.empty()) << "run by the ValMultiRank tests only";
@@ -144,7 +91,7 @@ TEST(ValWorker, DISABLED_Rank) {
 
 TEST(ValMultiRank, TwoRanksTimesTwoShardsEqualOneRankOneShard) {
   vttest::TempDir dir;
-  const int port = free_port();
+  const int port = vttest::free_port();
   std::vector<pid_t> pids{spawn("equal", 0, port, dir.file("r0")), spawn("equal", 1, port, dir.file("r1"))};
   // Meanwhile the reference: 1 rank x 1 shard over the whole set, the same initial weights.
   auto tc = trainer_config();
@@ -159,7 +106,7 @@ TEST(ValMultiRank, TwoRanksTimesTwoShardsEqualOneRankOneShard) {
   const double want = one.last_loss();
   ASSERT_TRUE(std::isfinite(want));
   std::vector<int> st;
-  ASSERT_TRUE(wait_all(pids, &st, 120)) << "a rank hung";
+  ASSERT_TRUE(vttest::wait_all(pids, &st, 120)) << "a rank hung";
   for (const char *r : {"r0", "r1"}) {
     std::istringstream in(vttest::read_file(dir.file(r)));
     std::string verdict;
@@ -172,10 +119,10 @@ TEST(ValMultiRank, TwoRanksTimesTwoShardsEqualOneRankOneShard) {
 
 TEST(ValMultiRank, ADeadRankMakesTheOtherFailWithinTheTimeout) {
   vttest::TempDir dir;
-  const int port = free_port();
+  const int port = vttest::free_port();
   std::vector<pid_t> pids{spawn("dead", 0, port, dir.file("r0")), spawn("dead", 1, port, dir.file("r1"))};
   std::vector<int> st;
-  ASSERT_TRUE(wait_all(pids, &st, 60)) << "a rank hung after its peer died";
+  ASSERT_TRUE(vttest::wait_all(pids, &st, 60)) << "a rank hung after its peer died";
   std::istringstream in(vttest::read_file(dir.file("r0")));
   std::string verdict, loss, error;  // loss: "nan" here
   double took = 0;
