@@ -60,7 +60,7 @@ RunResult run(unsigned steps, unsigned every, unsigned val_n, int size, const st
         const std::string &trainer_name = "trainer") {
   const std::string desc = std::string("appsrc name=train format=time caps=\"") + kMicro +
                            "\" ! ddptrainsink name=trainer model=builtin:tiny-unet3d latent-channels=4 device=cpu "
-                           "log-every=1 " + extra + " appsrc name=val format=time block=true max-buffers=4 caps=\"" +
+                           "log-every=1 " + extra + " appsrc name=val format=time caps=\"" +
                            kLatents + "\" ! tee name=v v. ! queue ! ddpvalsink trainer=" + trainer_name +
                            " every=" + std::to_string(every) + " shard-index=0 num-shards=2 v. ! queue ! ddpvalsink trainer=" +
                            trainer_name + " every=" + std::to_string(every) + " shard-index=1 num-shards=2";
@@ -82,12 +82,18 @@ RunResult run(unsigned steps, unsigned every, unsigned val_n, int size, const st
     gst_app_src_end_of_stream(GST_APP_SRC(train));
   });
   std::thread vf([&] {
+    // Bounded like a real source (4 queued), but never blocked inside appsrc: a push blocked
+    // there can miss its wake-up when the pipeline shuts down after an error.
     for (unsigned ep = 0; !stop; ep++)  // num-epochs=0: loops until the sinks are done
-      for (unsigned k = 0; k < val_n; k++)
+      for (unsigned k = 0; k < val_n && !stop; k++) {
+        while (!stop && gst_app_src_get_current_level_buffers(GST_APP_SRC(val)) >= 4)
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        if (stop) break;
         if (gst_app_src_push_buffer(GST_APP_SRC(val), val_latent(k, ep, k, size)) != GST_FLOW_OK) {
           gst_app_src_end_of_stream(GST_APP_SRC(val));
           return;
         }
+      }
   });
   GstBus *bus = gst_element_get_bus(pipe);
   const auto t0 = Clock::now();
