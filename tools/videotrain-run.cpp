@@ -251,7 +251,7 @@ int main(int argc, char **argv) {
   double secs = (g_get_monotonic_time() - t0) / 1e6;
   if (tty && !status_line.empty()) std::fprintf(stderr, "\n");
   if (!clip_element.empty())
-    std::printf("videotrain-run: %" G_GUINT64_FORMAT " clips, %" G_GUINT64_FORMAT " frames in %.1f s (%.1f frames/s)\n",
+    std::printf("videotrain-run: %" G_GUINT64_FORMAT " clips, %" G_GUINT64_FORMAT " frames in %.3f s (%.1f frames/s)\n",
                 printer.clips, printer.frames, secs, secs > 0 ? printer.frames / secs : 0.0);
   else
     std::printf("videotrain-run: finished in %.1f s%s\n", secs, exit_code ? " with an error" : "");
