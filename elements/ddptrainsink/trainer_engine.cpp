@@ -327,10 +327,11 @@ void TrainerEngine::Impl::load_checkpoint() {
 }
 
 double TrainerEngine::Impl::grad_norm() const {
-  double sq = 0;
+  // One host sync for all parameters (a per-parameter item() stalls a GPU for each).
+  std::vector<at::Tensor> norms;
   for (const auto &p : params)
-    if (p.grad().defined()) sq += p.grad().detach().to(at::kDouble).pow(2).sum().item<double>();
-  return std::sqrt(sq);
+    if (p.grad().defined()) norms.push_back(p.grad().detach().norm(2).to(at::kDouble));
+  return norms.empty() ? 0.0 : at::stack(norms).norm(2).item<double>();
 }
 
 void TrainerEngine::Impl::append_metrics(const json &j) {
