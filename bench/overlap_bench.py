@@ -16,11 +16,9 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("VIDEOTRAIN_BUILD_DIR", os.path.join(ROOT, "build"))
+from benchkit import RUN, demo_workdir, plugin_env
 
 
 def timed(args, env):
@@ -38,16 +36,12 @@ def main():
     ap.add_argument("--frames", type=int, default=9)
     ap.add_argument("--size", type=int, default=64)
     a = ap.parse_args()
-    env = dict(os.environ, GST_PLUGIN_PATH=os.path.join(BUILD, "plugins", "videotrain"))
-    work = tempfile.mkdtemp(prefix="videotrain-overlap-")
-    subprocess.run(["bash", os.path.join(ROOT, "scripts", "make_dataset.sh"), work + "/data", "12"], check=True,
-                   capture_output=True)
-    subprocess.run([os.path.join(BUILD, "elements", "vaeencoder", "videotrain-make-vae"), work + "/vae", "--tiny"],
-                   check=True, capture_output=True)
+    env = plugin_env()
+    work = demo_workdir("videotrain-overlap-")
     clips = a.steps * a.batch
     src = (f"csvvideosrc location={work}/data/train.csv num-frames={a.frames} width={a.size} height={a.size} "
            f"num-epochs=0 prefetch=2")
-    run = [os.path.join(BUILD, "tools", "videotrain-run"), "-q"]
+    run = [RUN, "-q"]
     stop = f"identity eos-after={clips * a.frames}"
     t_decode = timed(run + f"{src} ! {stop} ! fakesink sync=false".split(), env)
     t_encode = timed(run + f"{src} ! {stop} ! vaeencoder model={work}/vae ! fakesink sync=false".split(), env)

@@ -15,11 +15,9 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILD = os.environ.get("VIDEOTRAIN_BUILD_DIR", os.path.join(ROOT, "build"))
+from benchkit import RUN, demo_workdir, plugin_env
 
 
 def main():
@@ -28,12 +26,8 @@ def main():
     ap.add_argument("--every", type=int, default=5)
     ap.add_argument("--val-rows", type=int, default=24)
     a = ap.parse_args()
-    env = dict(os.environ, GST_PLUGIN_PATH=os.path.join(BUILD, "plugins", "videotrain"))
-    work = tempfile.mkdtemp(prefix="videotrain-valbench-")
-    subprocess.run(["bash", os.path.join(ROOT, "scripts", "make_dataset.sh"), work + "/data", "12"], check=True,
-                   capture_output=True)
-    subprocess.run([os.path.join(BUILD, "elements", "vaeencoder", "videotrain-make-vae"), work + "/vae", "--tiny"],
-                   check=True, capture_output=True)
+    env = plugin_env()
+    work = demo_workdir("videotrain-valbench-")
     # A validation set of --val-rows rows (the dataset's videos repeated).
     rows = list(csv.DictReader(open(work + "/data/train.csv")))
     rows = [r for r in rows if "corrupt" not in r["path"]]
@@ -55,7 +49,7 @@ def main():
     def run(name, desc):
         metrics = f"{work}/{name}.jsonl"
         t = time.perf_counter()
-        r = subprocess.run([os.path.join(BUILD, "tools", "videotrain-run"), "-q"] +
+        r = subprocess.run([RUN, "-q"] +
                            desc.replace("METRICS", metrics).split(), env=env, capture_output=True, text=True)
         if r.returncode != 0:
             sys.exit(f"{name} failed:\n{r.stdout}\n{r.stderr}")
