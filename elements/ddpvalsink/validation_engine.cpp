@@ -15,6 +15,7 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "ddptrainsink/tfevents.h"
@@ -143,6 +144,12 @@ struct Hub {
     bool running = false;
     bool attached = false;
     bool flushing = false;
+    // The shard's validation model, built by dispatch() on the training thread between two
+    // steps: building draws initial weights from torch's default generator, which a shard's
+    // own thread would take from under a step in progress (the trainer reseeds it per step).
+    c10::Device device{c10::kCPU};
+    std::unique_ptr<TrainModel> model;
+    bool model_taken = false;
   };
   struct Combine {
     double sum = 0;
@@ -237,7 +244,21 @@ struct Hub {
       if (closing) return;
     }
     auto snap = trainer->snapshot_state();  // between two optimizer steps, on the training device
+    std::vector<std::unique_ptr<TrainModel>> built(slots.size());
+    if (snap) {
+      std::vector<std::optional<c10::Device>> wanted;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        for (auto &s : slots)
+          wanted.push_back(s.attached && !s.model_taken && !s.model ? std::optional<c10::Device>(s.device)
+                                                                   : std::nullopt);
+      }
+      for (size_t i = 0; i < slots.size(); i++)
+        if (wanted[i]) built[i] = make_model(snap->model, snap->latent_channels, *wanted[i]);
+    }
     std::lock_guard<std::mutex> lock(mu);
+    for (size_t i = 0; i < slots.size(); i++)
+      if (built[i]) slots[i].model = std::move(built[i]);
     if (!snap) {
       if (final) finished = true;
       cv.notify_all();
@@ -341,7 +362,14 @@ struct ValidationEngine::Impl {
 
   void load(const ParamSnapshot &snap) {
     if (!model || model_spec != snap.model || model_channels != snap.latent_channels) {
-      model = make_model(snap.model, snap.latent_channels, device);
+      std::unique_ptr<TrainModel> prebuilt;
+      {
+        std::lock_guard<std::mutex> lock(hub->mu);
+        prebuilt = std::move(slot().model);
+        slot().model_taken = true;
+      }
+      // Prebuilt on the training thread (see Hub::Slot); at start, before any step, built here.
+      model = prebuilt && !model ? std::move(prebuilt) : make_model(snap.model, snap.latent_channels, device);
       model_spec = snap.model;
       model_channels = snap.latent_channels;
     }
@@ -610,6 +638,7 @@ bool ValidationEngine::attach(std::shared_ptr<TrainerEngine> trainer) {
     }
     hub->slots[c.shard_index].attached = true;
     hub->slots[c.shard_index].flushing = false;
+    hub->slots[c.shard_index].device = im.device;
   }
   im.hub = hub;
   return true;

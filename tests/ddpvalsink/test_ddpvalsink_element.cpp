@@ -57,11 +57,11 @@ struct RunResult {
 // Trains `steps` steps while two ddpvalsinks validate every `every` steps on a looping
 // validation stream of `val_n` samples of size x size latents.
 RunResult run(unsigned steps, unsigned every, unsigned val_n, int size, const std::string &extra = "",
-        const std::string &trainer_name = "trainer") {
+        const std::string &trainer_name = "trainer", const std::string &val_chain = "") {
   const std::string desc = std::string("appsrc name=train format=time caps=\"") + kMicro +
                            "\" ! ddptrainsink name=trainer model=builtin:tiny-unet3d latent-channels=4 device=cpu "
                            "log-every=1 " + extra + " appsrc name=val format=time caps=\"" +
-                           kLatents + "\" ! tee name=v v. ! queue ! ddpvalsink trainer=" + trainer_name +
+                           kLatents + "\" " + val_chain + " ! tee name=v v. ! queue ! ddpvalsink trainer=" + trainer_name +
                            " every=" + std::to_string(every) + " shard-index=0 num-shards=2 v. ! queue ! ddpvalsink trainer=" +
                            trainer_name + " every=" + std::to_string(every) + " shard-index=1 num-shards=2";
   RunResult r;
@@ -157,6 +157,22 @@ TEST(DdpValSinkElement, ValidatesEveryNStepsAndAtTheTrainersEosThenEnds) {
   EXPECT_EQ(steps, (std::vector<uint64_t>{2, 4, 5}));
   EXPECT_EQ(r.samples, 6u);
   EXPECT_NE(vttest::read_file(dir.file("m.jsonl")).find("\"type\":\"validation\""), std::string::npos);
+}
+
+// The validation branch may carry micro-batches (a microbatcher before the tee): the same
+// weights give the same losses over the same samples as with single latents.
+TEST(DdpValSinkElement, MicroBatchesGiveTheSameResultsAsLatents) {
+  RunResult latents = run(5, 2, 6, 8);
+  ASSERT_EQ(latents.error, "");
+  RunResult micro = run(5, 2, 6, 8, "", "trainer", "! microbatcher batch-size=4 micro-batch-size=2");
+  ASSERT_EQ(micro.error, "");
+  ASSERT_EQ(micro.results.size(), latents.results.size());
+  for (size_t i = 0; i < micro.results.size(); i++) {
+    EXPECT_EQ(micro.results[i].first, latents.results[i].first);
+    EXPECT_NEAR(micro.results[i].second, latents.results[i].second, 1e-6 * std::abs(latents.results[i].second))
+        << "step " << latents.results[i].first;
+  }
+  EXPECT_EQ(micro.samples, 6u);
 }
 
 TEST(DdpValSinkElement, TrainingKeepsCompletingStepsWhileASlowValidationRuns) {
