@@ -51,8 +51,6 @@ bool SourceEngine::start(std::string *error) {
   {
     std::lock_guard<std::mutex> g(lock_);
     next_dispatch_ = next_consume_ = 0;
-    fatal_.clear();
-    quit_ = false;
   }
   start_workers();
   return true;
@@ -76,27 +74,27 @@ void SourceEngine::halt_workers() {
   workers_.clear();
 }
 
-void SourceEngine::stop() {
-  halt_workers();
-  std::lock_guard<std::mutex> g(lock_);
+void SourceEngine::drop_prefetched() {
   ready_.clear();
   current_ = Result();
   have_current_ = false;
-  generation_++;
+  generation_++;  // results of decodes still in flight are dropped
   cancel_ = std::make_shared<std::atomic<bool>>(false);
+  fatal_.clear();
+}
+
+void SourceEngine::stop() {
+  halt_workers();
+  std::lock_guard<std::mutex> g(lock_);
+  drop_prefetched();
 }
 
 void SourceEngine::restart_at(uint64_t seq) {
   halt_workers();
   {
     std::lock_guard<std::mutex> g(lock_);
-    ready_.clear();
-    current_ = Result();
-    have_current_ = false;
-    generation_++;
-    cancel_ = std::make_shared<std::atomic<bool>>(false);
+    drop_prefetched();
     next_dispatch_ = next_consume_ = std::min(seq, total_);
-    fatal_.clear();
   }
   if (schedule_) start_workers();
 }

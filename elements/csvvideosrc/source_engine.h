@@ -112,6 +112,7 @@ class SourceEngine {
   Result produce(uint64_t seq, const std::atomic<bool> *cancel);
   void attach_metas(DecodedClip &clip, const ManifestRow &row, const Position &pos, bool padding);
   void halt_workers();
+  void drop_prefetched();  // lock_ held: forget prefetched clips, start a new generation
   void start_workers();
 
   SourceConfig cfg_;

@@ -318,6 +318,16 @@ static gboolean gst_micro_batcher_sink_event(GstPad *pad, GstObject *parent, Gst
   return gst_pad_event_default(pad, parent, event);
 }
 
+// Both pads: the peer's caps with the content field translated (see query_pad_caps).
+static gboolean answer_caps_query(GstMicroBatcher *self, GstPad *pad, GstQuery *query) {
+  GstCaps *filter;
+  gst_query_parse_caps(query, &filter);
+  GstCaps *caps = query_pad_caps(self, pad, filter);
+  gst_query_set_caps_result(query, caps);
+  gst_caps_unref(caps);
+  return TRUE;
+}
+
 static gboolean gst_micro_batcher_sink_query(GstPad *pad, GstObject *parent, GstQuery *query) {
   auto *self = GST_MICRO_BATCHER(parent);
   if (videotrain_is_resume_query(query)) {
@@ -331,14 +341,8 @@ static gboolean gst_micro_batcher_sink_query(GstPad *pad, GstObject *parent, Gst
     return ok;
   }
   switch (GST_QUERY_TYPE(query)) {
-    case GST_QUERY_CAPS: {
-      GstCaps *filter;
-      gst_query_parse_caps(query, &filter);
-      GstCaps *caps = query_pad_caps(self, pad, filter);
-      gst_query_set_caps_result(query, caps);
-      gst_caps_unref(caps);
-      return TRUE;
-    }
+    case GST_QUERY_CAPS:
+      return answer_caps_query(self, pad, query);
     case GST_QUERY_ALLOCATION:
       return FALSE;  // output buffers are new tensors, never upstream's
     default:
@@ -352,14 +356,8 @@ static gboolean gst_micro_batcher_sink_query(GstPad *pad, GstObject *parent, Gst
 static gboolean gst_micro_batcher_src_query(GstPad *pad, GstObject *parent, GstQuery *query) {
   auto *self = GST_MICRO_BATCHER(parent);
   switch (GST_QUERY_TYPE(query)) {
-    case GST_QUERY_CAPS: {
-      GstCaps *filter;
-      gst_query_parse_caps(query, &filter);
-      GstCaps *caps = query_pad_caps(self, pad, filter);
-      gst_query_set_caps_result(query, caps);
-      gst_caps_unref(caps);
-      return TRUE;
-    }
+    case GST_QUERY_CAPS:
+      return answer_caps_query(self, pad, query);
     case GST_QUERY_LATENCY: {
       if (!gst_pad_peer_query(self->sinkpad, query)) return FALSE;
       gboolean live;
