@@ -2,11 +2,13 @@
  * Python (/usr/bin/python3) training the same TorchScript model on the same batch
  * with the same number of threads. Prints both and the ratio (target: <= 1).
  *
- *   trainer-bench [--steps N] [--threads N] [--shape B,C,T,H,W]
+ *   trainer-bench [--steps N] [--threads N] [--shape B,C,T,H,W] [--device cpu|cuda:0] [--precision fp32|bf16]
+ * On CUDA both sides wait for the device at the end of each step (the engine's loss read). 
  * Needs bench/trainer_bench.py (found through VIDEOTRAIN_SOURCE_DIR or beside the
  * source tree) and PYTHON (default /usr/bin/python3). */
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>
@@ -33,11 +35,14 @@ static std::string run(const std::string &cmd) {
 
 int main(int argc, char **argv) {
   int steps = 20, threads = 2;
+  std::string device = "cpu", precision = "fp32";
   std::vector<int64_t> shape{2, 16, 4, 16, 16};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--steps") steps = std::atoi(argv[i + 1]);
     else if (a == "--threads") threads = std::atoi(argv[i + 1]);
+    else if (a == "--device") device = argv[i + 1];
+    else if (a == "--precision") precision = argv[i + 1];
     else if (a == "--shape") {
       shape.clear();
       std::stringstream s(argv[i + 1]);
@@ -57,7 +62,8 @@ int main(int argc, char **argv) {
 
   TrainerConfig c;
   c.model = model;
-  c.device = "cpu";
+  c.device = device;
+  c.precision = precision;
   c.rank = 0;
   c.world_size = 1;
   c.log_every = 0;
@@ -67,7 +73,8 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "engine: %s\n", e.error().c_str());
     return 1;
   }
-  auto x = at::randn(shape, at::detail::createCPUGenerator(1));
+  auto x = at::randn(shape, at::detail::createCPUGenerator(1)).to(at::Device(device));
+  const bool cuda = x.is_cuda();
   MicroBatchInfo info;
   info.step_samples = static_cast<unsigned>(shape[0]);
   info.captions.assign(shape[0], "a caption");
@@ -78,6 +85,7 @@ int main(int argc, char **argv) {
       std::fprintf(stderr, "engine: %s\n", e.error().c_str());
       return 1;
     }
+    if (cuda) torch::cuda::synchronize();
     times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::vector<double> warm(times.begin() + (times.size() > 4 ? 2 : 0), times.end());
@@ -87,6 +95,7 @@ int main(int argc, char **argv) {
   std::ostringstream cmd;
   cmd << py << " " << script << " loop " << model << " " << steps << " " << threads;
   for (auto v : shape) cmd << " " << v;
+  cmd << " " << device << " " << precision;
   std::string out = run(cmd.str());
   auto k = out.find("\"median_ms\":");
   if (k == std::string::npos) {
@@ -96,7 +105,7 @@ int main(int argc, char **argv) {
   const double py_ms = std::atof(out.c_str() + k + 12);
   std::printf("trainer step, batch [");
   for (size_t i = 0; i < shape.size(); i++) std::printf("%s%lld", i ? "," : "", static_cast<long long>(shape[i]));
-  std::printf("], %d threads, %d steps (median)\n", threads, steps);
+  std::printf("], %s %s, %d threads, %d steps (median)\n", device.c_str(), precision.c_str(), threads, steps);
   std::printf("  ddptrainsink engine : %8.2f ms\n", engine_ms);
   std::printf("  PyTorch loop (py)   : %8.2f ms\n", py_ms);
   std::printf("  ratio engine/python : %8.3f  (target <= 1)\n", engine_ms / py_ms);

@@ -2,7 +2,7 @@
 """Peer of bench/trainer_bench.cpp: the plain PyTorch training loop.
 
   trainer_bench.py make MODEL.pt          writes the TorchScript model both sides train
-  trainer_bench.py loop MODEL.pt STEPS THREADS B C T H W
+  trainer_bench.py loop MODEL.pt STEPS THREADS B C T H W [DEVICE [fp32|bf16]]
                                           trains it with torch.optim.AdamW and prints the
                                           median step time in ms (JSON)
 """
@@ -62,18 +62,21 @@ def main():
         return
     path, steps, threads = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     shape = [int(v) for v in sys.argv[5:10]]
+    device = torch.device(sys.argv[10] if len(sys.argv) > 10 else "cpu")
+    bf16 = len(sys.argv) > 11 and sys.argv[11] == "bf16"
     torch.set_num_threads(threads)
-    model = torch.jit.load(path)
+    model = torch.jit.load(path, map_location=device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(shape, generator=gen)
+    x = torch.randn(shape, generator=gen).to(device)
     captions = ["a caption"] * shape[0]
     times = []
     for step in range(steps):
         t0 = time.perf_counter()
         torch.manual_seed(step)
-        loss = model.training_step(x, captions)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = model.training_step(x, captions)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

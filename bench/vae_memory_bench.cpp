@@ -2,14 +2,17 @@
  * versus one whole-clip pass, and CPU throughput.
  *
  *   vae-memory-bench [--model DIR] [--size 256] [--frames 17,49,97] [--threads N]
+ *                    [--device cpu|cuda:N] [--dtype float32|bfloat16|float16]
  *
- * Each case runs in a fresh process (fork) and reports its peak resident set (VmHWM), so
+ * Each case runs in a fresh process (fork) and reports its peak resident set (VmHWM), or
+ * on CUDA the caching allocator's allocated bytes (current after loading, peak), so
  * cases do not see each other's allocations. Without --model, a seeded random tiny
  * CogVideoX-architecture VAE is written to a temporary folder (no downloads).
  * Target: the chunked peak grows by no more than the encoder output (within 10%) from the
  * shortest to the longest clip; the single pass grows with T. */
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/cuda.h>
 #include <malloc.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +29,10 @@
 #include "vaeencoder/vae_engine.h"
 #include "vaeencoder/vae_engine_tensors.h"
 
+#ifdef VIDEOTRAIN_HAVE_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
 using namespace videotrain::vae;
 
 namespace {
@@ -39,6 +46,19 @@ long vm_kb(const char *key) {
   return -1;
 }
 
+// Memory in KiB: the process's peak RSS on CPU; on CUDA the allocator's current or peak
+// allocated bytes (index 0 is the aggregate over pools in every LibTorch version).
+long mem_kb(const c10::Device &dev, bool peak) {
+#ifdef VIDEOTRAIN_HAVE_CUDA
+  if (dev.is_cuda()) {
+    auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
+    return static_cast<long>((peak ? st.allocated_bytes[0].peak : st.allocated_bytes[0].current) / 1024);
+  }
+#endif
+  (void)peak;
+  return dev.is_cuda() ? -1 : vm_kb("VmHWM:");
+}
+
 struct Result {
   long base_kb = 0, peak_kb = 0;
   double seconds = 0;
@@ -47,7 +67,8 @@ struct Result {
 };
 
 // One case, in the child: load, then encode a T-frame clip; peak RSS before and after.
-Result run_case(const std::string &model, int size, int T, bool chunked, int threads) {
+Result run_case(const std::string &model, int size, int T, bool chunked, int threads, const std::string &device,
+               const std::string &dtype) {
   Result r;
   // Fixed malloc thresholds: large blocks go straight back to the system when freed, so the
   // high-water mark reflects what was live at once rather than allocator hysteresis.
@@ -56,8 +77,9 @@ Result run_case(const std::string &model, int size, int T, bool chunked, int thr
   at::set_num_threads(threads);
   EngineOptions o;
   o.model = model;
-  o.device = "cpu";
-  o.dtype = "float32";
+  o.device = device;
+  o.dtype = dtype;
+  const c10::Device dev(device);
   o.latent = LatentKind::Moments;
   o.allow_any_length = true;
   std::string err;
@@ -66,7 +88,7 @@ Result run_case(const std::string &model, int size, int T, bool chunked, int thr
     fprintf(stderr, "vae-memory-bench: %s\n", err.c_str());
     return r;
   }
-  r.base_kb = vm_kb("VmHWM:");
+  r.base_kb = mem_kb(dev, false);
   std::vector<uint8_t> frame(size * size * 3);
   auto t0 = std::chrono::steady_clock::now();
   if (chunked) {
@@ -90,20 +112,22 @@ Result run_case(const std::string &model, int size, int T, bool chunked, int thr
     at::Tensor raw = encode_raw(*eng, dequantize_frames(u8), T);
     r.out_bytes = raw.numel() * 4;
   }
+  if (dev.is_cuda()) torch::cuda::synchronize();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  r.peak_kb = vm_kb("VmHWM:");
+  r.peak_kb = mem_kb(dev, true);
   r.ok = 1;
   return r;
 }
 
-Result in_child(const std::string &model, int size, int T, bool chunked, int threads) {
+Result in_child(const std::string &model, int size, int T, bool chunked, int threads, const std::string &device,
+                const std::string &dtype) {
   int fds[2];
   Result r;
   if (pipe(fds) != 0) return r;
   pid_t pid = fork();
   if (pid == 0) {
     close(fds[0]);
-    Result c = run_case(model, size, T, chunked, threads);
+    Result c = run_case(model, size, T, chunked, threads, device, dtype);
     if (write(fds[1], &c, sizeof c) != sizeof c) _exit(1);
     _exit(0);
   }
@@ -121,6 +145,7 @@ int main(int argc, char **argv) {
   gst_init(&argc, &argv);
   std::string model;
   int size = 256, threads = 2;
+  std::string device = "cpu", dtype = "float32";
   std::vector<int> lengths{17, 49, 97};
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
@@ -130,11 +155,18 @@ int main(int argc, char **argv) {
       size = std::atoi(argv[++i]);
     } else if (a == "--threads" && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
+    } else if (a == "--device" && i + 1 < argc) {
+      device = argv[++i];
+    } else if (a == "--dtype" && i + 1 < argc) {
+      dtype = argv[++i];
     } else if (a == "--frames" && i + 1 < argc) {
       lengths.clear();
       for (char *s = strtok(argv[++i], ","); s; s = strtok(nullptr, ",")) lengths.push_back(std::atoi(s));
     } else {
-      fprintf(stderr, "usage: %s [--model DIR] [--size 256] [--frames 17,49,97] [--threads N]\n", argv[0]);
+      fprintf(stderr,
+              "usage: %s [--model DIR] [--size 256] [--frames 17,49,97] [--threads N] [--device cpu|cuda:N] "
+              "[--dtype float32|bfloat16|float16]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -150,15 +182,16 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  printf("VAE encoder memory, %dx%d frames, model %s, %d threads, a fresh process per case\n", size, size,
-         tmp.empty() ? model.c_str() : "tiny random CogVideoX VAE", threads);
+  printf("VAE encoder memory, %dx%d frames, model %s, %s %s, %d threads, a fresh process per case%s\n", size, size,
+         tmp.empty() ? model.c_str() : "tiny random CogVideoX VAE", device.c_str(), dtype.c_str(), threads,
+         device == "cpu" ? "" : " (GPU allocator bytes)");
   printf("%-8s %6s %12s %12s %12s %12s %10s\n", "mode", "frames", "base MiB", "peak MiB", "growth MiB", "output MiB",
          "frames/s");
   std::vector<Result> chunked, single;
   bool ok = true;
   for (int pass = 0; pass < 2; pass++) {
     for (int T : lengths) {
-      Result r = in_child(model, size, T, pass == 0, threads);
+      Result r = in_child(model, size, T, pass == 0, threads, device, dtype);
       ok = ok && r.ok;
       (pass == 0 ? chunked : single).push_back(r);
       printf("%-8s %6d %12.1f %12.1f %12.1f %12.2f %10.1f\n", pass == 0 ? "chunked" : "single", T, r.base_kb / 1024.0,
