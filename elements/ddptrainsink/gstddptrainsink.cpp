@@ -53,6 +53,7 @@ enum {
   PROP_GRAD_CLIP,
   PROP_DEVICE,
   PROP_PRECISION,
+  PROP_TUNE_MALLOC,
   PROP_SEED,
   PROP_RANK,
   PROP_WORLD_SIZE,
@@ -274,6 +275,7 @@ static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GVa
     case PROP_GRAD_CLIP: c.grad_clip = g_value_get_double(v); break;
     case PROP_DEVICE: c.device = str(); break;
     case PROP_PRECISION: c.precision = enum_nick(precision_type(), g_value_get_enum(v)); break;
+    case PROP_TUNE_MALLOC: c.tune_malloc = g_value_get_boolean(v); break;
     case PROP_SEED: c.seed = g_value_get_uint64(v); break;
     case PROP_RANK: c.rank = g_value_get_int(v); break;
     case PROP_WORLD_SIZE: c.world_size = static_cast<int>(g_value_get_uint(v)); break;
@@ -313,6 +315,7 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
     case PROP_GRAD_CLIP: g_value_set_double(v, c.grad_clip); break;
     case PROP_DEVICE: g_value_set_string(v, c.device.c_str()); break;
     case PROP_PRECISION: g_value_set_enum(v, enum_value(precision_type(), c.precision)); break;
+    case PROP_TUNE_MALLOC: g_value_set_boolean(v, c.tune_malloc); break;
     case PROP_SEED: g_value_set_uint64(v, c.seed); break;
     case PROP_RANK: g_value_set_int(v, c.rank); break;
     case PROP_WORLD_SIZE: g_value_set_uint(v, static_cast<guint>(c.world_size)); break;
@@ -408,6 +411,13 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                                            "", rw));
   install(PROP_PRECISION, g_param_spec_enum("precision", "Precision", "Compute precision of forward/backward",
                                             precision_type(), 0, rw));
+  install(PROP_TUNE_MALLOC,
+          g_param_spec_boolean("tune-malloc", "Tune malloc",
+                               "On CPU, keep freed tensor memory (allocations up to 32 MiB, 128 MiB free at the heap "
+                               "top) in the C heap instead of returning it to the OS, so that each step does not "
+                               "page-fault its activations afresh (about 30% faster small CPU steps). Process-wide "
+                               "(glibc mallopt); false leaves the process's malloc settings alone",
+                               TRUE, rw));
   install(PROP_SEED, g_param_spec_uint64("seed", "Seed",
                                          "Seed of the initial weights and (with rank and step) of the noise the model "
                                          "draws",

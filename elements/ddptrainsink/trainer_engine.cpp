@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "bucket_reducer.h"
+#include "cpu_heap.h"
 #include "dist_env.h"
 #include "dist_group.h"
 #include "metas.h"
@@ -233,6 +234,10 @@ bool TrainerEngine::Impl::resolve() {
       device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % torch::cuda::device_count()));
     if (!device.is_cpu() && !device.is_cuda())
       return fail("device '" + cfg.device + "' is not supported (property device: cpu or cuda:N)");
+  }
+  if (device.is_cpu() && cfg.tune_malloc) {
+    std::string why;
+    if (!retain_cpu_heap(&why)) warn("tune-malloc: " + why);
   }
   if (cfg.precision == "auto")
     bf16 = device.is_cuda();

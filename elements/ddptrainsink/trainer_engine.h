@@ -36,6 +36,7 @@ struct TrainerConfig {
   double grad_clip = 0.0;         // global norm; 0: off
   std::string device;             // "" / "auto": cuda:LOCAL_RANK when available, else cpu
   std::string precision = "auto"; // auto | fp32 | bf16
+  bool tune_malloc = true;        // on CPU: retain_cpu_heap() (process-wide)
   uint64_t seed = 0;
   // Distributed (-1 / 0 / "" = from the environment).
   int rank = -1, world_size = 0, master_port = 0;

@@ -1,0 +1,21 @@
+/* Keeps freed tensor memory in the C heap instead of giving it back to the OS.
+ *
+ * glibc serves allocations above its mmap threshold (128 KiB at first) with fresh
+ * mmap()s and trims the heap top as soon as it is free, so every step of a CPU
+ * training loop page-faults (and the kernel zeroes) its activations again: ~30% of
+ * a small 3D-conv step here. One process-wide mallopt() fixes that; it is opt-out
+ * through the elements' tune-malloc property because it touches the whole process. */
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace videotrain {
+
+// Allocations up to mmap_threshold come from the heap, which keeps up to
+// trim_threshold free bytes at its top. Idempotent; returns false (with *why) where
+// the C library cannot be tuned (not glibc, or mallopt refused).
+bool retain_cpu_heap(std::string *why = nullptr, std::size_t mmap_threshold = std::size_t(32) << 20,
+                     std::size_t trim_threshold = std::size_t(128) << 20);
+
+}  // namespace videotrain
