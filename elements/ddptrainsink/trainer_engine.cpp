@@ -204,6 +204,7 @@ struct TrainerEngine::Impl {
   void write_checkpoint();
   void load_checkpoint();
   void report(const StepReport &r);
+  void notify(const StepReport &r);  // the step callbacks
   void append_metrics(const json &j);
 };
 
@@ -316,6 +317,11 @@ void TrainerEngine::Impl::build_model(int ch) {
     for (size_t i = 0; i < works.size(); i++) group->wait(works[i], "initial parameter broadcast");
     reducer = std::make_unique<BucketReducer>(params, group.get(), cfg.bucket_cap_mb, 1.0);
   }
+  // ddpvalsink's at-start needs these weights; builtin models only exist from here.
+  StepReport built;
+  built.step = steps_done;
+  built.model_built = true;
+  notify(built);
 }
 
 void TrainerEngine::Impl::load_checkpoint() {
@@ -383,6 +389,10 @@ void TrainerEngine::Impl::report(const StepReport &r) {
       tb.add_scalars(static_cast<int64_t>(r.step), s);
     }
   }
+  notify(r);
+}
+
+void TrainerEngine::Impl::notify(const StepReport &r) {
   std::vector<StepCallback> cbs;
   {
     std::lock_guard<std::mutex> lock(cb_mu);
@@ -735,6 +745,11 @@ std::shared_ptr<const ParamSnapshot> TrainerEngine::snapshot_state() const {
   for (auto &[n, p] : im.model->named_parameters()) s->parameters.emplace_back(n, p.detach().clone());
   for (auto &[n, b] : im.model->named_buffers()) s->buffers.emplace_back(n, b.detach().clone());
   return s;
+}
+
+bool TrainerEngine::has_model() const {
+  std::lock_guard<std::mutex> lock(impl_->state_mu);
+  return impl_->model != nullptr;
 }
 
 int TrainerEngine::add_step_callback(StepCallback cb) {

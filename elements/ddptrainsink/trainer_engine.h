@@ -77,6 +77,7 @@ struct StepReport {
   double samples_per_s = 0.0;  // all ranks together
   double data_wait = 0.0;      // fraction of wall time spent waiting for buffers (this rank)
   bool skipped = false;        // non-finite loss: optimizer step skipped
+  bool model_built = false;    // not a step: the model was just built (or resumed), before its first step
 };
 
 struct ResumePoint {
@@ -129,14 +130,16 @@ class TrainerEngine {
   int rank() const;
   int world_size() const;
   uint64_t steps_done() const;
+  bool has_model() const;  // built (at start(), or at the first micro-batch for builtin models)
   std::string device_name() const;
   double last_loss() const;  // averaged over ranks, last completed step
 
   /* For ddpvalsink. snapshot_state() may be called from any thread: it returns a copy
    * (on the training device, detached) of every parameter and buffer as they are
    * between two optimizer steps, never halfway through one; null before the model
-   * exists. Step callbacks run on the training thread right after each optimizer step
-   * (keep them short; they may call snapshot_state()). */
+   * exists. Step callbacks run on the training thread right after each optimizer step,
+   * and once with model_built set when the model exists, before its first micro-batch
+   * is trained (keep them short; they may call snapshot_state()). */
   std::shared_ptr<const ParamSnapshot> snapshot_state() const;
   using StepCallback = std::function<void(const StepReport &)>;
   int add_step_callback(StepCallback cb);

@@ -271,21 +271,21 @@ struct Hub {
     cv.notify_all();
   }
 
+  // at-start: step 0's weights, once the trainer has its model (builtin models build
+  // theirs at the first micro-batch). Called by each shard at its first buffer and by
+  // the trainer's model_built callback; whichever finds the model first dispatches.
   void maybe_at_start() {
+    const bool built = trainer->has_model();
     {
       std::lock_guard<std::mutex> lock(mu);
-      if (at_start_done || !cfg.at_start) return;
+      if (at_start_done || !cfg.at_start || !built) return;
       at_start_done = true;
-    }
-    if (trainer->steps_done() != 0 || !trainer->snapshot_state()) {
-      std::lock_guard<std::mutex> lock(mu);
-      note("warning", 0,
-           trainer->steps_done() != 0
-               ? "at-start: the trainer had already done " + std::to_string(trainer->steps_done()) +
-                     " step(s) when validation started; step 0 is not validated"
-               : "at-start: the trainer builds its model at its first micro-batch (set latent-channels on "
-                 "ddptrainsink); step 0 is not validated");
-      return;
+      if (trainer->steps_done() != 0) {
+        note("warning", 0,
+             "at-start: the trainer had already done " + std::to_string(trainer->steps_done()) +
+                 " step(s) when validation started (resumed?); step 0 is not validated");
+        return;
+      }
     }
     dispatch(0, false);
   }
@@ -619,8 +619,10 @@ bool ValidationEngine::attach(std::shared_ptr<TrainerEngine> trainer) {
       std::weak_ptr<Hub> weak = hub;
       const uint64_t every = c.every;
       hub->cb_id = trainer->add_step_callback([weak, every](const StepReport &r) {
-        if (every == 0 || r.step % every != 0) return;
-        if (auto h = weak.lock()) h->dispatch(r.step, false);
+        auto h = weak.lock();
+        if (!h) return;
+        if (r.model_built) h->maybe_at_start();
+        else if (every != 0 && r.step % every == 0) h->dispatch(r.step, false);
       });
       g_registry[trainer.get()] = hub;
     }

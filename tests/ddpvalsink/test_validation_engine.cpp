@@ -146,6 +146,42 @@ TEST(ValidationEngine, StepsTriggerPassesAndANewerSnapshotWaitsInItsSlot) {
   EXPECT_EQ(steps, (std::vector<int64_t>{2, 4, 6}));
 }
 
+TEST(ValidationEngine, AtStartWaitsForABuiltinModelBuiltAtTheFirstMicroBatch) {
+  // No latent-channels: the trainer builds its model when the first micro-batch shows
+  // the channels. at-start validates those initial weights (step 0) all the same.
+  auto tc = trainer_config("builtin:tiny-unet3d");
+  tc.latent_channels = 0;
+  TrainerEngine trainer(tc);
+  ASSERT_TRUE(trainer.start()) << trainer.error();
+  ASSERT_FALSE(trainer.has_model());
+  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto cfg = vconfig(0, 1);
+  cfg.every = 2;
+  ValidationEngine e(cfg);
+  ASSERT_TRUE(e.attach(t));
+  std::thread val([&] {
+    for (unsigned ep = 0; ep < 3; ep++)
+      for (auto &s : rank_samples(3, 0, 1, ep))
+        if (e.push(latent(s.sample_id), {s}) != R::kOk) return;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(e.passes_done(), 0u) << "validated before the trainer had a model";
+  MicroBatchInfo info;
+  info.captions = {"x", "y"};
+  for (int s = 0; s < 2; s++)
+    ASSERT_EQ(trainer.process_tensor(at::stack({latent(s), latent(s + 50)}), info), ProcessResult::kOk)
+        << trainer.error();
+  trainer.finish();
+  e.trainer_finished();
+  val.join();
+  std::vector<int64_t> steps;
+  for (auto &m : e.take_messages()) {
+    if (m.name == "ddpvalsink-result") steps.push_back(m.ints["step"]);
+    EXPECT_NE(m.name, "warning") << m.strings["text"];
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{0, 2}));
+}
+
 TEST(ValidationEngine, SkipIfBusySkipsInsteadOfWaiting) {
   TrainerEngine trainer(trainer_config("builtin:linear-test"));
   ASSERT_TRUE(trainer.start()) << trainer.error();
