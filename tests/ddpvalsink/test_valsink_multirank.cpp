@@ -2,6 +2,8 @@
  * + exec, RANK/WORLD_SIZE/MASTER_PORT; tests/common/multirank.h) to run ValWorker.Rank.
  *  - 2 ranks x 2 in-process shards give the validation loss of 1 rank x 1 shard over the
  *    same validation set and weights (1e-6 relative);
+ *  - skip-if-busy decides alike on every rank: a rank whose own validation is idle
+ *    skips the steps that a busy peer skips (ValSkipWorker.Rank);
  *  - a rank that dies during validation makes the other fail within the timeout. */
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -10,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -27,8 +30,9 @@ namespace {
 
 constexpr unsigned kTotal = 11;  // odd: rank 1 gets a padding clip
 
-pid_t spawn(const std::string &mode, int rank, int port, const std::string &out) {
-  return vttest::spawn_rank("ValWorker.Rank", rank, 2, port, {{"VT_VAL_MODE", mode}, {"VT_VAL_OUT", out}});
+pid_t spawn(const std::string &mode, int rank, int port, const std::string &out,
+            const std::string &worker = "ValWorker.Rank") {
+  return vttest::spawn_rank(worker, rank, 2, port, {{"VT_VAL_MODE", mode}, {"VT_VAL_OUT", out}});
 }
 
 ValidationConfig vconfig(unsigned index, unsigned shards) {
@@ -87,6 +91,84 @@ TEST(ValWorker, Rank) {
   f.close();
   trainer->stop();
   _exit(0);  // no static teardown racing Gloo threads
+}
+
+// Rank 1 validates each snapshot at once; rank 0 only after training steps 1-3. With
+// every=1 and skip-if-busy, rank 0 is busy at steps 2 and 3 (its snapshot of step 1 is
+// still waiting), rank 1 idle: both must skip 2 and 3, then validate the final step 3.
+TEST(ValSkipWorker, Rank) {
+  const std::string out = vttest::env_or("VT_VAL_OUT", "");
+  ASSERT_FALSE(out.empty()) << "run by ValMultiRank.SkipIfBusyDecidesAlikeOnEveryRank only";
+  auto tc = trainer_config();
+  tc.timeout_s = 10;
+  auto trainer = std::make_shared<TrainerEngine>(tc);
+  ASSERT_TRUE(trainer->start()) << trainer->error();
+  const int rank = trainer->rank();
+  auto vc = vconfig(0, 1);
+  vc.every = 1;
+  vc.at_start = false;
+  vc.skip_if_busy = true;
+  vc.timeout_s = 10;
+  ValidationEngine e(vc);
+  ASSERT_TRUE(e.attach(trainer)) << e.error();
+  std::atomic<bool> go{rank == 1};
+  R fed = R::kOk;
+  std::thread feeder([&] {
+    while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    for (unsigned ep = 0; ep < 3 && fed == R::kOk; ep++)
+      for (auto &s : rank_samples(kTotal, rank, 2, ep))
+        if ((fed = e.push(latent(s.sample_id), {s})) != R::kOk) break;
+  });
+  std::string error;
+  MicroBatchInfo info;
+  info.captions = {"x", "y"};
+  for (int s = 0; s < 3 && error.empty(); s++) {
+    if (trainer->process_tensor(at::stack({latent(10 * s + rank), latent(10 * s + 5)}), info) != ProcessResult::kOk)
+      error = trainer->error();
+    if (s == 0 && rank == 1) {  // idle before step 2: its pass of step 1 is evaluated
+      auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+      while (e.passes_done() < 1 && std::chrono::steady_clock::now() < limit)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (e.passes_done() < 1) error = "rank 1 did not finish its pass of step 1";
+    }
+  }
+  go = true;
+  trainer->finish();
+  e.trainer_finished();
+  feeder.join();
+  if (error.empty() && fed == R::kError) error = e.error();
+  std::ostringstream skipped, results;
+  for (auto &m : e.take_messages()) {
+    if (m.name == "ddpvalsink-skipped") skipped << m.ints["step"] << ",";
+    if (m.name == "ddpvalsink-result") results << m.ints["step"] << ",";
+  }
+  std::ofstream f(out);
+  f << (error.empty() ? "ok" : "error") << "\n"
+    << "skipped:" << skipped.str() << "\n"
+    << "results:" << results.str() << "\n"
+    << "last:" << e.last_step() << "\n"
+    << error << "\n";
+  f.close();
+  trainer->stop();
+  _exit(0);
+}
+
+TEST(ValMultiRank, SkipIfBusyDecidesAlikeOnEveryRank) {
+  vttest::TempDir dir;
+  const int port = vttest::free_port();
+  std::vector<pid_t> pids{spawn("skip", 0, port, dir.file("r0"), "ValSkipWorker.Rank"),
+                          spawn("skip", 1, port, dir.file("r1"), "ValSkipWorker.Rank")};
+  std::vector<int> st;
+  ASSERT_TRUE(vttest::wait_all(pids, &st, 120)) << "a rank hung";
+  for (const char *r : {"r0", "r1"}) {
+    std::istringstream in(vttest::read_file(dir.file(r)));
+    std::string verdict, skipped, results, last;
+    in >> verdict >> skipped >> results >> last;
+    EXPECT_EQ(verdict, "ok") << r << ": " << vttest::read_file(dir.file(r));
+    EXPECT_EQ(skipped, "skipped:2,3,") << r;
+    EXPECT_EQ(last, "last:3") << r << " validated the final step";
+    EXPECT_EQ(results, std::string(r) == "r0" ? "results:1,3," : "results:") << r << " (rank 0 posts the results)";
+  }
 }
 
 TEST(ValMultiRank, TwoRanksTimesTwoShardsEqualOneRankOneShard) {
