@@ -78,7 +78,9 @@ DistGroup::DistGroup(const DistOptions &opts) : opts_(opts), impl_(std::make_uni
     if (opts.backend == "nccl") {
 #ifdef USE_C10D_NCCL
       auto o = c10d::ProcessGroupNCCL::Options::create();
-      o->timeout = opts.timeout;
+      // Our wait() names the late peer at `timeout`; NCCL's watchdog (which aborts the
+      // process) only a little later.
+      o->timeout = opts.timeout + std::chrono::milliseconds(5000);
       impl_->pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(pg_store, opts.rank, opts.world_size, o);
 #else
       throw DistError("backend=nccl: this LibTorch was built without NCCL (use backend=gloo)");
@@ -104,7 +106,17 @@ DistGroup::DistGroup(const DistOptions &opts) : opts_(opts), impl_(std::make_uni
 }
 
 DistGroup::~DistGroup() {
-  // The group first (it may still talk to the store), then the store.
+  // The group first (it may still talk to the store), then the store. LibTorch >= 2.3
+  // wants NCCL groups shut down explicitly rather than left to the destructor.
+#if defined(USE_C10D_NCCL) && (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3))
+  if (opts_.backend == "nccl" && impl_->pg) {
+    try {
+      static_cast<c10d::ProcessGroupNCCL *>(impl_->pg.get())->shutdown();
+    } catch (const std::exception &) {
+      // a failed peer: the destructor still frees what is left
+    }
+  }
+#endif
   impl_->pg.reset();
   impl_->prefixed.reset();
   impl_->tcp.reset();

@@ -255,10 +255,11 @@ struct VaeEngine::Impl {
       region = x.slice(3, y, std::min(y + p.th, c.H)).slice(4, x0, std::min(x0 + p.tw, c.W));
     }
     if (opts.fake_oom_pixels > 0 && region.size(3) * region.size(4) > opts.fake_oom_pixels)
-      throw c10::OutOfMemoryError("CUDA out of memory (test hook: a " + std::to_string(region.size(4)) + "x" +
+      // (SourceLocation, msg): the one constructor that LibTorch 1.13 and every 2.x share.
+      throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                  "CUDA out of memory (test hook: a " + std::to_string(region.size(4)) + "x" +
                                       std::to_string(region.size(3)) + " tile is over the fake limit of " +
-                                      std::to_string(opts.fake_oom_pixels) + " pixels)",
-                                  "");
+                                      std::to_string(opts.fake_oom_pixels) + " pixels)");
     return backend->encode_chunk(region, c.caches[t]);
   }
 
