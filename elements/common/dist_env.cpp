@@ -47,4 +47,12 @@ DistEnv dist_env_from_environment() {
   return e;
 }
 
+StoreScope store_scope_from_environment() {
+  StoreScope s;
+  const char *agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  s.agent_store = agent && std::string(agent) == "True";
+  if (s.agent_store) s.prefix = "attempt_" + std::to_string(env_int("TORCHELASTIC_RESTART_COUNT").value_or(0)) + "/";
+  return s;
+}
+
 }  // namespace videotrain

@@ -23,4 +23,14 @@ std::optional<long> env_int(const char *name);
 // Looks at the environment now (call at start-up, not in hot paths).
 DistEnv dist_env_from_environment();
 
+// torchrun's elastic agent serves the c10d store itself (TORCHELASTIC_USE_AGENT_STORE=True)
+// and keeps it when it restarts the workers: then no rank serves it, and every key goes
+// under the attempt (TORCHELASTIC_RESTART_COUNT) so that a restarted group never reads
+// the addresses and flags of the one before.
+struct StoreScope {
+  bool agent_store = false;
+  std::string prefix;  // "" or "attempt_N/", put before every key prefix
+};
+StoreScope store_scope_from_environment();
+
 }  // namespace videotrain

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "bucket_reducer.h"
+#include "dist_env.h"
 
 namespace videotrain {
 
@@ -54,11 +55,10 @@ std::string key_exit(int r) { return "exit/" + std::to_string(r); }
 }  // namespace
 
 DistGroup::DistGroup(const DistOptions &opts) : opts_(opts), impl_(std::make_unique<Impl>()) {
-  const char *agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-  const bool agent_store = agent && std::string(agent) == "True";
+  const StoreScope scope = store_scope_from_environment();
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(opts.master_port);
-  so.isServer = opts.rank == 0 && !agent_store;
+  so.isServer = opts.rank == 0 && !scope.agent_store;
   so.numWorkers = static_cast<std::size_t>(opts.world_size);
   so.waitWorkers = true;
   so.timeout = opts.timeout;
@@ -72,7 +72,7 @@ DistGroup::DistGroup(const DistOptions &opts) : opts_(opts), impl_(std::make_uni
                     " s (check master-addr/master-port or MASTER_ADDR/MASTER_PORT, and that every rank started): " +
                     e.what());
   }
-  impl_->prefixed = c10::make_intrusive<c10d::PrefixStore>(opts.prefix, impl_->tcp);
+  impl_->prefixed = c10::make_intrusive<c10d::PrefixStore>(scope.prefix + opts.prefix, impl_->tcp);
   auto pg_store = c10::make_intrusive<c10d::PrefixStore>("pg", impl_->prefixed);
   try {
     if (opts.backend == "nccl") {

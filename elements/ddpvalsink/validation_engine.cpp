@@ -22,6 +22,7 @@
 #include "ddptrainsink/train_model.h"
 #include "ddptrainsink/trainer_engine.h"
 #include "ddptrainsink/trainer_snapshot.h"
+#include "dist_env.h"
 #include "metas.h"
 #include "tensor_buffer.h"
 
@@ -68,7 +69,7 @@ class ValGroup {
       throw std::runtime_error("validation group: rank " + std::to_string(rank) +
                                " cannot reach the trainer's c10d store at " + where + ": " + first_line(e.what()));
     }
-    store_ = c10::make_intrusive<c10d::PrefixStore>("ddpvalsink", tcp_);
+    store_ = c10::make_intrusive<c10d::PrefixStore>(store_scope_from_environment().prefix + "ddpvalsink", tcp_);
     auto pg_store = c10::make_intrusive<c10d::PrefixStore>("pg", store_);
     try {
       auto o = c10d::ProcessGroupGloo::Options::create(timeout);

@@ -3,7 +3,9 @@
  * run the DdpWorker.Rank entry point, which drives the engine with synthetic micro-batches.
  *  - equivalence: 2 ranks x 2 micro-batches of 2 == 1 rank with batch 8 (5 steps);
  *  - a dead rank: rank 1 exits after step 1; rank 0 fails with an error naming the peer
- *    and the operation, within the timeout, and nobody hangs. */
+ *    and the operation, within the timeout, and nobody hangs;
+ *  - torchrun's agent store: the test serves the store as the elastic agent does and
+ *    runs the ranks twice on it (a restart), as `torchrun --no-python` would. */
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -20,6 +22,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "ddptrainsink/trainer_engine.h"
 #include "multirank.h"
@@ -94,8 +98,11 @@ std::map<std::string, std::vector<float>> read_params(const std::string &path) {
 }
 
 // Starts this binary as rank `rank` of 2 in `mode`, writing its results to `out`.
-pid_t spawn(const std::string &mode, int rank, int port, const std::string &out) {
-  return vttest::spawn_rank("DdpWorker.Rank", rank, 2, port, {{"VT_DDP_MODE", mode}, {"VT_DDP_OUT", out}});
+pid_t spawn(const std::string &mode, int rank, int port, const std::string &out,
+            std::vector<std::pair<std::string, std::string>> env = {}) {
+  env.emplace_back("VT_DDP_MODE", mode);
+  env.emplace_back("VT_DDP_OUT", out);
+  return vttest::spawn_rank("DdpWorker.Rank", rank, 2, port, env);
 }
 
 }  // namespace
@@ -119,6 +126,15 @@ TEST(DdpWorker, Rank) {
     }
     write_params(out, e.parameters_cpu());
     std::ofstream(out + ".loss") << e.last_loss();
+    e.stop();
+    return;
+  }
+  if (std::string(mode) == "agent") {
+    for (int s = 0; s < 2; s++) {
+      feed(e, s, 4 * r, 2, 0, 2, 4);
+      feed(e, s, 4 * r + 2, 2, 1, 2, 4);
+    }
+    std::ofstream(out) << "ok " << e.last_loss() << "\n";
     e.stop();
     return;
   }
@@ -206,4 +222,27 @@ TEST(Ddp, ADeadRankMakesTheOtherFailWithinTheTimeout) {
 TEST(Ddp, ADeadStoreServerRankMakesTheOtherFailWithinTheTimeout) {
   vttest::TempDir dir;
   run_dead("dead0", dir.file("r1"), {dir.file("r0"), dir.file("r1")});
+}
+
+TEST(Ddp, TorchrunAgentStoreServesTheRanksAcrossARestart) {
+  // torchrun --no-python: its agent process serves the TCPStore (no rank does) and keeps
+  // it when it restarts the workers, so attempt 1 must not read attempt 0's keys.
+  const int port = vttest::free_port();
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(port);
+  so.isServer = true;
+  so.waitWorkers = false;
+  so.timeout = std::chrono::seconds(30);
+  c10d::TCPStore agent("127.0.0.1", so);
+  for (int attempt = 0; attempt < 2; attempt++) {
+    vttest::TempDir dir;
+    const std::vector<std::pair<std::string, std::string>> env{
+        {"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)}};
+    std::vector<pid_t> pids{spawn("agent", 0, port, dir.file("r0"), env), spawn("agent", 1, port, dir.file("r1"), env)};
+    std::vector<int> st;
+    ASSERT_TRUE(vttest::wait_all(pids, &st, 60)) << "attempt " << attempt << ": a rank hung";
+    for (const char *f : {"r0", "r1"})
+      EXPECT_EQ(vttest::read_file(dir.file(f)).substr(0, 3), "ok ")
+          << "attempt " << attempt << " " << f << ": " << vttest::read_file(dir.file(f));
+  }
 }
