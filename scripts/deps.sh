@@ -2,7 +2,7 @@
 # Installs the Debian (bookworm) packages gst-videotrain needs, if any are missing.
 # Usage: scripts/deps.sh [--bench]   (--bench adds what the benchmarks compare against)
 set -euo pipefail
-pkgs=(g++ pkg-config meson ninja-build
+pkgs=(g++ pkg-config meson ninja-build openmpi-bin
       libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev gstreamer1.0-tools
       gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-libav
       libtorch-dev libgloo-dev nlohmann-json3-dev libgtest-dev libgmock-dev python3-torch
