@@ -47,6 +47,10 @@ DistEnv dist_env_from_environment() {
   return e;
 }
 
+bool is_loopback(const std::string &addr) {
+  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
+}
+
 StoreScope store_scope_from_environment() {
   StoreScope s;
   const char *agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");

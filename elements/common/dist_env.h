@@ -20,6 +20,9 @@ struct DistEnv {
 // Reads an integer variable; nullopt when unset, empty or not a whole number.
 std::optional<long> env_int(const char *name);
 
+// localhost, 127.x.y.z or ::1 (Gloo then binds to 127.0.0.1 rather than the hostname's address).
+bool is_loopback(const std::string &addr);
+
 // Looks at the environment now (call at start-up, not in hot paths).
 DistEnv dist_env_from_environment();
 

@@ -14,10 +14,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "bucket_reducer.h"
 #include "dist_env.h"
+#include "first_line.h"
 
 namespace videotrain {
 
@@ -45,11 +47,9 @@ struct DistGroup::Impl {
 
 namespace {
 
-bool is_loopback(const std::string &addr) {
-  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
-}
-
 std::string key_progress(int r) { return "progress/" + std::to_string(r); }
+std::string key_begin(int r) { return "begin/" + std::to_string(r); }
+std::string key_end(int r) { return "end/" + std::to_string(r); }
 std::string key_exit(int r) { return "exit/" + std::to_string(r); }
 
 }  // namespace
@@ -142,9 +142,7 @@ void DistGroup::wait(const c10::intrusive_ptr<c10d::Work> &work, const std::stri
     if (!work->wait(opts_.timeout))
       throw std::runtime_error("timed out after " + std::to_string(opts_.timeout.count() / 1000) + " s");
   } catch (const std::exception &e) {
-    std::string msg = e.what();
-    // c10 errors carry a long backtrace after the first line.
-    if (auto nl = msg.find('\n'); nl != std::string::npos) msg.resize(nl);
+    const std::string msg = first_line(e.what());
     throw DistError(opts_.backend + " " + what + " failed on rank " + std::to_string(opts_.rank) + " of " +
                     std::to_string(opts_.world_size) + ": " + describe_peers() + " (" + msg + ")");
   }
@@ -175,6 +173,63 @@ void DistGroup::mark_exit() {
     impl_->prefixed->set(key_exit(opts_.rank), std::vector<uint8_t>{'1'});
   } catch (const std::exception &) {
   }
+}
+
+namespace {
+
+void set_u64(c10d::Store &store, const std::string &key, uint64_t v) {
+  const std::string s = std::to_string(v);
+  store.set(key, std::vector<uint8_t>(s.begin(), s.end()));
+}
+
+// The value of `key`, or nullopt while nobody has set it (never blocks).
+std::optional<uint64_t> peek_u64(c10d::Store &store, const std::string &key) {
+  if (!store.check({key})) return std::nullopt;
+  auto v = store.get(key);
+  return std::strtoull(std::string(v.begin(), v.end()).c_str(), nullptr, 10);
+}
+
+}  // namespace
+
+void DistGroup::mark_begin(uint64_t step) {
+  try {
+    set_u64(*impl_->prefixed, key_begin(opts_.rank), step);
+  } catch (const std::exception &e) {
+    throw DistError("starting step " + std::to_string(step) + " on rank " + std::to_string(opts_.rank) +
+                    ": the c10d store is gone: " + describe_peers() + " (" + first_line(e.what()) + ")");
+  }
+}
+
+void DistGroup::mark_end(uint64_t steps_done) {
+  try {
+    set_u64(*impl_->prefixed, key_end(opts_.rank), steps_done);
+  } catch (const std::exception &e) {
+    throw DistError("end of stream on rank " + std::to_string(opts_.rank) + ": the c10d store is gone: " +
+                    describe_peers() + " (" + first_line(e.what()) + ")");
+  }
+}
+
+uint64_t DistGroup::max_peer_begin() {
+  uint64_t m = 0;
+  try {
+    for (int r = 0; r < opts_.world_size; r++)
+      if (r != opts_.rank) m = std::max(m, peek_u64(*impl_->prefixed, key_begin(r)).value_or(0));
+  } catch (const std::exception &e) {
+    throw DistError("end of stream on rank " + std::to_string(opts_.rank) + ": the c10d store is gone: " +
+                    describe_peers() + " (" + first_line(e.what()) + ")");
+  }
+  return m;
+}
+
+bool DistGroup::all_ended_at(uint64_t steps_done) {
+  try {
+    for (int r = 0; r < opts_.world_size; r++)
+      if (peek_u64(*impl_->prefixed, key_end(r)) != std::optional<uint64_t>(steps_done)) return false;
+  } catch (const std::exception &e) {
+    throw DistError("end of stream on rank " + std::to_string(opts_.rank) + ": the c10d store is gone: " +
+                    describe_peers() + " (" + first_line(e.what()) + ")");
+  }
+  return true;
 }
 
 std::string DistGroup::describe_peers() {

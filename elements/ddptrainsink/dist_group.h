@@ -60,6 +60,13 @@ class DistGroup {
   // can name the rank that fell behind or went away. Best effort.
   void mark_progress(uint64_t step);
   void mark_exit();
+  // End-of-stream agreement (store keys, see TrainerEngine::finish): the step this rank
+  // is starting, and the steps it had done when its data ended. Throw DistError when
+  // the store is gone.
+  void mark_begin(uint64_t step);
+  void mark_end(uint64_t steps_done);
+  uint64_t max_peer_begin();               // highest step a peer has started (0: none)
+  bool all_ended_at(uint64_t steps_done);  // every rank's data ended with this many steps
   // "rank 1 (last finished step 1) stopped responding" or the store's state.
   std::string describe_peers();
 

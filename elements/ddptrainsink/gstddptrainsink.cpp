@@ -232,8 +232,11 @@ static gboolean gst_ddp_train_sink_event(GstBaseSink *sink, GstEvent *event) {
       bool ok = engine->finish();
       post_messages(self, *engine);
       if (!ok)
-        GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("Cannot write the final checkpoint: %s", engine->error().c_str()),
-                          (nullptr));
+        GST_ELEMENT_ERROR(self, STREAM, FAILED,
+                          ("Cannot finish training at end of stream: %s", engine->error().c_str()),
+                          ("rank %d of %d, after %" G_GUINT64_FORMAT " optimizer steps (the other ranks' ends are "
+                           "awaited, and the final checkpoint written, here)",
+                           engine->rank(), engine->world_size(), engine->steps_done()));
     }
   }
   return GST_BASE_SINK_CLASS(gst_ddp_train_sink_parent_class)->event(sink, event);

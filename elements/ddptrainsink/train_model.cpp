@@ -16,6 +16,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "first_line.h"
 #include "safetensors.h"
 
 namespace videotrain {
@@ -95,11 +96,6 @@ class ScriptModel : public TrainModel {
     };
     copy_all(named_parameters());
     copy_all(named_buffers());
-  }
-
-  static std::string first_line(std::string s) {
-    if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
-    return s;
   }
 
  private:

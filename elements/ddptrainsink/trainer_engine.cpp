@@ -16,10 +16,12 @@
 #include <limits>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "bucket_reducer.h"
 #include "cpu_heap.h"
 #include "dist_env.h"
+#include "first_line.h"
 #include "dist_group.h"
 #include "metas.h"
 #include "tensor_buffer.h"
@@ -36,11 +38,6 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::string first_line(std::string s) {
-  if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
-  return s;
 }
 
 // Seed of a step's generator: the same on reruns and resumes, different per rank.
@@ -160,6 +157,7 @@ struct TrainerEngine::Impl {
   uint64_t steps_done = 0;
   // The step in progress.
   bool in_step = false;
+  bool joining = false;  // taking part in a step with no samples (data ended here)
   at::Tensor step_loss;  // sum of weighted micro-batch losses (device)
   unsigned step_samples = 0;
   unsigned epoch = 0;
@@ -200,7 +198,11 @@ struct TrainerEngine::Impl {
   void build_model(int ch);
   double lr_at(uint64_t step) const;
   double grad_norm() const;
-  void end_step(const MicroBatchInfo &info);
+  // Reduces, steps the optimizer, reports; false when no rank had samples (no step).
+  bool end_step(const MicroBatchInfo &info);
+  // After this rank's end of stream, with peers: see TrainerEngine::finish().
+  void join_step();
+  void join_until_all_end();
   void write_checkpoint();
   void load_checkpoint();
   void report(const StepReport &r);
@@ -401,18 +403,20 @@ void TrainerEngine::Impl::notify(const StepReport &r) {
   for (auto &cb : cbs) cb(r);
 }
 
-void TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
+bool TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
   torch::NoGradGuard ng;
   if (reducer) reducer->finish();
   // One small all-reduce: loss, non-finite flag, and every rank's data position.
   const auto stats_opts = torch::TensorOptions().dtype(torch::kDouble);
   at::Tensor local_loss = step_loss.defined() ? step_loss.to(torch::kCPU, torch::kDouble) : torch::zeros({}, stats_opts);
   const double l = local_loss.item<double>();
-  auto stats = torch::zeros({2 + 2 * world}, stats_opts);
+  // [loss, non-finite ranks, ranks with samples, (epoch, clip) of each rank]
+  auto stats = torch::zeros({3 + 2 * world}, stats_opts);
   stats[0] = std::isfinite(l) ? l : 0.0;
   stats[1] = std::isfinite(l) ? 0.0 : 1.0;
-  stats[2 + 2 * rank] = static_cast<double>(epoch);
-  stats[3 + 2 * rank] = static_cast<double>(next_clip);
+  stats[2] = joining ? 0.0 : 1.0;
+  stats[3 + 2 * rank] = static_cast<double>(epoch);
+  stats[4 + 2 * rank] = static_cast<double>(next_clip);
   if (group) {
     std::vector<at::Tensor> t{backend == "nccl" ? stats.to(device) : stats};
     group->allreduce(t, "loss/position all-reduce at step " + std::to_string(steps_done + 1));
@@ -421,7 +425,14 @@ void TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
   auto acc = stats.accessor<double, 1>();
   positions.assign(world, {0, 0});
   for (int r = 0; r < world; r++)
-    positions[r] = {static_cast<unsigned>(acc[2 + 2 * r]), static_cast<uint64_t>(acc[3 + 2 * r])};
+    positions[r] = {static_cast<unsigned>(acc[3 + 2 * r]), static_cast<uint64_t>(acc[4 + 2 * r])};
+  const double active = acc[2];
+  if (active < 0.5) {
+    // Every rank's data had ended (each joined this step): nothing to train on.
+    for (auto &p : params) p.mutable_grad() = at::Tensor();
+    in_step = false;
+    return false;
+  }
   const bool bad = acc[1] > 0;
   StepReport rep;
   rep.epoch = epoch;
@@ -436,7 +447,12 @@ void TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
     if (cfg.nan_policy == "fail") throw std::runtime_error(what + "; nan-policy=fail");
     warn(what + ": optimizer step skipped on every rank (nan-policy=skip)");
   } else {
-    rep.loss = acc[0] / world;
+    rep.loss = acc[0] / active;
+    if (active < world) {
+      // Ranks whose data ended contributed zeros: average over the ranks with samples.
+      for (auto &p : params)
+        if (p.grad().defined()) p.mutable_grad().mul_(world / active);
+    }
     const bool log = cfg.log_every > 0 && ((steps_done + 1) % cfg.log_every == 0);
     if (cfg.grad_clip > 0)
       rep.grad_norm = torch::nn::utils::clip_grad_norm_(params, cfg.grad_clip);
@@ -467,6 +483,55 @@ void TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
   (void)info;
   if (!cfg.checkpoint_dir.empty() && cfg.checkpoint_every > 0 && steps_done % cfg.checkpoint_every == 0)
     write_checkpoint();
+  return true;
+}
+
+void TrainerEngine::Impl::join_step() {
+  // The collectives of step steps_done + 1 with zero gradients and no loss: the peers
+  // average over the ranks that had samples, and every rank applies the same update.
+  for (auto &p : params) p.mutable_grad() = at::Tensor();
+  step_loss = at::Tensor();
+  if (reducer) reducer->prepare(true, steps_done);
+  joining = true;
+  try {
+    end_step(MicroBatchInfo{});
+  } catch (...) {
+    joining = false;
+    throw;
+  }
+  joining = false;
+}
+
+void TrainerEngine::Impl::join_until_all_end() {
+  // Ranks reach end of stream after different numbers of steps (Ctrl-C, queues of
+  // different depth): until every rank has ended at the same step, this one takes part
+  // in the steps its peers start (announced in the store before their collectives).
+  uint64_t joined = steps_done;
+  if (in_step) {
+    warn("end of stream in the middle of step " + std::to_string(steps_done + 1) +
+         ": this rank's micro-batches of it are dropped; the step goes on with the other ranks' samples");
+    in_step = false;
+    joined = steps_done + 1;  // announced: peers may be in it
+    join_step();
+  }
+  group->mark_end(steps_done);
+  const auto timeout = std::chrono::duration<double>(cfg.timeout_s);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!group->all_ended_at(steps_done)) {
+    const uint64_t peer = group->max_peer_begin();
+    if (peer > joined) {
+      joined = peer;
+      join_step();
+      group->mark_end(steps_done);
+      deadline = std::chrono::steady_clock::now() + timeout;
+      continue;
+    }
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("end of stream after step " + std::to_string(steps_done) + ": waited " +
+                               std::to_string(static_cast<int>(cfg.timeout_s)) +
+                               " s for the other ranks to end or start a step: " + group->describe_peers());
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 void TrainerEngine::Impl::write_checkpoint() {
@@ -621,6 +686,7 @@ ProcessResult TrainerEngine::process_tensor(const at::Tensor &batch, const Micro
       for (auto &p : im.params) p.mutable_grad() = at::Tensor();
       im.step_loss = at::Tensor();
       im.in_step = true;
+      if (im.group) im.group->mark_begin(im.steps_done + 1);  // before any collective of the step
       torch::manual_seed(step_seed(im.cfg.seed, im.rank, im.steps_done));
     }
     im.step_samples = S;
@@ -696,13 +762,15 @@ void TrainerEngine::add_wait_time(double seconds) {
 
 bool TrainerEngine::finish() {
   auto &im = *impl_;
-  if (im.in_step) {
-    im.warn("end of stream in the middle of step " + std::to_string(im.steps_done + 1) +
-            ": its micro-batches are dropped");
-    for (auto &p : im.params) p.mutable_grad() = at::Tensor();
-    im.in_step = false;
-  }
   try {
+    if (im.group && im.model) {
+      im.join_until_all_end();
+    } else if (im.in_step) {
+      im.warn("end of stream in the middle of step " + std::to_string(im.steps_done + 1) +
+              ": its micro-batches are dropped");
+      for (auto &p : im.params) p.mutable_grad() = at::Tensor();
+      im.in_step = false;
+    }
     if (!im.cfg.checkpoint_dir.empty() && im.model && im.steps_done > 0) im.write_checkpoint();
   } catch (const std::exception &e) {
     return im.fail(first_line(e.what()));

@@ -113,7 +113,11 @@ class TrainerEngine {
   // Time the caller spent waiting for this micro-batch (for the data-wait fraction).
   void add_wait_time(double seconds);
 
-  // End of stream: writes the final checkpoint (unless one was written for this step).
+  // End of stream. With peers, first waits until every rank's data has ended at the
+  // same step: ranks whose data ended earlier take part in the later steps with no
+  // samples (the update averages over the ranks that had some), so that Ctrl-C or
+  // queues of different depth never leave a rank alone in a collective. Then writes the
+  // final checkpoint (unless one was written for this step).
   bool finish();
   void stop();
 

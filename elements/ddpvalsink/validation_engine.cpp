@@ -23,6 +23,7 @@
 #include "ddptrainsink/trainer_engine.h"
 #include "ddptrainsink/trainer_snapshot.h"
 #include "dist_env.h"
+#include "first_line.h"
 #include "metas.h"
 #include "tensor_buffer.h"
 
@@ -34,15 +35,6 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
 
 double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
-
-std::string first_line(std::string s) {
-  if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
-  return s;
-}
-
-bool is_loopback(const std::string &addr) {
-  return addr == "localhost" || addr.rfind("127.", 0) == 0 || addr == "::1";
-}
 
 // The fallback path seeds the process-wide default generator: one shard at a time.
 std::mutex &fallback_mutex() {

@@ -4,6 +4,9 @@
  *  - equivalence: 2 ranks x 2 micro-batches of 2 == 1 rank with batch 8 (5 steps);
  *  - a dead rank: rank 1 exits after step 1; rank 0 fails with an error naming the peer
  *    and the operation, within the timeout, and nobody hangs;
+ *  - uneven ends: rank 0's data ends after 2.5 steps, rank 1's after 4; both end at
+ *    step 4 with the weights of one rank trained on what was there (rank 0 joins the
+ *    steps it has no samples for);
  *  - torchrun's agent store: the test serves the store as the elastic agent does and
  *    runs the ranks twice on it (a restart), as `torchrun --no-python` would. */
 #include <ATen/ATen.h>
@@ -19,6 +22,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -129,6 +133,19 @@ TEST(DdpWorker, Rank) {
     e.stop();
     return;
   }
+  if (std::string(mode) == "uneven") {
+    const int full = r == 0 ? 2 : 4;
+    for (int s = 0; s < full; s++) {
+      feed(e, s, 4 * r, 2, 0, 2, 4);
+      feed(e, s, 4 * r + 2, 2, 1, 2, 4);
+    }
+    if (r == 0) feed(e, 2, 0, 2, 0, 2, 4);  // half of step 3, then end of stream
+    const bool ok = e.finish();
+    write_params(out, e.parameters_cpu());
+    std::ofstream(out + ".steps") << (ok ? "ok " : "error ") << e.steps_done() << " " << e.error() << "\n";
+    e.stop();
+    return;
+  }
   if (std::string(mode) == "agent") {
     for (int s = 0; s < 2; s++) {
       feed(e, s, 4 * r, 2, 0, 2, 4);
@@ -195,6 +212,43 @@ TEST(Ddp, TwoRanksWithAccumulationMatchOneRankWithTheWholeBatch) {
   ASSERT_TRUE(fresh.start());
   feed(fresh, 0, 0, 8, 0, 1, 8);
   EXPECT_NE(fresh.parameters_cpu(), want);
+}
+
+TEST(Ddp, RanksWhoseDataEndsEarlyJoinTheStepsOfThoseWithMore) {
+  vttest::TempDir dir;
+  const int port = vttest::free_port();
+  std::vector<pid_t> pids{spawn("uneven", 0, port, dir.file("r0")), spawn("uneven", 1, port, dir.file("r1"))};
+  // One rank: steps 1-2 on both ranks' 8 samples, steps 3-4 on rank 1's 4 only.
+  auto c = config();
+  c.rank = 0;
+  c.world_size = 1;
+  TrainerEngine single(c);
+  ASSERT_TRUE(single.start()) << single.error();
+  for (int s = 0; s < 2; s++) feed(single, s, 0, 8, 0, 1, 8);
+  for (int s = 2; s < 4; s++) feed(single, s, 4, 4, 0, 1, 4);
+  std::vector<int> st;
+  ASSERT_TRUE(vttest::wait_all(pids, &st, 120)) << "a rank hung at its end of stream";
+  auto want = single.parameters_cpu();
+  for (const char *f : {"r0", "r1"}) {
+    std::istringstream in(vttest::read_file(dir.file(std::string(f) + ".steps")));
+    std::string verdict;
+    uint64_t steps = 0;
+    in >> verdict >> steps;
+    EXPECT_EQ(verdict, "ok") << f << ": " << in.str();
+    EXPECT_EQ(steps, 4u) << f;
+    auto got = read_params(dir.file(f));
+    ASSERT_EQ(got.size(), want.size()) << f;
+    for (const auto &[name, v] : want) {
+      ASSERT_EQ(got[name].size(), v.size()) << name;
+      double d2 = 0, n2 = 0;
+      for (size_t i = 0; i < v.size(); i++) {
+        const double d = double(got[name][i]) - v[i];
+        d2 += d * d;
+        n2 += double(v[i]) * v[i];
+      }
+      EXPECT_LT(std::sqrt(d2 / std::max(n2, 1e-30)), 1e-5) << f << " " << name;
+    }
+  }
 }
 
 // Rank `dead` exits after step 1; the other's verdict, time taken and error.
