@@ -762,6 +762,15 @@ void TrainerEngine::add_wait_time(double seconds) {
 
 bool TrainerEngine::finish() {
   auto &im = *impl_;
+  struct Finished {  // ddpvalsink's final validation: after the last (joined) step
+    Impl &im;
+    ~Finished() {
+      StepReport r;
+      r.step = im.steps_done;
+      r.finished = true;
+      im.notify(r);
+    }
+  } finished{im};
   try {
     if (im.group && im.model) {
       im.join_until_all_end();

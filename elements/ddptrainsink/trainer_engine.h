@@ -78,6 +78,7 @@ struct StepReport {
   double data_wait = 0.0;      // fraction of wall time spent waiting for buffers (this rank)
   bool skipped = false;        // non-finite loss: optimizer step skipped
   bool model_built = false;    // not a step: the model was just built (or resumed), before its first step
+  bool finished = false;       // not a step: finish() is done (every rank ended), or failed
 };
 
 struct ResumePoint {
@@ -142,8 +143,9 @@ class TrainerEngine {
    * (on the training device, detached) of every parameter and buffer as they are
    * between two optimizer steps, never halfway through one; null before the model
    * exists. Step callbacks run on the training thread right after each optimizer step,
-   * and once with model_built set when the model exists, before its first micro-batch
-   * is trained (keep them short; they may call snapshot_state()). */
+   * once with model_built set when the model exists, before its first micro-batch is
+   * trained, and once with finished set at the end of finish() (keep them short; they
+   * may call snapshot_state()). */
   std::shared_ptr<const ParamSnapshot> snapshot_state() const;
   using StepCallback = std::function<void(const StepReport &)>;
   int add_step_callback(StepCallback cb);

@@ -31,7 +31,6 @@ struct _GstDdpValSink {
   gchar *trainer_name;
   ValidationEngine *engine;            // streaming thread; created in start()
   GstElement *trainer;                 // ref, from start() or the first buffer
-  gulong eos_probe;
   gdouble loss;                        // read-only mirrors (object lock)
   guint64 step;
 };
@@ -80,14 +79,6 @@ static void post_messages(GstDdpValSink *self) {
   self->loss = self->engine->last_loss();
   self->step = self->engine->last_step();
   GST_OBJECT_UNLOCK(self);
-}
-
-static GstPadProbeReturn trainer_eos_probe(GstPad *, GstPadProbeInfo *info, gpointer user) {
-  auto *self = GST_DDP_VAL_SINK(user);
-  GstEvent *ev = GST_PAD_PROBE_INFO_EVENT(info);
-  // The trainer has processed every micro-batch (EOS is serialized): final snapshot.
-  if (ev && GST_EVENT_TYPE(ev) == GST_EVENT_EOS && self->engine) self->engine->trainer_finished();
-  return GST_PAD_PROBE_OK;
 }
 
 // Finds the ddptrainsink named by `trainer` in the top-level bin. FALSE (with an element
@@ -140,11 +131,6 @@ static gboolean ensure_attached(GstDdpValSink *self) {
                       (nullptr));
     return FALSE;
   }
-  if (!self->eos_probe) {
-    GstPad *pad = gst_element_get_static_pad(self->trainer, "sink");
-    self->eos_probe = gst_pad_add_probe(pad, GST_PAD_PROBE_TYPE_EVENT_DOWNSTREAM, trainer_eos_probe, self, nullptr);
-    gst_object_unref(pad);
-  }
   GST_INFO_OBJECT(self, "validating for '%s': shard %u of %u, rank %d of %d", self->trainer_name,
                   self->config->shard_index, self->config->num_shards, self->engine->rank(),
                   self->engine->world_size());
@@ -194,12 +180,6 @@ static gboolean gst_ddp_val_sink_start(GstBaseSink *sink) {
 
 static gboolean gst_ddp_val_sink_stop(GstBaseSink *sink) {
   auto *self = GST_DDP_VAL_SINK(sink);
-  if (self->trainer && self->eos_probe) {
-    GstPad *pad = gst_element_get_static_pad(self->trainer, "sink");
-    gst_pad_remove_probe(pad, self->eos_probe);
-    gst_object_unref(pad);
-  }
-  self->eos_probe = 0;
   delete self->engine;  // detaches from the hub
   self->engine = nullptr;
   gst_clear_object(&self->trainer);
@@ -325,7 +305,6 @@ static void gst_ddp_val_sink_init(GstDdpValSink *self) {
   self->trainer_name = nullptr;
   self->engine = nullptr;
   self->trainer = nullptr;
-  self->eos_probe = 0;
   self->loss = std::numeric_limits<double>::quiet_NaN();
   self->step = 0;
   gst_base_sink_set_sync(GST_BASE_SINK(self), FALSE);

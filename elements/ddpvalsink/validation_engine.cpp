@@ -614,7 +614,8 @@ bool ValidationEngine::attach(std::shared_ptr<TrainerEngine> trainer) {
       hub->cb_id = trainer->add_step_callback([weak, every](const StepReport &r) {
         auto h = weak.lock();
         if (!h) return;
-        if (r.model_built) h->maybe_at_start();
+        if (r.finished) h->dispatch(0, true);
+        else if (r.model_built) h->maybe_at_start();
         else if (every != 0 && r.step % every == 0) h->dispatch(r.step, false);
       });
       g_registry[trainer.get()] = hub;

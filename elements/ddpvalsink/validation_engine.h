@@ -3,7 +3,8 @@
  *
  * One engine per ddpvalsink. The engines of the sinks that validate for the same
  * trainer in one process share a hub (keyed by the TrainerEngine): the hub takes the
- * trainer's snapshots (step callback every `every` steps, at-start, trainer EOS), gives
+ * trainer's snapshots (step callbacks: every `every` steps, at-start once the model
+ * exists, and the final one when the trainer's finish() is done), gives
  * each shard a pending slot of size 1, adds up the shards' sums when a pass ends, and
  * the shard that completes a pass last all-reduces (sum, count) over ranks on the
  * validation process group (its own Gloo group on the trainer's c10d store, prefix
@@ -78,7 +79,9 @@ class ValidationEngine {
   // expected (the trainer finished and everything was validated), else kError (the
   // source cannot feed the validations still to come). Blocks until one is known.
   Result end_of_stream();
-  // The trainer got EOS: a final snapshot (unless its step was validated already).
+  // A final snapshot (unless its step was validated already). The trainer's finish()
+  // triggers this itself through its step callback; for callers that drive an engine
+  // without one.
   void trainer_finished();
   void set_flushing(bool flushing);
 

@@ -4,6 +4,8 @@
  *    same validation set and weights (1e-6 relative);
  *  - skip-if-busy decides alike on every rank: a rank whose own validation is idle
  *    skips the steps that a busy peer skips (ValSkipWorker.Rank);
+ *  - ranks whose training data ends after different steps all validate the same final
+ *    step (ValEndWorker.Rank);
  *  - a rank that dies during validation makes the other fail within the timeout. */
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -168,6 +170,68 @@ TEST(ValMultiRank, SkipIfBusyDecidesAlikeOnEveryRank) {
     EXPECT_EQ(skipped, "skipped:2,3,") << r;
     EXPECT_EQ(last, "last:3") << r << " validated the final step";
     EXPECT_EQ(results, std::string(r) == "r0" ? "results:1,3," : "results:") << r << " (rank 0 posts the results)";
+  }
+}
+
+// Rank 0's training data ends after step 1, rank 1's after step 3: rank 0 joins steps 2
+// and 3, and both validate the final weights of step 3 (every=0: only the final one).
+TEST(ValEndWorker, Rank) {
+  const std::string out = vttest::env_or("VT_VAL_OUT", "");
+  ASSERT_FALSE(out.empty()) << "run by ValMultiRank.UnevenTrainingEndsValidateTheSameFinalStep only";
+  auto tc = trainer_config();
+  tc.timeout_s = 10;
+  auto trainer = std::make_shared<TrainerEngine>(tc);
+  ASSERT_TRUE(trainer->start()) << trainer->error();
+  const int rank = trainer->rank();
+  auto vc = vconfig(0, 1);
+  vc.at_start = false;
+  vc.timeout_s = 10;
+  ValidationEngine e(vc);
+  ASSERT_TRUE(e.attach(trainer)) << e.error();
+  R fed = R::kOk;
+  std::thread feeder([&] {
+    for (unsigned ep = 0; ep < 2 && fed == R::kOk; ep++)
+      for (auto &s : rank_samples(kTotal, rank, 2, ep))
+        if ((fed = e.push(latent(s.sample_id), {s})) != R::kOk) break;
+  });
+  std::string error;
+  MicroBatchInfo info;
+  info.captions = {"x", "y"};
+  for (int s = 0; s < (rank == 0 ? 1 : 3) && error.empty(); s++)
+    if (trainer->process_tensor(at::stack({latent(10 * s + rank), latent(10 * s + 5)}), info) != ProcessResult::kOk)
+      error = trainer->error();
+  if (error.empty() && !trainer->finish()) error = trainer->error();
+  feeder.join();
+  if (error.empty() && fed == R::kError) error = e.error();
+  std::ostringstream results;
+  for (auto &m : e.take_messages())
+    if (m.name == "ddpvalsink-result") results << m.ints["step"] << ",";
+  std::ofstream f(out);
+  f << (error.empty() ? "ok" : "error") << "\n"
+    << "trained:" << trainer->steps_done() << "\n"
+    << "last:" << e.last_step() << "\n"
+    << "results:" << results.str() << "\n"
+    << error << "\n";
+  f.close();
+  trainer->stop();
+  _exit(0);
+}
+
+TEST(ValMultiRank, UnevenTrainingEndsValidateTheSameFinalStep) {
+  vttest::TempDir dir;
+  const int port = vttest::free_port();
+  std::vector<pid_t> pids{spawn("end", 0, port, dir.file("r0"), "ValEndWorker.Rank"),
+                          spawn("end", 1, port, dir.file("r1"), "ValEndWorker.Rank")};
+  std::vector<int> st;
+  ASSERT_TRUE(vttest::wait_all(pids, &st, 120)) << "a rank hung";
+  for (const char *r : {"r0", "r1"}) {
+    std::istringstream in(vttest::read_file(dir.file(r)));
+    std::string verdict, trained, last, results;
+    in >> verdict >> trained >> last >> results;
+    EXPECT_EQ(verdict, "ok") << r << ": " << vttest::read_file(dir.file(r));
+    EXPECT_EQ(trained, "trained:3") << r;
+    EXPECT_EQ(last, "last:3") << r;
+    EXPECT_EQ(results, std::string(r) == "r0" ? "results:3," : "results:") << r;
   }
 }
 
