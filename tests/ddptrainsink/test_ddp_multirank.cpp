@@ -101,6 +101,22 @@ std::map<std::string, std::vector<float>> read_params(const std::string &path) {
   return p;
 }
 
+// Every parameter tensor within 1e-5 relative error, ||a - b|| / ||b||.
+void expect_params_near(std::map<std::string, std::vector<float>> got,
+                        const std::map<std::string, std::vector<float>> &want, const std::string &who) {
+  ASSERT_EQ(got.size(), want.size()) << who;
+  for (const auto &[name, v] : want) {
+    ASSERT_EQ(got[name].size(), v.size()) << who << " " << name;
+    double d2 = 0, n2 = 0;
+    for (size_t i = 0; i < v.size(); i++) {
+      const double d = double(got[name][i]) - v[i];
+      d2 += d * d;
+      n2 += double(v[i]) * v[i];
+    }
+    EXPECT_LT(std::sqrt(d2 / std::max(n2, 1e-30)), 1e-5) << who << " " << name;
+  }
+}
+
 // Starts this binary as rank `rank` of 2 in `mode`, writing its results to `out`.
 pid_t spawn(const std::string &mode, int rank, int port, const std::string &out,
             std::vector<std::pair<std::string, std::string>> env = {}) {
@@ -190,19 +206,7 @@ TEST(Ddp, TwoRanksWithAccumulationMatchOneRankWithTheWholeBatch) {
   for (int w : st) ASSERT_TRUE(WIFEXITED(w) && WEXITSTATUS(w) == 0) << "rank failed: " << w;
   auto want = single.parameters_cpu();
   for (const char *f : {"r0", "r1"}) {
-    auto got = read_params(dir.file(f));
-    ASSERT_EQ(got.size(), want.size()) << f;
-    // Relative error per parameter tensor: ||a - b|| / ||b||.
-    for (const auto &[name, v] : want) {
-      ASSERT_EQ(got[name].size(), v.size()) << name;
-      double d2 = 0, n2 = 0;
-      for (size_t i = 0; i < v.size(); i++) {
-        const double d = double(got[name][i]) - v[i];
-        d2 += d * d;
-        n2 += double(v[i]) * v[i];
-      }
-      EXPECT_LT(std::sqrt(d2 / std::max(n2, 1e-30)), 1e-5) << f << " " << name;
-    }
+    expect_params_near(read_params(dir.file(f)), want, f);
     double loss = 0;
     std::ifstream(dir.file(std::string(f) + ".loss")) >> loss;
     EXPECT_NEAR(loss, single.last_loss(), 1e-5 * std::abs(single.last_loss())) << "rank-averaged loss";
@@ -236,18 +240,7 @@ TEST(Ddp, RanksWhoseDataEndsEarlyJoinTheStepsOfThoseWithMore) {
     in >> verdict >> steps;
     EXPECT_EQ(verdict, "ok") << f << ": " << in.str();
     EXPECT_EQ(steps, 4u) << f;
-    auto got = read_params(dir.file(f));
-    ASSERT_EQ(got.size(), want.size()) << f;
-    for (const auto &[name, v] : want) {
-      ASSERT_EQ(got[name].size(), v.size()) << name;
-      double d2 = 0, n2 = 0;
-      for (size_t i = 0; i < v.size(); i++) {
-        const double d = double(got[name][i]) - v[i];
-        d2 += d * d;
-        n2 += double(v[i]) * v[i];
-      }
-      EXPECT_LT(std::sqrt(d2 / std::max(n2, 1e-30)), 1e-5) << f << " " << name;
-    }
+    expect_params_near(read_params(dir.file(f)), want, f);
   }
 }
 

@@ -3,9 +3,8 @@
  *  - 2 ranks x 2 in-process shards give the validation loss of 1 rank x 1 shard over the
  *    same validation set and weights (1e-6 relative);
  *  - skip-if-busy decides alike on every rank: a rank whose own validation is idle
- *    skips the steps that a busy peer skips (ValSkipWorker.Rank);
- *  - ranks whose training data ends after different steps all validate the same final
- *    step (ValEndWorker.Rank);
+ *    skips the steps that a busy peer skips; ranks whose training data ends after
+ *    different steps all validate the same final step (ValStepsWorker.Rank);
  *  - a rank that dies during validation makes the other fail within the timeout. */
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -95,39 +94,47 @@ TEST(ValWorker, Rank) {
   _exit(0);  // no static teardown racing Gloo threads
 }
 
-// Rank 1 validates each snapshot at once; rank 0 only after training steps 1-3. With
-// every=1 and skip-if-busy, rank 0 is busy at steps 2 and 3 (its snapshot of step 1 is
-// still waiting), rank 1 idle: both must skip 2 and 3, then validate the final step 3.
-TEST(ValSkipWorker, Rank) {
+// Training steps with one validation shard per rank, as VT_VAL_MODE says:
+//  skip: every=1, skip-if-busy. Rank 1 validates each snapshot at once, rank 0 only after
+//        training steps 1-3: rank 0 is busy at steps 2 and 3 (its snapshot of step 1
+//        still waits), rank 1 idle; both must skip 2 and 3, then validate the final 3.
+//  end:  only the final validation. Rank 0's training data ends after step 1, rank 1's
+//        after step 3: rank 0 joins steps 2 and 3 and both validate the weights of step 3.
+// Writes "verdict", then "skipped:", "results:", "trained:", "last:" lines and the error.
+TEST(ValStepsWorker, Rank) {
+  const std::string mode = vttest::env_or("VT_VAL_MODE", "");
   const std::string out = vttest::env_or("VT_VAL_OUT", "");
-  ASSERT_FALSE(out.empty()) << "run by ValMultiRank.SkipIfBusyDecidesAlikeOnEveryRank only";
+  ASSERT_TRUE((mode == "skip" || mode == "end") && !out.empty()) << "run by the ValMultiRank tests only";
   auto tc = trainer_config();
   tc.timeout_s = 10;
   auto trainer = std::make_shared<TrainerEngine>(tc);
   ASSERT_TRUE(trainer->start()) << trainer->error();
   const int rank = trainer->rank();
   auto vc = vconfig(0, 1);
-  vc.every = 1;
   vc.at_start = false;
-  vc.skip_if_busy = true;
   vc.timeout_s = 10;
+  if (mode == "skip") {
+    vc.every = 1;
+    vc.skip_if_busy = true;
+  }
   ValidationEngine e(vc);
   ASSERT_TRUE(e.attach(trainer)) << e.error();
-  std::atomic<bool> go{rank == 1};
+  std::atomic<bool> go{mode == "end" || rank == 1};
   R fed = R::kOk;
   std::thread feeder([&] {
     while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    for (unsigned ep = 0; ep < 3 && fed == R::kOk; ep++)
+    for (unsigned ep = 0; ep < (mode == "skip" ? 3u : 2u) && fed == R::kOk; ep++)
       for (auto &s : rank_samples(kTotal, rank, 2, ep))
         if ((fed = e.push(latent(s.sample_id), {s})) != R::kOk) break;
   });
   std::string error;
   MicroBatchInfo info;
   info.captions = {"x", "y"};
-  for (int s = 0; s < 3 && error.empty(); s++) {
+  const int steps = mode == "end" && rank == 0 ? 1 : 3;
+  for (int s = 0; s < steps && error.empty(); s++) {
     if (trainer->process_tensor(at::stack({latent(10 * s + rank), latent(10 * s + 5)}), info) != ProcessResult::kOk)
       error = trainer->error();
-    if (s == 0 && rank == 1) {  // idle before step 2: its pass of step 1 is evaluated
+    if (mode == "skip" && s == 0 && rank == 1) {  // idle before step 2: its pass of step 1 is evaluated
       auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(8);
       while (e.passes_done() < 1 && std::chrono::steady_clock::now() < limit)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -135,8 +142,7 @@ TEST(ValSkipWorker, Rank) {
     }
   }
   go = true;
-  trainer->finish();
-  e.trainer_finished();
+  if (!trainer->finish() && error.empty()) error = trainer->error();
   feeder.join();
   if (error.empty() && fed == R::kError) error = e.error();
   std::ostringstream skipped, results;
@@ -145,93 +151,48 @@ TEST(ValSkipWorker, Rank) {
     if (m.name == "ddpvalsink-result") results << m.ints["step"] << ",";
   }
   std::ofstream f(out);
-  f << (error.empty() ? "ok" : "error") << "\n"
-    << "skipped:" << skipped.str() << "\n"
-    << "results:" << results.str() << "\n"
-    << "last:" << e.last_step() << "\n"
-    << error << "\n";
+  f << (error.empty() ? "ok" : "error") << "\nskipped:" << skipped.str() << "\nresults:" << results.str()
+    << "\ntrained:" << trainer->steps_done() << "\nlast:" << e.last_step() << "\n" << error << "\n";
   f.close();
   trainer->stop();
   _exit(0);
+}
+
+// Runs ValStepsWorker in `mode` on 2 ranks; per rank: verdict, skipped, results, trained, last.
+static std::vector<std::vector<std::string>> run_steps_worker(const std::string &mode) {
+  vttest::TempDir dir;
+  const int port = vttest::free_port();
+  std::vector<pid_t> pids{spawn(mode, 0, port, dir.file("r0"), "ValStepsWorker.Rank"),
+                          spawn(mode, 1, port, dir.file("r1"), "ValStepsWorker.Rank")};
+  std::vector<int> st;
+  EXPECT_TRUE(vttest::wait_all(pids, &st, 120)) << "a rank hung";
+  std::vector<std::vector<std::string>> out;
+  for (const char *r : {"r0", "r1"}) {
+    std::istringstream in(vttest::read_file(dir.file(r)));
+    std::vector<std::string> fields(5);
+    for (auto &f : fields) in >> f;
+    EXPECT_EQ(fields[0], "ok") << r << ": " << in.str();
+    out.push_back(fields);
+  }
+  return out;
 }
 
 TEST(ValMultiRank, SkipIfBusyDecidesAlikeOnEveryRank) {
-  vttest::TempDir dir;
-  const int port = vttest::free_port();
-  std::vector<pid_t> pids{spawn("skip", 0, port, dir.file("r0"), "ValSkipWorker.Rank"),
-                          spawn("skip", 1, port, dir.file("r1"), "ValSkipWorker.Rank")};
-  std::vector<int> st;
-  ASSERT_TRUE(vttest::wait_all(pids, &st, 120)) << "a rank hung";
-  for (const char *r : {"r0", "r1"}) {
-    std::istringstream in(vttest::read_file(dir.file(r)));
-    std::string verdict, skipped, results, last;
-    in >> verdict >> skipped >> results >> last;
-    EXPECT_EQ(verdict, "ok") << r << ": " << vttest::read_file(dir.file(r));
-    EXPECT_EQ(skipped, "skipped:2,3,") << r;
-    EXPECT_EQ(last, "last:3") << r << " validated the final step";
-    EXPECT_EQ(results, std::string(r) == "r0" ? "results:1,3," : "results:") << r << " (rank 0 posts the results)";
+  auto ranks = run_steps_worker("skip");
+  for (int r = 0; r < 2; r++) {
+    EXPECT_EQ(ranks[r][1], "skipped:2,3,") << "rank " << r;
+    EXPECT_EQ(ranks[r][2], r == 0 ? "results:1,3," : "results:") << "rank " << r << " (rank 0 posts the results)";
+    EXPECT_EQ(ranks[r][4], "last:3") << "rank " << r << " validated the final step";
   }
 }
 
-// Rank 0's training data ends after step 1, rank 1's after step 3: rank 0 joins steps 2
-// and 3, and both validate the final weights of step 3 (every=0: only the final one).
-TEST(ValEndWorker, Rank) {
-  const std::string out = vttest::env_or("VT_VAL_OUT", "");
-  ASSERT_FALSE(out.empty()) << "run by ValMultiRank.UnevenTrainingEndsValidateTheSameFinalStep only";
-  auto tc = trainer_config();
-  tc.timeout_s = 10;
-  auto trainer = std::make_shared<TrainerEngine>(tc);
-  ASSERT_TRUE(trainer->start()) << trainer->error();
-  const int rank = trainer->rank();
-  auto vc = vconfig(0, 1);
-  vc.at_start = false;
-  vc.timeout_s = 10;
-  ValidationEngine e(vc);
-  ASSERT_TRUE(e.attach(trainer)) << e.error();
-  R fed = R::kOk;
-  std::thread feeder([&] {
-    for (unsigned ep = 0; ep < 2 && fed == R::kOk; ep++)
-      for (auto &s : rank_samples(kTotal, rank, 2, ep))
-        if ((fed = e.push(latent(s.sample_id), {s})) != R::kOk) break;
-  });
-  std::string error;
-  MicroBatchInfo info;
-  info.captions = {"x", "y"};
-  for (int s = 0; s < (rank == 0 ? 1 : 3) && error.empty(); s++)
-    if (trainer->process_tensor(at::stack({latent(10 * s + rank), latent(10 * s + 5)}), info) != ProcessResult::kOk)
-      error = trainer->error();
-  if (error.empty() && !trainer->finish()) error = trainer->error();
-  feeder.join();
-  if (error.empty() && fed == R::kError) error = e.error();
-  std::ostringstream results;
-  for (auto &m : e.take_messages())
-    if (m.name == "ddpvalsink-result") results << m.ints["step"] << ",";
-  std::ofstream f(out);
-  f << (error.empty() ? "ok" : "error") << "\n"
-    << "trained:" << trainer->steps_done() << "\n"
-    << "last:" << e.last_step() << "\n"
-    << "results:" << results.str() << "\n"
-    << error << "\n";
-  f.close();
-  trainer->stop();
-  _exit(0);
-}
-
 TEST(ValMultiRank, UnevenTrainingEndsValidateTheSameFinalStep) {
-  vttest::TempDir dir;
-  const int port = vttest::free_port();
-  std::vector<pid_t> pids{spawn("end", 0, port, dir.file("r0"), "ValEndWorker.Rank"),
-                          spawn("end", 1, port, dir.file("r1"), "ValEndWorker.Rank")};
-  std::vector<int> st;
-  ASSERT_TRUE(vttest::wait_all(pids, &st, 120)) << "a rank hung";
-  for (const char *r : {"r0", "r1"}) {
-    std::istringstream in(vttest::read_file(dir.file(r)));
-    std::string verdict, trained, last, results;
-    in >> verdict >> trained >> last >> results;
-    EXPECT_EQ(verdict, "ok") << r << ": " << vttest::read_file(dir.file(r));
-    EXPECT_EQ(trained, "trained:3") << r;
-    EXPECT_EQ(last, "last:3") << r;
-    EXPECT_EQ(results, std::string(r) == "r0" ? "results:3," : "results:") << r;
+  auto ranks = run_steps_worker("end");
+  for (int r = 0; r < 2; r++) {
+    EXPECT_EQ(ranks[r][1], "skipped:") << "rank " << r;
+    EXPECT_EQ(ranks[r][2], r == 0 ? "results:3," : "results:") << "rank " << r;
+    EXPECT_EQ(ranks[r][3], "trained:3") << "rank " << r;
+    EXPECT_EQ(ranks[r][4], "last:3") << "rank " << r;
   }
 }
 
