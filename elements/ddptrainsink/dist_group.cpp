@@ -232,6 +232,19 @@ bool DistGroup::all_ended_at(uint64_t steps_done) {
   return true;
 }
 
+int DistGroup::peer_gone_before(uint64_t steps_done) {
+  try {
+    for (int r = 0; r < opts_.world_size; r++)
+      if (r != opts_.rank && impl_->prefixed->check({key_exit(r)}) &&
+          peek_u64(*impl_->prefixed, key_end(r)) != std::optional<uint64_t>(steps_done))
+        return r;
+  } catch (const std::exception &e) {
+    throw DistError("end of stream on rank " + std::to_string(opts_.rank) + ": the c10d store is gone: " +
+                    describe_peers() + " (" + first_line(e.what()) + ")");
+  }
+  return -1;
+}
+
 std::string DistGroup::describe_peers() {
   // Looks at the store with check() (non-blocking) so that diagnosing never hangs.
   std::ostringstream out;

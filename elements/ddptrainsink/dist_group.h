@@ -67,6 +67,8 @@ class DistGroup {
   void mark_end(uint64_t steps_done);
   uint64_t max_peer_begin();               // highest step a peer has started (0: none)
   bool all_ended_at(uint64_t steps_done);  // every rank's data ended with this many steps
+  // A peer that stopped (mark_exit) without ending at `steps_done`: -1 if none.
+  int peer_gone_before(uint64_t steps_done);
   // "rank 1 (last finished step 1) stopped responding" or the store's state.
   std::string describe_peers();
 

@@ -526,6 +526,9 @@ void TrainerEngine::Impl::join_until_all_end() {
       deadline = std::chrono::steady_clock::now() + timeout;
       continue;
     }
+    if (int gone = group->peer_gone_before(steps_done); gone >= 0)
+      throw std::runtime_error("end of stream after step " + std::to_string(steps_done) + ": rank " +
+                               std::to_string(gone) + " stopped without reaching it (it failed or was stopped)");
     if (std::chrono::steady_clock::now() > deadline)
       throw std::runtime_error("end of stream after step " + std::to_string(steps_done) + ": waited " +
                                std::to_string(static_cast<int>(cfg.timeout_s)) +

@@ -133,7 +133,7 @@ TEST(DdpWorker, Rank) {
   const std::string out = std::getenv("VT_DDP_OUT") ? std::getenv("VT_DDP_OUT") : "";
   ASSERT_TRUE(mode && !out.empty()) << "run by the Ddp tests only";
   auto c = config();
-  if (std::string(mode) != "equivalence") c.timeout_s = 5;
+  if (std::string(mode) != "equivalence") c.timeout_s = std::atof(vttest::env_or("VT_DDP_TIMEOUT", "5").c_str());
   TrainerEngine e(c);
   ASSERT_TRUE(e.start()) << e.error();
   ASSERT_EQ(e.world_size(), 2);
@@ -159,6 +159,21 @@ TEST(DdpWorker, Rank) {
     const bool ok = e.finish();
     write_params(out, e.parameters_cpu());
     std::ofstream(out + ".steps") << (ok ? "ok " : "error ") << e.steps_done() << " " << e.error() << "\n";
+    e.stop();
+    return;
+  }
+  if (std::string(mode) == "leave") {
+    // Both train step 1; rank 1 then stops (as on an error) without its end of stream.
+    feed(e, 0, 4 * r, 2, 0, 2, 4);
+    feed(e, 0, 4 * r + 2, 2, 1, 2, 4);
+    if (r == 1) {
+      e.stop();
+      return;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    const bool ok = e.finish();
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::ofstream(out) << (ok ? "ok" : "error") << "\n" << took << "\n" << e.error() << "\n";
     e.stop();
     return;
   }
@@ -242,6 +257,23 @@ TEST(Ddp, RanksWhoseDataEndsEarlyJoinTheStepsOfThoseWithMore) {
     EXPECT_EQ(steps, 4u) << f;
     expect_params_near(read_params(dir.file(f)), want, f);
   }
+}
+
+TEST(Ddp, AtEndOfStreamAPeerThatStoppedIsReportedAtOnce) {
+  vttest::TempDir dir;
+  const int port = vttest::free_port();
+  std::vector<pid_t> pids{spawn("leave", 0, port, dir.file("r0"), {{"VT_DDP_TIMEOUT", "60"}}),
+                          spawn("leave", 1, port, dir.file("r1"), {{"VT_DDP_TIMEOUT", "60"}})};
+  std::vector<int> st;
+  ASSERT_TRUE(vttest::wait_all(pids, &st, 60)) << "rank 0 waited for a rank that had stopped";
+  std::istringstream in(vttest::read_file(dir.file("r0")));
+  std::string verdict, error;
+  double took = 0;
+  in >> verdict >> took;
+  std::getline(in >> std::ws, error);
+  EXPECT_EQ(verdict, "error");
+  EXPECT_LT(took, 10.0) << "not at once (the timeout is 60 s)";
+  EXPECT_NE(error.find("rank 1 stopped"), std::string::npos) << error;
 }
 
 // Rank `dead` exits after step 1; the other's verdict, time taken and error.
