@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 
+#include "cpu_heap.h"
 #include "resume_query.h"
 #include "tensor_caps.h"
 #include "trainer_engine.h"
@@ -415,12 +416,7 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
   install(PROP_PRECISION, g_param_spec_enum("precision", "Precision", "Compute precision of forward/backward",
                                             precision_type(), 0, rw));
   install(PROP_TUNE_MALLOC,
-          g_param_spec_boolean("tune-malloc", "Tune malloc",
-                               "On CPU, keep freed tensor memory (allocations up to 32 MiB, 128 MiB free at the heap "
-                               "top) in the C heap instead of returning it to the OS, so that each step does not "
-                               "page-fault its activations afresh (about 30% faster small CPU steps). Process-wide "
-                               "(glibc mallopt); false leaves the process's malloc settings alone",
-                               TRUE, rw));
+          g_param_spec_boolean("tune-malloc", "Tune malloc", kTuneMallocBlurb, TRUE, rw));
   install(PROP_SEED, g_param_spec_uint64("seed", "Seed",
                                          "Seed of the initial weights and (with rank and step) of the noise the model "
                                          "draws",

@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 
+#include "cpu_heap.h"
 #include "metas.h"
 #include "tensor_caps.h"
 #include "vae_engine.h"
@@ -30,7 +31,7 @@ struct _GstVaeEncoder {
   GstPad *sinkpad, *srcpad;
   // Properties (object lock).
   gchar *model, *device, *dtype;
-  gboolean per_frame;
+  gboolean per_frame, tune_malloc;
   guint micro_batch_size, chunk_frames, tile_height, tile_width;
   gdouble tile_overlap_height, tile_overlap_width;
   gint latent;
@@ -66,6 +67,7 @@ enum {
   PROP_SEED,
   PROP_DEVICE,
   PROP_DTYPE,
+  PROP_TUNE_MALLOC,
   PROP_CLIPS_ENCODED,
   PROP_CLIPS_DROPPED,
 };
@@ -351,6 +353,7 @@ static gboolean load_engine(GstVaeEncoder *self) {
   GST_OBJECT_LOCK(self);
   o.model = self->model ? self->model : "";
   o.per_frame = self->per_frame;
+  o.tune_malloc = self->tune_malloc;
   o.micro_batch_size = static_cast<int>(self->micro_batch_size);
   o.chunk_frames = static_cast<int>(self->chunk_frames);
   o.tile_height = static_cast<int>(self->tile_height);
@@ -426,6 +429,7 @@ static void gst_vae_encoder_set_property(GObject *object, guint id, const GValue
     case PROP_SEED: self->seed = g_value_get_uint64(value); break;
     case PROP_DEVICE: g_free(self->device); self->device = g_value_dup_string(value); break;
     case PROP_DTYPE: g_free(self->dtype); self->dtype = g_value_dup_string(value); break;
+    case PROP_TUNE_MALLOC: self->tune_malloc = g_value_get_boolean(value); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -447,6 +451,7 @@ static void gst_vae_encoder_get_property(GObject *object, guint id, GValue *valu
     case PROP_SEED: g_value_set_uint64(value, self->seed); break;
     case PROP_DEVICE: g_value_set_string(value, self->device); break;
     case PROP_DTYPE: g_value_set_string(value, self->dtype); break;
+    case PROP_TUNE_MALLOC: g_value_set_boolean(value, self->tune_malloc); break;
     case PROP_CLIPS_ENCODED: g_value_set_uint64(value, self->clips_encoded); break;
     case PROP_CLIPS_DROPPED: g_value_set_uint64(value, self->clips_dropped); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
@@ -529,6 +534,8 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
       gobject_class, PROP_DTYPE,
       g_param_spec_string("dtype", "Dtype",
                           "float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU)", nullptr, rw));
+  g_object_class_install_property(gobject_class, PROP_TUNE_MALLOC,
+                                  g_param_spec_boolean("tune-malloc", "Tune malloc", kTuneMallocBlurb, TRUE, rw));
   g_object_class_install_property(
       gobject_class, PROP_CLIPS_ENCODED,
       g_param_spec_uint64("clips-encoded", "Clips encoded", "Clips encoded so far", 0, G_MAXUINT64, 0, ro));
@@ -565,6 +572,7 @@ static void gst_vae_encoder_init(GstVaeEncoder *self) {
 
   self->micro_batch_size = 8;
   self->chunk_frames = 8;
+  self->tune_malloc = TRUE;
   self->tile_overlap_height = 1.0 / 6;
   self->tile_overlap_width = 1.0 / 5;
   self->latent = (gint)LatentKind::Sample;

@@ -29,6 +29,7 @@ struct EngineOptions {
   uint64_t seed = 0;
   std::string device;           // "" = cuda:LOCAL_RANK when CUDA is available, else cpu
   std::string dtype;            // "" = bfloat16 on CUDA, float32 on CPU
+  bool tune_malloc = true;      // on CPU: retain_cpu_heap() (process-wide)
   // Clips whose length the VAE cannot use (T mod temporal_compression != 1) are refused
   // unless this is set (diffusers itself runs them; the latents then do not decode).
   bool allow_any_length = false;

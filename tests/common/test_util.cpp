@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <malloc.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -29,6 +32,22 @@ std::string env_or(const char *name, const std::string &fallback) {
 }
 
 std::string reference_dir() { return env_or("VIDEOTRAIN_REFERENCE_DIR", "../shared/reference"); }
+
+std::string heap_keeps_large_blocks() {
+  constexpr size_t kBlock = size_t(16) << 20;
+  const auto before = mallinfo2();
+  struct mallinfo2 during {};
+  void *p = nullptr;
+  if (posix_memalign(&p, 64, kBlock) != 0) return "cannot allocate 16 MiB";
+  std::memset(p, 1, kBlock);
+  during = mallinfo2();
+  free(p);
+  const auto after = mallinfo2();
+  if (during.hblkhd != before.hblkhd) return "the 16 MiB block was mmapped on its own";
+  if (during.uordblks < before.uordblks + kBlock) return "the heap did not serve the 16 MiB block";
+  if (after.arena < during.arena) return "freed memory went back to the OS";
+  return "";
+}
 
 void write_file(const std::string &path, const std::string &content) {
   std::ofstream f(path, std::ios::binary);

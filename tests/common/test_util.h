@@ -48,4 +48,9 @@ std::string env_or(const char *name, const std::string &fallback);
 // ../shared/reference (VIDEOTRAIN_REFERENCE_DIR).
 std::string reference_dir();
 
+// What tune-malloc (retain_cpu_heap) promises, checked with a 16 MiB block: the heap
+// serves it (no mmap of its own) and keeps its memory when it is freed. "" when it
+// holds, else what went wrong.
+std::string heap_keeps_large_blocks();
+
 }  // namespace vttest

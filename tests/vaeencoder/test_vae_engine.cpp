@@ -280,6 +280,13 @@ TEST(VaeWeights, BadConfigsAndPropertiesAreErrors) {
 
 // Every clip length 1..40 (also those the element refuses) streams to exactly what the
 // whole-clip chunked call gives, holding at most one chunk's frames.
+TEST_F(TinyVae, CpuEngineKeepsTensorMemoryInTheHeap) {
+  // tune-malloc (default) on CPU: clip-sized tensors are not page-faulted afresh per clip.
+  auto eng = vaetest::make_engine(options());
+  ASSERT_TRUE(eng);
+  EXPECT_EQ(vttest::heap_keeps_large_blocks(), "");
+}
+
 TEST_F(TinyVae, StreamingEqualsWholeClipForEveryLength) {
   auto eng = vaetest::make_engine(options());
   ASSERT_TRUE(eng);
