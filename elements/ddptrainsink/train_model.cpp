@@ -16,6 +16,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "cpu_conv.h"
 #include "first_line.h"
 #include "safetensors.h"
 
@@ -128,6 +129,12 @@ at::Tensor caption_bag(torch::nn::EmbeddingBag &bag, const std::vector<std::stri
   return bag->forward(idt, off);
 }
 
+// A Conv3d module's forward through conv3d_fast (oneDNN on CPU even for one sample).
+at::Tensor conv(const torch::nn::Conv3d &m, const at::Tensor &x, at::IntArrayRef stride = {1, 1, 1},
+                at::IntArrayRef padding = {1, 1, 1}) {
+  return conv3d_fast(x, m->weight, m->bias, stride, padding);
+}
+
 struct ResBlockImpl : torch::nn::Module {
   ResBlockImpl(int64_t ch, int64_t cond_dim)
       : n1(torch::nn::GroupNormOptions(std::min<int64_t>(8, ch), ch)),
@@ -142,10 +149,10 @@ struct ResBlockImpl : torch::nn::Module {
     register_module("film", film);
   }
   at::Tensor forward(const at::Tensor &x, const at::Tensor &cond) {
-    auto h = c1(torch::silu(n1(x)));
+    auto h = conv(c1, torch::silu(n1(x)));
     auto ss = film(torch::silu(cond)).view({x.size(0), -1, 1, 1, 1}).chunk(2, 1);
     h = n2(h) * (1 + ss[0]) + ss[1];
-    return x + c2(torch::silu(h));
+    return x + conv(c2, torch::silu(h));
   }
   torch::nn::GroupNorm n1, n2;
   torch::nn::Conv3d c1, c2;
@@ -185,14 +192,14 @@ struct TinyUNet3DImpl : torch::nn::Module {
   }
   at::Tensor forward(const at::Tensor &x, const at::Tensor &t, const std::vector<std::string> &captions) {
     auto cond = t2(torch::silu(t1(timestep_embedding(t, kTime)))) + caption_bag(caption, captions, x.size(0), x.device());
-    auto h0 = r1(in_conv(x), cond);
-    auto h = mid(r2(down(h0), cond), cond);
+    auto h0 = r1(conv(in_conv, x), cond);
+    auto h = mid(r2(conv(down, h0, {1, 2, 2}, {0, 1, 1}), cond), cond);
     h = torch::nn::functional::interpolate(
         h, torch::nn::functional::InterpolateFuncOptions()
                 .size(std::vector<int64_t>{h0.size(2), h0.size(3), h0.size(4)})
                 .mode(torch::kNearest));
-    h = r3(up(h) + h0, cond);
-    return out_conv(torch::silu(out_norm(h)));
+    h = r3(conv(up, h) + h0, cond);
+    return conv(out_conv, torch::silu(out_norm(h)));
   }
   // Rectified flow: x_t = (1 - t) x0 + t n, predict v = n - x0; t logit-normal.
   at::Tensor training_step(const at::Tensor &x0, const std::vector<std::string> &captions) {
@@ -240,13 +247,13 @@ struct LinearTestImpl : torch::nn::Module {
     register_module("caption", caption);
   }
   at::Tensor training_step(const at::Tensor &x, const std::vector<std::string> &captions) {
-    auto pred = proj(x) + caption_bag(caption, captions, x.size(0), x.device()).view({x.size(0), -1, 1, 1, 1});
+    auto pred = conv(proj, x, {1, 1, 1}, {0, 0, 0}) + caption_bag(caption, captions, x.size(0), x.device()).view({x.size(0), -1, 1, 1, 1});
     auto target = 0.5 * x.flip({1}) + 0.25;
     return torch::mse_loss(pred.to(torch::kFloat), target.to(torch::kFloat));
   }
   at::Tensor validation_step(const at::Tensor &x, const std::vector<std::string> &captions,
                              const std::vector<int64_t> &) {
-    auto pred = proj(x) + caption_bag(caption, captions, x.size(0), x.device()).view({x.size(0), -1, 1, 1, 1});
+    auto pred = conv(proj, x, {1, 1, 1}, {0, 0, 0}) + caption_bag(caption, captions, x.size(0), x.device()).view({x.size(0), -1, 1, 1, 1});
     auto target = 0.5 * x.flip({1}) + 0.25;
     return (pred.to(torch::kFloat) - target.to(torch::kFloat)).pow(2).mean({1, 2, 3, 4});
   }
