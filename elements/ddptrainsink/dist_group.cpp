@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "bucket_reducer.h"
+#include "c10d_setup.h"
 #include "dist_env.h"
 #include "first_line.h"
 
@@ -64,7 +65,7 @@ DistGroup::DistGroup(const DistOptions &opts) : opts_(opts), impl_(std::make_uni
   so.timeout = opts.timeout;
   const std::string where = opts.master_addr + ":" + std::to_string(opts.master_port);
   try {
-    impl_->tcp = c10::make_intrusive<c10d::TCPStore>(opts.master_addr, so);
+    impl_->tcp = make_tcp_store(opts.master_addr, so);
   } catch (const std::exception &e) {
     throw DistError("rendezvous failed: rank " + std::to_string(opts.rank) + " of " +
                     std::to_string(opts.world_size) + (so.isServer ? " could not serve" : " could not reach") +
@@ -87,13 +88,7 @@ DistGroup::DistGroup(const DistOptions &opts) : opts_(opts), impl_(std::make_uni
 #endif
     } else {
       auto o = c10d::ProcessGroupGloo::Options::create(opts.timeout);
-      const char *ifname = std::getenv("GLOO_SOCKET_IFNAME");
-      if (ifname && *ifname)
-        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-      else if (is_loopback(opts.master_addr))
-        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-      else
-        o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      o->devices.push_back(gloo_device(opts.master_addr));
       o->threads = 2;
       impl_->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, opts.rank, opts.world_size, o);
     }

@@ -22,6 +22,7 @@
 #include "ddptrainsink/train_model.h"
 #include "ddptrainsink/trainer_engine.h"
 #include "ddptrainsink/trainer_snapshot.h"
+#include "c10d_setup.h"
 #include "dist_env.h"
 #include "first_line.h"
 #include "metas.h"
@@ -56,7 +57,7 @@ class ValGroup {
     so.timeout = timeout;
     const std::string where = addr + ":" + std::to_string(port);
     try {
-      tcp_ = c10::make_intrusive<c10d::TCPStore>(addr, so);
+      tcp_ = make_tcp_store(addr, so);
     } catch (const std::exception &e) {
       throw std::runtime_error("validation group: rank " + std::to_string(rank) +
                                " cannot reach the trainer's c10d store at " + where + ": " + first_line(e.what()));
@@ -65,13 +66,7 @@ class ValGroup {
     auto pg_store = c10::make_intrusive<c10d::PrefixStore>("pg", store_);
     try {
       auto o = c10d::ProcessGroupGloo::Options::create(timeout);
-      const char *ifname = std::getenv("GLOO_SOCKET_IFNAME");
-      if (ifname && *ifname)
-        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-      else if (is_loopback(addr))
-        o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-      else
-        o->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      o->devices.push_back(gloo_device(addr));
       o->threads = 1;
       pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(pg_store, rank, world, o);
     } catch (const std::exception &e) {

@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include "c10d_setup.h"
 
 #include "ddptrainsink/trainer_engine.h"
 #include "multirank.h"
@@ -312,7 +312,7 @@ TEST(Ddp, TorchrunAgentStoreServesTheRanksAcrossARestart) {
   so.isServer = true;
   so.waitWorkers = false;
   so.timeout = std::chrono::seconds(30);
-  c10d::TCPStore agent("127.0.0.1", so);
+  auto agent = videotrain::make_tcp_store("127.0.0.1", so);
   for (int attempt = 0; attempt < 2; attempt++) {
     vttest::TempDir dir;
     const std::vector<std::pair<std::string, std::string>> env{
