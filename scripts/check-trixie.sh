@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The LibTorch 2.x check that needs no GPU: builds gst-videotrain and runs its tests on Debian trixie
+# (LibTorch 2.6 CPU, GStreamer 1.26, GCC 14) in a debootstrap chroot on this (bookworm) machine.
+# Usage, as root: scripts/check-trixie.sh [ROOTFS]   (default /var/tmp/videotrain-trixie, kept for reruns;
+# its build/ is kept too, so a rerun rebuilds only what changed). About 15 minutes the first time.
+# Left out there: the torchrun test, because trixie's torchrun cannot start at all (its rendezvous asks
+# for a libuv TCPStore, which Debian's LibTorch lacks, whatever USE_LIBUV says).
+set -euo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+root=${1:-/var/tmp/videotrain-trixie}
+[[ $(id -u) -eq 0 ]] || { echo "check-trixie.sh needs root (debootstrap, mount, chroot)" >&2; exit 1; }
+command -v debootstrap >/dev/null || { apt-get update -q && apt-get install -y -q debootstrap; }
+[[ -x $root/usr/bin/apt-get ]] || debootstrap --variant=minbase trixie "$root" http://deb.debian.org/debian
+cleanup() { for d in dev sys proc; do umount "$root/$d" 2>/dev/null || true; done; }
+trap cleanup EXIT
+for d in proc sys dev; do mountpoint -q "$root/$d" || mount --bind "/$d" "$root/$d"; done
+cp /etc/resolv.conf "$root/etc/resolv.conf"
+# The working tree (tracked and untracked files, not ignored ones) beside ../shared, as in CI.
+dst=$root/work/main
+mkdir -p "$dst"
+find "$dst" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
+(cd "$src" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -xf - -C "$dst"
+if [[ -d $src/../shared ]]; then rm -rf "$root/work/shared" && cp -a "$src/../shared" "$root/work/shared"; fi
+chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
+  bash -c 'cd /work/main && apt-get update -q >/dev/null && bash scripts/test.sh --no-suite torchrun'
