@@ -7,6 +7,7 @@
                                           median step time in ms (JSON)
 """
 import json
+import os
 import statistics
 import sys
 import time
@@ -65,6 +66,9 @@ def main():
     device = torch.device(sys.argv[10] if len(sys.argv) > 10 else "cpu")
     bf16 = len(sys.argv) > 11 and sys.argv[11] == "bf16"
     torch.set_num_threads(threads)
+    # The engine's JIT setting (elements/common/jit_load.h): no TorchScript CPU fusion,
+    # which stalls for minutes where LibTorch has LLVM.
+    torch._C._jit_override_can_fuse_on_cpu(os.environ.get("VIDEOTRAIN_JIT_CPU_FUSION") == "1")
     model = torch.jit.load(path, map_location=device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)

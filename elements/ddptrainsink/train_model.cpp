@@ -18,6 +18,7 @@
 
 #include "cpu_conv.h"
 #include "first_line.h"
+#include "jit_load.h"
 #include "safetensors.h"
 
 namespace videotrain {
@@ -33,7 +34,7 @@ class ScriptModel : public TrainModel {
  public:
   ScriptModel(const std::string &path, const c10::Device &device) : path_(path) {
     try {
-      module_ = torch::jit::load(path, device);
+      module_ = jit_load(path, device);
     } catch (const std::exception &e) {
       throw std::runtime_error("cannot load TorchScript model '" + path + "' (property model): " +
                                first_line(e.what()));

@@ -13,6 +13,7 @@
 #include "cogvideox_encoder.h"
 #include "cpu_heap.h"
 #include "dist_env.h"
+#include "jit_load.h"
 #include "tensor_buffer.h"
 #include "vae_engine_tensors.h"
 
@@ -483,7 +484,7 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
                   "' is a TorchScript file");
     auto sb = std::make_unique<ScriptBackend>();
     try {
-      sb->module = torch::jit::load(opts.model, im.device);
+      sb->module = jit_load(opts.model, im.device);
       sb->module.eval();
       sb->module.to(im.dtype);
     } catch (const std::exception &e) {

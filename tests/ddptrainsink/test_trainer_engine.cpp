@@ -18,6 +18,7 @@
 #include "ddptrainsink/trainer_engine.h"
 #include "ddptrainsink/tfevents.h"
 #include "ddptrainsink/trainer_snapshot.h"
+#include "jit_load.h"
 
 using namespace videotrain;
 namespace fs = std::filesystem;
@@ -304,8 +305,8 @@ TEST(TrainerEngine, ResumedRunRepeatsTheUninterruptedOne) {
   EXPECT_TRUE(fs::exists(dir.file("step-00000020/trainer.json")));
 }
 
-TEST(TrainerEngine, CheckpointsRotateAndTorchScriptWeightsLoadInPython) {
-  vttest::TempDir dir;
+// A TorchScript model with one Conv3d, made by Debian's python3-torch into DIR/m.pt.
+std::string make_script_model(vttest::TempDir &dir) {
   const std::string py = vttest::env_or("PYTHON", "/usr/bin/python3");
   const std::string model = dir.file("m.pt");
   vttest::write_file(dir.file("make.py"), R"(
@@ -323,7 +324,35 @@ class M(torch.nn.Module):
         return self.conv(x)
 torch.jit.script(M()).save(sys.argv[1])
 )");
-  ASSERT_EQ(std::system((py + " " + dir.file("make.py") + " " + model).c_str()), 0);
+  EXPECT_EQ(std::system((py + " " + dir.file("make.py") + " " + model).c_str()), 0);
+  return model;
+}
+
+TEST(TrainerEngine, TorchScriptCpuFusionIsOffUnlessAskedFor) {
+  // LLVM builds of LibTorch stalled at the third step compiling fused CPU kernels.
+  vttest::TempDir dir;
+  const std::string model = make_script_model(dir);
+  torch::jit::overrideCanFuseOnCPU(true);
+  {
+    TrainerEngine e(cpu_config(model));
+    ASSERT_TRUE(e.start()) << e.error();
+    EXPECT_FALSE(torch::jit::canFuseOnCPU());
+  }
+  setenv("VIDEOTRAIN_JIT_CPU_FUSION", "1", 1);
+  {
+    TrainerEngine e(cpu_config(model));
+    ASSERT_TRUE(e.start()) << e.error();
+    EXPECT_TRUE(torch::jit::canFuseOnCPU());
+  }
+  unsetenv("VIDEOTRAIN_JIT_CPU_FUSION");
+  torch::jit::overrideCanFuseOnCPU(false);
+}
+
+TEST(TrainerEngine, CheckpointsRotateAndTorchScriptWeightsLoadInPython) {
+  vttest::TempDir dir;
+  const std::string py = vttest::env_or("PYTHON", "/usr/bin/python3");
+  const std::string model = make_script_model(dir);
+  ASSERT_FALSE(HasFailure());
   auto c = cpu_config(model);
   c.checkpoint_dir = dir.file("ckpt");
   c.checkpoint_every = 2;
