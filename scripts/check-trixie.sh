@@ -11,9 +11,12 @@ root=${1:-/var/tmp/videotrain-trixie}
 [[ $(id -u) -eq 0 ]] || { echo "check-trixie.sh needs root (debootstrap, mount, chroot)" >&2; exit 1; }
 command -v debootstrap >/dev/null || { apt-get update -q && apt-get install -y -q debootstrap; }
 [[ -x $root/usr/bin/apt-get ]] || debootstrap --variant=minbase trixie "$root" http://deb.debian.org/debian
-cleanup() { for d in dev sys proc; do umount "$root/$d" 2>/dev/null || true; done; }
+mounts=(proc sys dev)
+# The CUDA toolkit's headers, where this machine has them, for the cuda-compile test.
+if [[ -d /usr/local/cuda/include ]]; then mkdir -p "$root/usr/local/cuda" && mounts+=(usr/local/cuda); fi
+cleanup() { for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount "$root/${mounts[i]}" 2>/dev/null || true; done; }
 trap cleanup EXIT
-for d in proc sys dev; do mountpoint -q "$root/$d" || mount --bind "/$d" "$root/$d"; done
+for d in "${mounts[@]}"; do mountpoint -q "$root/$d" || mount --bind "/$d" "$root/$d"; done
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 # The working tree (tracked and untracked files, not ignored ones) beside ../shared, as in CI.
 dst=$root/work/main
