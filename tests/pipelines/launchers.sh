@@ -5,12 +5,18 @@
 #                           Its 1.13 on Python 3.11 cannot parse -r/-t 0 (Std.NONE is not
 #                           iterable there): -r 1 -t 1 (a log, teed with a rank prefix).
 #   launchers.sh mpirun     OpenMPI's mpirun: ranks from OMPI_COMM_WORLD_*, MASTER_* by -x.
+#   launchers.sh srun       SLURM's srun: ranks from SLURM_PROCID/NTASKS/LOCALID, MASTER_* from
+#                           the environment it exports. Skipped (77) where no SLURM controller
+#                           answers: deps.sh installs no cluster.
 set -euo pipefail
-launcher=${1:?torchrun or mpirun}
+launcher=${1:?torchrun, mpirun or srun}
 build=${VIDEOTRAIN_BUILD_DIR:?}
 src=${VIDEOTRAIN_SOURCE_DIR:?}
 py=${PYTHON:-/usr/bin/python3}
 work=$(mktemp -d "${TMPDIR:-/tmp}/videotrain-$launcher-XXXXXX")
+if [[ $launcher == srun ]] && ! { command -v srun >/dev/null && timeout 20 sinfo -h >/dev/null 2>&1; }; then
+  echo "SKIP: no SLURM controller answers here (srun/sinfo)"; exit 77
+fi
 trap 'rm -rf "$work"' EXIT
 export GST_PLUGIN_PATH="$build/plugins/videotrain"
 bash "$src/scripts/make_dataset.sh" "$work/data" 6 >/dev/null
@@ -22,6 +28,8 @@ case $launcher in
                     --master_addr 127.0.0.1 --master_port "$port") ;;
   mpirun) launch=(mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT="$port"
                   -x GST_PLUGIN_PATH) ;;
+  srun) export MASTER_ADDR=127.0.0.1 MASTER_PORT=$port
+        launch=(srun --ntasks 2 --nodes 1 --export ALL --chdir "$work") ;;
   *) echo "unknown launcher $launcher"; exit 2 ;;
 esac
 command -v "${launch[0]}" >/dev/null || { echo "$launcher is not installed (bash scripts/deps.sh installs it)"; exit 1; }
