@@ -2,7 +2,7 @@
 # The LibTorch 2.x check that needs no GPU: builds gst-videotrain and runs its tests on Debian trixie
 # (LibTorch 2.6 CPU, GStreamer 1.26, GCC 14) in a debootstrap chroot on this (bookworm) machine.
 # Usage, as root: scripts/check-trixie.sh [ROOTFS]   (default /var/tmp/videotrain-trixie, kept for reruns;
-# its build/ is kept too, so a rerun rebuilds only what changed). About 15 minutes the first time.
+# its build/ is kept too, so a rerun rebuilds only what changed). About 10 minutes the first time on 2 cores.
 # Left out there: the torchrun test, because trixie's torchrun cannot start at all (its rendezvous asks
 # for a libuv TCPStore, which Debian's LibTorch lacks, whatever USE_LIBUV says).
 set -euo pipefail
