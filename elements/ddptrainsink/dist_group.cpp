@@ -186,12 +186,15 @@ std::optional<uint64_t> peek_u64(c10d::Store &store, const std::string &key) {
 
 }  // namespace
 
+DistError DistGroup::store_gone(const std::string &when, const std::exception &e) {
+  return DistError(when + ": the c10d store is gone: " + describe_peers() + " (" + first_line(e.what()) + ")");
+}
+
 void DistGroup::mark_begin(uint64_t step) {
   try {
     set_u64(*impl_->prefixed, key_begin(opts_.rank), step);
   } catch (const std::exception &e) {
-    throw DistError("starting step " + std::to_string(step) + " on rank " + std::to_string(opts_.rank) +
-                    ": the c10d store is gone: " + describe_peers() + " (" + first_line(e.what()) + ")");
+    throw store_gone("starting step " + std::to_string(step) + " on rank " + std::to_string(opts_.rank), e);
   }
 }
 
@@ -199,8 +202,7 @@ void DistGroup::mark_end(uint64_t steps_done) {
   try {
     set_u64(*impl_->prefixed, key_end(opts_.rank), steps_done);
   } catch (const std::exception &e) {
-    throw DistError("end of stream on rank " + std::to_string(opts_.rank) + ": the c10d store is gone: " +
-                    describe_peers() + " (" + first_line(e.what()) + ")");
+    throw store_gone("end of stream on rank " + std::to_string(opts_.rank), e);
   }
 }
 
@@ -210,8 +212,7 @@ uint64_t DistGroup::max_peer_begin() {
     for (int r = 0; r < opts_.world_size; r++)
       if (r != opts_.rank) m = std::max(m, peek_u64(*impl_->prefixed, key_begin(r)).value_or(0));
   } catch (const std::exception &e) {
-    throw DistError("end of stream on rank " + std::to_string(opts_.rank) + ": the c10d store is gone: " +
-                    describe_peers() + " (" + first_line(e.what()) + ")");
+    throw store_gone("end of stream on rank " + std::to_string(opts_.rank), e);
   }
   return m;
 }
@@ -221,8 +222,7 @@ bool DistGroup::all_ended_at(uint64_t steps_done) {
     for (int r = 0; r < opts_.world_size; r++)
       if (peek_u64(*impl_->prefixed, key_end(r)) != std::optional<uint64_t>(steps_done)) return false;
   } catch (const std::exception &e) {
-    throw DistError("end of stream on rank " + std::to_string(opts_.rank) + ": the c10d store is gone: " +
-                    describe_peers() + " (" + first_line(e.what()) + ")");
+    throw store_gone("end of stream on rank " + std::to_string(opts_.rank), e);
   }
   return true;
 }
@@ -234,8 +234,7 @@ int DistGroup::peer_gone_before(uint64_t steps_done) {
           peek_u64(*impl_->prefixed, key_end(r)) != std::optional<uint64_t>(steps_done))
         return r;
   } catch (const std::exception &e) {
-    throw DistError("end of stream on rank " + std::to_string(opts_.rank) + ": the c10d store is gone: " +
-                    describe_peers() + " (" + first_line(e.what()) + ")");
+    throw store_gone("end of stream on rank " + std::to_string(opts_.rank), e);
   }
   return -1;
 }

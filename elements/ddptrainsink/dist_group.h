@@ -73,6 +73,8 @@ class DistGroup {
   std::string describe_peers();
 
  private:
+  // The error for a store operation that failed at `when` ("end of stream on rank 1").
+  DistError store_gone(const std::string &when, const std::exception &e);
   struct Impl;
   DistOptions opts_;
   std::unique_ptr<Impl> impl_;
