@@ -3,7 +3,7 @@
  * Where LibTorch has LLVM (Debian trixie's 2.6, some source builds), the profiling
  * executor fuses CPU graphs with NNC at the third call, and LLVM took minutes, or
  * forever, on the backward graph of a few Conv3d/GroupNorm blocks: training stalled
- * at step 3, in Python as much as here. Without LLVM (bookworm's 1.13, the wheels)
+ * at step 3, in Python as much as here. Without LLVM (bookworm's 1.13)
  * nothing is fused on CPU anyway, so turning it off costs nothing there.
  * VIDEOTRAIN_JIT_CPU_FUSION=1 keeps it on. The setting is process-wide; CUDA fusion
  * is untouched. */
