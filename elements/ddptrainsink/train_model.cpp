@@ -11,6 +11,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -130,10 +131,13 @@ at::Tensor caption_bag(torch::nn::EmbeddingBag &bag, const std::vector<std::stri
   return bag->forward(idt, off);
 }
 
-// A Conv3d module's forward through conv3d_fast (oneDNN on CPU even for one sample).
-at::Tensor conv(const torch::nn::Conv3d &m, const at::Tensor &x, at::IntArrayRef stride = {1, 1, 1},
-                at::IntArrayRef padding = {1, 1, 1}) {
-  return conv3d_fast(x, m->weight, m->bias, stride, padding);
+// A Conv3d module's forward through conv3d_fast (oneDNN on CPU even for one sample). Every conv
+// here has odd kernels and "same" padding, so the padding is kernel / 2; it is not read from the
+// options because its type is a variant that differs between LibTorch versions.
+at::Tensor conv(const torch::nn::Conv3d &m, const at::Tensor &x) {
+  const auto k = m->weight.sizes();
+  const std::array<int64_t, 3> padding{k[2] / 2, k[3] / 2, k[4] / 2};
+  return conv3d_fast(x, m->weight, m->bias, m->options.stride(), padding);
 }
 
 struct ResBlockImpl : torch::nn::Module {
@@ -194,7 +198,7 @@ struct TinyUNet3DImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor &x, const at::Tensor &t, const std::vector<std::string> &captions) {
     auto cond = t2(torch::silu(t1(timestep_embedding(t, kTime)))) + caption_bag(caption, captions, x.size(0), x.device());
     auto h0 = r1(conv(in_conv, x), cond);
-    auto h = mid(r2(conv(down, h0, {1, 2, 2}, {0, 1, 1}), cond), cond);
+    auto h = mid(r2(conv(down, h0), cond), cond);
     h = torch::nn::functional::interpolate(
         h, torch::nn::functional::InterpolateFuncOptions()
                 .size(std::vector<int64_t>{h0.size(2), h0.size(3), h0.size(4)})
@@ -248,13 +252,15 @@ struct LinearTestImpl : torch::nn::Module {
     register_module("caption", caption);
   }
   at::Tensor training_step(const at::Tensor &x, const std::vector<std::string> &captions) {
-    auto pred = conv(proj, x, {1, 1, 1}, {0, 0, 0}) + caption_bag(caption, captions, x.size(0), x.device()).view({x.size(0), -1, 1, 1, 1});
-    auto target = 0.5 * x.flip({1}) + 0.25;
-    return torch::mse_loss(pred.to(torch::kFloat), target.to(torch::kFloat));
+    return per_sample_error(x, captions).mean();
   }
   at::Tensor validation_step(const at::Tensor &x, const std::vector<std::string> &captions,
                              const std::vector<int64_t> &) {
-    auto pred = conv(proj, x, {1, 1, 1}, {0, 0, 0}) + caption_bag(caption, captions, x.size(0), x.device()).view({x.size(0), -1, 1, 1, 1});
+    return per_sample_error(x, captions);
+  }
+  // Squared error against a fixed target, averaged per sample; draws no noise.
+  at::Tensor per_sample_error(const at::Tensor &x, const std::vector<std::string> &captions) {
+    auto pred = conv(proj, x) + caption_bag(caption, captions, x.size(0), x.device()).view({x.size(0), -1, 1, 1, 1});
     auto target = 0.5 * x.flip({1}) + 0.25;
     return (pred.to(torch::kFloat) - target.to(torch::kFloat)).pow(2).mean({1, 2, 3, 4});
   }
