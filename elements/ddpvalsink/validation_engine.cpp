@@ -161,6 +161,8 @@ struct Hub {
   std::map<uint64_t, double> dispatched_at;
   std::map<uint64_t, Combine> combines;
   uint64_t tickets_issued = 0, tickets_done = 0;
+  uint64_t progress = 0;     // batches evaluated by any shard: a waiting trainer's sign of life
+  bool warned_wait = false;
   std::vector<ValidationEngine::Message> messages;  // drained by any shard
   double last_loss = std::numeric_limits<double>::quiet_NaN();
   uint64_t last_step = kNone;
@@ -216,19 +218,32 @@ struct Hub {
           return;
         }
       }
-      // A slot holds one snapshot: a newer one waits for it to be taken (bounded memory).
-      const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000));
+      // A slot holds one snapshot: a newer one waits for it to be taken (bounded memory), so
+      // training waits while validation is busy. Only shards that make no progress at all
+      // for `timeout` (a missing shard-index, a starved branch) are an error.
       auto free = [&] {
         if (closing) return true;
         for (auto &s : slots)
           if (s.pending) return false;
         return true;
       };
-      if (!cv.wait_until(lock, deadline, free))
-        throw std::runtime_error("ddpvalsink: validation shards took no snapshot for " +
-                                 std::to_string(static_cast<int>(cfg.timeout_s)) +
-                                 " s (is every shard-index of num-shards=" + std::to_string(n) +
-                                 " present and fed?)");
+      if (!free() && !warned_wait) {
+        warned_wait = true;
+        note("warning", step,
+             "training waits at step " + std::to_string(step) +
+                 " for validation to take the previous snapshot: validation is slower than every=" +
+                 std::to_string(cfg.every) + " steps (raise every, add shards, or set skip-if-busy=true)");
+      }
+      const auto patience = std::chrono::milliseconds(static_cast<int64_t>(cfg.timeout_s * 1000));
+      uint64_t seen = progress;
+      while (!cv.wait_until(lock, Clock::now() + patience, free)) {
+        if (progress == seen)
+          throw std::runtime_error("ddpvalsink: validation shards took no snapshot and evaluated nothing for " +
+                                   std::to_string(static_cast<int>(cfg.timeout_s)) +
+                                   " s (is every shard-index of num-shards=" + std::to_string(n) +
+                                   " present and fed?)");
+        seen = progress;
+      }
       if (closing) return;
     }
     auto snap = trainer->snapshot_state();  // between two optimizer steps, on the training device
@@ -449,6 +464,10 @@ struct ValidationEngine::Impl {
     for (int64_t i = 0; i < l.numel(); i++) pass_sum += p[i];
     pass_count += static_cast<uint64_t>(l.numel());
     evaluated += static_cast<uint64_t>(l.numel());
+    {
+      std::lock_guard<std::mutex> lock(hub->mu);
+      hub->progress++;
+    }
     batch.clear();
     batch_samples.clear();
   }

@@ -146,6 +146,43 @@ TEST(ValidationEngine, StepsTriggerPassesAndANewerSnapshotWaitsInItsSlot) {
   EXPECT_EQ(steps, (std::vector<int64_t>{2, 4, 6}));
 }
 
+TEST(ValidationEngine, ASlowButBusyValidationMakesTrainingWaitNotFail) {
+  // Each pass takes longer than the timeout; only shards that make no progress for that
+  // long are an error, so training waits (once warned) and every step gets validated.
+  TrainerEngine trainer(trainer_config("builtin:linear-test"));
+  ASSERT_TRUE(trainer.start()) << trainer.error();
+  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto cfg = vconfig(0, 1);
+  cfg.at_start = false;
+  cfg.every = 1;
+  cfg.timeout_s = 0.4;
+  ValidationEngine e(cfg);
+  ASSERT_TRUE(e.attach(t));
+  std::thread val([&] {
+    for (unsigned ep = 0; ep < 4; ep++)
+      for (auto &s : rank_samples(3, 0, 1, ep)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+        if (e.push(latent(s.sample_id), {s}) != R::kOk) return;
+      }
+  });
+  MicroBatchInfo info;
+  info.captions = {"x", "y"};
+  for (int s = 0; s < 3; s++)
+    ASSERT_EQ(trainer.process_tensor(at::stack({latent(s), latent(s + 50)}), info), ProcessResult::kOk)
+        << "step " << s + 1 << ": " << trainer.error();
+  trainer.finish();
+  val.join();
+  EXPECT_EQ(e.last_step(), 3u) << e.error();
+  int waits = 0;
+  std::vector<int64_t> steps;
+  for (auto &m : e.take_messages()) {
+    if (m.name == "ddpvalsink-result") steps.push_back(m.ints["step"]);
+    if (m.name == "warning" && m.strings["text"].find("training waits") != std::string::npos) waits++;
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(waits, 1);
+}
+
 TEST(ValidationEngine, AtStartWaitsForABuiltinModelBuiltAtTheFirstMicroBatch) {
   // No latent-channels: the trainer builds its model when the first micro-batch shows
   // the channels. at-start validates those initial weights (step 0) all the same.
