@@ -20,6 +20,7 @@
 
 #include "bucket_reducer.h"
 #include "cpu_heap.h"
+#include "default_rng.h"
 #include "dist_env.h"
 #include "first_line.h"
 #include "dist_group.h"
@@ -288,8 +289,10 @@ double TrainerEngine::Impl::lr_at(uint64_t step) const {
 
 void TrainerEngine::Impl::build_model(int ch) {
   channels = ch;
+  std::unique_lock<std::mutex> rng(default_rng_mutex());  // see default_rng.h
   torch::manual_seed(cfg.seed);  // the same initial weights on every rank (and broadcast anyway)
   auto m = make_model(cfg.model, ch, device);
+  rng.unlock();
   std::vector<at::Tensor> ps;
   for (auto &[name, p] : m->named_parameters())
     if (p.requires_grad()) ps.push_back(p);
@@ -690,6 +693,7 @@ ProcessResult TrainerEngine::process_tensor(const at::Tensor &batch, const Micro
       im.step_loss = at::Tensor();
       im.in_step = true;
       if (im.group) im.group->mark_begin(im.steps_done + 1);  // before any collective of the step
+      std::lock_guard<std::mutex> rng(default_rng_mutex());
       torch::manual_seed(step_seed(im.cfg.seed, im.rank, im.steps_done));
     }
     im.step_samples = S;
@@ -700,6 +704,7 @@ ProcessResult TrainerEngine::process_tensor(const at::Tensor &batch, const Micro
     auto x = batch.to(im.device, torch::kFloat, /*non_blocking=*/true);
     at::Tensor loss;
     {
+      std::lock_guard<std::mutex> rng(default_rng_mutex());  // the step's noise is drawn here
       AutocastGuard ac(im.bf16, im.device.is_cuda());
       loss = im.model->training_step(x, info.captions);
     }

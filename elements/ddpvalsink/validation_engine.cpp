@@ -23,6 +23,7 @@
 #include "ddptrainsink/trainer_engine.h"
 #include "ddptrainsink/trainer_snapshot.h"
 #include "c10d_setup.h"
+#include "default_rng.h"
 #include "dist_env.h"
 #include "first_line.h"
 #include "metas.h"
@@ -36,12 +37,6 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kNone = std::numeric_limits<uint64_t>::max();
 
 double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
-
-// The fallback path seeds the process-wide default generator: one shard at a time.
-std::mutex &fallback_mutex() {
-  static std::mutex m;
-  return m;
-}
 
 /* Validation's own Gloo group: a client of the trainer's TCPStore (rank 0 of the
  * trainer serves it) under the prefix "ddpvalsink/", so that its collectives never
@@ -371,8 +366,14 @@ struct ValidationEngine::Impl {
         prebuilt = std::move(slot().model);
         slot().model_taken = true;
       }
-      // Prebuilt on the training thread (see Hub::Slot); at start, before any step, built here.
-      model = prebuilt && !model ? std::move(prebuilt) : make_model(snap.model, snap.latent_channels, device);
+      // Prebuilt on the training thread (see Hub::Slot); at start, built here, leaving the
+      // default generator as the trainer had it.
+      if (prebuilt && !model) {
+        model = std::move(prebuilt);
+      } else {
+        BorrowedDefaultRng rng(device);
+        model = make_model(snap.model, snap.latent_channels, device);
+      }
       model_spec = snap.model;
       model_channels = snap.latent_channels;
     }
@@ -444,14 +445,15 @@ struct ValidationEngine::Impl {
         Message m;
         m.name = "warning";
         m.strings["text"] = "model '" + model_spec +
-                            "' has no validation_step(latents, captions, seeds): using training_step with the "
-                            "default generator seeded per sample (not isolated from the trainer's generator)";
+                            "' has no validation_step(latents, captions, seeds): using training_step with torch's "
+                            "default generator seeded per sample, which makes its forwards take turns with the "
+                            "trainer's";
         messages.push_back(m);
       }
       std::vector<at::Tensor> ls;
       for (int64_t i = 0; i < x.size(0); i++) {
-        std::lock_guard<std::mutex> lock(fallback_mutex());
-        torch::manual_seed(static_cast<uint64_t>(seeds[i]));
+        BorrowedDefaultRng rng(device);
+        rng.seed(static_cast<uint64_t>(seeds[i]));
         ls.push_back(model->training_step(x.narrow(0, i, 1), {caps[i]}).reshape({1}).to(torch::kFloat));
       }
       losses = torch::cat(ls);

@@ -49,6 +49,31 @@ std::string heap_keeps_large_blocks() {
   return "";
 }
 
+std::string make_script_model(const TempDir &dir) {
+  const std::string py = env_or("PYTHON", "/usr/bin/python3");
+  const std::string model = dir.file("m.pt");
+  write_file(dir.file("make.py"), R"(
+import sys, torch
+from typing import List
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv3d(4, 4, 1)
+    @torch.jit.export
+    def training_step(self, latents: torch.Tensor, captions: List[str]) -> torch.Tensor:
+        noise = torch.randn_like(latents)
+        return ((self.conv(latents + 0.1 * noise) - latents.flip(1)) ** 2).mean()
+    def forward(self, x):
+        return self.conv(x)
+torch.jit.script(M()).save(sys.argv[1])
+)");
+  if (std::system((py + " " + dir.file("make.py") + " " + model).c_str()) != 0) {
+    ADD_FAILURE() << py << " could not script the test model";
+    return "";
+  }
+  return model;
+}
+
 void write_file(const std::string &path, const std::string &content) {
   std::ofstream f(path, std::ios::binary);
   f << content;

@@ -42,6 +42,11 @@ std::string read_file(const std::string &path);
 // Runs a gst-launch style description to EOS or error; returns the error text ("" on success).
 std::string run_pipeline(const std::string &description, int timeout_s = 60);
 
+// A TorchScript model made by Debian's python3-torch ($PYTHON) into DIR/m.pt: one 1x1x1
+// Conv3d over 4 channels, whose training_step draws noise from torch's default generator
+// and which has no validation_step. "" (with a test failure) when python fails.
+std::string make_script_model(const TempDir &dir);
+
 // Environment variable with a default.
 std::string env_or(const char *name, const std::string &fallback);
 
