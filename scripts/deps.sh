@@ -8,7 +8,7 @@ pkgs=(g++ pkg-config meson ninja-build openmpi-bin
       libtorch-dev libgloo-dev nlohmann-json3-dev libgtest-dev libgmock-dev python3-torch
       libopenblas0-pthread)  # libtorch-dev alone computes with the reference BLAS
 if [[ "${1:-}" == "--bench" ]]; then
-  pkgs+=(ffmpeg python3-torchvision python3-av time)
+  pkgs+=(ffmpeg python3-torchvision python3-av time python3-gi gir1.2-gstreamer-1.0)  # gi: overlap_bench
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -2,7 +2,10 @@
 # videotrain-launch as users run it (-f pipelines/train.pipeline, 2 ranks):
 #  - Ctrl-C (SIGINT to the launcher) becomes EOS on every rank: exit 0 and a final
 #    checkpoint of the last step, written although checkpoint-every never came due;
-#  - a rank that dies (SIGKILL) stops the others: non-zero exit, no rank left behind.
+#  - a rank that dies (SIGKILL) stops the others: non-zero exit, no rank left behind;
+#  - without a TTY, output lines carry [rank N] and rank 0's ddptrainsink-step messages become
+#    plain progress lines (step, loss, samples/s), under videotrain-run (-f) and under
+#    gst-launch-1.0 -m, whose lines read 'Got message #N from element "..." (element): ...'.
 set -euo pipefail
 build=${VIDEOTRAIN_BUILD_DIR:?}
 src=${VIDEOTRAIN_SOURCE_DIR:?}
@@ -42,6 +45,17 @@ wait_exit() {  # wait_exit SECONDS: sets rc to the launcher's exit status; fails
   cat "$work"/*.log; echo "the launcher hung"; exit 1
 }
 
+check_output() {  # check_output LOG WHAT: rank prefixes and progress lines, no terminal codes
+  local log=$1 what=$2
+  grep -q '^\[rank 0\] ' "$log" || { cat "$log"; echo "$what: no [rank 0] lines"; exit 1; }
+  grep -q '^\[rank 1\] ' "$log" || { cat "$log"; echo "$what: no [rank 1] lines"; exit 1; }
+  grep -Eq '^\[rank 0\] step [1-9][0-9]* .*\| loss [0-9.]+ .*\| samples/s [0-9.]+' "$log" ||
+    { cat "$log"; echo "$what: no progress line with step, loss and samples/s"; exit 1; }
+  ! grep -q $'\r' "$log" || { cat "$log"; echo "$what: carriage returns without a TTY"; exit 1; }
+  ! grep -q 'ddptrainsink-step' <(grep '^\[rank 0\]' "$log") ||
+    { cat "$log"; echo "$what: rank 0's step messages printed raw instead of as progress"; exit 1; }
+}
+
 # 1. Ctrl-C: EOS, final checkpoint, exit 0.
 launch int
 wait_steps "$work/int.jsonl" 3
@@ -52,6 +66,8 @@ last=$("$py" -c 'import json,sys; print(max(json.loads(l)["step"] for l in open(
 ckpt=$(ls "$work/int" | grep '^step-' | tail -1)
 [[ $ckpt == $(printf 'step-%08d' "$last") ]] || { cat "$work/int.log"; echo "final checkpoint '$ckpt', last step $last"; exit 1; }
 echo "Ctrl-C: EOS after step $last, final checkpoint $ckpt"
+check_output "$work/int.log" "videotrain-run -f"
+echo "videotrain-run -f: [rank N] prefixes and progress lines"
 
 # 2. A rank dies: the others are stopped, non-zero exit.
 launch kill
@@ -64,4 +80,15 @@ wait_exit 90
 grep -q "rank 1 exited" "$work/kill.log" || { cat "$work/kill.log"; echo "no word of rank 1"; exit 1; }
 pgrep -f "$work/kill" >/dev/null && { echo "ranks left running"; exit 1; }
 echo "dead rank 1: launcher exit status $rc, no rank left"
-echo "2 passed, 0 failed"
+
+# 3. The gst-launch-1.0 -m form of the README: same prefixes and progress lines.
+"$build/tools/videotrain-launch" -n 2 -- gst-launch-1.0 -m \
+  csvvideosrc location="$work/data/train.csv" num-frames=5 width=32 height=32 num-epochs=0 prefetch=1 ! \
+  vaeencoder model="$work/vae" ! queue ! microbatcher batch-size=2 micro-batch-size=1 ! \
+  ddptrainsink model=builtin:tiny-unet3d max-steps=3 log-every=1 checkpoint-dir="$work/gst" timeout=60 \
+  > "$work/gst.log" 2>&1 || { cat "$work/gst.log"; echo "gst-launch-1.0 -m run failed"; exit 1; }
+grep -q 'Got message #' "$work/gst.log" || { cat "$work/gst.log"; echo "gst-launch-1.0 printed no messages"; exit 1; }
+check_output "$work/gst.log" "gst-launch-1.0 -m"
+grep -Eq '^\[rank 0\] step 3 ' "$work/gst.log" || { cat "$work/gst.log"; echo "gst-launch-1.0 -m: no progress for step 3"; exit 1; }
+echo "gst-launch-1.0 -m: [rank N] prefixes and progress lines"
+echo "4 passed, 0 failed"
