@@ -176,6 +176,7 @@ struct TrainerEngine::Impl {
   uint64_t window_samples = 0;
 
   std::vector<Message> messages;
+  std::mutex log_mu;  // metrics file and events: the training thread and validation write
   TfEventsWriter tb;
   bool tb_open = false;
 
@@ -352,6 +353,7 @@ double TrainerEngine::Impl::grad_norm() const {
 
 void TrainerEngine::Impl::append_metrics(const json &j) {
   if (cfg.metrics_file.empty() || rank != 0) return;
+  std::lock_guard<std::mutex> lock(log_mu);
   std::ofstream out(cfg.metrics_file, std::ios::app);
   if (!out) {
     warn("cannot append to metrics-file '" + cfg.metrics_file + "'");
@@ -391,6 +393,7 @@ void TrainerEngine::Impl::report(const StepReport &r) {
                                                   {"train/samples_per_second", static_cast<float>(r.samples_per_s)},
                                                   {"train/data_wait", static_cast<float>(r.data_wait)}};
       if (std::isfinite(r.grad_norm)) s.emplace_back("train/grad_norm", static_cast<float>(r.grad_norm));
+      std::lock_guard<std::mutex> lock(log_mu);
       tb.add_scalars(static_cast<int64_t>(r.step), s);
     }
   }
@@ -800,8 +803,21 @@ void TrainerEngine::stop() {
   if (im.group) im.group->mark_exit();
   im.reducer.reset();
   im.group.reset();
+  std::lock_guard<std::mutex> lock(im.log_mu);
   im.tb.close();
   im.tb_open = false;
+}
+
+bool TrainerEngine::append_log(const std::string &json_line, uint64_t step,
+                               const std::vector<std::pair<std::string, float>> &scalars) {
+  auto &im = *impl_;
+  if (im.rank != 0) return true;
+  std::lock_guard<std::mutex> lock(im.log_mu);
+  if (im.tb_open && !scalars.empty()) im.tb.add_scalars(static_cast<int64_t>(step), scalars);
+  if (im.cfg.metrics_file.empty()) return true;
+  std::ofstream out(im.cfg.metrics_file, std::ios::app);
+  out << json_line << "\n";
+  return static_cast<bool>(out.flush());
 }
 
 const std::string &TrainerEngine::error() const { return impl_->error; }

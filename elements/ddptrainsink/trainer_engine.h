@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace at {
@@ -150,6 +151,11 @@ class TrainerEngine {
   using StepCallback = std::function<void(const StepReport &)>;
   int add_step_callback(StepCallback cb);
   void remove_step_callback(int id);
+  // Rank 0 appends a record from another thread (validation) to the trainer's metrics file
+  // (one JSON line) and TensorBoard events, so that each stays one file. False when the
+  // metrics file cannot be written; nothing on other ranks.
+  bool append_log(const std::string &json_line, uint64_t step,
+                  const std::vector<std::pair<std::string, float>> &scalars);
 
   // Parameters copied to CPU float32, by name (tests, equivalence checks).
   std::map<std::string, std::vector<float>> parameters_cpu() const;

@@ -157,21 +157,16 @@ static gboolean gst_ddp_val_sink_start(GstBaseSink *sink) {
   }
   std::shared_ptr<TrainerEngine> te;
   if (!find_trainer(self, &te)) return FALSE;
-  // Distributed settings and result files come from the trainer.
-  gchar *addr = nullptr, *metrics = nullptr, *tb = nullptr;
+  // Distributed settings come from the trainer (results go to its metrics file and events).
+  gchar *addr = nullptr;
   guint port = 0;
   gdouble timeout = 600;
-  g_object_get(self->trainer, "master-addr", &addr, "master-port", &port, "timeout", &timeout, "metrics-file",
-               &metrics, "tensorboard-dir", &tb, NULL);
+  g_object_get(self->trainer, "master-addr", &addr, "master-port", &port, "timeout", &timeout, NULL);
   DistEnv env = dist_env_from_environment();
   cfg.master_addr = addr && *addr ? addr : env.master_addr;
   cfg.master_port = port > 0 ? static_cast<int>(port) : env.master_port;
   cfg.timeout_s = timeout;
-  cfg.metrics_file = metrics ? metrics : "";
-  cfg.tensorboard_dir = tb ? tb : "";
   g_free(addr);
-  g_free(metrics);
-  g_free(tb);
   self->engine = new ValidationEngine(cfg);
   // The trainer may start after us in this state change: then at the first buffer.
   if (te && !ensure_attached(self)) return FALSE;

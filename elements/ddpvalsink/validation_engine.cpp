@@ -12,13 +12,11 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
-#include <fstream>
 #include <limits>
 #include <mutex>
 #include <optional>
 #include <sstream>
 
-#include "ddptrainsink/tfevents.h"
 #include "ddptrainsink/train_model.h"
 #include "ddptrainsink/trainer_engine.h"
 #include "ddptrainsink/trainer_snapshot.h"
@@ -165,8 +163,6 @@ struct Hub {
   std::mutex dispatch_mu;  // one dispatch at a time (training thread, at-start, EOS)
   std::mutex group_mu;
   std::unique_ptr<ValGroup> group;
-  TfEventsWriter tb;
-  bool tb_tried = false;
 
   ~Hub() {
     if (trainer && cb_id) trainer->remove_step_callback(cb_id);
@@ -291,29 +287,19 @@ struct Hub {
   void append_result(uint64_t step, double loss, uint64_t samples, double seconds) {
     if (rank != 0) return;
     auto num = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); };
-    if (!cfg.metrics_file.empty()) {
-      std::ofstream out(cfg.metrics_file, std::ios::app);
-      if (out)
-        out << nlohmann::json{{"type", "validation"},
-                              {"step", step},
-                              {"loss", num(loss)},
-                              {"samples", samples},
-                              {"seconds", seconds},
-                              {"time", std::chrono::duration<double>(
-                                           std::chrono::system_clock::now().time_since_epoch())
-                                           .count()}}
-                   .dump()
-            << "\n";
-    }
-    if (!cfg.tensorboard_dir.empty()) {
-      if (!tb_tried) {
-        tb_tried = true;
-        std::string err;
-        if (!tb.open(cfg.tensorboard_dir, "ddpvalsink", &err)) note("warning", step, err);
-      }
-      if (!tb.path().empty() && std::isfinite(loss))
-        tb.add_scalars(static_cast<int64_t>(step), {{"val/loss", static_cast<float>(loss)}});
-    }
+    const auto line =
+        nlohmann::json{
+            {"type", "validation"},
+            {"step", step},
+            {"loss", num(loss)},
+            {"samples", samples},
+            {"seconds", seconds},
+            {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}}
+            .dump();
+    std::vector<std::pair<std::string, float>> scalars;
+    if (std::isfinite(loss)) scalars.emplace_back("val/loss", static_cast<float>(loss));
+    if (!trainer->append_log(line, step, scalars))
+      note("warning", step, "cannot append the validation result to the trainer's metrics-file");
   }
 };
 

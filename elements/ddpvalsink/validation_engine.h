@@ -42,9 +42,6 @@ struct ValidationConfig {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   double timeout_s = 600.0;
-  // Where rank 0 appends results (the trainer's metrics-file / tensorboard-dir).
-  std::string metrics_file;
-  std::string tensorboard_dir;
 };
 
 // One validation sample as the metas describe it.

@@ -1,8 +1,11 @@
 /* ValidationEngine with a real TrainerEngine (one process, CPU): shard filter, padding,
  * deterministic loss per sample id, in-process combine of shards, snapshot slots. */
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <filesystem>
+#include <sstream>
 #include <thread>
 
 #include "test_util.h"
@@ -242,6 +245,41 @@ TEST(ValidationEngine, AModelWithoutValidationStepLeavesTheTrainersNoiseAlone) {
     if (m.name == "ddpvalsink-result") results[m.ints["step"]] = m.numbers["loss"];
   ASSERT_TRUE(results.count(0));
   EXPECT_NEAR(results[0], step0, 1e-6 * std::abs(step0));
+}
+
+TEST(ValidationEngine, ResultsGoToTheTrainersMetricsFileAndEventsFile) {
+  // TensorBoard polls only the newest events file of a run directory: validation must
+  // not open a second one beside the trainer's.
+  vttest::TempDir dir;
+  auto tc = trainer_config("builtin:linear-test");
+  tc.metrics_file = dir.file("metrics.jsonl");
+  tc.tensorboard_dir = dir.file("tb");
+  TrainerEngine trainer(tc);
+  ASSERT_TRUE(trainer.start()) << trainer.error();
+  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  ValidationEngine e(vconfig(0, 1));
+  ASSERT_TRUE(e.attach(t));
+  for (auto &v : rank_samples(3, 0, 1, 0)) ASSERT_EQ(e.push(latent(v.sample_id), {v}), R::kOk) << e.error();
+  MicroBatchInfo info;
+  info.captions = {"x", "y"};
+  ASSERT_EQ(trainer.process_tensor(at::stack({latent(0), latent(1)}), info), ProcessResult::kOk) << trainer.error();
+  trainer.finish();
+  // Epoch 1 ends the at-start pass and is the final validation's (step 1).
+  ASSERT_EQ(feed_epoch(e, rank_samples(3, 0, 1, 1)), R::kEos) << e.error();
+  trainer.stop();
+  std::vector<std::string> events;
+  for (const auto &f : std::filesystem::directory_iterator(tc.tensorboard_dir)) events.push_back(f.path());
+  ASSERT_EQ(events.size(), 1u);
+  const std::string bytes = vttest::read_file(events[0]);
+  EXPECT_NE(bytes.find("train/loss"), std::string::npos);
+  EXPECT_NE(bytes.find("val/loss"), std::string::npos);
+  std::istringstream metrics(vttest::read_file(tc.metrics_file));
+  std::vector<std::string> records;
+  for (std::string line; std::getline(metrics, line);) {
+    auto j = nlohmann::json::parse(line);
+    records.push_back(j.at("type").get<std::string>() + " " + std::to_string(j.at("step").get<int>()));
+  }
+  EXPECT_EQ(records, (std::vector<std::string>{"step 1", "validation 0", "validation 1"}));
 }
 
 TEST(ValidationEngine, AtStartWaitsForABuiltinModelBuiltAtTheFirstMicroBatch) {
