@@ -856,4 +856,17 @@ std::map<std::string, std::vector<float>> TrainerEngine::parameters_cpu() const 
   return out;
 }
 
+ReducerInfo TrainerEngine::reducer_info() const {
+  ReducerInfo out;
+  auto &im = *impl_;
+  if (!im.reducer) return out;
+  out.buckets = im.reducer->bucket_layout();
+  out.bucket_bytes = im.reducer->bucket_bytes();
+  for (const auto &p : im.params) out.param_bytes.push_back(static_cast<size_t>(p.numel()) * p.element_size());
+  out.rebuilt = im.reducer->rebuilt();
+  out.launch_order = im.reducer->last_launch_order();
+  out.pending_at_launch = im.reducer->last_pending_at_launch();
+  return out;
+}
+
 }  // namespace videotrain
