@@ -148,6 +148,37 @@ TEST(TrainerEngine, GradientAccumulationEqualsOneBatch) {
   EXPECT_NEAR(a.last_loss(), b.last_loss(), 1e-6 * std::abs(b.last_loss()));
 }
 
+TEST(TrainerEngine, UnequalMicroBatchesWeighTheirLossBySamples) {
+  // 3 + 1 samples in one step == 4 in one: each micro-batch's loss counts m / S (with
+  // 1 / micro_count the single sample would weigh as much as the other three).
+  auto c = cpu_config("builtin:linear-test");
+  c.lr = 1e-2;
+  TrainerEngine a(c), b(c);
+  ASSERT_TRUE(a.start()) << a.error();
+  ASSERT_TRUE(b.start()) << b.error();
+  std::vector<std::string> caps{"a cat on a mat", "a red car", "", "a red car"};
+  for (uint64_t s = 0; s < 3; s++) {
+    std::vector<at::Tensor> xs;
+    for (int k = 0; k < 4; k++) xs.push_back(sample(s, k));
+    auto x = at::stack(xs);
+    for (auto [first, m] : {std::pair<int, int>{0, 3}, {3, 1}}) {
+      MicroBatchInfo i;
+      i.micro_index = first == 0 ? 0 : 1;
+      i.micro_count = 2;
+      i.step_samples = 4;
+      i.sync = first != 0;
+      i.captions.assign(caps.begin() + first, caps.begin() + first + m);
+      ASSERT_EQ(a.process_tensor(x.narrow(0, first, m), i), ProcessResult::kOk) << a.error();
+    }
+    MicroBatchInfo whole;
+    whole.step_samples = 4;
+    whole.captions = caps;
+    ASSERT_EQ(b.process_tensor(x, whole), ProcessResult::kOk) << b.error();
+    EXPECT_NEAR(a.last_loss(), b.last_loss(), 1e-6 * std::abs(b.last_loss())) << "step " << s + 1;
+  }
+  EXPECT_LT(max_rel_diff(a.parameters_cpu(), b.parameters_cpu()), 1e-5);
+}
+
 TEST(TrainerEngine, SchedulesWarmupAndDecay) {
   for (std::string sched : {"constant", "linear", "cosine"}) {
     auto c = cpu_config("builtin:linear-test");
