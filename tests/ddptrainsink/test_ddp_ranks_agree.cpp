@@ -2,7 +2,8 @@
  * must agree on:
  *  - a non-finite loss on rank 1 only: nan-policy=skip skips the step on both ranks,
  *    nan-policy=fail fails both (neither hangs);
- *  - initial weights: ranks built with different seeds all hold rank 0's after start(). */
+ *  - initial weights: ranks built with different seeds all hold rank 0's after start();
+ *  - resume: a rank that finds no checkpoint while rank 0 resumes makes both fail. */
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -146,4 +147,18 @@ TEST(DdpAgree, EveryRankStartsFromRankZerosWeights) {
   ASSERT_NE(rank0, built(4)) << "the seeds must give rank 1 other weights to begin with";
   EXPECT_EQ(read_params(dir.file("r0.params")), rank0);
   EXPECT_EQ(read_params(dir.file("r1.params")), rank0);
+}
+
+TEST(DdpAgree, ResumeFailsWhenTheRanksFindDifferentCheckpoints) {
+  // Each rank has its own checkpoint-dir: rank 0 writes step 2, rank 1 finds nothing.
+  vttest::TempDir dir;
+  ASSERT_TRUE(run_ranks("ckpt", dir));
+  ASSERT_TRUE(std::ifstream(dir.file("r0.ckpt/step-00000002/trainer.json")).good());
+  ASSERT_TRUE(run_ranks("resume", dir));
+  for (const char *f : {"r0", "r1"}) {
+    const std::string got = vttest::read_file(dir.file(f));
+    EXPECT_EQ(got.rfind("error\n", 0), 0u) << f << ": " << got;
+    EXPECT_NE(got.find("rank 0: step 2"), std::string::npos) << f << ": " << got;
+    EXPECT_NE(got.find("rank 1: none"), std::string::npos) << f << ": " << got;
+  }
 }

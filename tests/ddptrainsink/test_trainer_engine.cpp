@@ -336,6 +336,35 @@ TEST(TrainerEngine, ResumedRunRepeatsTheUninterruptedOne) {
   EXPECT_TRUE(fs::exists(dir.file("step-00000020/trainer.json")));
 }
 
+TEST(TrainerEngine, ResumeWarnsOfAChangedScheduleAndClearsKilledRunsFolders) {
+  vttest::TempDir dir;
+  auto c = cpu_config("builtin:linear-test");
+  c.checkpoint_dir = dir.path();
+  c.max_steps = 2;
+  {
+    TrainerEngine e(c);
+    ASSERT_TRUE(e.start()) << e.error();
+    train(e, 0, 2, 1, 1);
+    ASSERT_TRUE(fs::exists(dir.file("step-00000002/trainer.json")));
+  }
+  // What a run killed while writing its checkpoint leaves.
+  fs::create_directories(dir.file(".tmp-step-00000003-4242"));
+  vttest::write_file(dir.file(".tmp-step-00000003-4242/trainer.json"), "{");
+  c.resume = true;
+  c.max_steps = 4;
+  c.lr_schedule = "cosine";
+  TrainerEngine e(c);
+  ASSERT_TRUE(e.start()) << e.error();
+  EXPECT_TRUE(e.resumed());
+  EXPECT_FALSE(fs::exists(dir.file(".tmp-step-00000003-4242")));
+  std::string warning;
+  for (auto &m : e.take_messages())
+    if (m.name == "warning" && m.strings["text"].find("schedule") != std::string::npos) warning = m.strings["text"];
+  EXPECT_NE(warning.find("lr-schedule \"constant\" -> \"cosine\""), std::string::npos) << warning;
+  EXPECT_NE(warning.find("max-steps 2 -> 4"), std::string::npos) << warning;
+  EXPECT_EQ(warning.find("warmup-steps"), std::string::npos) << warning;
+}
+
 // A TorchScript model with one Conv3d, made by Debian's python3-torch into DIR/m.pt.
 std::string make_script_model(vttest::TempDir &dir) {
   const std::string py = vttest::env_or("PYTHON", "/usr/bin/python3");
