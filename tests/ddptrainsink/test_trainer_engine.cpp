@@ -346,6 +346,7 @@ TEST(TrainerEngine, ResumeWarnsOfAChangedScheduleAndClearsKilledRunsFolders) {
     ASSERT_TRUE(e.start()) << e.error();
     train(e, 0, 2, 1, 1);
     ASSERT_TRUE(fs::exists(dir.file("step-00000002/trainer.json")));
+    EXPECT_FALSE(fs::exists(dir.file("step-00000002/rng.pt")));
   }
   // What a run killed while writing its checkpoint leaves.
   fs::create_directories(dir.file(".tmp-step-00000003-4242"));
