@@ -1,5 +1,4 @@
-/* c10d process group set-up and the bucketed gradient reducer (one TU: both are the
- * distributed side of the trainer). */
+/* c10d process group set-up (the gradient reducer that uses it: bucket_reducer.cpp). */
 #include "dist_group.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -13,11 +12,9 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <mutex>
 #include <optional>
 #include <sstream>
 
-#include "bucket_reducer.h"
 #include "c10d_setup.h"
 #include "dist_env.h"
 #include "first_line.h"
@@ -284,194 +281,6 @@ std::string DistGroup::describe_peers() {
         << ") is unreachable: it exited or failed";
   }
   return out.str();
-}
-
-/* ---------------- BucketReducer ---------------- */
-
-struct BucketReducer::Impl {
-  struct Bucket {
-    std::vector<size_t> params;   // indices into params
-    std::vector<int64_t> offsets; // element offset of each param in flat
-    at::Tensor flat;
-    size_t pending = 0;           // params not yet ready in this sync step
-    bool launched = false;
-    c10::intrusive_ptr<c10d::Work> work;
-  };
-  std::vector<at::Tensor> params;
-  std::vector<std::pair<size_t, size_t>> where;  // param -> (bucket, slot)
-  std::vector<Bucket> buckets;
-  std::vector<char> ready;
-  DistGroup *group = nullptr;
-  bool active = false;
-  uint64_t step = 0;
-  size_t next_launch = 0;
-  std::vector<size_t> launch_order;
-  std::mutex mu;  // hooks may run on autograd device threads
-
-  at::Tensor view(size_t p) {
-    auto [b, slot] = where[p];
-    auto &bk = buckets[b];
-    return bk.flat.narrow(0, bk.offsets[slot], params[p].numel()).view(params[p].sizes());
-  }
-
-  void launch_ready() {
-    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
-      auto &bk = buckets[next_launch];
-      std::vector<at::Tensor> t{bk.flat};
-      bk.work = group->allreduce_async(t);
-      bk.launched = true;
-      launch_order.push_back(next_launch);
-      next_launch++;
-    }
-  }
-
-  void on_grad(size_t p, const at::Tensor &grad) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!active || ready[p]) return;
-    // The hook sees the gradient before it is accumulated into .grad: the bucket gets
-    // what .grad will hold after accumulation.
-    at::NoGradGuard ng;
-    auto v = view(p);
-    v.copy_(grad);
-    const auto &g = params[p].grad();
-    if (g.defined()) v.add_(g);
-    ready[p] = 1;
-    auto &bk = buckets[where[p].first];
-    bk.pending--;
-    try {
-      launch_ready();
-    } catch (const std::exception &) {
-      // Left for finish(), which reports it with context.
-    }
-  }
-};
-
-BucketReducer::BucketReducer(std::vector<at::Tensor> params, DistGroup *group, double bucket_cap_mb,
-                             double first_bucket_mb)
-    : impl_(std::make_shared<Impl>()) {
-  auto &im = *impl_;
-  im.params = std::move(params);
-  im.group = group;
-  im.where.resize(im.params.size());
-  im.ready.assign(im.params.size(), 0);
-  const double cap0 = std::max(first_bucket_mb, 0.0) * 1024 * 1024;
-  const double cap = std::max(bucket_cap_mb, 0.0) * 1024 * 1024;
-  // Reverse order: the gradients of the last parameters are produced first.
-  std::vector<std::vector<size_t>> groups;
-  double bytes = 0;
-  at::ScalarType dt = at::kFloat;
-  c10::Device dev(c10::kCPU);
-  for (size_t k = im.params.size(); k-- > 0;) {
-    const auto &p = im.params[k];
-    const double pb = static_cast<double>(p.numel()) * p.element_size();
-    const double limit = groups.size() == 1 ? cap0 : cap;
-    bool fresh = groups.empty() || p.scalar_type() != dt || p.device() != dev || (bytes > 0 && bytes + pb > limit);
-    if (fresh) {
-      groups.emplace_back();
-      bytes = 0;
-      dt = p.scalar_type();
-      dev = p.device();
-    }
-    groups.back().push_back(k);
-    bytes += pb;
-  }
-  for (auto &g : groups) {
-    Impl::Bucket b;
-    int64_t n = 0;
-    for (size_t slot = 0; slot < g.size(); slot++) {
-      b.params.push_back(g[slot]);
-      b.offsets.push_back(n);
-      im.where[g[slot]] = {im.buckets.size(), slot};
-      n += im.params[g[slot]].numel();
-    }
-    const auto &p0 = im.params[g.front()];
-    b.flat = at::zeros({n}, p0.options().requires_grad(false));
-    im.buckets.push_back(std::move(b));
-  }
-  // The parameters may outlive the reducer: hooks hold it weakly.
-  std::weak_ptr<Impl> weak = impl_;
-  for (size_t k = 0; k < im.params.size(); k++) {
-    if (!im.params[k].requires_grad()) continue;
-    im.params[k].register_hook([weak, k](const at::Tensor &grad) {
-      if (auto im = weak.lock()) im->on_grad(k, grad);
-    });
-  }
-}
-
-BucketReducer::~BucketReducer() = default;
-
-void BucketReducer::prepare(bool sync, uint64_t step) {
-  auto &im = *impl_;
-  std::lock_guard<std::mutex> lock(im.mu);
-  im.active = sync;
-  im.step = step;
-  if (!sync) return;
-  std::fill(im.ready.begin(), im.ready.end(), 0);
-  for (auto &b : im.buckets) {
-    b.pending = b.params.size();
-    b.launched = false;
-    b.work.reset();
-  }
-  im.next_launch = 0;
-  im.launch_order.clear();
-}
-
-void BucketReducer::finish() {
-  auto &im = *impl_;
-  std::unique_lock<std::mutex> lock(im.mu);
-  if (!im.active) return;
-  im.active = false;
-  at::NoGradGuard ng;
-  // Parameters that got no gradient in this backward (unused, frozen): their current
-  // gradient (or zeros) so that every rank reduces the same buckets.
-  for (size_t p = 0; p < im.params.size(); p++) {
-    if (im.ready[p]) continue;
-    auto v = im.view(p);
-    const auto &g = im.params[p].grad();
-    if (g.defined())
-      v.copy_(g);
-    else
-      v.zero_();
-    im.ready[p] = 1;
-    im.buckets[im.where[p].first].pending--;
-  }
-  const std::string at_step = " at step " + std::to_string(im.step + 1);
-  try {
-    im.launch_ready();
-  } catch (const std::exception &e) {
-    throw DistError("gradient all-reduce" + at_step + " could not be started: " + im.group->describe_peers() +
-                    " (" + e.what() + ")");
-  }
-  const double inv = 1.0 / im.group->world_size();
-  for (size_t b = 0; b < im.buckets.size(); b++) {
-    auto &bk = im.buckets[b];
-    im.group->wait(bk.work, "gradient all-reduce (bucket " + std::to_string(b) + " of " +
-                                std::to_string(im.buckets.size()) + ")" + at_step);
-    bk.work.reset();
-    bk.flat.mul_(inv);
-  }
-  for (size_t p = 0; p < im.params.size(); p++) {
-    auto &param = im.params[p];
-    if (!param.requires_grad()) continue;
-    auto v = im.view(p);
-    if (param.grad().defined())
-      param.mutable_grad().copy_(v);
-    else
-      param.mutable_grad() = v.clone();
-  }
-}
-
-size_t BucketReducer::num_buckets() const { return impl_->buckets.size(); }
-
-std::vector<std::vector<size_t>> BucketReducer::bucket_layout() const {
-  std::vector<std::vector<size_t>> out;
-  for (auto &b : impl_->buckets) out.push_back(b.params);
-  return out;
-}
-
-std::vector<size_t> BucketReducer::last_launch_order() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->launch_order;
 }
 
 }  // namespace videotrain

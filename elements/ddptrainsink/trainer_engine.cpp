@@ -9,6 +9,7 @@
 #include <torch/version.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -137,6 +138,16 @@ std::vector<FoundCheckpoint> list_checkpoints(const std::string &root) {
   return out;
 }
 
+// Half-written checkpoints of runs that were killed (rank 0 is the only writer).
+void remove_stale_tmp(const std::string &root) {
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return;
+  std::vector<fs::path> stale;
+  for (const auto &e : fs::directory_iterator(root, ec))
+    if (e.path().filename().string().rfind(".tmp-step-", 0) == 0) stale.push_back(e.path());
+  for (const auto &p : stale) fs::remove_all(p, ec);
+}
+
 }  // namespace
 
 struct TrainerEngine::Impl {
@@ -207,6 +218,8 @@ struct TrainerEngine::Impl {
   void join_until_all_end();
   void write_checkpoint();
   void load_checkpoint();
+  void find_checkpoint();
+  void agree_resume_step();
   void report(const StepReport &r);
   void notify(const StepReport &r);  // the step callbacks
   void append_metrics(const json &j);
@@ -543,6 +556,62 @@ void TrainerEngine::Impl::join_until_all_end() {
   }
 }
 
+void TrainerEngine::Impl::find_checkpoint() {
+  auto all = list_checkpoints(cfg.checkpoint_dir);
+  if (all.empty()) {
+    warn("resume=true but checkpoint-dir '" + cfg.checkpoint_dir +
+         "' holds no complete checkpoint: training from scratch");
+    return;
+  }
+  resume_from = all.back();
+  const auto &st = resume_from.state;
+  if (st.value("world_size", 1) != world)
+    throw std::runtime_error("checkpoint '" + resume_from.dir + "' was written by " +
+                             std::to_string(st.value("world_size", 1)) + " rank(s), this run has " +
+                             std::to_string(world) + " (world-size)");
+  if (st.value("model", std::string()) != cfg.model)
+    warn("checkpoint '" + resume_from.dir + "' was written for model '" + st.value("model", std::string()) +
+         "', loading it into '" + cfg.model + "'");
+  // The schedule is computed from these: changed values make the learning rate jump.
+  std::string changed;
+  auto check = [&](const char *prop, const char *key, const json &now) {
+    if (st.contains(key) && st.at(key) != now)
+      changed += std::string(changed.empty() ? "" : ", ") + prop + " " + st.at(key).dump() + " -> " + now.dump();
+  };
+  check("lr-schedule", "lr_schedule", cfg.lr_schedule);
+  check("max-steps", "max_steps", cfg.max_steps);
+  check("warmup-steps", "warmup_steps", cfg.warmup_steps);
+  if (!changed.empty())
+    warn("resuming from '" + resume_from.dir + "' with a different schedule (" + changed +
+         "): the learning rate follows the new values from step " + std::to_string(resume_from.step + 1));
+  resumed = true;
+  rp.step = resume_from.step;
+  for (const auto &p : st.at("positions"))
+    if (p.at("rank").get<int>() == rank) {
+      rp.epoch = p.at("epoch").get<unsigned>();
+      rp.clip = p.at("clip").get<uint64_t>();
+    }
+  steps_done = resume_from.step;
+  if (cfg.latent_channels <= 0) cfg.latent_channels = st.value("latent_channels", 0);
+}
+
+void TrainerEngine::Impl::agree_resume_step() {
+  // Without a shared filesystem a rank may find no checkpoint (or an older one) and
+  // would train out of step with the others, silently: every rank's step, then compare.
+  auto steps = torch::zeros({world}, torch::TensorOptions().dtype(torch::kLong));
+  steps[rank] = static_cast<int64_t>(resumed ? resume_from.step : 0);
+  std::vector<at::Tensor> t{backend == "nccl" ? steps.to(device) : steps};
+  group->allreduce(t, "resume step agreement");
+  steps = t[0].to(torch::kCPU);
+  const auto *v = steps.data_ptr<int64_t>();
+  if (std::all_of(v, v + world, [&](int64_t x) { return x == v[0]; })) return;
+  std::string who;
+  for (int r = 0; r < world; r++)
+    who += (r ? ", " : "") + ("rank " + std::to_string(r) + ": " + (v[r] ? "step " + std::to_string(v[r]) : "none"));
+  throw std::runtime_error("resume=true: the ranks found different checkpoints in checkpoint-dir (" + who +
+                           "); every rank must see the same checkpoint-dir (a shared filesystem)");
+}
+
 void TrainerEngine::Impl::write_checkpoint() {
   if (!model || last_ckpt_step == steps_done) return;
   last_ckpt_step = steps_done;
@@ -562,7 +631,8 @@ void TrainerEngine::Impl::write_checkpoint() {
     model_file = model->save(tmp);
     torch::save(*opt, tmp + "/optimizer.pt");
   }
-  torch::save(at::detail::getDefaultCPUGenerator().get_state(), tmp + "/rng.pt");
+  // No generator state: every step reseeds from (seed, rank, step), so a resume draws
+  // the same numbers as an uninterrupted run.
   json pos = json::array();
   for (int r = 0; r < static_cast<int>(positions.size()); r++)
     pos.push_back({{"rank", r}, {"epoch", positions[r].first}, {"clip", positions[r].second}});
@@ -579,8 +649,7 @@ void TrainerEngine::Impl::write_checkpoint() {
                 {"world_size", world},
                 {"positions", pos},
                 {"optimizer_file", "optimizer.pt"},
-                {"rng_file", "rng.pt"},
-                {"rng_note", "the generator is reseeded every step from seed, rank and step"}};
+                {"rng_note", "no generator state: each step reseeds from seed, rank and step"}};
   {
     std::ofstream out(tmp + "/trainer.json");
     out << state.dump(2) << "\n";
@@ -621,31 +690,11 @@ bool TrainerEngine::start() {
       o.timeout = std::chrono::milliseconds(static_cast<int64_t>(im.cfg.timeout_s * 1000));
       im.group = std::make_unique<DistGroup>(o);
     }
+    if (im.rank == 0 && !im.cfg.checkpoint_dir.empty()) remove_stale_tmp(im.cfg.checkpoint_dir);
     if (im.cfg.resume) {
-      auto all = list_checkpoints(im.cfg.checkpoint_dir);
-      if (all.empty()) {
-        im.warn("resume=true but checkpoint-dir '" + im.cfg.checkpoint_dir +
-                "' holds no complete checkpoint: training from scratch");
-      } else {
-        im.resume_from = all.back();
-        const auto &st = im.resume_from.state;
-        if (st.value("world_size", 1) != im.world)
-          return im.fail("checkpoint '" + im.resume_from.dir + "' was written by " +
-                         std::to_string(st.value("world_size", 1)) + " rank(s), this run has " +
-                         std::to_string(im.world) + " (world-size)");
-        if (st.value("model", std::string()) != im.cfg.model)
-          im.warn("checkpoint '" + im.resume_from.dir + "' was written for model '" +
-                  st.value("model", std::string()) + "', loading it into '" + im.cfg.model + "'");
-        im.resumed = true;
-        im.rp.step = im.resume_from.step;
-        for (const auto &p : st.at("positions"))
-          if (p.at("rank").get<int>() == im.rank) {
-            im.rp.epoch = p.at("epoch").get<unsigned>();
-            im.rp.clip = p.at("clip").get<uint64_t>();
-          }
-        im.steps_done = im.resume_from.step;
-        if (im.cfg.latent_channels <= 0) im.cfg.latent_channels = st.value("latent_channels", 0);
-      }
+      im.find_checkpoint();
+      // Before any model collective: a rank that resumes builds its model now.
+      if (im.group) im.agree_resume_step();
     }
     if (!is_builtin_spec(im.cfg.model) || im.cfg.latent_channels > 0) im.build_model(im.cfg.latent_channels);
     if (!im.cfg.tensorboard_dir.empty() && im.rank == 0) {
@@ -874,6 +923,19 @@ std::map<std::string, std::vector<float>> TrainerEngine::parameters_cpu() const 
     auto c = p.detach().to(torch::kCPU, torch::kFloat).contiguous();
     out[n] = std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
   }
+  return out;
+}
+
+ReducerInfo TrainerEngine::reducer_info() const {
+  ReducerInfo out;
+  auto &im = *impl_;
+  if (!im.reducer) return out;
+  out.buckets = im.reducer->bucket_layout();
+  out.bucket_bytes = im.reducer->bucket_bytes();
+  for (const auto &p : im.params) out.param_bytes.push_back(static_cast<size_t>(p.numel()) * p.element_size());
+  out.rebuilt = im.reducer->rebuilt();
+  out.launch_order = im.reducer->last_launch_order();
+  out.pending_at_launch = im.reducer->last_pending_at_launch();
   return out;
 }
 

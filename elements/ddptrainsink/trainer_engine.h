@@ -88,6 +88,17 @@ struct ResumePoint {
   uint64_t step = 0;  // next optimizer step
 };
 
+// The gradient reducer after the last sync step (tests; see bucket_reducer.h). Empty
+// with one rank.
+struct ReducerInfo {
+  std::vector<std::vector<size_t>> buckets;  // parameter indices, in launch order
+  std::vector<size_t> bucket_bytes;
+  std::vector<size_t> param_bytes;           // by parameter index
+  bool rebuilt = false;                      // buckets follow the gradients' arrival order
+  std::vector<size_t> launch_order;          // buckets as launched in the last sync step
+  std::vector<size_t> pending_at_launch;     // gradients still to come at each launch
+};
+
 // Copy of the trained state at a step boundary (torch types: see trainer_snapshot.h).
 struct ParamSnapshot;
 
@@ -159,6 +170,7 @@ class TrainerEngine {
 
   // Parameters copied to CPU float32, by name (tests, equivalence checks).
   std::map<std::string, std::vector<float>> parameters_cpu() const;
+  ReducerInfo reducer_info() const;
 
   struct Impl;
 

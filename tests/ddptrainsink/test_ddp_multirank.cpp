@@ -8,7 +8,10 @@
  *    step 4 with the weights of one rank trained on what was there (rank 0 joins the
  *    steps it has no samples for);
  *  - torchrun's agent store: the test serves the store as the elastic agent does and
- *    runs the ranks twice on it (a restart), as `torchrun --no-python` would. */
+ *    runs the ranks twice on it (a restart), as `torchrun --no-python` would;
+ *  - buckets: after the first step they follow the gradients' arrival order, the same
+ *    on both ranks, and all-reduces start while backward still has gradients to come.
+ * What the ranks must agree on (NaN, initial weights, resume): test_ddp_ranks_agree.cpp. */
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -17,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -30,99 +34,89 @@
 #include "c10d_setup.h"
 
 #include "ddptrainsink/trainer_engine.h"
+#include "ddp_ranks.h"
 #include "multirank.h"
 #include "test_util.h"
 
 using namespace videotrain;
+using namespace ddptest;
 
 namespace {
 
 constexpr int kSteps = 5;
-constexpr int64_t kC = 80;  // caption table 4096 x 80 floats > 1 MB: the first bucket holds it alone
+constexpr double kBucketCapMb = 0.25;
 
-at::Tensor sample(int step, int k) {
-  auto g = at::detail::createCPUGenerator(5000 + step * 31 + k);
-  return at::randn({kC, 2, 4, 4}, g);
-}
-
-std::string caption(int k) { return k % 3 == 0 ? "waves on a beach" : (k % 3 == 1 ? "a dog runs" : ""); }
-
-// Micro-batch of samples [first, first + m) of `step`'s 8.
-void feed(TrainerEngine &e, int step, int first, int m, unsigned idx, unsigned count, unsigned step_samples) {
-  std::vector<at::Tensor> xs;
-  MicroBatchInfo info;
-  info.step = step;
-  info.micro_index = idx;
-  info.micro_count = count;
-  info.step_samples = step_samples;
-  info.sync = idx + 1 == count;
-  info.next_clip = (step + 1) * step_samples;
-  for (int k = first; k < first + m; k++) {
-    xs.push_back(sample(step, k));
-    info.captions.push_back(caption(k));
+// The reducer after a step, one "key values..." line each (buckets as "i,j;k;").
+std::string describe(const ReducerInfo &ri) {
+  std::ostringstream o;
+  auto list = [&](const char *key, const std::vector<size_t> &v) {
+    o << key;
+    for (size_t x : v) o << " " << x;
+    o << "\n";
+  };
+  o << "rebuilt " << ri.rebuilt << "\nlayout ";
+  for (const auto &b : ri.buckets) {
+    for (size_t i = 0; i < b.size(); i++) o << (i ? "," : "") << b[i];
+    o << ";";
   }
-  auto r = e.process_tensor(at::stack(xs), info);
-  ASSERT_EQ(r, ProcessResult::kOk) << e.error();
+  o << "\n";
+  list("bucket_bytes", ri.bucket_bytes);
+  list("param_bytes", ri.param_bytes);
+  list("launch", ri.launch_order);
+  list("pending", ri.pending_at_launch);
+  return o.str();
 }
 
-TrainerConfig config() {
-  TrainerConfig c;
-  c.model = "builtin:linear-test";
-  c.device = "cpu";
-  c.lr = 1e-2;
-  c.seed = 3;
-  c.backend = "gloo";
-  c.log_every = 1;
-  c.bucket_cap_mb = 0.01;  // several buckets even for this small model
-  return c;
-}
-
-void write_params(const std::string &path, const std::map<std::string, std::vector<float>> &p) {
-  std::ofstream out(path, std::ios::binary);
-  for (const auto &[name, v] : p) {
-    uint64_t n = v.size();
-    out << name << '\n';
-    out.write(reinterpret_cast<const char *>(&n), sizeof(n));
-    out.write(reinterpret_cast<const char *>(v.data()), n * sizeof(float));
+// "key" -> its line's values, from one describe().
+std::map<std::string, std::vector<std::string>> parse(const std::string &text) {
+  std::map<std::string, std::vector<std::string>> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream l(line);
+    std::string key, v;
+    l >> key;
+    while (l >> v) out[key].push_back(v);
   }
+  return out;
 }
 
-std::map<std::string, std::vector<float>> read_params(const std::string &path) {
-  std::map<std::string, std::vector<float>> p;
-  std::ifstream in(path, std::ios::binary);
-  std::string name;
-  while (std::getline(in, name)) {
-    uint64_t n = 0;
-    in.read(reinterpret_cast<char *>(&n), sizeof(n));
-    std::vector<float> v(n);
-    in.read(reinterpret_cast<char *>(v.data()), n * sizeof(float));
-    p[name] = std::move(v);
-  }
-  return p;
+std::vector<size_t> numbers(const std::vector<std::string> &v) {
+  std::vector<size_t> out;
+  for (const auto &s : v) out.push_back(std::stoull(s));
+  return out;
 }
 
-// Every parameter tensor within 1e-5 relative error, ||a - b|| / ||b||.
-void expect_params_near(std::map<std::string, std::vector<float>> got,
-                        const std::map<std::string, std::vector<float>> &want, const std::string &who) {
-  ASSERT_EQ(got.size(), want.size()) << who;
-  for (const auto &[name, v] : want) {
-    ASSERT_EQ(got[name].size(), v.size()) << who << " " << name;
-    double d2 = 0, n2 = 0;
-    for (size_t i = 0; i < v.size(); i++) {
-      const double d = double(got[name][i]) - v[i];
-      d2 += d * d;
-      n2 += double(v[i]) * v[i];
+// builtin:tiny-unet3d (its caption embedding, registered last, is used first), 2 steps
+// of 2 micro-batches; the reducer after each step to OUT.1 and OUT.2.
+void buckets_rank(const std::string &out) {
+  auto c = config();
+  c.model = "builtin:tiny-unet3d";
+  c.latent_channels = 4;
+  c.bucket_cap_mb = kBucketCapMb;
+  TrainerEngine e(c);
+  ASSERT_TRUE(e.start()) << e.error();
+  const int r = e.rank();
+  for (int s = 0; s < 2; s++) {
+    for (unsigned i = 0; i < 2; i++) {
+      auto g = at::detail::createCPUGenerator(700 + 10 * s + 2 * r + i);
+      MicroBatchInfo info;
+      info.micro_index = i;
+      info.micro_count = 2;
+      info.step_samples = 4;
+      info.sync = i == 1;
+      info.captions = {"a cat", "a dog on a beach"};
+      ASSERT_EQ(e.process_tensor(at::randn({2, 4, 2, 8, 8}, g), info), ProcessResult::kOk) << e.error();
     }
-    EXPECT_LT(std::sqrt(d2 / std::max(n2, 1e-30)), 1e-5) << who << " " << name;
+    std::ofstream(out + "." + std::to_string(s + 1)) << describe(e.reducer_info());
   }
+  write_params(out + ".params", e.parameters_cpu());
+  e.stop();
 }
 
-// Starts this binary as rank `rank` of 2 in `mode`, writing its results to `out`.
 pid_t spawn(const std::string &mode, int rank, int port, const std::string &out,
             std::vector<std::pair<std::string, std::string>> env = {}) {
-  env.emplace_back("VT_DDP_MODE", mode);
-  env.emplace_back("VT_DDP_OUT", out);
-  return vttest::spawn_rank("DdpWorker.Rank", rank, 2, port, env);
+  return ddptest::spawn_worker("DdpWorker.Rank", mode, rank, port, out, std::move(env));
 }
 
 }  // namespace
@@ -132,6 +126,7 @@ TEST(DdpWorker, Rank) {
   const char *mode = std::getenv("VT_DDP_MODE");
   const std::string out = std::getenv("VT_DDP_OUT") ? std::getenv("VT_DDP_OUT") : "";
   ASSERT_TRUE(mode && !out.empty()) << "run by the Ddp tests only";
+  if (std::string(mode) == "buckets") return buckets_rank(out);
   auto c = config();
   if (std::string(mode) != "equivalence") c.timeout_s = std::atof(vttest::env_or("VT_DDP_TIMEOUT", "5").c_str());
   TrainerEngine e(c);
@@ -324,4 +319,59 @@ TEST(Ddp, TorchrunAgentStoreServesTheRanksAcrossARestart) {
       EXPECT_EQ(vttest::read_file(dir.file(f)).substr(0, 3), "ok ")
           << "attempt " << attempt << " " << f << ": " << vttest::read_file(dir.file(f));
   }
+}
+
+TEST(Ddp, BucketsFollowTheGradientsArrivalOrderAndOverlapBackward) {
+  vttest::TempDir dir;
+  const int port = vttest::free_port();
+  std::vector<pid_t> pids{spawn("buckets", 0, port, dir.file("r0")), spawn("buckets", 1, port, dir.file("r1"))};
+  std::vector<int> st;
+  ASSERT_TRUE(vttest::wait_all(pids, &st, 120)) << "a rank hung";
+  for (int w : st) ASSERT_TRUE(WIFEXITED(w) && WEXITSTATUS(w) == 0) << "rank failed: " << w;
+  auto r0 = parse(vttest::read_file(dir.file("r0.2")));
+  auto r1 = parse(vttest::read_file(dir.file("r1.2")));
+  ASSERT_EQ(r0["rebuilt"], std::vector<std::string>{"1"});
+  EXPECT_EQ(parse(vttest::read_file(dir.file("r0.1")))["rebuilt"], std::vector<std::string>{"1"})
+      << "rebuilt after the first step";
+  // Both ranks launch the same buckets in the same order: rank 0's layout everywhere.
+  EXPECT_EQ(r0["layout"], r1["layout"]);
+  EXPECT_EQ(r0["bucket_bytes"], r1["bucket_bytes"]);
+  const auto bytes = numbers(r0["bucket_bytes"]);
+  const auto param_bytes = numbers(r0["param_bytes"]);
+  ASSERT_GT(bytes.size(), 2u);
+  std::vector<size_t> in_order(bytes.size());
+  for (size_t b = 0; b < in_order.size(); b++) in_order[b] = b;
+  for (auto *r : {&r0, &r1}) EXPECT_EQ(numbers((*r)["launch"]), in_order);
+  // Every parameter in exactly one bucket; caps: 1 MB first, then bucket-cap-mb, unless
+  // a bucket is one parameter bigger than that.
+  ASSERT_EQ(r0["layout"].size(), 1u);
+  std::vector<int> seen(param_bytes.size(), 0);
+  std::istringstream layout(r0["layout"][0]);
+  std::string bucket;
+  for (size_t b = 0; std::getline(layout, bucket, ';'); b++) {
+    std::istringstream in(bucket);
+    std::string idx;
+    size_t n = 0, sum = 0;
+    while (std::getline(in, idx, ',')) {
+      const size_t p = std::stoull(idx);
+      ASSERT_LT(p, seen.size());
+      seen[p]++;
+      sum += param_bytes[p];
+      n++;
+    }
+    ASSERT_LT(b, bytes.size());
+    EXPECT_EQ(sum, bytes[b]) << "bucket " << b;
+    const double cap = (b == 0 ? 1.0 : kBucketCapMb) * 1024 * 1024;
+    if (n > 1) {
+      EXPECT_LE(double(bytes[b]), cap) << "bucket " << b;
+    }
+  }
+  for (size_t p = 0; p < seen.size(); p++) EXPECT_EQ(seen[p], 1) << "parameter " << p;
+  // Overlap: some bucket went out while backward still had gradients to produce.
+  for (auto *r : {&r0, &r1}) {
+    const auto pending = numbers((*r)["pending"]);
+    ASSERT_EQ(pending.size(), bytes.size());
+    EXPECT_GT(*std::max_element(pending.begin(), pending.end()), 0u) << "every bucket waited for the whole backward";
+  }
+  EXPECT_EQ(read_params(dir.file("r0.params")), read_params(dir.file("r1.params")));
 }

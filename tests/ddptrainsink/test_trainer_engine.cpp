@@ -148,6 +148,37 @@ TEST(TrainerEngine, GradientAccumulationEqualsOneBatch) {
   EXPECT_NEAR(a.last_loss(), b.last_loss(), 1e-6 * std::abs(b.last_loss()));
 }
 
+TEST(TrainerEngine, UnequalMicroBatchesWeighTheirLossBySamples) {
+  // 3 + 1 samples in one step == 4 in one: each micro-batch's loss counts m / S (with
+  // 1 / micro_count the single sample would weigh as much as the other three).
+  auto c = cpu_config("builtin:linear-test");
+  c.lr = 1e-2;
+  TrainerEngine a(c), b(c);
+  ASSERT_TRUE(a.start()) << a.error();
+  ASSERT_TRUE(b.start()) << b.error();
+  std::vector<std::string> caps{"a cat on a mat", "a red car", "", "a red car"};
+  for (uint64_t s = 0; s < 3; s++) {
+    std::vector<at::Tensor> xs;
+    for (int k = 0; k < 4; k++) xs.push_back(sample(s, k));
+    auto x = at::stack(xs);
+    for (auto [first, m] : {std::pair<int, int>{0, 3}, {3, 1}}) {
+      MicroBatchInfo i;
+      i.micro_index = first == 0 ? 0 : 1;
+      i.micro_count = 2;
+      i.step_samples = 4;
+      i.sync = first != 0;
+      i.captions.assign(caps.begin() + first, caps.begin() + first + m);
+      ASSERT_EQ(a.process_tensor(x.narrow(0, first, m), i), ProcessResult::kOk) << a.error();
+    }
+    MicroBatchInfo whole;
+    whole.step_samples = 4;
+    whole.captions = caps;
+    ASSERT_EQ(b.process_tensor(x, whole), ProcessResult::kOk) << b.error();
+    EXPECT_NEAR(a.last_loss(), b.last_loss(), 1e-6 * std::abs(b.last_loss())) << "step " << s + 1;
+  }
+  EXPECT_LT(max_rel_diff(a.parameters_cpu(), b.parameters_cpu()), 1e-5);
+}
+
 TEST(TrainerEngine, SchedulesWarmupAndDecay) {
   for (std::string sched : {"constant", "linear", "cosine"}) {
     auto c = cpu_config("builtin:linear-test");
@@ -303,6 +334,36 @@ TEST(TrainerEngine, ResumedRunRepeatsTheUninterruptedOne) {
   }
   EXPECT_LT(max_rel_diff(full.parameters_cpu(), second.parameters_cpu()), 1e-6);
   EXPECT_TRUE(fs::exists(dir.file("step-00000020/trainer.json")));
+}
+
+TEST(TrainerEngine, ResumeWarnsOfAChangedScheduleAndClearsKilledRunsFolders) {
+  vttest::TempDir dir;
+  auto c = cpu_config("builtin:linear-test");
+  c.checkpoint_dir = dir.path();
+  c.max_steps = 2;
+  {
+    TrainerEngine e(c);
+    ASSERT_TRUE(e.start()) << e.error();
+    train(e, 0, 2, 1, 1);
+    ASSERT_TRUE(fs::exists(dir.file("step-00000002/trainer.json")));
+    EXPECT_FALSE(fs::exists(dir.file("step-00000002/rng.pt")));
+  }
+  // What a run killed while writing its checkpoint leaves.
+  fs::create_directories(dir.file(".tmp-step-00000003-4242"));
+  vttest::write_file(dir.file(".tmp-step-00000003-4242/trainer.json"), "{");
+  c.resume = true;
+  c.max_steps = 4;
+  c.lr_schedule = "cosine";
+  TrainerEngine e(c);
+  ASSERT_TRUE(e.start()) << e.error();
+  EXPECT_TRUE(e.resumed());
+  EXPECT_FALSE(fs::exists(dir.file(".tmp-step-00000003-4242")));
+  std::string warning;
+  for (auto &m : e.take_messages())
+    if (m.name == "warning" && m.strings["text"].find("schedule") != std::string::npos) warning = m.strings["text"];
+  EXPECT_NE(warning.find("lr-schedule \"constant\" -> \"cosine\""), std::string::npos) << warning;
+  EXPECT_NE(warning.find("max-steps 2 -> 4"), std::string::npos) << warning;
+  EXPECT_EQ(warning.find("warmup-steps"), std::string::npos) << warning;
 }
 
 // A TorchScript model with one Conv3d, made by Debian's python3-torch into DIR/m.pt.

@@ -1,0 +1,164 @@
+/* Two-process runs (DdpAgreeWorker.Rank, see test_ddp_multirank.cpp) of what the ranks
+ * must agree on:
+ *  - a non-finite loss on rank 1 only: nan-policy=skip skips the step on both ranks,
+ *    nan-policy=fail fails both (neither hangs);
+ *  - initial weights: ranks built with different seeds all hold rank 0's after start();
+ *  - resume: a rank that finds no checkpoint while rank 0 resumes makes both fail. */
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ddp_ranks.h"
+#include "ddptrainsink/trainer_engine.h"
+#include "multirank.h"
+#include "test_util.h"
+
+using namespace videotrain;
+using namespace ddptest;
+
+namespace {
+
+pid_t spawn(const std::string &mode, int rank, int port, const std::string &out,
+            std::vector<std::pair<std::string, std::string>> env = {}) {
+  return ddptest::spawn_worker("DdpAgreeWorker.Rank", mode, rank, port, out, std::move(env));
+}
+
+// Runs both ranks of `mode` to their end; false when one hung or crashed.
+bool run_ranks(const std::string &mode, const vttest::TempDir &dir,
+               const std::vector<std::pair<std::string, std::string>> &env = {}) {
+  const int port = vttest::free_port();
+  std::vector<pid_t> pids{spawn(mode, 0, port, dir.file("r0"), env), spawn(mode, 1, port, dir.file("r1"), env)};
+  std::vector<int> st;
+  if (!vttest::wait_all(pids, &st, 60)) {
+    ADD_FAILURE() << mode << ": a rank hung";
+    return false;
+  }
+  for (int w : st)
+    if (!WIFEXITED(w) || WEXITSTATUS(w) != 0) {
+      ADD_FAILURE() << mode << ": a rank failed: " << w;
+      return false;
+    }
+  return true;
+}
+
+// Rank 1 alone feeds a NaN in step 2 of 3 (one micro-batch of 2 per rank and step).
+void nan_rank(TrainerEngine &e, const std::string &out) {
+  const int r = e.rank();
+  std::vector<int> skipped;
+  const int id = e.add_step_callback([&](const StepReport &rep) {
+    if (!rep.model_built && !rep.finished && rep.skipped) skipped.push_back(static_cast<int>(rep.step));
+  });
+  std::ofstream o(out);
+  Params before;
+  for (int s = 0; s < 3; s++) {
+    if (s == 1) before = e.parameters_cpu();
+    if (feed_result(e, s, 2 * r, 2, 0, 1, 2, s == 1 && r == 1) != ProcessResult::kOk) {
+      o << "error " << e.error() << "\n";
+      e.remove_step_callback(id);
+      return;
+    }
+    if (s == 1) o << "unchanged " << (e.parameters_cpu() == before) << "\n";
+  }
+  e.remove_step_callback(id);
+  o << "ok " << e.steps_done() << " skipped";
+  for (int s : skipped) o << " " << s;
+  o << "\n";
+  write_params(out + ".params", e.parameters_cpu());
+}
+
+}  // namespace
+
+// One rank of a two-process run (started by the tests below, never on its own).
+TEST(DdpAgreeWorker, Rank) {
+  const std::string mode = vttest::env_or("VT_DDP_MODE", "");
+  const std::string out = vttest::env_or("VT_DDP_OUT", "");
+  ASSERT_TRUE(!mode.empty() && !out.empty()) << "run by the DdpAgree tests only";
+  const int rank = std::atoi(vttest::env_or("RANK", "0").c_str());
+  auto c = config();
+  c.timeout_s = 10;
+  if (mode == "nan-fail") c.nan_policy = "fail";
+  if (mode == "init") {
+    c.seed = 3 + rank;         // rank 1 builds other weights...
+    c.latent_channels = kC;    // ...at start()
+  }
+  if (mode == "ckpt" || mode == "resume") c.checkpoint_dir = out + ".ckpt";  // one per rank: no shared filesystem
+  c.resume = mode == "resume";
+  TrainerEngine e(c);
+  if (mode == "resume") {
+    const bool ok = e.start();
+    std::ofstream(out) << (ok ? "ok" : "error") << "\n" << e.error() << "\n";
+    return;
+  }
+  ASSERT_TRUE(e.start()) << e.error();
+  if (mode == "init") {
+    write_params(out + ".params", e.parameters_cpu());
+  } else if (mode == "ckpt") {
+    for (int s = 0; s < 2; s++) feed(e, s, 2 * e.rank(), 2, 0, 1, 2);
+    ASSERT_TRUE(e.finish()) << e.error();  // rank 0 writes step-00000002 into its folder
+  } else {
+    nan_rank(e, out);
+  }
+  e.stop();
+}
+
+TEST(DdpAgree, ANonFiniteLossOnOneRankSkipsTheStepOnBoth) {
+  vttest::TempDir dir;
+  ASSERT_TRUE(run_ranks("nan-skip", dir));
+  for (const char *f : {"r0", "r1"}) {
+    const std::string got = vttest::read_file(dir.file(f));
+    EXPECT_NE(got.find("unchanged 1\n"), std::string::npos) << f << ": the skipped step moved the weights\n" << got;
+    EXPECT_NE(got.find("ok 3 skipped 2\n"), std::string::npos) << f << ": " << got;
+  }
+  const auto p0 = read_params(dir.file("r0.params"));
+  EXPECT_FALSE(p0.empty());
+  EXPECT_EQ(p0, read_params(dir.file("r1.params")));
+}
+
+TEST(DdpAgree, ANonFiniteLossOnOneRankFailsBothWithNanPolicyFail) {
+  vttest::TempDir dir;
+  ASSERT_TRUE(run_ranks("nan-fail", dir));
+  for (const char *f : {"r0", "r1"}) {
+    const std::string got = vttest::read_file(dir.file(f));
+    EXPECT_EQ(got.rfind("error ", 0), 0u) << f << ": " << got;
+    EXPECT_NE(got.find("non-finite loss at step 2 on 1 of 2"), std::string::npos) << f << ": " << got;
+  }
+}
+
+TEST(DdpAgree, EveryRankStartsFromRankZerosWeights) {
+  vttest::TempDir dir;
+  ASSERT_TRUE(run_ranks("init", dir));
+  auto built = [](uint64_t seed) {
+    auto c = config();
+    c.rank = 0;
+    c.world_size = 1;
+    c.seed = seed;
+    c.latent_channels = kC;
+    TrainerEngine e(c);
+    EXPECT_TRUE(e.start()) << e.error();
+    return e.parameters_cpu();
+  };
+  const auto rank0 = built(3);
+  ASSERT_NE(rank0, built(4)) << "the seeds must give rank 1 other weights to begin with";
+  EXPECT_EQ(read_params(dir.file("r0.params")), rank0);
+  EXPECT_EQ(read_params(dir.file("r1.params")), rank0);
+}
+
+TEST(DdpAgree, ResumeFailsWhenTheRanksFindDifferentCheckpoints) {
+  // Each rank has its own checkpoint-dir: rank 0 writes step 2, rank 1 finds nothing.
+  vttest::TempDir dir;
+  ASSERT_TRUE(run_ranks("ckpt", dir));
+  ASSERT_TRUE(std::ifstream(dir.file("r0.ckpt/step-00000002/trainer.json")).good());
+  ASSERT_TRUE(run_ranks("resume", dir));
+  for (const char *f : {"r0", "r1"}) {
+    const std::string got = vttest::read_file(dir.file(f));
+    EXPECT_EQ(got.rfind("error\n", 0), 0u) << f << ": " << got;
+    EXPECT_NE(got.find("rank 0: step 2"), std::string::npos) << f << ": " << got;
+    EXPECT_NE(got.find("rank 1: none"), std::string::npos) << f << ": " << got;
+  }
+}
