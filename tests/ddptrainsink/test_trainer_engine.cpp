@@ -366,33 +366,10 @@ TEST(TrainerEngine, ResumeWarnsOfAChangedScheduleAndClearsKilledRunsFolders) {
   EXPECT_EQ(warning.find("warmup-steps"), std::string::npos) << warning;
 }
 
-// A TorchScript model with one Conv3d, made by Debian's python3-torch into DIR/m.pt.
-std::string make_script_model(vttest::TempDir &dir) {
-  const std::string py = vttest::env_or("PYTHON", "/usr/bin/python3");
-  const std::string model = dir.file("m.pt");
-  vttest::write_file(dir.file("make.py"), R"(
-import sys, torch
-from typing import List
-class M(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv3d(4, 4, 1)
-    @torch.jit.export
-    def training_step(self, latents: torch.Tensor, captions: List[str]) -> torch.Tensor:
-        noise = torch.randn_like(latents)
-        return ((self.conv(latents + 0.1 * noise) - latents.flip(1)) ** 2).mean()
-    def forward(self, x):
-        return self.conv(x)
-torch.jit.script(M()).save(sys.argv[1])
-)");
-  EXPECT_EQ(std::system((py + " " + dir.file("make.py") + " " + model).c_str()), 0);
-  return model;
-}
-
 TEST(TrainerEngine, TorchScriptCpuFusionIsOffUnlessAskedFor) {
   // LLVM builds of LibTorch stalled at the third step compiling fused CPU kernels.
   vttest::TempDir dir;
-  const std::string model = make_script_model(dir);
+  const std::string model = vttest::make_script_model(dir);
   torch::jit::overrideCanFuseOnCPU(true);
   {
     TrainerEngine e(cpu_config(model));
@@ -412,7 +389,7 @@ TEST(TrainerEngine, TorchScriptCpuFusionIsOffUnlessAskedFor) {
 TEST(TrainerEngine, CheckpointsRotateAndTorchScriptWeightsLoadInPython) {
   vttest::TempDir dir;
   const std::string py = vttest::env_or("PYTHON", "/usr/bin/python3");
-  const std::string model = make_script_model(dir);
+  const std::string model = vttest::make_script_model(dir);
   ASSERT_FALSE(HasFailure());
   auto c = cpu_config(model);
   c.checkpoint_dir = dir.file("ckpt");
