@@ -51,7 +51,7 @@ ScheduleSlot Schedule::at(uint32_t epoch, uint64_t clip) const {
 
 ScheduleSlot Schedule::replacement(uint32_t epoch, uint64_t clip, uint64_t k) const {
   ScheduleSlot s = at(epoch, (clip + k) % clips_per_epoch_);
-  s.padding = at(epoch, clip).padding;
+  s.padding = true;  // a repeat of another sample of the shard
   return s;
 }
 

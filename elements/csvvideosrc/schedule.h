@@ -33,7 +33,7 @@ class Schedule {
   ScheduleSlot at(uint32_t epoch, uint64_t clip) const;
 
   // The k-th (k >= 1) replacement candidate for a failed clip: another sample of the
-  // rank's shard in the same epoch, walking forward from the failed one.
+  // rank's shard in the same epoch, walking forward from the failed one; flagged as padding.
   ScheduleSlot replacement(uint32_t epoch, uint64_t clip, uint64_t k) const;
 
   // Global position -> row for an epoch (exposed for tests).

@@ -189,7 +189,9 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
         stat_decoded_ += r.clip.frames_decoded;
         if (st == DecodeStatus::Cancelled) return r;
         if (st == DecodeStatus::Ok) {
-          attach_metas(r.clip, row, pos, slot.padding);
+          // A replacement repeats a sample of the shard to keep the ranks even, like padding:
+          // validation counts it out, so its mean stays over each sample once.
+          attach_metas(r.clip, row, pos, slot.padding || k > 0);
           return r;
         }
         if (st == DecodeStatus::Short && cfg_.short_clips == ShortClips::Fail) {

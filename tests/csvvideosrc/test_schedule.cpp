@@ -66,7 +66,7 @@ TEST(Schedule, NoShuffleIsIdentity) {
   EXPECT_TRUE(s.at(3, 2).padding);
 }
 
-TEST(Schedule, ReplacementsComeFromTheSameShardAndKeepPadding) {
+TEST(Schedule, ReplacementsComeFromTheSameShardAndAreMarkedAsPadding) {
   Schedule s(20, 1, 4, true, 9);
   std::set<uint64_t> shard;
   for (uint64_t c = 0; c < s.clips_per_epoch(); c++) shard.insert(s.at(2, c).index);
@@ -74,5 +74,6 @@ TEST(Schedule, ReplacementsComeFromTheSameShardAndKeepPadding) {
     auto r = s.replacement(2, 3, k);
     EXPECT_TRUE(shard.count(r.index));
     EXPECT_EQ(r.index, s.at(2, (3 + k) % s.clips_per_epoch()).index);
+    EXPECT_TRUE(r.padding);
   }
 }

@@ -166,6 +166,10 @@ TEST_F(SourceEngineTest, BadVideosAreReplacedAndReported) {
   EXPECT_EQ(err, "");
   ASSERT_EQ(clips.size(), 5u) << "a bad sample never changes the clip count";
   for (auto &cl : clips) EXPECT_TRUE(cl.sample == 0 || cl.sample == 2) << "only good rows are emitted";
+  std::multiset<uint64_t> counted;  // what validation counts: each good sample once
+  for (auto &cl : clips)
+    if (!cl.padding) counted.insert(cl.sample);
+  EXPECT_EQ(counted, (std::multiset<uint64_t>{0, 2})) << "replacements must be flagged as padding";
   std::set<uint64_t> bad_rows;
   for (auto &ev : events) bad_rows.insert(ev.row);
   EXPECT_EQ(bad_rows, (std::set<uint64_t>{1, 3, 4}));
