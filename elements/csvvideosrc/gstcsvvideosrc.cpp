@@ -35,6 +35,10 @@ struct _GstCsvVideoSrc {
   // Streaming state.
   std::unique_ptr<SourceEngine> *engine;
   guint64 frames_out;
+  // csvvideosrc-epoch, pushed downstream before the frame after an epoch's last one (or
+  // EOS): elements that must know where an epoch ends (microbatcher, ddpvalsink) see it
+  // in order with the frames. Streaming thread only.
+  GstEvent *epoch_event;
 };
 
 G_DEFINE_TYPE(GstCsvVideoSrc, gst_csv_video_src, GST_TYPE_PUSH_SRC);
@@ -251,6 +255,9 @@ static gboolean gst_csv_video_src_start(GstBaseSrc *src) {
                     replaced);
     GstStructure *s = gst_structure_new("csvvideosrc-epoch", "epoch", G_TYPE_UINT, epoch, "clips", G_TYPE_UINT64,
                                         clips, "replaced", G_TYPE_UINT64, replaced, NULL);
+    gst_mini_object_replace(reinterpret_cast<GstMiniObject **>(&self->epoch_event),
+                            GST_MINI_OBJECT_CAST(gst_event_new_custom(GST_EVENT_CUSTOM_DOWNSTREAM,
+                                                                      gst_structure_copy(s))));
     gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), s));
   };
   // A trainer downstream that resumes from a checkpoint says where this rank's data stopped.
@@ -286,6 +293,7 @@ static gboolean gst_csv_video_src_stop(GstBaseSrc *src) {
   self->engine = nullptr;
   GST_OBJECT_UNLOCK(self);
   delete holder;  // stops and joins the workers
+  gst_event_replace(&self->epoch_event, nullptr);
   return TRUE;
 }
 
@@ -319,6 +327,7 @@ static gboolean gst_csv_video_src_do_seek(GstBaseSrc *src, GstSegment *segment) 
   if (target != self->frames_out) {
     GST_DEBUG_OBJECT(self, "seek to clip %" G_GUINT64_FORMAT, clip);
     e->restart_at(clip);
+    gst_event_replace(&self->epoch_event, nullptr);
     self->frames_out = target;
   }
   segment->position = segment->time = segment->start = target * dur;
@@ -351,15 +360,25 @@ static gboolean gst_csv_video_src_unlock_stop(GstBaseSrc *src) {
   return TRUE;
 }
 
+static void push_epoch_event(GstCsvVideoSrc *self) {
+  if (GstEvent *ev = self->epoch_event) {
+    self->epoch_event = nullptr;
+    gst_pad_push_event(GST_BASE_SRC_PAD(self), ev);
+  }
+}
+
 static GstFlowReturn gst_csv_video_src_create(GstPushSrc *src, GstBuffer **buf) {
   auto *self = GST_CSV_VIDEO_SRC(src);
   SourceEngine *e = engine_of(self);
   if (!e) return GST_FLOW_FLUSHING;
   std::string err;
   GstBuffer *frame = nullptr;
+  push_epoch_event(self);
   switch (e->next(&frame, &err)) {
     case SourceEngine::Pull::Frame: break;
-    case SourceEngine::Pull::Eos: return GST_FLOW_EOS;
+    case SourceEngine::Pull::Eos:
+      push_epoch_event(self);  // the last epoch ended with the frame before
+      return GST_FLOW_EOS;
     case SourceEngine::Pull::Flushing: return GST_FLOW_FLUSHING;
     case SourceEngine::Pull::Error:
       GST_ELEMENT_ERROR(self, STREAM, DECODE, ("%s", err.c_str()),
@@ -414,6 +433,7 @@ static void gst_csv_video_src_init(GstCsvVideoSrc *self) {
   self->fps_d = 1;
   self->engine = nullptr;
   self->frames_out = 0;
+  self->epoch_event = nullptr;
   gst_base_src_set_format(GST_BASE_SRC(self), GST_FORMAT_TIME);
   gst_base_src_set_live(GST_BASE_SRC(self), FALSE);
 }

@@ -221,6 +221,15 @@ static GstFlowReturn gst_ddp_val_sink_render(GstBaseSink *sink, GstBuffer *buf) 
 
 static gboolean gst_ddp_val_sink_event(GstBaseSink *sink, GstEvent *event) {
   auto *self = GST_DDP_VAL_SINK(sink);
+  const GstStructure *st = gst_event_get_structure(event);
+  guint epoch = 0;
+  if (GST_EVENT_TYPE(event) == GST_EVENT_CUSTOM_DOWNSTREAM && st && gst_structure_has_name(st, "csvvideosrc-epoch") &&
+      gst_structure_get_uint(st, "epoch", &epoch) && self->engine && self->engine->attached()) {
+    if (flow_of(self, self->engine->end_of_epoch(epoch)) == GST_FLOW_ERROR) {
+      gst_event_unref(event);
+      return FALSE;
+    }
+  }
   if (GST_EVENT_TYPE(event) == GST_EVENT_EOS && self->engine && self->engine->attached()) {
     // Blocks until the trainer is done (then fine) or a validation needs data it lacks.
     GstFlowReturn fr = flow_of(self, self->engine->end_of_stream());

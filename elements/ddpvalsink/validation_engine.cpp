@@ -333,6 +333,7 @@ struct ValidationEngine::Impl {
   std::vector<ValSample> batch_samples;
 
   uint64_t passes = 0, evaluated = 0;
+  bool epochs_marked = false;  // the source sends csvvideosrc-epoch events
   // Micro-batch input: clip index counted here (the batch meta has none per sample).
   bool mb_started = false;
   unsigned mb_epoch = 0;
@@ -731,11 +732,26 @@ ValidationEngine::Result ValidationEngine::push_buffer(GstBuffer *buf) {
   return push(*t, samples);
 }
 
+ValidationEngine::Result ValidationEngine::end_of_epoch(unsigned epoch) {
+  auto &im = *impl_;
+  im.epochs_marked = true;
+  if (!im.hub || !im.active || im.pass_epoch != epoch) return Result::kOk;
+  return im.finish_pass();
+}
+
 ValidationEngine::Result ValidationEngine::end_of_stream() {
   auto &im = *impl_;
   if (!im.hub) return Result::kOk;
   if (im.active) {
-    Result r = im.finish_pass();  // the source ended with its epoch
+    if (im.epochs_marked) {
+      im.end_running();
+      im.active = false;
+      return im.fail("the validation source ended (EOS) in the middle of epoch " + std::to_string(im.pass_epoch) +
+                     ", so the validation of step " + std::to_string(im.pass_step) +
+                     " would cover part of the set: let the validation csvvideosrc run whole epochs "
+                     "(num-epochs=0, no num-buffers)");
+    }
+    Result r = im.finish_pass();  // a source that marks no epochs: it ended with its epoch
     if (r != Result::kOk) return r;
   }
   std::unique_lock<std::mutex> lock(im.hub->mu);

@@ -72,6 +72,10 @@ class ValidationEngine {
   Result push(const at::Tensor &tensor, const std::vector<ValSample> &samples);
   // Same from a buffer with a sample meta (latents) or a batch meta (micro-batch).
   Result push_buffer(GstBuffer *buf);
+  // csvvideosrc-epoch (a serialized event after an epoch's last clip): completes the pass
+  // over that epoch. Once the source has marked an epoch end, EOS in the middle of an
+  // epoch is an error instead of a short pass.
+  Result end_of_epoch(unsigned epoch);
   // The validation source ended: completes a running pass; kOk when nothing more is
   // expected (the trainer finished and everything was validated), else kError (the
   // source cannot feed the validations still to come). Blocks until one is known.

@@ -3,6 +3,8 @@
 #include <gst/video/video.h>
 #include <gtest/gtest.h>
 
+#include <mutex>
+
 #include "metas.h"
 #include "test_util.h"
 
@@ -115,6 +117,46 @@ TEST_F(CsvVideoSrcElement, FramesKeepTheirMetaThroughConvertFlipAndScale) {
     gst_structure_free(s);
   }
   EXPECT_EQ(epochs, 2);
+  gst_element_set_state(p, GST_STATE_NULL);
+  gst_object_unref(p);
+}
+
+TEST_F(CsvVideoSrcElement, AnEpochEventFollowsEachEpochsLastFrameDownstream) {
+  // Serialized, so that elements downstream (microbatcher, ddpvalsink) know where an epoch
+  // ends without waiting for the next one.
+  GstElement *p = launch(src("num-epochs=2") + " ! queue ! appsink name=out sync=false");
+  GstElement *sink = gst_bin_get_by_name(GST_BIN(p), "out");
+  GstPad *pad = gst_element_get_static_pad(sink, "sink");
+  struct Seen {
+    std::mutex m;
+    guint64 frames = 0;
+    std::vector<std::pair<guint, guint64>> events;  // (epoch, frames before it)
+  } seen;
+  gst_pad_add_probe(
+      pad, GstPadProbeType(GST_PAD_PROBE_TYPE_BUFFER | GST_PAD_PROBE_TYPE_EVENT_DOWNSTREAM),
+      [](GstPad *, GstPadProbeInfo *info, gpointer data) {
+        auto *s = static_cast<Seen *>(data);
+        std::lock_guard<std::mutex> g(s->m);
+        if (GST_PAD_PROBE_INFO_TYPE(info) & GST_PAD_PROBE_TYPE_BUFFER) {
+          s->frames++;
+        } else {
+          const GstStructure *st = gst_event_get_structure(GST_PAD_PROBE_INFO_EVENT(info));
+          guint epoch = 99;
+          if (st && gst_structure_has_name(st, "csvvideosrc-epoch") && gst_structure_get_uint(st, "epoch", &epoch))
+            s->events.emplace_back(epoch, s->frames);
+        }
+        return GST_PAD_PROBE_OK;
+      },
+      &seen, nullptr);
+  gst_element_set_state(p, GST_STATE_PLAYING);
+  auto frames = pull_all(p);
+  ASSERT_EQ(frames.size(), 2u * 4u * 3u);
+  {
+    std::lock_guard<std::mutex> g(seen.m);
+    EXPECT_EQ(seen.events, (std::vector<std::pair<guint, guint64>>{{0, 12}, {1, 24}}));
+  }
+  gst_object_unref(pad);
+  gst_object_unref(sink);
   gst_element_set_state(p, GST_STATE_NULL);
   gst_object_unref(p);
 }

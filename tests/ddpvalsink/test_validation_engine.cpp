@@ -282,6 +282,29 @@ TEST(ValidationEngine, ResultsGoToTheTrainersMetricsFileAndEventsFile) {
   EXPECT_EQ(records, (std::vector<std::string>{"step 1", "validation 0", "validation 1"}));
 }
 
+TEST(ValidationEngine, EpochEndEventsCloseAPassAndMakeAMidEpochEosAnError) {
+  TrainerEngine trainer(trainer_config("builtin:linear-test"));
+  ASSERT_TRUE(trainer.start()) << trainer.error();
+  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto cfg = vconfig(0, 1);
+  cfg.every = 1;
+  ValidationEngine e(cfg);
+  ASSERT_TRUE(e.attach(t));
+  for (auto &v : rank_samples(3, 0, 1, 0)) ASSERT_EQ(e.push(latent(v.sample_id), {v}), R::kOk) << e.error();
+  ASSERT_EQ(e.end_of_epoch(0), R::kOk) << e.error();
+  EXPECT_EQ(e.passes_done(), 1u) << "the event ends the pass; no need to wait for the next epoch";
+  EXPECT_EQ(e.last_step(), 0u);
+  MicroBatchInfo info;
+  info.captions = {"x", "y"};
+  ASSERT_EQ(trainer.process_tensor(at::stack({latent(0), latent(1)}), info), ProcessResult::kOk) << trainer.error();
+  auto ep1 = rank_samples(3, 0, 1, 1);
+  ASSERT_EQ(e.push(latent(ep1[0].sample_id), {ep1[0]}), R::kOk) << e.error();
+  ASSERT_EQ(e.push(latent(ep1[1].sample_id), {ep1[1]}), R::kOk) << e.error();
+  EXPECT_EQ(e.end_of_stream(), R::kError);
+  EXPECT_NE(e.error().find("in the middle of epoch 1"), std::string::npos) << e.error();
+  EXPECT_EQ(e.passes_done(), 1u) << "a partial pass is not reported";
+}
+
 TEST(ValidationEngine, AtStartWaitsForABuiltinModelBuiltAtTheFirstMicroBatch) {
   // No latent-channels: the trainer builds its model when the first micro-batch shows
   // the channels. at-start validates those initial weights (step 0) all the same.
