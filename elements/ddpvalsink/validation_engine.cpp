@@ -596,6 +596,10 @@ bool ValidationEngine::attach(std::shared_ptr<TrainerEngine> trainer) {
     im.device = c10::Device(dev);
     if (im.device.is_cuda() && !torch::cuda::is_available())
       throw std::runtime_error("no CUDA device visible to this LibTorch");
+    if (im.device.is_cuda() && im.device.has_index() &&
+        im.device.index() >= static_cast<int>(torch::cuda::device_count()))
+      throw std::runtime_error("this process sees " + std::to_string(torch::cuda::device_count()) +
+                               " CUDA device(s)");
   } catch (const std::exception &e) {
     im.error = "device '" + c.device + "' cannot be used (property device: cpu or cuda:N): " + first_line(e.what());
     return false;
@@ -629,6 +633,12 @@ bool ValidationEngine::attach(std::shared_ptr<TrainerEngine> trainer) {
     if (hub->n != c.num_shards) {
       im.error = "num-shards " + std::to_string(c.num_shards) + " differs from " + std::to_string(hub->n) +
                  " of another ddpvalsink of the same trainer";
+      return false;
+    }
+    if (hub->cfg.every != c.every || hub->cfg.at_start != c.at_start || hub->cfg.skip_if_busy != c.skip_if_busy) {
+      im.error = "every/at-start/skip-if-busy of shard-index " + std::to_string(c.shard_index) +
+                 " differ from those of another ddpvalsink of the same trainer: they validate the same snapshots, "
+                 "give them the same settings";
       return false;
     }
     if (hub->slots[c.shard_index].attached) {

@@ -360,7 +360,7 @@ TEST(ValidationEngine, SkipIfBusySkipsInsteadOfWaiting) {
   EXPECT_EQ(skipped, 2) << "step 1 pending, steps 2 and 3 skipped, the trainer never blocked";
 }
 
-TEST(ValidationEngine, BadShardIndexAndDuplicateShardsAreErrors) {
+TEST(ValidationEngine, BadShardIndexDuplicateShardsMismatchedSettingsAndBadDevicesAreErrors) {
   TrainerEngine trainer(trainer_config("builtin:linear-test"));
   ASSERT_TRUE(trainer.start());
   auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
@@ -373,6 +373,16 @@ TEST(ValidationEngine, BadShardIndexAndDuplicateShardsAreErrors) {
   EXPECT_NE(b.error().find("two ddpvalsinks"), std::string::npos) << b.error();
   EXPECT_FALSE(c.attach(t));
   EXPECT_NE(c.error().find("num-shards"), std::string::npos) << c.error();
+  auto other = vconfig(1, 2);
+  other.every = 7;
+  ValidationEngine d(other);
+  EXPECT_FALSE(d.attach(t));
+  EXPECT_NE(d.error().find("every/at-start/skip-if-busy"), std::string::npos) << d.error();
+  auto gpu = vconfig(1, 2);
+  gpu.device = "cuda:64";
+  ValidationEngine g(gpu);
+  EXPECT_FALSE(g.attach(t));
+  EXPECT_NE(g.error().find("cuda:64"), std::string::npos) << g.error();
 }
 
 TEST(ValidationEngine, SourceEndingBeforeAValidationIsAnError) {
