@@ -1,5 +1,6 @@
 /* ddpvalsink in a pipeline beside a ddptrainsink (appsrc-fed, CPU): results on the bus,
- * training goes on while a slow validation runs, bad trainer names are element errors. */
+ * training goes on while a slow validation runs, bad trainer names are element errors,
+ * padding flags of sample and batch metas keep padded samples out of the results. */
 #include <ATen/ATen.h>
 #include <gst/app/gstappsrc.h>
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,15 +38,23 @@ GstBuffer *micro_batch(uint64_t step) {
   return buf;
 }
 
-GstBuffer *val_latent(uint64_t id, unsigned epoch, uint64_t clip, int size) {
+at::Tensor val_tensor(uint64_t id, int size) {
   auto g = at::detail::createCPUGenerator(1000 + id);
-  GstBuffer *buf = buffer_from_tensor(at::randn({4, 2, size, size}, g));
+  return at::randn({4, 2, size, size}, g);
+}
+
+GstBuffer *val_latent(uint64_t id, unsigned epoch, uint64_t clip, int size, bool padding = false) {
+  GstBuffer *buf = buffer_from_tensor(val_tensor(id, size));
   auto *m = gst_buffer_add_videotrain_sample_meta(buf, "a val caption", "v.mp4");
   m->sample_id = id;
   m->epoch = epoch;
   m->clip_index = clip;
+  m->padding = padding;
   return buf;
 }
+
+// Buffer k of validation epoch `epoch` (replaces val_latent(k, epoch, k, size)).
+using ValBuffer = std::function<GstBuffer *(unsigned epoch, unsigned k)>;
 
 struct RunResult {
   std::string error;
@@ -57,11 +67,12 @@ struct RunResult {
 // Trains `steps` steps while two ddpvalsinks validate every `every` steps on a looping
 // validation stream of `val_n` samples of size x size latents.
 RunResult run(unsigned steps, unsigned every, unsigned val_n, int size, const std::string &extra = "",
-        const std::string &trainer_name = "trainer", const std::string &val_chain = "") {
+        const std::string &trainer_name = "trainer", const std::string &val_chain = "",
+        const ValBuffer &val_buffer = {}, const char *val_caps = kLatents) {
   const std::string desc = std::string("appsrc name=train format=time caps=\"") + kMicro +
                            "\" ! ddptrainsink name=trainer model=builtin:tiny-unet3d latent-channels=4 device=cpu "
                            "log-every=1 " + extra + " appsrc name=val format=time caps=\"" +
-                           kLatents + "\" " + val_chain + " ! tee name=v v. ! queue ! ddpvalsink trainer=" + trainer_name +
+                           val_caps + "\" " + val_chain + " ! tee name=v v. ! queue ! ddpvalsink trainer=" + trainer_name +
                            " every=" + std::to_string(every) + " shard-index=0 num-shards=2 v. ! queue ! ddpvalsink trainer=" +
                            trainer_name + " every=" + std::to_string(every) + " shard-index=1 num-shards=2";
   RunResult r;
@@ -89,7 +100,7 @@ RunResult run(unsigned steps, unsigned every, unsigned val_n, int size, const st
         while (!stop && gst_app_src_get_current_level_buffers(GST_APP_SRC(val)) >= 4)
           std::this_thread::sleep_for(std::chrono::milliseconds(2));
         if (stop) break;
-        if (gst_app_src_push_buffer(GST_APP_SRC(val), val_latent(k, ep, k, size)) != GST_FLOW_OK) {
+        if (gst_app_src_push_buffer(GST_APP_SRC(val), val_buffer ? val_buffer(ep, k) : val_latent(k, ep, k, size)) != GST_FLOW_OK) {
           gst_app_src_end_of_stream(GST_APP_SRC(val));
           return;
         }
@@ -192,4 +203,51 @@ TEST(DdpValSinkElement, AMissingOrWrongTrainerIsAnElementError) {
   EXPECT_NE(r.error.find("nosuchtrainer"), std::string::npos) << r.error;
   r = run(2, 1, 2, 8, "", "v");
   EXPECT_NE(r.error.find("not a ddptrainsink"), std::string::npos) << r.error;
+}
+
+// 5 samples and a 6th that pads the epoch (as csvvideosrc pads a rank's shard): counted
+// neither in `samples` nor in the loss.
+TEST(DdpValSinkElement, PaddedLatentsAreNotValidated) {
+  RunResult five = run(5, 2, 5, 8);
+  ASSERT_EQ(five.error, "");
+  RunResult padded = run(5, 2, 6, 8, "", "trainer", "", [](unsigned ep, unsigned k) {
+    return val_latent(k % 5, ep, k, 8, k == 5);
+  });
+  ASSERT_EQ(padded.error, "");
+  EXPECT_EQ(five.samples, 5u);
+  EXPECT_EQ(padded.samples, 5u);
+  ASSERT_EQ(padded.results.size(), five.results.size());
+  for (size_t i = 0; i < five.results.size(); i++) {
+    EXPECT_EQ(padded.results[i].first, five.results[i].first);
+    EXPECT_NEAR(padded.results[i].second, five.results[i].second, 1e-6 * std::abs(five.results[i].second))
+        << "step " << five.results[i].first;
+  }
+}
+
+// Micro-batches of 2 whose batch meta flags the last sample of the epoch as padding (in a
+// micro-batch with a real one): the same results as the 5 samples as latents.
+TEST(DdpValSinkElement, PaddedSamplesOfMicroBatchesAreNotValidated) {
+  RunResult five = run(5, 2, 5, 8);
+  ASSERT_EQ(five.error, "");
+  RunResult micro = run(5, 2, 3, 8, "", "trainer", "", [](unsigned ep, unsigned k) {
+    const uint64_t ids[2] = {2 * k, (2 * k + 1) % 5};
+    GstBuffer *buf = buffer_from_tensor(at::stack({val_tensor(ids[0], 8), val_tensor(ids[1], 8)}));
+    auto *meta = gst_buffer_add_videotrain_batch_meta(buf);
+    meta->step = ep * 3 + k;
+    meta->micro_count = 1;
+    meta->step_samples = 2;
+    meta->sync = TRUE;
+    meta->epoch = k == 2 ? ep + 1 : ep;  // the position after this micro-batch
+    meta->next_clip = k == 2 ? 0 : 2 * (k + 1);
+    for (int i = 0; i < 2; i++) gst_videotrain_batch_meta_append(meta, ids[i], "a val caption", 2 * k + i == 5);
+    return buf;
+  }, kMicro);
+  ASSERT_EQ(micro.error, "");
+  EXPECT_EQ(micro.samples, 5u);
+  ASSERT_EQ(micro.results.size(), five.results.size());
+  for (size_t i = 0; i < five.results.size(); i++) {
+    EXPECT_EQ(micro.results[i].first, five.results[i].first);
+    EXPECT_NEAR(micro.results[i].second, five.results[i].second, 1e-6 * std::abs(five.results[i].second))
+        << "step " << five.results[i].first;
+  }
 }

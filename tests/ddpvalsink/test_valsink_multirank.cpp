@@ -5,7 +5,8 @@
  *  - skip-if-busy decides alike on every rank: a rank whose own validation is idle
  *    skips the steps that a busy peer skips; ranks whose training data ends after
  *    different steps all validate the same final step (ValStepsWorker.Rank);
- *  - a rank that dies during validation makes the other fail within the timeout. */
+ *  - a rank that dies before validating, or in the middle of a pass once the validation
+ *    group exists (ValDeathWorker.Rank), makes the other fail within the timeout. */
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -156,6 +157,67 @@ TEST(ValStepsWorker, Rank) {
   f.close();
   trainer->stop();
   _exit(0);
+}
+
+// Rank 1 exits abruptly in the middle of its second pass (step 1), after the first pass
+// (step 0) created the validation group: rank 0 must fail in the next all-reduce rather
+// than wait for the peer. Writes "verdict passes seconds" and the error.
+constexpr double kDeathTimeout = 20;
+
+TEST(ValDeathWorker, Rank) {
+  const std::string out = vttest::env_or("VT_VAL_OUT", "");
+  ASSERT_FALSE(out.empty()) << "run by ValMultiRank.ARankDyingInAPassMakesTheOtherFailBeforeTheTimeout only";
+  auto tc = trainer_config();
+  tc.timeout_s = kDeathTimeout;
+  auto trainer = std::make_shared<TrainerEngine>(tc);
+  ASSERT_TRUE(trainer->start()) << trainer->error();
+  const int rank = trainer->rank();
+  auto vc = vconfig(0, 1);
+  vc.every = 1;
+  vc.timeout_s = kDeathTimeout;
+  ValidationEngine e(vc);
+  ASSERT_TRUE(e.attach(trainer)) << e.error();
+  MicroBatchInfo info;
+  info.captions = {"x"};
+  std::thread step([&] { trainer->process_tensor(latent(20 + rank).unsqueeze(0), info); });  // step 1
+  auto t0 = std::chrono::steady_clock::now();
+  R r = R::kOk;
+  for (unsigned ep = 0; ep < 3 && r == R::kOk; ep++) {
+    const auto samples = rank_samples(kTotal, rank, 2, ep);
+    for (size_t k = 0; k < samples.size() && r == R::kOk; k++) {
+      if (ep == 1 && k == 2 && rank == 1) _exit(0);  // mid pass of step 1
+      if (ep == 1 && k == 0) t0 = std::chrono::steady_clock::now();
+      r = e.push(latent(samples[k].sample_id), {samples[k]});
+    }
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  step.join();
+  std::ofstream f(out);
+  f << (r == R::kError ? "error" : "ok") << " " << e.passes_done() << " " << took << "\n" << e.error() << "\n";
+  f.close();
+  _exit(0);
+}
+
+TEST(ValMultiRank, ARankDyingInAPassMakesTheOtherFailBeforeTheTimeout) {
+  vttest::TempDir dir;
+  const int port = vttest::free_port();
+  std::vector<pid_t> pids{spawn("", 0, port, dir.file("r0"), "ValDeathWorker.Rank"),
+                          spawn("", 1, port, dir.file("r1"), "ValDeathWorker.Rank")};
+  std::vector<int> st;
+  ASSERT_TRUE(vttest::wait_all(pids, &st, 3 * kDeathTimeout)) << "rank 0 hung after its peer died";
+  std::istringstream in(vttest::read_file(dir.file("r0")));
+  std::string verdict, error;
+  uint64_t passes = 0;
+  double took = 0;
+  in >> verdict >> passes >> took;
+  std::getline(in >> std::ws, error);
+  EXPECT_EQ(verdict, "error") << error;
+  EXPECT_EQ(passes, 2u) << "rank 0 completed the passes of steps 0 and 1";
+  EXPECT_LT(took, kDeathTimeout) << "the all-reduce waited for the timeout instead of seeing the peer gone";
+  EXPECT_NE(error.find("validation all-reduce of step 1"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 0 of 2"), std::string::npos) << error;
+  EXPECT_NE(error.find("peer"), std::string::npos) << error;
+  std::cerr << "rank 0 after " << took << " s: " << error << "\n";
 }
 
 // Runs ValStepsWorker in `mode` on 2 ranks; per rank: verdict, skipped, results, trained, last.
