@@ -72,10 +72,13 @@ class ValGroup {
     store_.reset();
     tcp_.reset();
   }
-  // In-place sum of a CPU double tensor over ranks; throws naming `what`.
-  void allreduce(at::Tensor &t, const std::string &what) {
+  // In-place sum of a CPU double tensor over ranks for the pass of `step`; throws naming
+  // `what` and the ranks that never reached it.
+  void allreduce(at::Tensor &t, const std::string &what, uint64_t step) {
+    const std::string reached = "reached/" + std::to_string(step) + "/";
     std::vector<at::Tensor> v{t};
     try {
+      store_->set(reached + std::to_string(rank_), std::vector<uint8_t>{'1'});
       c10d::AllreduceOptions o;
       o.timeout = timeout_;
       auto w = pg_->allreduce(v, o);
@@ -83,9 +86,22 @@ class ValGroup {
     } catch (const std::exception &e) {
       throw std::runtime_error("gloo " + what + " failed on rank " + std::to_string(rank_) + " of " +
                                std::to_string(world_) + " within the " + std::to_string(timeout_.count() / 1000) +
-                               " s timeout: a peer rank failed or exited (" + first_line(e.what()) + ")");
+                               " s timeout: " + missing_peers(reached) + " (" + first_line(e.what()) + ")");
     }
   }
+  // The peers that set no `prefix`<rank> key, looked up without blocking.
+  std::string missing_peers(const std::string &prefix) {
+    std::string out;
+    try {
+      for (int r = 0; r < world_; r++)
+        if (r != rank_ && !store_->check({prefix + std::to_string(r)}))
+          out += (out.empty() ? "rank " : ", rank ") + std::to_string(r);
+    } catch (const std::exception &) {
+      return "the c10d store is gone with rank 0, which serves it";
+    }
+    return out.empty() ? "a peer rank failed or exited" : out + " failed or exited before reaching it";
+  }
+
   // Every rank says whether it is busy with `step`; true when any is (store keys).
   bool any_busy(uint64_t step, bool mine) {
     const std::string base = "busy/" + std::to_string(step) + "/";
@@ -499,7 +515,7 @@ ValidationEngine::Result ValidationEngine::Impl::finish_pass() {
     try {
       const double st = static_cast<double>(pass_step);
       auto t = torch::tensor({sum, count, st, st * st}, torch::kDouble);
-      h.get_group().allreduce(t, "validation all-reduce of step " + std::to_string(pass_step));
+      h.get_group().allreduce(t, "validation all-reduce of step " + std::to_string(pass_step), pass_step);
       auto a = t.accessor<double, 1>();
       sum = a[0];
       count = a[1];
