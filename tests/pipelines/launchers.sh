@@ -13,10 +13,10 @@ launcher=${1:?torchrun, mpirun or srun}
 build=${VIDEOTRAIN_BUILD_DIR:?}
 src=${VIDEOTRAIN_SOURCE_DIR:?}
 py=${PYTHON:-/usr/bin/python3}
-work=$(mktemp -d "${TMPDIR:-/tmp}/videotrain-$launcher-XXXXXX")
 if [[ $launcher == srun ]] && ! { command -v srun >/dev/null && timeout 20 sinfo -h >/dev/null 2>&1; }; then
   echo "SKIP: no SLURM controller answers here (srun/sinfo)"; exit 77
 fi
+work=$(mktemp -d "${TMPDIR:-/tmp}/videotrain-$launcher-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export GST_PLUGIN_PATH="$build/plugins/videotrain"
 bash "$src/scripts/make_dataset.sh" "$work/data" 6 >/dev/null
