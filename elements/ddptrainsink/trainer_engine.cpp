@@ -914,15 +914,18 @@ void TrainerEngine::remove_step_callback(int id) {
   impl_->callbacks.erase(id);
 }
 
-std::map<std::string, std::vector<float>> TrainerEngine::parameters_cpu() const {
+std::map<std::string, std::vector<float>> TrainerEngine::parameters_cpu(bool with_buffers) const {
   std::map<std::string, std::vector<float>> out;
   auto &im = *impl_;
   std::lock_guard<std::mutex> lock(im.state_mu);
   if (!im.model) return out;
-  for (auto &[n, p] : im.model->named_parameters()) {
-    auto c = p.detach().to(torch::kCPU, torch::kFloat).contiguous();
+  auto add = [&](const std::string &n, const at::Tensor &t) {
+    auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
     out[n] = std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
-  }
+  };
+  for (auto &[n, p] : im.model->named_parameters()) add(n, p);
+  if (with_buffers)
+    for (auto &[n, b] : im.model->named_buffers()) add(n, b);
   return out;
 }
 

@@ -168,8 +168,8 @@ class TrainerEngine {
   bool append_log(const std::string &json_line, uint64_t step,
                   const std::vector<std::pair<std::string, float>> &scalars);
 
-  // Parameters copied to CPU float32, by name (tests, equivalence checks).
-  std::map<std::string, std::vector<float>> parameters_cpu() const;
+  // Parameters (and buffers, if asked) copied to CPU float32, by name (tests, equivalence checks).
+  std::map<std::string, std::vector<float>> parameters_cpu(bool with_buffers = false) const;
   ReducerInfo reducer_info() const;
 
   struct Impl;

@@ -2,7 +2,8 @@
  * must agree on:
  *  - a non-finite loss on rank 1 only: nan-policy=skip skips the step on both ranks,
  *    nan-policy=fail fails both (neither hangs);
- *  - initial weights: ranks built with different seeds all hold rank 0's after start();
+ *  - initial weights: ranks built with different seeds, or loading TorchScript files whose
+ *    parameters and buffers differ, all hold rank 0's after start();
  *  - resume: a rank that finds no checkpoint while rank 0 resumes makes both fail. */
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -87,6 +88,7 @@ TEST(DdpAgreeWorker, Rank) {
     c.seed = 3 + rank;         // rank 1 builds other weights...
     c.latent_channels = kC;    // ...at start()
   }
+  if (mode == "init-script") c.model = vttest::env_or("VT_DDP_DIR", "") + "/m" + std::to_string(rank) + ".pt";
   if (mode == "ckpt" || mode == "resume") c.checkpoint_dir = out + ".ckpt";  // one per rank: no shared filesystem
   c.resume = mode == "resume";
   TrainerEngine e(c);
@@ -96,8 +98,8 @@ TEST(DdpAgreeWorker, Rank) {
     return;
   }
   ASSERT_TRUE(e.start()) << e.error();
-  if (mode == "init") {
-    write_params(out + ".params", e.parameters_cpu());
+  if (mode == "init" || mode == "init-script") {
+    write_params(out + ".params", e.parameters_cpu(/*with_buffers=*/true));
   } else if (mode == "ckpt") {
     for (int s = 0; s < 2; s++) feed(e, s, 2 * e.rank(), 2, 0, 1, 2);
     ASSERT_TRUE(e.finish()) << e.error();  // rank 0 writes step-00000002 into its folder
@@ -145,6 +147,45 @@ TEST(DdpAgree, EveryRankStartsFromRankZerosWeights) {
   };
   const auto rank0 = built(3);
   ASSERT_NE(rank0, built(4)) << "the seeds must give rank 1 other weights to begin with";
+  EXPECT_EQ(read_params(dir.file("r0.params")), rank0);
+  EXPECT_EQ(read_params(dir.file("r1.params")), rank0);
+}
+
+TEST(DdpAgree, EveryRankStartsFromRankZerosParametersAndBuffersOfATorchScriptModel) {
+  // The model files may differ per host; rank 0's parameters and buffers win.
+  vttest::TempDir dir;
+  vttest::write_file(dir.file("make.py"), R"(
+import sys, torch
+from typing import List
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv3d(4, 4, 1)
+        self.register_buffer("shift", torch.rand(4))
+    @torch.jit.export
+    def training_step(self, latents: torch.Tensor, captions: List[str]) -> torch.Tensor:
+        return ((self.conv(latents) + self.shift.view(1, -1, 1, 1, 1) - latents.flip(1)) ** 2).mean()
+    def forward(self, x):
+        return self.conv(x)
+for r in (0, 1):
+    torch.manual_seed(10 + r)
+    torch.jit.script(M()).save(sys.argv[1] + "/m%d.pt" % r)
+)");
+  const std::string py = vttest::env_or("PYTHON", "/usr/bin/python3");
+  ASSERT_EQ(std::system((py + " " + dir.file("make.py") + " " + dir.path()).c_str()), 0);
+  auto loaded = [&](int r) {
+    auto c = config();
+    c.rank = 0;
+    c.world_size = 1;
+    c.model = dir.file("m" + std::to_string(r) + ".pt");
+    TrainerEngine e(c);
+    EXPECT_TRUE(e.start()) << e.error();
+    return e.parameters_cpu(/*with_buffers=*/true);
+  };
+  const auto rank0 = loaded(0), rank1 = loaded(1);
+  ASSERT_TRUE(rank0.count("shift"));
+  ASSERT_NE(rank0.at("shift"), rank1.at("shift"));
+  ASSERT_TRUE(run_ranks("init-script", dir, {{"VT_DDP_DIR", dir.path()}}));
   EXPECT_EQ(read_params(dir.file("r0.params")), rank0);
   EXPECT_EQ(read_params(dir.file("r1.params")), rank0);
 }
