@@ -48,7 +48,7 @@ double loss_of(const ValidationEngine &e) { return e.last_loss(); }
 TEST(ValidationEngine, TwoShardsGiveTheSameLossAsOneAndCountEachSampleOnce) {
   TrainerEngine trainer(trainer_config());
   ASSERT_TRUE(trainer.start()) << trainer.error();
-  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto t = borrowed(trainer);
   // 7 samples over a "rank" of world 2: rank 0 gets 4 clips, rank 1 gets 3 + 1 padding.
   auto samples = rank_samples(7, 1, 2, 0);
   ASSERT_TRUE(samples.back().padding);
@@ -92,7 +92,7 @@ TEST(ValidationEngine, TwoShardsGiveTheSameLossAsOneAndCountEachSampleOnce) {
 TEST(ValidationEngine, TheSameWeightsAlwaysGiveTheSameNumberWhateverTheBatching) {
   TrainerEngine trainer(trainer_config());
   ASSERT_TRUE(trainer.start()) << trainer.error();
-  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto t = borrowed(trainer);
   auto samples = rank_samples(6, 0, 1, 3);
   double first = 0;
   for (unsigned batch : {1u, 4u, 6u}) {
@@ -118,7 +118,7 @@ TEST(ValidationEngine, TheSameWeightsAlwaysGiveTheSameNumberWhateverTheBatching)
 TEST(ValidationEngine, StepsTriggerPassesAndANewerSnapshotWaitsInItsSlot) {
   TrainerEngine trainer(trainer_config("builtin:linear-test"));
   ASSERT_TRUE(trainer.start()) << trainer.error();
-  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto t = borrowed(trainer);
   auto cfg = vconfig(0, 1);
   cfg.at_start = false;
   cfg.every = 2;
@@ -155,7 +155,7 @@ TEST(ValidationEngine, ASlowButBusyValidationMakesTrainingWaitNotFail) {
   // long are an error, so training waits (once warned) and every step gets validated.
   TrainerEngine trainer(trainer_config("builtin:linear-test"));
   ASSERT_TRUE(trainer.start()) << trainer.error();
-  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto t = borrowed(trainer);
   auto cfg = vconfig(0, 1);
   cfg.at_start = false;
   cfg.every = 1;
@@ -215,7 +215,7 @@ TEST(ValidationEngine, AModelWithoutValidationStepLeavesTheTrainersNoiseAlone) {
   {
     TrainerEngine fresh(trainer_config(model));
     ASSERT_TRUE(fresh.start()) << fresh.error();
-    auto t = std::shared_ptr<TrainerEngine>(&fresh, [](TrainerEngine *) {});
+    auto t = borrowed(fresh);
     ValidationEngine e(vconfig(0, 1));
     ASSERT_TRUE(e.attach(t));
     e.trainer_finished();
@@ -225,7 +225,7 @@ TEST(ValidationEngine, AModelWithoutValidationStepLeavesTheTrainersNoiseAlone) {
 
   TrainerEngine trainer(trainer_config(model));
   ASSERT_TRUE(trainer.start()) << trainer.error();
-  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto t = borrowed(trainer);
   ValidationEngine e(vconfig(0, 1));  // at-start, nothing else until the trainer's end
   ASSERT_TRUE(e.attach(t));
   for (int s = 0; s < 3; s++) {
@@ -256,7 +256,7 @@ TEST(ValidationEngine, ResultsGoToTheTrainersMetricsFileAndEventsFile) {
   tc.tensorboard_dir = dir.file("tb");
   TrainerEngine trainer(tc);
   ASSERT_TRUE(trainer.start()) << trainer.error();
-  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto t = borrowed(trainer);
   ValidationEngine e(vconfig(0, 1));
   ASSERT_TRUE(e.attach(t));
   for (auto &v : rank_samples(3, 0, 1, 0)) ASSERT_EQ(e.push(latent(v.sample_id), {v}), R::kOk) << e.error();
@@ -285,7 +285,7 @@ TEST(ValidationEngine, ResultsGoToTheTrainersMetricsFileAndEventsFile) {
 TEST(ValidationEngine, EpochEndEventsCloseAPassAndMakeAMidEpochEosAnError) {
   TrainerEngine trainer(trainer_config("builtin:linear-test"));
   ASSERT_TRUE(trainer.start()) << trainer.error();
-  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto t = borrowed(trainer);
   auto cfg = vconfig(0, 1);
   cfg.every = 1;
   ValidationEngine e(cfg);
@@ -313,7 +313,7 @@ TEST(ValidationEngine, AtStartWaitsForABuiltinModelBuiltAtTheFirstMicroBatch) {
   TrainerEngine trainer(tc);
   ASSERT_TRUE(trainer.start()) << trainer.error();
   ASSERT_FALSE(trainer.has_model());
-  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto t = borrowed(trainer);
   auto cfg = vconfig(0, 1);
   cfg.every = 2;
   ValidationEngine e(cfg);
@@ -344,7 +344,7 @@ TEST(ValidationEngine, AtStartWaitsForABuiltinModelBuiltAtTheFirstMicroBatch) {
 TEST(ValidationEngine, SkipIfBusySkipsInsteadOfWaiting) {
   TrainerEngine trainer(trainer_config("builtin:linear-test"));
   ASSERT_TRUE(trainer.start()) << trainer.error();
-  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto t = borrowed(trainer);
   auto cfg = vconfig(0, 1);
   cfg.at_start = false;
   cfg.every = 1;
@@ -363,7 +363,7 @@ TEST(ValidationEngine, SkipIfBusySkipsInsteadOfWaiting) {
 TEST(ValidationEngine, BadShardIndexDuplicateShardsMismatchedSettingsAndBadDevicesAreErrors) {
   TrainerEngine trainer(trainer_config("builtin:linear-test"));
   ASSERT_TRUE(trainer.start());
-  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto t = borrowed(trainer);
   ValidationEngine bad(vconfig(2, 2));
   EXPECT_FALSE(bad.attach(t));
   EXPECT_NE(bad.error().find("shard-index 2"), std::string::npos) << bad.error();
@@ -388,7 +388,7 @@ TEST(ValidationEngine, BadShardIndexDuplicateShardsMismatchedSettingsAndBadDevic
 TEST(ValidationEngine, SourceEndingBeforeAValidationIsAnError) {
   TrainerEngine trainer(trainer_config("builtin:linear-test"));
   ASSERT_TRUE(trainer.start());
-  auto t = std::shared_ptr<TrainerEngine>(&trainer, [](TrainerEngine *) {});
+  auto t = borrowed(trainer);
   auto cfg = vconfig(0, 1);
   cfg.every = 1;
   ValidationEngine e(cfg);

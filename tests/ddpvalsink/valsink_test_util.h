@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,11 @@ inline videotrain::TrainerConfig trainer_config(const std::string &model = "buil
   c.backend = "gloo";
   c.log_every = 1;
   return c;
+}
+
+// A trainer on the test's stack as the shared_ptr that attach() takes (not owned).
+inline std::shared_ptr<videotrain::TrainerEngine> borrowed(videotrain::TrainerEngine &t) {
+  return std::shared_ptr<videotrain::TrainerEngine>(&t, [](videotrain::TrainerEngine *) {});
 }
 
 // The validation samples that one rank of `world` gets in `epoch`: ids rank, rank+world...
