@@ -222,6 +222,7 @@ struct TrainerEngine::Impl {
   void agree_resume_step();
   void report(const StepReport &r);
   void notify(const StepReport &r);  // the step callbacks
+  bool append_line(const std::string &line);  // rank 0's metrics file; false if it cannot be written
   void append_metrics(const json &j);
 };
 
@@ -364,15 +365,16 @@ double TrainerEngine::Impl::grad_norm() const {
   return norms.empty() ? 0.0 : at::stack(norms).norm(2).item<double>();
 }
 
-void TrainerEngine::Impl::append_metrics(const json &j) {
-  if (cfg.metrics_file.empty() || rank != 0) return;
+bool TrainerEngine::Impl::append_line(const std::string &line) {
+  if (cfg.metrics_file.empty() || rank != 0) return true;
   std::lock_guard<std::mutex> lock(log_mu);
   std::ofstream out(cfg.metrics_file, std::ios::app);
-  if (!out) {
-    warn("cannot append to metrics-file '" + cfg.metrics_file + "'");
-    return;
-  }
-  out << j.dump() << "\n";
+  out << line << "\n";
+  return static_cast<bool>(out.flush());
+}
+
+void TrainerEngine::Impl::append_metrics(const json &j) {
+  if (!append_line(j.dump())) warn("cannot append to metrics-file '" + cfg.metrics_file + "'");
 }
 
 void TrainerEngine::Impl::report(const StepReport &r) {
@@ -861,12 +863,11 @@ bool TrainerEngine::append_log(const std::string &json_line, uint64_t step,
                                const std::vector<std::pair<std::string, float>> &scalars) {
   auto &im = *impl_;
   if (im.rank != 0) return true;
-  std::lock_guard<std::mutex> lock(im.log_mu);
-  if (im.tb_open && !scalars.empty()) im.tb.add_scalars(static_cast<int64_t>(step), scalars);
-  if (im.cfg.metrics_file.empty()) return true;
-  std::ofstream out(im.cfg.metrics_file, std::ios::app);
-  out << json_line << "\n";
-  return static_cast<bool>(out.flush());
+  {
+    std::lock_guard<std::mutex> lock(im.log_mu);
+    if (im.tb_open && !scalars.empty()) im.tb.add_scalars(static_cast<int64_t>(step), scalars);
+  }
+  return im.append_line(json_line);
 }
 
 const std::string &TrainerEngine::error() const { return impl_->error; }
