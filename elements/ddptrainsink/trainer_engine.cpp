@@ -188,6 +188,7 @@ struct TrainerEngine::Impl {
 
   std::vector<Message> messages;
   std::mutex log_mu;  // metrics file and events: the training thread and validation write
+  bool metrics_warned = false;
   TfEventsWriter tb;
   bool tb_open = false;
 
@@ -374,7 +375,10 @@ bool TrainerEngine::Impl::append_line(const std::string &line) {
 }
 
 void TrainerEngine::Impl::append_metrics(const json &j) {
-  if (!append_line(j.dump())) warn("cannot append to metrics-file '" + cfg.metrics_file + "'");
+  if (!append_line(j.dump()) && !metrics_warned) {
+    metrics_warned = true;  // once, not at every record
+    warn("cannot append to metrics-file '" + cfg.metrics_file + "': training goes on without it");
+  }
 }
 
 void TrainerEngine::Impl::report(const StepReport &r) {

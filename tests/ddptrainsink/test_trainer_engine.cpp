@@ -245,6 +245,21 @@ TEST(TrainerEngine, NonFiniteLossSkipsOrFails) {
   EXPECT_NE(f.error().find("non-finite loss"), std::string::npos) << f.error();
 }
 
+TEST(TrainerEngine, AnUnwritableMetricsFileIsAWarningNotAnError) {
+  vttest::TempDir dir;
+  auto c = cpu_config("builtin:linear-test");
+  c.log_every = 1;
+  c.metrics_file = dir.file("no-such-folder/metrics.jsonl");
+  TrainerEngine e(c);
+  ASSERT_TRUE(e.start()) << e.error();
+  EXPECT_EQ(train(e, 0, 2, 1, 2).size(), 2u);
+  int warned = 0;
+  for (auto &m : e.take_messages())
+    if (m.name == "warning" && m.strings["text"].find("cannot append to metrics-file") != std::string::npos) warned++;
+  EXPECT_EQ(warned, 1) << "once, not at every step record";
+  EXPECT_FALSE(e.append_log("{}", 2, {})) << "validation hears of it too";
+}
+
 TEST(TrainerEngine, BadConfigurationAndInputAreErrors) {
   {
     TrainerEngine e(cpu_config("builtin:nope"));
