@@ -14,7 +14,6 @@
 #include <cstdlib>
 #include <limits>
 #include <mutex>
-#include <optional>
 #include <sstream>
 
 #include "ddptrainsink/train_model.h"
@@ -141,12 +140,6 @@ struct Hub {
     bool running = false;
     bool attached = false;
     bool flushing = false;
-    // The shard's validation model, built by dispatch() on the training thread between two
-    // steps: building draws initial weights from torch's default generator, which a shard's
-    // own thread would take from under a step in progress (the trainer reseeds it per step).
-    c10::Device device{c10::kCPU};
-    std::unique_ptr<TrainModel> model;
-    bool model_taken = false;
   };
   struct Combine {
     double sum = 0;
@@ -254,21 +247,7 @@ struct Hub {
       if (closing) return;
     }
     auto snap = trainer->snapshot_state();  // between two optimizer steps, on the training device
-    std::vector<std::unique_ptr<TrainModel>> built(slots.size());
-    if (snap) {
-      std::vector<std::optional<c10::Device>> wanted;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        for (auto &s : slots)
-          wanted.push_back(s.attached && !s.model_taken && !s.model ? std::optional<c10::Device>(s.device)
-                                                                   : std::nullopt);
-      }
-      for (size_t i = 0; i < slots.size(); i++)
-        if (wanted[i]) built[i] = make_model(snap->model, snap->latent_channels, *wanted[i]);
-    }
     std::lock_guard<std::mutex> lock(mu);
-    for (size_t i = 0; i < slots.size(); i++)
-      if (built[i]) slots[i].model = std::move(built[i]);
     if (!snap) {
       if (final) finished = true;
       cv.notify_all();
@@ -363,20 +342,10 @@ struct ValidationEngine::Impl {
 
   void load(const ParamSnapshot &snap) {
     if (!model || model_spec != snap.model || model_channels != snap.latent_channels) {
-      std::unique_ptr<TrainModel> prebuilt;
-      {
-        std::lock_guard<std::mutex> lock(hub->mu);
-        prebuilt = std::move(slot().model);
-        slot().model_taken = true;
-      }
-      // Prebuilt on the training thread (see Hub::Slot); at start, built here, leaving the
-      // default generator as the trainer had it.
-      if (prebuilt && !model) {
-        model = std::move(prebuilt);
-      } else {
-        BorrowedDefaultRng rng(device);
-        model = make_model(snap.model, snap.latent_channels, device);
-      }
+      // Building draws initial weights (overwritten below) from torch's default generator,
+      // which the trainer may be using: borrowed, and put back as it was.
+      BorrowedDefaultRng rng(device);
+      model = make_model(snap.model, snap.latent_channels, device);
       model_spec = snap.model;
       model_channels = snap.latent_channels;
     }
@@ -663,7 +632,6 @@ bool ValidationEngine::attach(std::shared_ptr<TrainerEngine> trainer) {
     }
     hub->slots[c.shard_index].attached = true;
     hub->slots[c.shard_index].flushing = false;
-    hub->slots[c.shard_index].device = im.device;
   }
   im.hub = hub;
   return true;

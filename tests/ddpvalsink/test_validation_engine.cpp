@@ -43,6 +43,65 @@ R feed_epoch(ValidationEngine &e, const std::vector<ValSample> &epoch0) {
 
 double loss_of(const ValidationEngine &e) { return e.last_loss(); }
 
+// Trains 3 steps of 2 micro-batches alone, then again with a validation pass run between
+// the two micro-batches of step 1 (the trainer seeds its generator once per step): the
+// losses and weights must be the same, and the pass's result that of the same weights
+// validated on their own.
+void expect_validation_leaves_training_alone(const std::string &model) {
+  auto micro = [](TrainerEngine &t, int s, unsigned k) {
+    MicroBatchInfo info;
+    info.micro_index = k;
+    info.micro_count = 2;
+    info.step_samples = 4;
+    info.sync = k == 1;
+    info.captions = {"x", "y"};
+    return t.process_tensor(at::stack({latent(4 * s + 2 * k), latent(4 * s + 2 * k + 1)}), info);
+  };
+  TrainerEngine alone(trainer_config(model));
+  ASSERT_TRUE(alone.start()) << alone.error();
+  std::vector<double> losses;
+  for (int s = 0; s < 3; s++) {
+    ASSERT_EQ(micro(alone, s, 0), ProcessResult::kOk) << alone.error();
+    ASSERT_EQ(micro(alone, s, 1), ProcessResult::kOk) << alone.error();
+    losses.push_back(alone.last_loss());
+  }
+  double step0 = 0;
+  {
+    TrainerEngine fresh(trainer_config(model));
+    ASSERT_TRUE(fresh.start()) << fresh.error();
+    auto t = borrowed(fresh);
+    ValidationEngine e(vconfig(0, 1));
+    ASSERT_TRUE(e.attach(t));
+    e.trainer_finished();
+    ASSERT_EQ(feed_epoch(e, rank_samples(3, 0, 1, 0)), R::kEos) << e.error();
+    step0 = e.last_loss();
+  }
+
+  TrainerEngine trainer(trainer_config(model));
+  ASSERT_TRUE(trainer.start()) << trainer.error();
+  auto t = borrowed(trainer);
+  ValidationEngine e(vconfig(0, 1));  // at-start, nothing else until the trainer's end
+  ASSERT_TRUE(e.attach(t));
+  for (int s = 0; s < 3; s++) {
+    ASSERT_EQ(micro(trainer, s, 0), ProcessResult::kOk) << trainer.error();
+    if (s == 0) {
+      for (auto &v : rank_samples(3, 0, 1, 0)) ASSERT_EQ(e.push(latent(v.sample_id), {v}), R::kOk) << e.error();
+    }
+    ASSERT_EQ(micro(trainer, s, 1), ProcessResult::kOk) << trainer.error();
+    EXPECT_DOUBLE_EQ(trainer.last_loss(), losses[s]) << "step " << s + 1;
+  }
+  EXPECT_TRUE(trainer.parameters_cpu() == alone.parameters_cpu());
+  // The next epoch ends the pass of step 0 and is the final validation's (step 3).
+  trainer.finish();
+  ASSERT_EQ(feed_epoch(e, rank_samples(3, 0, 1, 1)), R::kEos) << e.error();
+  std::map<int64_t, double> results;
+  for (auto &m : e.take_messages())
+    if (m.name == "ddpvalsink-result") results[m.ints["step"]] = m.numbers["loss"];
+  ASSERT_TRUE(results.count(0));
+  EXPECT_NEAR(results[0], step0, 1e-6 * std::abs(step0));
+}
+
+
 }  // namespace
 
 TEST(ValidationEngine, TwoShardsGiveTheSameLossAsOneAndCountEachSampleOnce) {
@@ -188,63 +247,16 @@ TEST(ValidationEngine, ASlowButBusyValidationMakesTrainingWaitNotFail) {
 }
 
 TEST(ValidationEngine, AModelWithoutValidationStepLeavesTheTrainersNoiseAlone) {
-  // The fallback seeds torch's default generator per sample. A pass run between the two
-  // micro-batches of a step (the trainer seeds once per step) must not change the noise
-  // the trainer draws next, nor depend on where the trainer's generator was.
+  // The fallback seeds torch's default generator per sample.
   vttest::TempDir dir;
   const std::string model = vttest::make_script_model(dir);
   ASSERT_FALSE(model.empty());
-  auto micro = [](TrainerEngine &t, int s, unsigned k) {
-    MicroBatchInfo info;
-    info.micro_index = k;
-    info.micro_count = 2;
-    info.step_samples = 4;
-    info.sync = k == 1;
-    info.captions = {"x", "y"};
-    return t.process_tensor(at::stack({latent(4 * s + 2 * k), latent(4 * s + 2 * k + 1)}), info);
-  };
-  TrainerEngine alone(trainer_config(model));
-  ASSERT_TRUE(alone.start()) << alone.error();
-  std::vector<double> losses;
-  for (int s = 0; s < 3; s++) {
-    ASSERT_EQ(micro(alone, s, 0), ProcessResult::kOk) << alone.error();
-    ASSERT_EQ(micro(alone, s, 1), ProcessResult::kOk) << alone.error();
-    losses.push_back(alone.last_loss());
-  }
-  double step0 = 0;
-  {
-    TrainerEngine fresh(trainer_config(model));
-    ASSERT_TRUE(fresh.start()) << fresh.error();
-    auto t = borrowed(fresh);
-    ValidationEngine e(vconfig(0, 1));
-    ASSERT_TRUE(e.attach(t));
-    e.trainer_finished();
-    ASSERT_EQ(feed_epoch(e, rank_samples(3, 0, 1, 0)), R::kEos) << e.error();
-    step0 = e.last_loss();
-  }
+  expect_validation_leaves_training_alone(model);
+}
 
-  TrainerEngine trainer(trainer_config(model));
-  ASSERT_TRUE(trainer.start()) << trainer.error();
-  auto t = borrowed(trainer);
-  ValidationEngine e(vconfig(0, 1));  // at-start, nothing else until the trainer's end
-  ASSERT_TRUE(e.attach(t));
-  for (int s = 0; s < 3; s++) {
-    ASSERT_EQ(micro(trainer, s, 0), ProcessResult::kOk) << trainer.error();
-    if (s == 0) {
-      for (auto &v : rank_samples(3, 0, 1, 0)) ASSERT_EQ(e.push(latent(v.sample_id), {v}), R::kOk) << e.error();
-    }
-    ASSERT_EQ(micro(trainer, s, 1), ProcessResult::kOk) << trainer.error();
-    EXPECT_DOUBLE_EQ(trainer.last_loss(), losses[s]) << "step " << s + 1;
-  }
-  EXPECT_TRUE(trainer.parameters_cpu() == alone.parameters_cpu());
-  // The next epoch ends the pass of step 0 and is the final validation's (step 3).
-  trainer.finish();
-  ASSERT_EQ(feed_epoch(e, rank_samples(3, 0, 1, 1)), R::kEos) << e.error();
-  std::map<int64_t, double> results;
-  for (auto &m : e.take_messages())
-    if (m.name == "ddpvalsink-result") results[m.ints["step"]] = m.numbers["loss"];
-  ASSERT_TRUE(results.count(0));
-  EXPECT_NEAR(results[0], step0, 1e-6 * std::abs(step0));
+TEST(ValidationEngine, BuildingTheValidationModelLeavesTheTrainersNoiseAlone) {
+  // A builtin model's initial weights come from torch's default generator.
+  expect_validation_leaves_training_alone("builtin:tiny-unet3d");
 }
 
 TEST(ValidationEngine, ResultsGoToTheTrainersMetricsFileAndEventsFile) {
