@@ -10,7 +10,6 @@
 
 #include <cstdint>
 #include <mutex>
-#include <optional>
 #include <vector>
 
 namespace videotrain {

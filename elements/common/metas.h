@@ -8,6 +8,9 @@
 #include <gst/gst.h>
 
 G_BEGIN_DECLS
+/* csvvideosrc's end of an epoch: its bus message and the serialized custom downstream
+ * event that follows the epoch's last frame (fields epoch, clips, replaced). */
+#define GST_VIDEOTRAIN_EPOCH_EVENT "csvvideosrc-epoch"
 
 /* One per frame, from csvvideosrc. */
 typedef struct {

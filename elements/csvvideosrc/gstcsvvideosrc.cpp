@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "dist_env.h"
+#include "metas.h"
 #include "resume_query.h"
 #include "source_engine.h"
 
@@ -253,7 +254,7 @@ static gboolean gst_csv_video_src_start(GstBaseSrc *src) {
   cb.epoch_done = [self](uint32_t epoch, uint64_t clips, uint64_t replaced) {
     GST_INFO_OBJECT(self, "epoch %u done: %" G_GUINT64_FORMAT " clips, %" G_GUINT64_FORMAT " replaced", epoch, clips,
                     replaced);
-    GstStructure *s = gst_structure_new("csvvideosrc-epoch", "epoch", G_TYPE_UINT, epoch, "clips", G_TYPE_UINT64,
+    GstStructure *s = gst_structure_new(GST_VIDEOTRAIN_EPOCH_EVENT, "epoch", G_TYPE_UINT, epoch, "clips", G_TYPE_UINT64,
                                         clips, "replaced", G_TYPE_UINT64, replaced, NULL);
     gst_mini_object_replace(reinterpret_cast<GstMiniObject **>(&self->epoch_event),
                             GST_MINI_OBJECT_CAST(gst_event_new_custom(GST_EVENT_CUSTOM_DOWNSTREAM,

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "dist_env.h"
+#include "metas.h"
 #include "ddptrainsink/gstddptrainsink.h"
 #include "ddptrainsink/trainer_engine.h"
 #include "tensor_caps.h"
@@ -223,7 +224,7 @@ static gboolean gst_ddp_val_sink_event(GstBaseSink *sink, GstEvent *event) {
   auto *self = GST_DDP_VAL_SINK(sink);
   const GstStructure *st = gst_event_get_structure(event);
   guint epoch = 0;
-  if (GST_EVENT_TYPE(event) == GST_EVENT_CUSTOM_DOWNSTREAM && st && gst_structure_has_name(st, "csvvideosrc-epoch") &&
+  if (GST_EVENT_TYPE(event) == GST_EVENT_CUSTOM_DOWNSTREAM && st && gst_structure_has_name(st, GST_VIDEOTRAIN_EPOCH_EVENT) &&
       gst_structure_get_uint(st, "epoch", &epoch) && self->engine && self->engine->attached()) {
     if (flow_of(self, self->engine->end_of_epoch(epoch)) == GST_FLOW_ERROR) {
       gst_event_unref(event);

@@ -399,6 +399,13 @@ struct ValidationEngine::Impl {
     hub->cv.notify_all();
   }
 
+  // The pass in progress ends without a result: the error, and the slot is free again.
+  Result abandon_pass(const std::string &m) {
+    end_running();
+    active = false;
+    return fail(m);
+  }
+
   void evaluate_batch() {
     if (batch.empty()) return;
     torch::NoGradGuard ng;
@@ -454,9 +461,7 @@ ValidationEngine::Result ValidationEngine::Impl::finish_pass() {
   try {
     evaluate_batch();
   } catch (const std::exception &e) {
-    end_running();
-    active = false;
-    return fail("validation of step " + std::to_string(pass_step) + " failed: " + first_line(e.what()));
+    return abandon_pass("validation of step " + std::to_string(pass_step) + " failed: " + first_line(e.what()));
   }
   active = false;
   passes++;
@@ -551,9 +556,7 @@ ValidationEngine::Result ValidationEngine::Impl::take(const at::Tensor &x, const
     batch_samples.push_back(s);
     if (batch.size() >= std::max(1u, cfg.batch_size)) evaluate_batch();
   } catch (const std::exception &e) {
-    end_running();
-    active = false;
-    return fail("validation of step " + std::to_string(pass_step) + " failed: " + first_line(e.what()));
+    return abandon_pass("validation of step " + std::to_string(pass_step) + " failed: " + first_line(e.what()));
   }
   return Result::kOk;
 }
@@ -738,9 +741,7 @@ ValidationEngine::Result ValidationEngine::end_of_stream() {
   if (!im.hub) return Result::kOk;
   if (im.active) {
     if (im.epochs_marked) {
-      im.end_running();
-      im.active = false;
-      return im.fail("the validation source ended (EOS) in the middle of epoch " + std::to_string(im.pass_epoch) +
+      return im.abandon_pass("the validation source ended (EOS) in the middle of epoch " + std::to_string(im.pass_epoch) +
                      ", so the validation of step " + std::to_string(im.pass_step) +
                      " would cover part of the set: let the validation csvvideosrc run whole epochs "
                      "(num-epochs=0, no num-buffers)");

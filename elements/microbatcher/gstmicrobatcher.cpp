@@ -27,7 +27,6 @@ namespace {
 // Custom serialized downstream events that close the step in progress when
 // epoch-boundary=true (besides an epoch change seen in the sample metas).
 constexpr const char *kEpochEndEvent = "videotrain-epoch-end";
-constexpr const char *kSourceEpochEvent = "csvvideosrc-epoch";
 
 // What the engine holds per sample: the tensor and the timing of its buffer.
 struct Pending {
@@ -308,7 +307,7 @@ static gboolean gst_micro_batcher_sink_event(GstPad *pad, GstObject *parent, Gst
       GST_OBJECT_LOCK(self);
       const bool boundary = self->epoch_boundary;
       GST_OBJECT_UNLOCK(self);
-      if (boundary && s && (gst_structure_has_name(s, kEpochEndEvent) || gst_structure_has_name(s, kSourceEpochEvent)))
+      if (boundary && s && (gst_structure_has_name(s, kEpochEndEvent) || gst_structure_has_name(s, GST_VIDEOTRAIN_EPOCH_EVENT)))
         close_step(self, "epoch end event");
       break;
     }
