@@ -352,3 +352,62 @@ TEST_F(SourceEngineTest, StopDoesNotWaitForAReadThatBlocks) {
   fifo.release();
   EXPECT_TRUE(abandoned_chains_finish(before.running));
 }
+
+// Issue 14, item 10: 6 bad rows of 20 (missing, corrupt, truncated, too short). Each bad row
+// is reported once per epoch, never chosen as a replacement, and the order does not depend
+// on timing (prefetch) or on what was found bad before.
+TEST_F(SourceEngineTest, BadRowsAreReportedOncePerEpochAndNeverReplaceOthers) {
+  vttest::write_file(dir_->file("corrupt.mp4"), "not a video at all");
+  std::string full = vttest::read_file(dir_->file("v4.mp4"));
+  vttest::write_file(dir_->file("truncated.mp4"), full.substr(0, full.size() / 3));
+  ASSERT_TRUE(vttest::make_video(dir_->file("short.mp4"), {2, 32, 24, 10, 5}));
+  const std::set<uint64_t> bad = {1, 4, 8, 11, 15, 18};
+  const char *bad_files[] = {"gone1.mp4", "corrupt.mp4", "truncated.mp4", "short.mp4", "gone2.mp4", "short.mp4"};
+  std::string csv = "path,text\n";
+  for (int i = 0, b = 0, g = 0; i < 20; i++)
+    csv += std::string(bad.count(i) ? bad_files[b++] : "v" + std::to_string(g++ % 5) + ".mp4") + ",c\n";
+  vttest::write_file(dir_->file("six-bad.csv"), csv);
+
+  std::vector<std::vector<ClipRecord>> runs;
+  for (int prefetch : {1, 4}) {
+    SourceConfig c = config("six-bad.csv");
+    c.num_epochs = 2;
+    c.prefetch = prefetch;
+    Replacements rep;
+    SourceCallbacks cb = rep.callbacks();
+    std::vector<uint64_t> per_epoch;
+    cb.epoch_done = [&](uint32_t, uint64_t, uint64_t replaced) { per_epoch.push_back(replaced); };
+    SourceEngine e(c, cb);
+    std::string err;
+    ASSERT_TRUE(e.start(&err)) << err;
+    runs.push_back(run(e, &err));
+    EXPECT_EQ(err, "");
+    ASSERT_EQ(runs.back().size(), 40u) << "a bad row never changes the clip count";
+    for (auto &cl : runs.back()) EXPECT_EQ(bad.count(cl.sample), 0u) << "clip " << cl.clip << " is bad row " << cl.sample;
+    for (uint32_t epoch : {0u, 1u}) {
+      std::multiset<uint64_t> rows;
+      for (auto &ev : rep.events)
+        if (ev.epoch == epoch) {
+          rows.insert(ev.row);
+          if (epoch == 1 && prefetch == 1) {
+            EXPECT_NE(ev.reason.find("bad since epoch 0"), std::string::npos) << ev.reason;
+          }
+        }
+      EXPECT_EQ(rows, std::multiset<uint64_t>(bad.begin(), bad.end()))
+          << "prefetch " << prefetch << ", epoch " << epoch << ": each bad row once";
+    }
+    EXPECT_EQ(per_epoch, (std::vector<uint64_t>{6, 6}));
+    EXPECT_EQ(e.stats().replaced, 12u);
+  }
+  EXPECT_EQ(runs[0], runs[1]) << "replacements must not depend on timing";
+  // A run that starts at epoch 1 knows no bad rows yet, and makes the same choices.
+  SourceConfig c = config("six-bad.csv");
+  c.num_epochs = 2;
+  c.start_epoch = 1;
+  SourceEngine resumed(c, {});
+  std::string err;
+  ASSERT_TRUE(resumed.start(&err)) << err;
+  auto tail = run(resumed, &err);
+  ASSERT_EQ(tail.size(), 20u);
+  EXPECT_TRUE(std::equal(tail.begin(), tail.end(), runs[0].begin() + 20));
+}
