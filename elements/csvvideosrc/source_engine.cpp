@@ -201,6 +201,7 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
   const uint64_t attempts = std::min<uint64_t>(uint64_t(cfg_.max_replacements) + 1, std::max<uint64_t>(cpe, 1));
   std::string last_reason;
   for (uint64_t k = 0; k < attempts; k++) {
+    if (cancel->load()) return r;
     const ScheduleSlot cand = k == 0 ? slot : schedule_->replacement(pos.epoch, pos.clip, k);
     std::string reason;
     BadRow known;
