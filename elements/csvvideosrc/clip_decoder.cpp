@@ -3,9 +3,15 @@
 #include <gst/app/gstappsink.h>
 #include <gst/video/video.h>
 
+#include <glib/gstdio.h>
+
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <memory>
 #include <mutex>
+#include <system_error>
+#include <thread>
 
 GST_DEBUG_CATEGORY_STATIC(clip_decoder_debug);
 #define GST_CAT_DEFAULT clip_decoder_debug
@@ -17,6 +23,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr GstClockTime kSlice = 50 * GST_MSECOND;  // how often waits look at cancel/deadline
 constexpr gint64 kStallUs = 3 * G_USEC_PER_SEC;     // no read and no stream found: the demuxer gave up
+// A chain that has not answered this long after its deadline, or has not stopped this long
+// after its result, is stuck in a call that does not return (a read or open that blocks).
+constexpr auto kAnswerSlack = std::chrono::seconds(1);
+constexpr auto kStopGrace = std::chrono::seconds(1);
+
+std::atomic<uint64_t> abandoned_total{0}, abandoned_running{0};
 
 void init_debug() {
   static std::once_flag once;
@@ -28,9 +40,10 @@ void init_debug() {
 // State shared with the decodebin callbacks (streaming threads).
 struct Chain {
   GstElement *pipeline = nullptr;
+  GstElement *src = nullptr;
   GstElement *crop = nullptr;
   GstElement *sink = nullptr;
-  const ClipRequest *req = nullptr;
+  const ClipRequest *req = nullptr;  // outlives the chain (the Job's copy)
   std::mutex lock;
   bool linked = false;
   bool no_more_pads = false;
@@ -62,6 +75,15 @@ void set_crop(GstElement *crop, const GstVideoInfo &vi, int out_w, int out_h) {
     if (cut > 0) top = cut / 2, bottom = cut - cut / 2;
   }
   g_object_set(crop, "left", left, "right", right, "top", top, "bottom", bottom, nullptr);
+}
+
+// A stream (a pipe) read in push mode whose task still runs is waiting in read(), which
+// is a stall for decode-timeout to judge, not a demuxer that gave up.
+bool read_may_block(const Chain &c) {
+  GstPad *pad = gst_element_get_static_pad(c.src, "src");
+  bool running = GST_PAD_MODE(pad) == GST_PAD_MODE_PUSH && gst_pad_get_task_state(pad) == GST_TASK_STARTED;
+  gst_object_unref(pad);
+  return running;
 }
 
 GstPadProbeReturn note_read(GstPad *, GstPadProbeInfo *, gpointer data) {
@@ -155,6 +177,8 @@ void DecodedClip::clear() {
   source_frames.clear();
 }
 
+AbandonedChains abandoned_chains() { return {abandoned_total.load(), abandoned_running.load()}; }
+
 const char *decode_status_name(DecodeStatus s) {
   switch (s) {
     case DecodeStatus::Ok: return "ok";
@@ -166,9 +190,11 @@ const char *decode_status_name(DecodeStatus s) {
   return "?";
 }
 
-DecodeStatus decode_clip(const ClipRequest &req, const std::atomic<bool> *cancel, DecodedClip *out,
-                         std::string *reason) {
-  init_debug();
+namespace {
+
+// Decodes with chain `c` (whose req is set); the caller tears the chain down.
+DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *out, std::string *reason) {
+  const ClipRequest &req = *c.req;
   out->clear();
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(req.timeout_s));
@@ -179,15 +205,16 @@ DecodeStatus decode_clip(const ClipRequest &req, const std::atomic<bool> *cancel
     *reason = "file not found";
     return DecodeStatus::Failed;
   }
-  if (!g_file_test(req.path.c_str(), G_FILE_TEST_IS_REGULAR)) {
+  // A named pipe is read as a stream (clip-start=start; no seeks).
+  GStatBuf st;
+  if (!g_file_test(req.path.c_str(), G_FILE_TEST_IS_REGULAR) &&
+      !(g_stat(req.path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode))) {
     *reason = "not a regular file";
     return DecodeStatus::Failed;
   }
 
-  Chain c;
-  c.req = &req;
   c.pipeline = gst_pipeline_new(nullptr);
-  GstElement *src = make("filesrc", c.pipeline);
+  GstElement *src = c.src = make("filesrc", c.pipeline);
   GstElement *dec = make("decodebin", c.pipeline);
   c.crop = make("videocrop", c.pipeline);
   GstElement *scale = make("videoscale", c.pipeline);
@@ -250,7 +277,7 @@ DecodeStatus decode_clip(const ClipRequest &req, const std::atomic<bool> *cancel
         *reason = "no video stream";
         return DecodeStatus::Failed;
       }
-      if (!c.linked && g_get_monotonic_time() - c.last_read > kStallUs) {
+      if (!c.linked && g_get_monotonic_time() - c.last_read > kStallUs && !read_may_block(c)) {
         *reason = "cannot decode: no playable stream found and the file is no longer read (truncated or corrupt)";
         return DecodeStatus::Failed;
       }
@@ -360,6 +387,102 @@ DecodeStatus decode_clip(const ClipRequest &req, const std::atomic<bool> *cancel
   GST_DEBUG("%s: %zu frames from %" G_GINT64_FORMAT " (decoded %" G_GUINT64_FORMAT ", total %" G_GINT64_FORMAT ")",
             req.path.c_str(), out->frames.size(), start, out->frames_decoded, out->total_frames);
   return DecodeStatus::Ok;
+}
+
+// One decode on a thread of its own, which the caller can leave behind: a read() on a stalled
+// mount or pipe blocks the chain, its state changes and its teardown for as long as it likes.
+// The thread holds the job (the request the chain's callbacks read, the result), so nothing
+// it touches goes away before it returns; it never touches the caller's memory.
+struct Job {
+  ClipRequest req;
+  std::atomic<bool> stop{false};  // the caller cancelled or left
+  std::mutex m;
+  std::condition_variable cv;
+  bool answered = false, finished = false, abandoned = false;
+  DecodeStatus status = DecodeStatus::Failed;
+  DecodedClip clip;
+  std::string reason;
+};
+
+void run_job(const std::shared_ptr<Job> &job) {
+  DecodeStatus status;
+  std::string reason;
+  {
+    Chain c;
+    c.req = &job->req;
+    DecodedClip clip;
+    status = decode_in(c, &job->stop, &clip, &reason);
+    {
+      std::lock_guard<std::mutex> g(job->m);
+      job->status = status;
+      job->reason = reason;
+      if (!job->abandoned) job->clip = std::move(clip);  // else dropped here
+      job->answered = true;
+    }
+    job->cv.notify_all();
+  }  // ~Chain: to NULL, which waits for the streaming threads (and a read that blocks)
+  std::lock_guard<std::mutex> g(job->m);
+  job->finished = true;
+  job->cv.notify_all();
+  if (job->abandoned) {
+    abandoned_running--;
+    GST_WARNING("abandoned decoding chain of %s has stopped (%s)", job->req.path.c_str(), decode_status_name(status));
+  }
+}
+
+// job->m held.
+void abandon(Job &job, const char *why) {
+  job.abandoned = true;
+  job.stop = true;
+  job.clip.clear();
+  abandoned_total++;
+  abandoned_running++;
+  GST_WARNING("abandoning the decoding chain of %s: %s; it is not waited for", job.req.path.c_str(), why);
+}
+
+}  // namespace
+
+DecodeStatus decode_clip(const ClipRequest &req, const std::atomic<bool> *cancel, DecodedClip *out,
+                         std::string *reason) {
+  init_debug();
+  out->clear();
+  auto job = std::make_shared<Job>();
+  job->req = req;
+  try {
+    std::thread(run_job, job).detach();
+  } catch (const std::system_error &e) {
+    *reason = std::string("cannot start a decoding thread: ") + e.what();
+    return DecodeStatus::Failed;
+  }
+  using Clock = std::chrono::steady_clock;
+  auto cancelled = [&] { return cancel && cancel->load(); };
+  const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(req.timeout_s)) + kAnswerSlack;
+  std::unique_lock<std::mutex> lk(job->m);
+  // The chain checks its own deadline; this one only catches a chain stuck in a call.
+  while (!job->answered && Clock::now() < give_up) {
+    if (cancelled()) job->stop = true;  // answers Cancelled within a slice unless stuck
+    job->cv.wait_for(lk, std::chrono::nanoseconds(kSlice));
+    if (job->stop && !job->answered) {
+      if (job->cv.wait_for(lk, kStopGrace, [&] { return job->answered; })) break;
+      abandon(*job, "cancelled while it was stuck (a read or open that blocks)");
+      return DecodeStatus::Cancelled;
+    }
+  }
+  if (!job->answered) {
+    abandon(*job, "no answer after decode-timeout (a read or open that blocks)");
+    *reason = "decode timeout: nothing within " + std::to_string(req.timeout_s) +
+              " s (the file does not open or a read blocks); its decoding chain was abandoned";
+    return DecodeStatus::Timeout;
+  }
+  DecodeStatus status = job->status;
+  *reason = job->reason;
+  *out = std::move(job->clip);
+  if (!job->cv.wait_for(lk, kStopGrace, [&] { return job->finished; })) {
+    abandon(*job, "it did not stop (a read that blocks)");
+    if (status != DecodeStatus::Ok) *reason += "; its decoding chain did not stop and was abandoned";
+  }
+  return status;
 }
 
 }  // namespace videotrain

@@ -1,6 +1,7 @@
 /* Decodes the frames of one clip from one video file with its own GStreamer chain
  * (filesrc ! decodebin ! videocrop ! videoscale ! videoconvert ! appsink): seeks to the
- * keyframe before the clip (accurate seek), decodes to the clip's last frame, stops. */
+ * keyframe before the clip (accurate seek), decodes to the clip's last frame, stops. The
+ * chain runs on a thread of its own so that a read that blocks cannot hold up the caller. */
 #pragma once
 
 #include <gst/gst.h>
@@ -44,9 +45,18 @@ struct DecodedClip {
   void clear();
 };
 
-// Blocking; returns promptly (Cancelled) when *cancel becomes true.
+// Blocking; returns promptly (Cancelled) when *cancel becomes true, and about a second after
+// timeout_s even when the chain is stuck in a call that does not return (a read or open of a
+// stalled mount or pipe): such a chain is abandoned on its own thread, never waited for, and
+// frees itself when the call returns.
 DecodeStatus decode_clip(const ClipRequest &req, const std::atomic<bool> *cancel, DecodedClip *out,
                          std::string *reason);
+
+struct AbandonedChains {
+  uint64_t total = 0;    // chains left behind since the process started
+  uint64_t running = 0;  // of those, still stuck
+};
+AbandonedChains abandoned_chains();
 
 const char *decode_status_name(DecodeStatus s);
 

@@ -1,5 +1,6 @@
 #include "source_engine.h"
 
+#include <chrono>
 #include <limits>
 
 #include "metas.h"
@@ -96,6 +97,11 @@ void SourceEngine::restart_at(uint64_t seq) {
     drop_prefetched();
     next_dispatch_ = next_consume_ = std::min(seq, total_);
   }
+  {
+    std::lock_guard<std::mutex> g(bad_lock_);  // counting starts over where playback does
+    replaced_per_epoch_.clear();
+    reported_.clear();
+  }
   if (schedule_) start_workers();
 }
 
@@ -151,6 +157,42 @@ void SourceEngine::attach_metas(DecodedClip &clip, const ManifestRow &row, const
   }
 }
 
+SourceEngine::Claim SourceEngine::claim(uint64_t index, const std::atomic<bool> *cancel, BadRow *known) {
+  std::unique_lock<std::mutex> lk(bad_lock_);
+  for (;;) {
+    auto it = bad_.find(index);
+    if (it != bad_.end()) {
+      *known = it->second;
+      return Claim::KnownBad;
+    }
+    if (cancel->load()) return Claim::Cancelled;
+    if (trying_.insert(index).second) return Claim::Try;
+    bad_cv_.wait_for(lk, std::chrono::milliseconds(50));  // another worker is trying this row
+  }
+}
+
+void SourceEngine::release(uint64_t index, const std::string &bad_reason, uint32_t epoch) {
+  {
+    std::lock_guard<std::mutex> g(bad_lock_);
+    trying_.erase(index);
+    if (!bad_reason.empty()) bad_.emplace(index, BadRow{bad_reason, epoch});
+  }
+  bad_cv_.notify_all();
+}
+
+void SourceEngine::report_bad(const Position &pos, uint64_t index, const ManifestRow &row, const std::string &reason) {
+  {
+    std::lock_guard<std::mutex> g(bad_lock_);
+    if (!reported_[pos.epoch].insert(index).second) return;  // once per row and epoch
+    replaced_per_epoch_[pos.epoch]++;
+  }
+  stat_replaced_++;
+  if (cb_.replaced) cb_.replaced(ReplacedEvent{pos.epoch, pos.clip, row.row, row.path, reason});
+}
+
+// The clip's own row, else the first row in the schedule's walk that is good: rows known to
+// be bad are passed over without decoding, which gives the choice decoding them would, so
+// the order stays independent of timing, prefetch and what an earlier run found.
 SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool> *cancel) {
   Result r;
   const Position pos = position(seq);
@@ -161,60 +203,54 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
   for (uint64_t k = 0; k < attempts; k++) {
     if (cancel->load()) return r;
     const ScheduleSlot cand = k == 0 ? slot : schedule_->replacement(pos.epoch, pos.clip, k);
-    ManifestRow row = manifest_->row(cand.index);
     std::string reason;
-    {
-      std::lock_guard<std::mutex> g(bad_lock_);
-      auto it = bad_.find(cand.index);
-      if (it != bad_.end()) reason = it->second;
-    }
-    bool known_bad = !reason.empty();
-    if (!known_bad) {
-      if (!row.error.empty()) {
-        reason = row.error;
-      } else {
-        ClipRequest req;
-        req.path = row.path;
-        req.num_frames = cfg_.num_frames;
-        req.stride = cfg_.frame_stride;
-        req.start = cfg_.clip_start;
-        req.random_key = hash_combine(hash_combine(cfg_.seed, pos.epoch), row.row);
-        req.width = cfg_.width;
-        req.height = cfg_.height;
-        req.resize = cfg_.resize;
-        req.pad_short = cfg_.short_clips == ShortClips::Pad;
-        req.decode_threads = cfg_.decode_threads;
-        req.timeout_s = cfg_.decode_timeout_s;
-        DecodeStatus st = decode_clip(req, cancel, &r.clip, &reason);
-        stat_decoded_ += r.clip.frames_decoded;
-        if (st == DecodeStatus::Cancelled) return r;
-        if (st == DecodeStatus::Ok) {
-          // A replacement repeats a sample of the shard to keep the ranks even, like padding:
-          // validation counts it out, so its mean stays over each sample once.
-          attach_metas(r.clip, row, pos, slot.padding || k > 0);
-          return r;
-        }
-        if (st == DecodeStatus::Short && cfg_.short_clips == ShortClips::Fail) {
-          r.fatal = "row " + std::to_string(row.row) + " (" + row.path + "): " + reason + "; short-clips=fail";
-          return r;
-        }
+    BadRow known;
+    const Claim c = claim(cand.index, cancel, &known);
+    if (c == Claim::Cancelled) return r;
+    ManifestRow row = manifest_->row(cand.index);
+    if (c == Claim::KnownBad) {
+      reason = known.reason;
+      if (known.epoch < pos.epoch) reason += " (bad since epoch " + std::to_string(known.epoch) + ": not tried again)";
+    } else if (!row.error.empty()) {
+      reason = row.error;
+      release(cand.index, reason, pos.epoch);
+    } else {
+      ClipRequest req;
+      req.path = row.path;
+      req.num_frames = cfg_.num_frames;
+      req.stride = cfg_.frame_stride;
+      req.start = cfg_.clip_start;
+      req.random_key = hash_combine(hash_combine(cfg_.seed, pos.epoch), row.row);
+      req.width = cfg_.width;
+      req.height = cfg_.height;
+      req.resize = cfg_.resize;
+      req.pad_short = cfg_.short_clips == ShortClips::Pad;
+      req.decode_threads = cfg_.decode_threads;
+      req.timeout_s = cfg_.decode_timeout_s;
+      DecodeStatus st = decode_clip(req, cancel, &r.clip, &reason);
+      stat_decoded_ += r.clip.frames_decoded;
+      if (st == DecodeStatus::Cancelled) {
+        release(cand.index, "", pos.epoch);
+        return r;
       }
-      std::lock_guard<std::mutex> g(bad_lock_);
-      bad_.emplace(cand.index, reason);
+      release(cand.index, st == DecodeStatus::Ok ? "" : reason, pos.epoch);
+      if (st == DecodeStatus::Ok) {
+        // A replacement repeats a sample of the shard to keep the ranks even, like padding:
+        // validation counts it out, so its mean stays over each sample once.
+        attach_metas(r.clip, row, pos, slot.padding || k > 0);
+        return r;
+      }
+      if (st == DecodeStatus::Short && cfg_.short_clips == ShortClips::Fail) {
+        r.fatal = "row " + std::to_string(row.row) + " (" + row.path + "): " + reason + "; short-clips=fail";
+        return r;
+      }
     }
     if (cfg_.on_error == OnError::Fail) {
       r.fatal = "row " + std::to_string(row.row) + " (" + row.path + "): " + reason + "; on-error=fail";
       return r;
     }
     last_reason = reason;
-    if (k == 0 || !known_bad) {  // a known-bad candidate was reported when it first failed
-      stat_replaced_++;
-      {
-        std::lock_guard<std::mutex> g(bad_lock_);
-        replaced_per_epoch_[pos.epoch]++;
-      }
-      if (cb_.replaced) cb_.replaced(ReplacedEvent{pos.epoch, pos.clip, row.row, row.path, reason});
-    }
+    report_bad(pos, cand.index, row, reason);
   }
   r.fatal = "no usable video for clip " + std::to_string(pos.clip) + " of epoch " + std::to_string(pos.epoch) +
             " on rank " + std::to_string(cfg_.rank) + ": " + std::to_string(attempts) +
@@ -244,6 +280,7 @@ SourceEngine::Pull SourceEngine::next(GstBuffer **frame, std::string *error) {
             std::lock_guard<std::mutex> g(bad_lock_);
             replaced = replaced_per_epoch_[pos.epoch];
             replaced_per_epoch_.erase(pos.epoch);
+            reported_.erase(reported_.begin(), reported_.upper_bound(pos.epoch));
           }
           lk.unlock();
           cb_.epoch_done(pos.epoch, schedule_->clips_per_epoch(), replaced);

@@ -110,6 +110,15 @@ class SourceEngine {
   Position position(uint64_t seq) const;
   void worker_loop();
   Result produce(uint64_t seq, const std::atomic<bool> *cancel);
+  enum class Claim { Try, KnownBad, Cancelled };
+  // Waits while another worker tries the row; Try: this worker tries it, then release()s it.
+  struct BadRow {
+    std::string reason;
+    uint32_t epoch = 0;  // when it was found
+  };
+  Claim claim(uint64_t index, const std::atomic<bool> *cancel, BadRow *known);
+  void release(uint64_t index, const std::string &bad_reason, uint32_t epoch);  // reason empty: not bad
+  void report_bad(const Position &pos, uint64_t index, const ManifestRow &row, const std::string &reason);
   void attach_metas(DecodedClip &clip, const ManifestRow &row, const Position &pos, bool padding);
   void halt_workers();
   void drop_prefetched();  // lock_ held: forget prefetched clips, start a new generation
@@ -135,8 +144,12 @@ class SourceEngine {
   bool have_current_ = false;
   std::string fatal_;
 
+  // Rows found bad are remembered for the run, and reported once per epoch.
   std::mutex bad_lock_;
-  std::unordered_map<uint64_t, std::string> bad_;  // manifest index -> reason
+  std::condition_variable bad_cv_;
+  std::unordered_map<uint64_t, BadRow> bad_;        // by manifest index
+  std::set<uint64_t> trying_;                      // manifest indices being decoded now
+  std::map<uint32_t, std::set<uint64_t>> reported_;  // epoch -> manifest indices reported
   std::map<uint32_t, uint64_t> replaced_per_epoch_;
 
   std::atomic<uint64_t> stat_clips_{0}, stat_frames_{0}, stat_replaced_{0}, stat_decoded_{0};

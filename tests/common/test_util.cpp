@@ -2,7 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <glib.h>
 #include <malloc.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +29,45 @@ TempDir::~TempDir() {
   std::string cmd = "rm -rf '" + path_ + "'";
   if (std::system(cmd.c_str()) != 0) {
   }
+}
+
+StalledFifo::StalledFifo(const std::string &path, bool with_writer, const std::string &prefix) : path_(path) {
+  if (mkfifo(path.c_str(), 0600) != 0) {
+    ADD_FAILURE() << "mkfifo " << path << ": " << std::strerror(errno);
+    return;
+  }
+  ok_ = true;
+  if (!with_writer) return;
+  // Read-write: opens at once on Linux, and a writer stays while nobody reads.
+  fd_ = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ok_ = fd_ >= 0 && prefix.size() < 65536 &&  // the pipe holds the prefix without a reader
+        write(fd_, prefix.data(), prefix.size()) == ssize_t(prefix.size());
+  if (!ok_) ADD_FAILURE() << "cannot open or fill the pipe " << path;
+}
+
+StalledFifo::~StalledFifo() { release(); }
+
+bool StalledFifo::prefix_read(double timeout_s) const {
+  const gint64 end = g_get_monotonic_time() + gint64(timeout_s * G_USEC_PER_SEC);
+  for (;;) {
+    int queued = -1;
+    if (fd_ < 0 || ioctl(fd_, FIONREAD, &queued) != 0) return false;
+    if (queued == 0) return true;
+    if (g_get_monotonic_time() > end) return false;
+    g_usleep(20000);
+  }
+}
+
+void StalledFifo::release() {
+  if (!ok_) return;
+  ok_ = false;
+  // A reader blocked in open() counts as one: a writer that opens and closes lets it go.
+  int w = fd_ >= 0 ? fd_ : open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  fd_ = -1;
+  // Whoever opens the path again (filesrc opens twice) finds an empty file, not the pipe.
+  unlink(path_.c_str());
+  write_file(path_, "");
+  if (w >= 0) close(w);
 }
 
 std::string env_or(const char *name, const std::string &fallback) {

@@ -47,6 +47,27 @@ std::string run_pipeline(const std::string &description, int timeout_s = 60);
 // and which has no validation_step. "" (with a test failure) when python fails.
 std::string make_script_model(const TempDir &dir);
 
+// A named pipe standing for a video on a stalled mount. With a writer (this object keeps
+// it open read-write), readers open it and read `prefix`, then read() blocks; without one,
+// open() for reading blocks. release() (also at destruction) lets every reader go: they
+// see the end of the file, and the path becomes an empty file.
+class StalledFifo {
+ public:
+  StalledFifo(const std::string &path, bool with_writer, const std::string &prefix = "");
+  ~StalledFifo();
+  StalledFifo(const StalledFifo &) = delete;
+  StalledFifo &operator=(const StalledFifo &) = delete;
+  bool ok() const { return ok_; }
+  // With a writer and a prefix: true once a reader has taken the prefix (its next read blocks).
+  bool prefix_read(double timeout_s) const;
+  void release();
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  bool ok_ = false;
+};
+
 // Environment variable with a default.
 std::string env_or(const char *name, const std::string &fallback);
 

@@ -2,6 +2,8 @@
 
 #include <gst/video/video.h>
 
+#include <thread>
+
 #include "csvvideosrc/clip_decoder.h"
 #include "test_util.h"
 
@@ -164,4 +166,29 @@ TEST_F(ClipDecoderTest, ResizeModesFitTheAspectRatio) {
     else
       EXPECT_GT(top, 200) << "mode " << int(mode) << " fills the frame";
   }
+}
+
+// A named pipe is read as a stream: from the start, no seek. (A directory is still refused.)
+TEST_F(ClipDecoderTest, ANamedPipeIsReadAsAStream) {
+  for (std::string container : {"mkv", "mp4"}) {
+    std::string v = dir.file("whole." + container);
+    ASSERT_TRUE(vttest::make_video(v, {12, 32, 24, 10, 5, "smpte", container}));
+    std::string data = vttest::read_file(v);
+    ASSERT_LT(data.size(), 65536u) << "the pipe must hold the whole video";
+    vttest::StalledFifo fifo(dir.file("pipe." + container), true, data);
+    ASSERT_TRUE(fifo.ok());
+    DecodedClip c;
+    std::string why;
+    DecodeStatus st = DecodeStatus::Failed;
+    std::thread reader([&] { st = decode_clip(request(dir.file("pipe." + container), 4), nullptr, &c, &why); });
+    EXPECT_TRUE(fifo.prefix_read(30));
+    fifo.release();  // end of file after the data
+    reader.join();
+    EXPECT_EQ(st, DecodeStatus::Ok) << container << ": " << why;
+    EXPECT_EQ(c.frames.size(), 4u) << container;
+  }
+  DecodedClip c;
+  std::string why;
+  EXPECT_EQ(decode_clip(request(dir.path(), 4), nullptr, &c, &why), DecodeStatus::Failed);
+  EXPECT_EQ(why, "not a regular file");
 }

@@ -264,3 +264,100 @@ TEST_F(CsvVideoSrcElement, FlushingSeekGoesToTheClipOfThatTime) {
   gst_element_set_state(p, GST_STATE_NULL);
   gst_object_unref(p);
 }
+
+namespace {
+
+// Warnings of the per-video decoders (the plugin's own copy of the category), kept as text.
+struct DecoderLog {
+  static std::mutex m;
+  static std::vector<std::string> lines;
+  static void log(GstDebugCategory *cat, GstDebugLevel level, const gchar *, const gchar *, gint, GObject *,
+                  GstDebugMessage *msg, gpointer) {
+    if (level > GST_LEVEL_WARNING || std::string(gst_debug_category_get_name(cat)) != "csvvideosrc-decoder") return;
+    std::lock_guard<std::mutex> g(m);
+    lines.push_back(gst_debug_message_get(msg));
+  }
+  DecoderLog() {
+    {
+      std::lock_guard<std::mutex> g(m);
+      lines.clear();
+    }
+    gst_debug_set_threshold_for_name("csvvideosrc-decoder", GST_LEVEL_WARNING);
+    gst_debug_add_log_function(log, nullptr, nullptr);
+  }
+  ~DecoderLog() { gst_debug_remove_log_function(log); }
+  bool has(const std::string &text, double wait_s = 0) {
+    const gint64 end = g_get_monotonic_time() + gint64(wait_s * G_USEC_PER_SEC);
+    do {
+      {
+        std::lock_guard<std::mutex> g(m);
+        for (auto &l : lines)
+          if (l.find(text) != std::string::npos) return true;
+      }
+      g_usleep(50000);
+    } while (g_get_monotonic_time() < end);
+    return false;
+  }
+};
+std::mutex DecoderLog::m;
+std::vector<std::string> DecoderLog::lines;
+
+double seconds_since(gint64 t0) { return double(g_get_monotonic_time() - t0) / G_USEC_PER_SEC; }
+
+}  // namespace
+
+// A video whose read() blocks (a stalled mount; here a pipe that stalls after a video's first
+// bytes): replaced at decode-timeout with a warning that says so, the other clips flow, and
+// going to NULL does not wait for the read.
+TEST_F(CsvVideoSrcElement, AReadThatBlocksIsReplacedAtDecodeTimeoutAndStopsPromptly) {
+  DecoderLog log;
+  std::string head = vttest::read_file(dir_->file("v0.mp4")).substr(0, 4096);
+  vttest::StalledFifo fifo(dir_->file("stall.mp4"), true, head);
+  ASSERT_TRUE(fifo.ok());
+  vttest::write_file(dir_->file("stall.csv"), "path\nv0.mp4\nstall.mp4\nv1.mp4\nv2.mp4\n");
+  GstElement *p = launch("csvvideosrc name=src location=" + dir_->file("stall.csv") +
+                         " num-frames=3 width=8 height=8 decode-timeout=1 prefetch=2 ! appsink name=out sync=false");
+  const gint64 t0 = g_get_monotonic_time();
+  gst_element_set_state(p, GST_STATE_PLAYING);
+  std::vector<GstStructure *> msgs;
+  std::string error;
+  auto frames = pull_all(p, &msgs, &error);
+  EXPECT_LT(seconds_since(t0), 20.0) << "decode-timeout is 1 s";
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(frames.size(), 12u) << "4 clips of 3 frames: the others still flow";
+  int replaced = 0;
+  for (auto *s : msgs) {
+    if (gst_structure_has_name(s, "csvvideosrc-replaced")) {
+      replaced++;
+      EXPECT_NE(std::string(gst_structure_get_string(s, "path")).find("stall.mp4"), std::string::npos);
+      std::string reason = gst_structure_get_string(s, "reason");
+      EXPECT_NE(reason.find("timeout"), std::string::npos) << reason;
+    }
+    gst_structure_free(s);
+  }
+  EXPECT_EQ(replaced, 1);
+  EXPECT_TRUE(log.has("abandoning the decoding chain")) << "the stuck chain is left behind, and it says so";
+  gst_element_set_state(p, GST_STATE_NULL);
+  gst_object_unref(p);
+  fifo.release();
+  EXPECT_TRUE(log.has("has stopped", 20)) << "the abandoned chain ends once its read returns";
+}
+
+TEST_F(CsvVideoSrcElement, GoingToNullDoesNotWaitForAReadThatBlocks) {
+  DecoderLog log;
+  std::string head = vttest::read_file(dir_->file("v0.mp4")).substr(0, 4096);
+  vttest::StalledFifo fifo(dir_->file("stall-null.mp4"), true, head);
+  ASSERT_TRUE(fifo.ok());
+  vttest::write_file(dir_->file("stall-null.csv"), "path\nstall-null.mp4\n");
+  GstElement *p = launch("csvvideosrc location=" + dir_->file("stall-null.csv") +
+                         " num-frames=3 width=8 height=8 decode-timeout=600 ! fakesink");
+  gst_element_set_state(p, GST_STATE_PLAYING);
+  ASSERT_TRUE(fifo.prefix_read(30)) << "the decoder never read the pipe";
+  const gint64 t0 = g_get_monotonic_time();
+  gst_element_set_state(p, GST_STATE_NULL);
+  EXPECT_LT(seconds_since(t0), 10.0) << "going to NULL waited for the blocked read";
+  EXPECT_TRUE(log.has("abandoning the decoding chain"));
+  gst_object_unref(p);
+  fifo.release();
+  EXPECT_TRUE(log.has("has stopped", 20));
+}

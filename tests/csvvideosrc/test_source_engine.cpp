@@ -244,3 +244,170 @@ TEST_F(SourceEngineTest, ConfigurationErrorsNameTheProblem) {
   EXPECT_FALSE(SourceEngine(c, {}).start(&err));
   EXPECT_NE(err.find("rank"), std::string::npos) << err;
 }
+
+namespace {
+
+// Collects replacement events from worker threads.
+struct Replacements {
+  std::mutex m;
+  std::vector<ReplacedEvent> events;
+  SourceCallbacks callbacks() {
+    SourceCallbacks cb;
+    cb.replaced = [this](const ReplacedEvent &e) {
+      std::lock_guard<std::mutex> g(m);
+      events.push_back(e);
+    };
+    return cb;
+  }
+};
+
+double seconds_since(gint64 t0) { return double(g_get_monotonic_time() - t0) / G_USEC_PER_SEC; }
+
+// Waits (bounded) until no abandoned chain is still stuck, as many as `running` before.
+bool abandoned_chains_finish(uint64_t running, double timeout_s = 20) {
+  const gint64 t0 = g_get_monotonic_time();
+  while (abandoned_chains().running > running) {
+    if (seconds_since(t0) > timeout_s) return false;
+    g_usleep(50000);
+  }
+  return true;
+}
+
+}  // namespace
+
+// A read() that blocks (a stalled mount, here a pipe whose writer stalls after the first bytes
+// of a video): the clip is replaced at decode-timeout, the other clips flow, the stuck chain is
+// left behind, and it frees itself once the read returns.
+TEST_F(SourceEngineTest, AReadThatBlocksIsReplacedAtDecodeTimeout) {
+  std::string head = vttest::read_file(dir_->file("v0.mp4")).substr(0, 4096);
+  vttest::StalledFifo fifo(dir_->file("stall-read.mp4"), true, head);
+  ASSERT_TRUE(fifo.ok());
+  vttest::write_file(dir_->file("stall-read.csv"), "path\nv0.mp4\nv1.mp4\nstall-read.mp4\nv2.mp4\n");
+  SourceConfig c = config("stall-read.csv");
+  c.decode_timeout_s = 1;
+  c.prefetch = 2;
+  const AbandonedChains before = abandoned_chains();
+  Replacements rep;
+  SourceEngine e(c, rep.callbacks());
+  std::string err;
+  const gint64 t0 = g_get_monotonic_time();
+  ASSERT_TRUE(e.start(&err)) << err;
+  auto clips = run(e, &err);
+  EXPECT_LT(seconds_since(t0), 20.0) << "the stuck row must not hold the source up past decode-timeout";
+  EXPECT_EQ(err, "");
+  EXPECT_EQ(clips.size(), 4u) << "the other clips still flow";
+  for (auto &cl : clips) EXPECT_NE(cl.sample, 2u);
+  ASSERT_EQ(rep.events.size(), 1u);
+  EXPECT_EQ(rep.events[0].row, 2u);
+  EXPECT_NE(rep.events[0].reason.find("timeout"), std::string::npos) << rep.events[0].reason;
+  EXPECT_GT(abandoned_chains().total, before.total) << "the chain stuck in read() is abandoned, not joined";
+  e.stop();
+  fifo.release();  // the read returns (end of file): the abandoned chain stops by itself
+  EXPECT_TRUE(abandoned_chains_finish(before.running));
+}
+
+// Without a writer, opening the pipe blocks (in filesrc's start, inside a state change).
+TEST_F(SourceEngineTest, AnOpenThatBlocksIsReplacedAtDecodeTimeout) {
+  vttest::StalledFifo fifo(dir_->file("stall-open.mp4"), false);
+  ASSERT_TRUE(fifo.ok());
+  vttest::write_file(dir_->file("stall-open.csv"), "path\nstall-open.mp4\nv1.mp4\nv2.mp4\n");
+  SourceConfig c = config("stall-open.csv");
+  c.decode_timeout_s = 1;
+  const AbandonedChains before = abandoned_chains();
+  Replacements rep;
+  SourceEngine e(c, rep.callbacks());
+  std::string err;
+  const gint64 t0 = g_get_monotonic_time();
+  ASSERT_TRUE(e.start(&err)) << err;
+  auto clips = run(e, &err);
+  EXPECT_LT(seconds_since(t0), 20.0);
+  EXPECT_EQ(err, "");
+  EXPECT_EQ(clips.size(), 3u);
+  ASSERT_EQ(rep.events.size(), 1u);
+  EXPECT_EQ(rep.events[0].row, 0u);
+  EXPECT_NE(rep.events[0].reason.find("timeout"), std::string::npos) << rep.events[0].reason;
+  EXPECT_NE(rep.events[0].reason.find("abandoned"), std::string::npos) << rep.events[0].reason;
+  e.stop();
+  fifo.release();
+  EXPECT_TRUE(abandoned_chains_finish(before.running));
+}
+
+TEST_F(SourceEngineTest, StopDoesNotWaitForAReadThatBlocks) {
+  std::string head = vttest::read_file(dir_->file("v0.mp4")).substr(0, 4096);
+  vttest::StalledFifo fifo(dir_->file("stall-stop.mp4"), true, head);
+  ASSERT_TRUE(fifo.ok());
+  vttest::write_file(dir_->file("stall-stop.csv"), "path\nstall-stop.mp4\n");
+  SourceConfig c = config("stall-stop.csv");
+  c.decode_timeout_s = 600;  // stopping, not the timeout, must end it
+  const AbandonedChains before = abandoned_chains();
+  auto e = std::make_unique<SourceEngine>(c, SourceCallbacks{});
+  std::string err;
+  ASSERT_TRUE(e->start(&err)) << err;
+  ASSERT_TRUE(fifo.prefix_read(30)) << "the decoder never read the pipe";
+  const gint64 t0 = g_get_monotonic_time();
+  e.reset();  // stops and joins the workers
+  EXPECT_LT(seconds_since(t0), 10.0) << "stopping waited for the blocked read";
+  EXPECT_GT(abandoned_chains().total, before.total);
+  EXPECT_GT(abandoned_chains().running, before.running) << "the read is still blocked";
+  fifo.release();
+  EXPECT_TRUE(abandoned_chains_finish(before.running));
+}
+
+// Issue 14, item 10: 6 bad rows of 20 (missing, corrupt, truncated, too short). Each bad row
+// is reported once per epoch, never chosen as a replacement, and the order does not depend
+// on timing (prefetch) or on what was found bad before.
+TEST_F(SourceEngineTest, BadRowsAreReportedOncePerEpochAndNeverReplaceOthers) {
+  vttest::write_file(dir_->file("corrupt.mp4"), "not a video at all");
+  std::string full = vttest::read_file(dir_->file("v4.mp4"));
+  vttest::write_file(dir_->file("truncated.mp4"), full.substr(0, full.size() / 3));
+  ASSERT_TRUE(vttest::make_video(dir_->file("short.mp4"), {2, 32, 24, 10, 5}));
+  const std::set<uint64_t> bad = {1, 4, 8, 11, 15, 18};
+  const char *bad_files[] = {"gone1.mp4", "corrupt.mp4", "truncated.mp4", "short.mp4", "gone2.mp4", "short.mp4"};
+  std::string csv = "path,text\n";
+  for (int i = 0, b = 0, g = 0; i < 20; i++)
+    csv += std::string(bad.count(i) ? bad_files[b++] : "v" + std::to_string(g++ % 5) + ".mp4") + ",c\n";
+  vttest::write_file(dir_->file("six-bad.csv"), csv);
+
+  std::vector<std::vector<ClipRecord>> runs;
+  for (int prefetch : {1, 4}) {
+    SourceConfig c = config("six-bad.csv");
+    c.num_epochs = 2;
+    c.prefetch = prefetch;
+    Replacements rep;
+    SourceCallbacks cb = rep.callbacks();
+    std::vector<uint64_t> per_epoch;
+    cb.epoch_done = [&](uint32_t, uint64_t, uint64_t replaced) { per_epoch.push_back(replaced); };
+    SourceEngine e(c, cb);
+    std::string err;
+    ASSERT_TRUE(e.start(&err)) << err;
+    runs.push_back(run(e, &err));
+    EXPECT_EQ(err, "");
+    ASSERT_EQ(runs.back().size(), 40u) << "a bad row never changes the clip count";
+    for (auto &cl : runs.back()) EXPECT_EQ(bad.count(cl.sample), 0u) << "clip " << cl.clip << " is bad row " << cl.sample;
+    for (uint32_t epoch : {0u, 1u}) {
+      std::multiset<uint64_t> rows;
+      for (auto &ev : rep.events)
+        if (ev.epoch == epoch) {
+          rows.insert(ev.row);
+          if (epoch == 1 && prefetch == 1) {
+            EXPECT_NE(ev.reason.find("bad since epoch 0"), std::string::npos) << ev.reason;
+          }
+        }
+      EXPECT_EQ(rows, std::multiset<uint64_t>(bad.begin(), bad.end()))
+          << "prefetch " << prefetch << ", epoch " << epoch << ": each bad row once";
+    }
+    EXPECT_EQ(per_epoch, (std::vector<uint64_t>{6, 6}));
+    EXPECT_EQ(e.stats().replaced, 12u);
+  }
+  EXPECT_EQ(runs[0], runs[1]) << "replacements must not depend on timing";
+  // A run that starts at epoch 1 knows no bad rows yet, and makes the same choices.
+  SourceConfig c = config("six-bad.csv");
+  c.num_epochs = 2;
+  c.start_epoch = 1;
+  SourceEngine resumed(c, {});
+  std::string err;
+  ASSERT_TRUE(resumed.start(&err)) << err;
+  auto tail = run(resumed, &err);
+  ASSERT_EQ(tail.size(), 20u);
+  EXPECT_TRUE(std::equal(tail.begin(), tail.end(), runs[0].begin() + 20));
+}
