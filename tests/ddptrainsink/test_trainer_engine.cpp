@@ -181,7 +181,8 @@ TEST(TrainerEngine, AnUnwritableMetricsFileIsAWarningNotAnError) {
   vttest::TempDir dir;
   auto c = cpu_config("builtin:linear-test");
   c.log_every = 1;
-  c.metrics_file = dir.file("no-such-folder/metrics.jsonl");
+  vttest::write_file(dir.file("a-file"), "");
+  c.metrics_file = dir.file("a-file/metrics.jsonl");  // a folder that cannot be made (root ignores modes)
   TrainerEngine e(c);
   ASSERT_TRUE(e.start()) << e.error();
   EXPECT_EQ(train(e, 0, 2, 1, 2).size(), 2u);
