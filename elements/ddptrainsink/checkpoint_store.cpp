@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -291,6 +292,48 @@ void CheckpointStore::discard(const std::string &dir) const {
   fs::rename(dir, trash, ec);
   if (ec) throw std::runtime_error("cannot move '" + dir + "' out of the way (checkpoint-dir): " + ec.message());
   fs::remove_all(trash, ec);  // a failure leaves a .trash- folder, removed at the next start
+}
+
+bool find_resume(const CheckpointStore &store, const ResumeRun &run, FoundCheckpoint *out, unsigned *epoch,
+                 uint64_t *clip, const std::function<void(const std::string &)> &warn) {
+  int skipped = 0;
+  const bool found = store.newest_verified(out, [&](const std::string &dir, const std::string &why) {
+    skipped++;
+    warn("resume: skipping checkpoint '" + dir + "': " + why + "; trying an older one");
+  });
+  if (!found) {
+    if (skipped > 0)
+      throw std::runtime_error("resume=true but none of the " + std::to_string(skipped) +
+                               " checkpoint folders in checkpoint-dir '" + store.root() +
+                               "' verifies (see the warnings): remove them or set resume=false");
+    warn("resume=true but checkpoint-dir '" + store.root() + "' holds no complete checkpoint: training from scratch");
+    return false;
+  }
+  const auto &st = out->state;
+  if (st.value("world_size", 1) != run.world)
+    throw std::runtime_error("checkpoint '" + out->dir + "' was written by " + std::to_string(st.value("world_size", 1)) +
+                             " rank(s), this run has " + std::to_string(run.world) + " (world-size)");
+  if (st.value("model", std::string()) != run.model)
+    warn("checkpoint '" + out->dir + "' was written for model '" + st.value("model", std::string()) +
+         "', loading it into '" + run.model + "'");
+  // The schedule is computed from these: changed values make the learning rate jump.
+  std::string changed;
+  auto check = [&](const char *prop, const char *key, const json &now) {
+    if (st.contains(key) && st.at(key) != now)
+      changed += std::string(changed.empty() ? "" : ", ") + prop + " " + st.at(key).dump() + " -> " + now.dump();
+  };
+  check("lr-schedule", "lr_schedule", run.lr_schedule);
+  check("max-steps", "max_steps", run.max_steps);
+  check("warmup-steps", "warmup_steps", run.warmup_steps);
+  if (!changed.empty())
+    warn("resuming from '" + out->dir + "' with a different schedule (" + changed +
+         "): the learning rate follows the new values from step " + std::to_string(out->step + 1));
+  for (const auto &p : st.at("positions"))
+    if (p.at("rank").get<int>() == run.rank) {
+      *epoch = p.at("epoch").get<unsigned>();
+      *clip = p.at("clip").get<uint64_t>();
+    }
+  return true;
 }
 
 }  // namespace videotrain

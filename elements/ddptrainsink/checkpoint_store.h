@@ -66,4 +66,18 @@ class CheckpointStore {
   std::string root_;
 };
 
+// This run, as resume compares it with a checkpoint's trainer.json.
+struct ResumeRun {
+  int world = 1, rank = 0;
+  std::string model, lr_schedule;
+  uint64_t max_steps = 0, warmup_steps = 0;
+};
+
+// resume=true: the newest checkpoint that verifies into *out, with this rank's data
+// position (epoch, next clip) into *epoch / *clip. Warns of each newer folder skipped, of
+// another model and of a changed schedule. False (warned) when there is no checkpoint;
+// throws when folders exist but none verifies, or when another world size wrote it.
+bool find_resume(const CheckpointStore &store, const ResumeRun &run, FoundCheckpoint *out, unsigned *epoch,
+                 uint64_t *clip, const std::function<void(const std::string &)> &warn);
+
 }  // namespace videotrain

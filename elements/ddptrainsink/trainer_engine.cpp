@@ -181,7 +181,6 @@ struct TrainerEngine::Impl {
   void join_step();
   void join_until_all_end();
   void write_checkpoint();
-  void check_finite_weights() const;
   bool all_steps_skipped() const { return steps_run > 0 && steps_applied == 0; }
   std::string all_skipped_text() const;
   void load_checkpoint();
@@ -544,50 +543,18 @@ void TrainerEngine::Impl::join_until_all_end() {
 }
 
 void TrainerEngine::Impl::find_checkpoint() {
-  // The newest checkpoint whose files match their checksums; newer ones are named.
-  int skipped = 0;
-  const bool found = store->newest_verified(&resume_from, [&](const std::string &dir, const std::string &why) {
-    skipped++;
-    warn("resume: skipping checkpoint '" + dir + "': " + why + "; trying an older one");
-  });
-  if (!found) {
-    if (skipped > 0)
-      throw std::runtime_error("resume=true but none of the " + std::to_string(skipped) +
-                               " checkpoint folders in checkpoint-dir '" + cfg.checkpoint_dir +
-                               "' verifies (see the warnings): remove them or set resume=false");
-    warn("resume=true but checkpoint-dir '" + cfg.checkpoint_dir +
-         "' holds no complete checkpoint: training from scratch");
-    return;
-  }
-  const auto &st = resume_from.state;
-  if (st.value("world_size", 1) != world)
-    throw std::runtime_error("checkpoint '" + resume_from.dir + "' was written by " +
-                             std::to_string(st.value("world_size", 1)) + " rank(s), this run has " +
-                             std::to_string(world) + " (world-size)");
-  if (st.value("model", std::string()) != cfg.model)
-    warn("checkpoint '" + resume_from.dir + "' was written for model '" + st.value("model", std::string()) +
-         "', loading it into '" + cfg.model + "'");
-  // The schedule is computed from these: changed values make the learning rate jump.
-  std::string changed;
-  auto check = [&](const char *prop, const char *key, const json &now) {
-    if (st.contains(key) && st.at(key) != now)
-      changed += std::string(changed.empty() ? "" : ", ") + prop + " " + st.at(key).dump() + " -> " + now.dump();
-  };
-  check("lr-schedule", "lr_schedule", cfg.lr_schedule);
-  check("max-steps", "max_steps", cfg.max_steps);
-  check("warmup-steps", "warmup_steps", cfg.warmup_steps);
-  if (!changed.empty())
-    warn("resuming from '" + resume_from.dir + "' with a different schedule (" + changed +
-         "): the learning rate follows the new values from step " + std::to_string(resume_from.step + 1));
+  ResumeRun run;
+  run.world = world;
+  run.rank = rank;
+  run.model = cfg.model;
+  run.lr_schedule = cfg.lr_schedule;
+  run.max_steps = cfg.max_steps;
+  run.warmup_steps = cfg.warmup_steps;
+  if (!find_resume(*store, run, &resume_from, &rp.epoch, &rp.clip, [this](const std::string &t) { warn(t); })) return;
   resumed = true;
   rp.step = resume_from.step;
-  for (const auto &p : st.at("positions"))
-    if (p.at("rank").get<int>() == rank) {
-      rp.epoch = p.at("epoch").get<unsigned>();
-      rp.clip = p.at("clip").get<uint64_t>();
-    }
   steps_done = resume_from.step;
-  if (cfg.latent_channels <= 0) cfg.latent_channels = st.value("latent_channels", 0);
+  if (cfg.latent_channels <= 0) cfg.latent_channels = resume_from.state.value("latent_channels", 0);
 }
 
 void TrainerEngine::Impl::agree_resume_step() {
@@ -613,35 +580,15 @@ void TrainerEngine::Impl::agree_resume_step() {
                            "); every rank must see the same checkpoint-dir (a shared filesystem)");
 }
 
-void TrainerEngine::Impl::check_finite_weights() const {
-  // One host sync for all tensors. Every rank holds the same weights, so every rank
-  // finds the same and stops at the same step.
-  std::vector<at::Tensor> bad;
-  std::vector<std::string> names;
-  for (auto &[n, p] : model->named_parameters()) {
-    bad.push_back(p.detach().isfinite().logical_not().any().reshape({1}));
-    names.push_back(n);
-  }
-  for (auto &[n, b] : model->named_buffers())
-    if (b.is_floating_point()) {
-      bad.push_back(b.detach().isfinite().logical_not().any().reshape({1}));
-      names.push_back(n);
-    }
-  if (bad.empty()) return;
-  auto flags = at::cat(bad).to(torch::kCPU);
-  const auto *f = flags.data_ptr<bool>();
-  for (size_t i = 0; i < names.size(); i++)
-    if (f[i])
-      throw std::runtime_error("the weights hold NaN/Inf at step " + std::to_string(steps_done) + " (first: " +
-                               names[i] + "): no checkpoint written, the checkpoints in checkpoint-dir are kept; " +
-                               "training cannot recover from this (lower lr, set grad-clip)");
-}
-
 void TrainerEngine::Impl::write_checkpoint() {
   if (!model || last_ckpt_step == steps_done) return;
   // Non-finite weights would load without a word and make every later step non-finite:
   // an error, not a warning, because the run cannot recover from them either.
-  check_finite_weights();
+  // Every rank holds the same weights, so every rank stops here alike.
+  if (const std::string bad = first_non_finite(*model); !bad.empty())
+    throw std::runtime_error("the weights hold NaN/Inf at step " + std::to_string(steps_done) + " (first: " + bad +
+                             "): no checkpoint written, the checkpoints in checkpoint-dir are kept; training cannot "
+                             "recover from this (lower lr, set grad-clip)");
   last_ckpt_step = steps_done;
   last_ckpt_time = clock();
   if (rank != 0) return;  // every rank holds the same weights; rank 0 writes
