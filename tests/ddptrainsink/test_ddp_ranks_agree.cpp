@@ -4,7 +4,9 @@
  *    nan-policy=fail fails both (neither hangs);
  *  - initial weights: ranks built with different seeds, or loading TorchScript files whose
  *    parameters and buffers differ, all hold rank 0's after start();
- *  - resume: a rank that finds no checkpoint while rank 0 resumes makes both fail. */
+ *  - resume: a rank that finds no checkpoint while rank 0 resumes makes both fail;
+ *  - checkpoint-interval: rank 0's clock decides, so when the weights have gone NaN both
+ *    ranks find it at the same step and fail, instead of rank 1 waiting in a collective. */
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -91,6 +93,14 @@ TEST(DdpAgreeWorker, Rank) {
   if (mode == "init-script") c.model = vttest::env_or("VT_DDP_DIR", "") + "/m" + std::to_string(rank) + ".pt";
   if (mode == "ckpt" || mode == "resume") c.checkpoint_dir = out + ".ckpt";  // one per rank: no shared filesystem
   c.resume = mode == "resume";
+  if (mode == "interval-nan") {
+    c.checkpoint_dir = out + ".ckpt";
+    c.checkpoint_interval_s = 60;
+    c.eps = 0;  // the first update makes NaN weights (0 / 0 for the caption rows no caption used)
+    int calls = 0;
+    // Rank 0's clock is past the interval after start(); rank 1's never moves.
+    c.clock = [rank, calls]() mutable { return rank == 0 && calls++ > 0 ? 1000.0 : 0.0; };
+  }
   TrainerEngine e(c);
   if (mode == "resume") {
     const bool ok = e.start();
@@ -100,6 +110,13 @@ TEST(DdpAgreeWorker, Rank) {
   ASSERT_TRUE(e.start()) << e.error();
   if (mode == "init" || mode == "init-script") {
     write_params(out + ".params", e.parameters_cpu(/*with_buffers=*/true));
+  } else if (mode == "interval-nan") {
+    std::ofstream o(out);
+    for (int s = 0; s < 3; s++)
+      if (feed_result(e, s, 2 * e.rank(), 2, 0, 1, 2) != ProcessResult::kOk) {
+        o << "error " << e.error() << "\n";
+        break;
+      }
   } else if (mode == "ckpt") {
     for (int s = 0; s < 2; s++) feed(e, s, 2 * e.rank(), 2, 0, 1, 2);
     ASSERT_TRUE(e.finish()) << e.error();  // rank 0 writes step-00000002 into its folder
@@ -201,5 +218,14 @@ TEST(DdpAgree, ResumeFailsWhenTheRanksFindDifferentCheckpoints) {
     EXPECT_EQ(got.rfind("error\n", 0), 0u) << f << ": " << got;
     EXPECT_NE(got.find("rank 0: step 2"), std::string::npos) << f << ": " << got;
     EXPECT_NE(got.find("rank 1: none"), std::string::npos) << f << ": " << got;
+  }
+}
+
+TEST(DdpAgree, TheCheckpointIntervalFollowsRankZerosClockOnEveryRank) {
+  vttest::TempDir dir;
+  ASSERT_TRUE(run_ranks("interval-nan", dir));
+  for (const char *f : {"r0", "r1"}) {
+    const std::string got = vttest::read_file(dir.file(f));
+    EXPECT_NE(got.find("error the weights hold NaN/Inf at step 1"), std::string::npos) << f << ": " << got;
   }
 }
