@@ -198,13 +198,15 @@ std::string CheckpointStore::commit(const std::string &tmp, uint64_t step, const
   fs::rename(tmp, final_dir, ec);
   if (ec) throw std::runtime_error("cannot rename '" + tmp + "' to '" + final_dir + "': " + ec.message());
   sync_path(root_, true);  // the rename itself; a failure here leaves a complete folder anyway
+  // The checksums were taken from the synced files; reading gigabytes again would check
+  // the page cache, not the disk. What the rename could lose shows in the sizes.
   FoundCheckpoint check;
-  const std::string why = verify(final_dir, &check);
+  const std::string why = verify(final_dir, &check, /*checksums=*/false);
   if (!why.empty()) throw std::runtime_error("checkpoint '" + final_dir + "' does not verify after writing: " + why);
   return final_dir;
 }
 
-std::string CheckpointStore::verify(const std::string &dir, FoundCheckpoint *out) {
+std::string CheckpointStore::verify(const std::string &dir, FoundCheckpoint *out, bool checksums) {
   json manifest;
   {
     std::ifstream in(dir + "/" + kManifest);
@@ -223,12 +225,18 @@ std::string CheckpointStore::verify(const std::string &dir, FoundCheckpoint *out
       uint64_t size = 0;
       uint32_t crc = 0;
       std::string why;
-      if (!checksum_file(dir + "/" + name, &size, &crc, &why)) return name + ": " + why;
+      std::error_code ec;
+      if (!checksums) {
+        size = fs::file_size(dir + "/" + name, ec);
+        if (ec) return name + ": " + ec.message();
+      } else if (!checksum_file(dir + "/" + name, &size, &crc, &why)) {
+        return name + ": " + why;
+      }
       const uint64_t want_size = want.at("size").get<uint64_t>();
       if (size != want_size)
         return name + " has " + std::to_string(size) + " bytes, the manifest says " + std::to_string(want_size) +
                " (truncated or rewritten)";
-      if (hex32(crc) != want.at("crc32").get<std::string>())
+      if (checksums && hex32(crc) != want.at("crc32").get<std::string>())
         return name + " has CRC-32 " + hex32(crc) + ", the manifest says " + want.at("crc32").get<std::string>() +
                " (its bytes changed after it was written)";
     }

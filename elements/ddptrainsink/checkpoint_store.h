@@ -6,7 +6,7 @@
  *
  * Writing: begin() gives a temporary folder; the trainer saves its files into it;
  * commit() writes trainer.json and the manifest, fsyncs files and folder, renames the
- * folder into place, fsyncs checkpoint-dir and reads the result back. Deleting (prune,
+ * folder into place, fsyncs checkpoint-dir and checks the result's sizes. Deleting (prune,
  * replacing a folder of the same step): renamed to a .trash- name first, then removed,
  * so an interrupted deletion never leaves a step- folder behind. */
 #pragma once
@@ -48,8 +48,8 @@ class CheckpointStore {
   // final folder, verified. Throws, leaving every existing checkpoint as it was.
   std::string commit(const std::string &tmp, uint64_t step, const nlohmann::json &state) const;
   // "" when `dir` is a complete checkpoint whose files match its manifest (then *out
-  // holds it), else why not.
-  static std::string verify(const std::string &dir, FoundCheckpoint *out);
+  // holds it), else why not. Without `checksums` only the files' sizes are compared.
+  static std::string verify(const std::string &dir, FoundCheckpoint *out, bool checksums = true);
   // The newest checkpoint that verifies. Each newer step- folder that does not is
   // passed to `skipped` (folder, why). False when none verifies.
   bool newest_verified(FoundCheckpoint *out,
