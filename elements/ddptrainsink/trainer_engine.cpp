@@ -7,7 +7,6 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 #include <torch/version.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>

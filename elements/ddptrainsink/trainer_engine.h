@@ -119,7 +119,7 @@ class TrainerEngine {
 
   // Resolves rank/world/device, joins the process group, loads the model (unless it
   // must wait for the first micro-batch to know its channels) and, with resume, the
-  // newest complete checkpoint. False with error().
+  // newest checkpoint that verifies (checkpoint_store.h). False with error().
   bool start();
   // Where this rank's data resumes (valid after start() when resumed() is true).
   bool resumed() const;
