@@ -1,7 +1,8 @@
 /* Two-process runs (DdpAgreeWorker.Rank, see test_ddp_multirank.cpp) of what the ranks
  * must agree on:
  *  - a non-finite loss on rank 1 only: nan-policy=skip skips the step on both ranks,
- *    nan-policy=fail fails both (neither hangs);
+ *    nan-policy=fail fails both (neither hangs); non-finite losses on rank 1 alone
+ *    reach max-skipped-steps on both at the same step;
  *  - initial weights: ranks built with different seeds, or loading TorchScript files whose
  *    parameters and buffers differ, all hold rank 0's after start();
  *  - resume: a rank that finds no checkpoint while rank 0 resumes makes both fail;
@@ -86,6 +87,7 @@ TEST(DdpAgreeWorker, Rank) {
   auto c = config();
   c.timeout_s = 10;
   if (mode == "nan-fail") c.nan_policy = "fail";
+  if (mode == "nan-bound") c.max_skipped_steps = 2;
   if (mode == "init") {
     c.seed = 3 + rank;         // rank 1 builds other weights...
     c.latent_channels = kC;    // ...at start()
@@ -110,6 +112,14 @@ TEST(DdpAgreeWorker, Rank) {
   ASSERT_TRUE(e.start()) << e.error();
   if (mode == "init" || mode == "init-script") {
     write_params(out + ".params", e.parameters_cpu(/*with_buffers=*/true));
+  } else if (mode == "nan-bound") {
+    // Rank 1 feeds NaN from step 2 on: steps 2 and 3 are skipped on both, then both stop.
+    std::ofstream o(out);
+    for (int s = 0; s < 5; s++)
+      if (feed_result(e, s, 2 * e.rank(), 2, 0, 1, 2, s >= 1 && e.rank() == 1) != ProcessResult::kOk) {
+        o << "error at " << s + 1 << ": " << e.error() << "\n";
+        break;
+      }
   } else if (mode == "interval-nan") {
     std::ofstream o(out);
     for (int s = 0; s < 3; s++)
@@ -227,5 +237,14 @@ TEST(DdpAgree, TheCheckpointIntervalFollowsRankZerosClockOnEveryRank) {
   for (const char *f : {"r0", "r1"}) {
     const std::string got = vttest::read_file(dir.file(f));
     EXPECT_NE(got.find("error the weights hold NaN/Inf at step 1"), std::string::npos) << f << ": " << got;
+  }
+}
+
+TEST(DdpAgree, NonFiniteLossesOnOneRankReachMaxSkippedStepsOnBoth) {
+  vttest::TempDir dir;
+  ASSERT_TRUE(run_ranks("nan-bound", dir));
+  for (const char *f : {"r0", "r1"}) {
+    const std::string got = vttest::read_file(dir.file(f));
+    EXPECT_NE(got.find("error at 3: 2 optimizer steps in a row (2 to 3)"), std::string::npos) << f << ": " << got;
   }
 }
