@@ -5,7 +5,9 @@
  *    reach max-skipped-steps on both at the same step;
  *  - initial weights: ranks built with different seeds, or loading TorchScript files whose
  *    parameters and buffers differ, all hold rank 0's after start();
- *  - resume: a rank that finds no checkpoint while rank 0 resumes makes both fail;
+ *  - resume: a rank that finds no checkpoint while rank 0 resumes makes both fail; so
+ *    does one whose checkpoints all fail to verify; in a shared folder whose newest
+ *    checkpoint is damaged, both resume from the one before;
  *  - checkpoint-interval: rank 0's clock decides, so when the weights have gone NaN both
  *    ranks find it at the same step and fail, instead of rank 1 waiting in a collective. */
 #include <ATen/ATen.h>
@@ -13,6 +15,7 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -49,6 +52,17 @@ bool run_ranks(const std::string &mode, const vttest::TempDir &dir,
       return false;
     }
   return true;
+}
+
+// NaN bytes over the first float of a safetensors file's data (length unchanged).
+void damage(const std::string &path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header = 0;
+  f.read(reinterpret_cast<char *>(&header), 8);
+  const uint32_t nan = 0x7fc00000u;
+  f.seekp(static_cast<std::streamoff>(8 + header));
+  f.write(reinterpret_cast<const char *>(&nan), 4);
+  ASSERT_TRUE(f.good()) << path;
 }
 
 // Rank 1 alone feeds a NaN in step 2 of 3 (one micro-batch of 2 per rank and step).
@@ -94,7 +108,11 @@ TEST(DdpAgreeWorker, Rank) {
   }
   if (mode == "init-script") c.model = vttest::env_or("VT_DDP_DIR", "") + "/m" + std::to_string(rank) + ".pt";
   if (mode == "ckpt" || mode == "resume") c.checkpoint_dir = out + ".ckpt";  // one per rank: no shared filesystem
-  c.resume = mode == "resume";
+  if (mode == "ckpt-shared" || mode == "resume-shared") {
+    c.checkpoint_dir = vttest::env_or("VT_DDP_DIR", "") + "/shared";
+    c.checkpoint_every = 2;
+  }
+  c.resume = mode == "resume" || mode == "resume-shared";
   if (mode == "interval-nan") {
     c.checkpoint_dir = out + ".ckpt";
     c.checkpoint_interval_s = 60;
@@ -104,9 +122,13 @@ TEST(DdpAgreeWorker, Rank) {
     c.clock = [rank, calls]() mutable { return rank == 0 && calls++ > 0 ? 1000.0 : 0.0; };
   }
   TrainerEngine e(c);
-  if (mode == "resume") {
+  if (mode == "resume" || mode == "resume-shared") {
     const bool ok = e.start();
-    std::ofstream(out) << (ok ? "ok" : "error") << "\n" << e.error() << "\n";
+    std::ofstream o(out);
+    o << (ok ? "ok" : "error") << "\n" << e.error() << "\n";
+    if (ok) o << "resumed at " << e.steps_done() << "\n";
+    for (auto &m : e.take_messages())
+      if (m.name == "warning") o << "warning " << m.strings["text"] << "\n";
     return;
   }
   ASSERT_TRUE(e.start()) << e.error();
@@ -127,6 +149,8 @@ TEST(DdpAgreeWorker, Rank) {
         o << "error " << e.error() << "\n";
         break;
       }
+  } else if (mode == "ckpt-shared") {
+    for (int s = 0; s < 4; s++) feed(e, s, 2 * e.rank(), 2, 0, 1, 2);  // rank 0 writes steps 2 and 4
   } else if (mode == "ckpt") {
     for (int s = 0; s < 2; s++) feed(e, s, 2 * e.rank(), 2, 0, 1, 2);
     ASSERT_TRUE(e.finish()) << e.error();  // rank 0 writes step-00000002 into its folder
@@ -246,5 +270,34 @@ TEST(DdpAgree, NonFiniteLossesOnOneRankReachMaxSkippedStepsOnBoth) {
   for (const char *f : {"r0", "r1"}) {
     const std::string got = vttest::read_file(dir.file(f));
     EXPECT_NE(got.find("error at 3: 2 optimizer steps in a row (2 to 3)"), std::string::npos) << f << ": " << got;
+  }
+}
+
+TEST(DdpAgree, ARankWhoseCheckpointsAllFailToVerifyMakesBothFail) {
+  vttest::TempDir dir;
+  ASSERT_TRUE(run_ranks("ckpt", dir));
+  std::filesystem::create_directories(dir.file("r1.ckpt"));
+  std::filesystem::copy(dir.file("r0.ckpt/step-00000002"), dir.file("r1.ckpt/step-00000002"));
+  damage(dir.file("r1.ckpt/step-00000002/model.safetensors"));
+  ASSERT_TRUE(run_ranks("resume", dir));
+  const std::string r0 = vttest::read_file(dir.file("r0")), r1 = vttest::read_file(dir.file("r1"));
+  EXPECT_EQ(r0.rfind("error\n", 0), 0u) << r0;
+  EXPECT_NE(r0.find("rank 1 cannot resume"), std::string::npos) << r0;
+  EXPECT_EQ(r1.rfind("error\n", 0), 0u) << r1;
+  EXPECT_NE(r1.find("none of the 1 checkpoint folders"), std::string::npos) << r1;
+}
+
+TEST(DdpAgree, BothRanksResumeFromTheCheckpointBeforeADamagedNewestOne) {
+  vttest::TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> env{{"VT_DDP_DIR", dir.path()}};
+  ASSERT_TRUE(run_ranks("ckpt-shared", dir, env));
+  damage(dir.file("shared/step-00000004/model.safetensors"));
+  ASSERT_TRUE(run_ranks("resume-shared", dir, env));
+  for (const char *f : {"r0", "r1"}) {
+    const std::string got = vttest::read_file(dir.file(f));
+    EXPECT_EQ(got.rfind("ok\n", 0), 0u) << f << ": " << got;
+    EXPECT_NE(got.find("resumed at 2\n"), std::string::npos) << f << ": " << got;
+    EXPECT_NE(got.find("warning resume: skipping checkpoint '" + dir.file("shared/step-00000004")), std::string::npos)
+        << f << ": " << got;
   }
 }
