@@ -65,9 +65,11 @@ enum {
   PROP_BUCKET_CAP_MB,
   PROP_CHECKPOINT_DIR,
   PROP_CHECKPOINT_EVERY,
+  PROP_CHECKPOINT_INTERVAL,
   PROP_KEEP_CHECKPOINTS,
   PROP_RESUME,
   PROP_NAN_POLICY,
+  PROP_MAX_SKIPPED_STEPS,
   PROP_LOG_EVERY,
   PROP_METRICS_FILE,
   PROP_TENSORBOARD_DIR,
@@ -185,7 +187,10 @@ static gboolean gst_ddp_train_sink_stop(GstBaseSink *sink) {
   auto engine = std::move(*self->engine);
   self->engine->reset();
   GST_OBJECT_UNLOCK(self);
-  if (engine) engine->stop();
+  if (engine) {
+    engine->stop();
+    post_messages(self, *engine);  // what a stop without end of stream did not save
+  }
   return TRUE;
 }
 
@@ -290,9 +295,11 @@ static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GVa
     case PROP_BUCKET_CAP_MB: c.bucket_cap_mb = g_value_get_double(v); break;
     case PROP_CHECKPOINT_DIR: c.checkpoint_dir = str(); break;
     case PROP_CHECKPOINT_EVERY: c.checkpoint_every = g_value_get_uint64(v); break;
+    case PROP_CHECKPOINT_INTERVAL: c.checkpoint_interval_s = g_value_get_uint(v); break;
     case PROP_KEEP_CHECKPOINTS: c.keep_checkpoints = g_value_get_uint(v); break;
     case PROP_RESUME: c.resume = g_value_get_boolean(v); break;
     case PROP_NAN_POLICY: c.nan_policy = enum_nick(nan_policy_type(), g_value_get_enum(v)); break;
+    case PROP_MAX_SKIPPED_STEPS: c.max_skipped_steps = g_value_get_uint(v); break;
     case PROP_LOG_EVERY: c.log_every = g_value_get_uint(v); break;
     case PROP_METRICS_FILE: c.metrics_file = str(); break;
     case PROP_TENSORBOARD_DIR: c.tensorboard_dir = str(); break;
@@ -330,9 +337,11 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
     case PROP_BUCKET_CAP_MB: g_value_set_double(v, c.bucket_cap_mb); break;
     case PROP_CHECKPOINT_DIR: g_value_set_string(v, c.checkpoint_dir.c_str()); break;
     case PROP_CHECKPOINT_EVERY: g_value_set_uint64(v, c.checkpoint_every); break;
+    case PROP_CHECKPOINT_INTERVAL: g_value_set_uint(v, static_cast<guint>(c.checkpoint_interval_s)); break;
     case PROP_KEEP_CHECKPOINTS: g_value_set_uint(v, c.keep_checkpoints); break;
     case PROP_RESUME: g_value_set_boolean(v, c.resume); break;
     case PROP_NAN_POLICY: g_value_set_enum(v, enum_value(nan_policy_type(), c.nan_policy)); break;
+    case PROP_MAX_SKIPPED_STEPS: g_value_set_uint(v, c.max_skipped_steps); break;
     case PROP_LOG_EVERY: g_value_set_uint(v, c.log_every); break;
     case PROP_METRICS_FILE: g_value_set_string(v, c.metrics_file.c_str()); break;
     case PROP_TENSORBOARD_DIR: g_value_set_string(v, c.tensorboard_dir.c_str()); break;
@@ -441,27 +450,43 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
   install(PROP_BUCKET_CAP_MB, g_param_spec_double("bucket-cap-mb", "Bucket cap (MB)",
                                                   "Size of gradient all-reduce buckets (the first one holds 1 MB)",
                                                   0.001, 4096, d.bucket_cap_mb, rw));
-  install(PROP_CHECKPOINT_DIR, g_param_spec_string("checkpoint-dir", "Checkpoint folder",
-                                                   "Where checkpoints go (step-NNNNNNNN folders); empty: none", "",
-                                                   rw));
+  install(PROP_CHECKPOINT_DIR,
+          g_param_spec_string("checkpoint-dir", "Checkpoint folder",
+                              "Where checkpoints go (step-NNNNNNNN folders, each with a manifest.json of its files' "
+                              "CRC-32); created at start, where it must be writable; empty: none",
+                              "", rw));
   install(PROP_CHECKPOINT_EVERY,
           g_param_spec_uint64("checkpoint-every", "Checkpoint every",
                               "Write a checkpoint every this many steps (and always at the end); 0: only at the end",
                               0, G_MAXUINT64, 0, rw));
+  install(PROP_CHECKPOINT_INTERVAL,
+          g_param_spec_uint("checkpoint-interval", "Checkpoint interval",
+                            "Also write a checkpoint at the first step this many seconds after the last one (or "
+                            "the start), timed by rank 0 so that every rank writes at the same step; bounds what a "
+                            "kill or a crash loses. 0: off. Needs checkpoint-dir",
+                            0, G_MAXUINT, static_cast<guint>(d.checkpoint_interval_s), rw));
   install(PROP_KEEP_CHECKPOINTS, g_param_spec_uint("keep-checkpoints", "Keep checkpoints",
                                                    "Newest checkpoints kept; 0: keep all", 0, G_MAXUINT,
                                                    d.keep_checkpoints, rw));
   install(PROP_RESUME, g_param_spec_boolean("resume", "Resume",
-                                            "Load the newest complete checkpoint of checkpoint-dir at start and "
-                                            "answer the resume query with this rank's data position",
+                                            "Load the newest checkpoint of checkpoint-dir whose files verify (newer "
+                                            "ones that do not are warned about) at start and answer the resume "
+                                            "query with this rank's data position",
                                             FALSE, rw));
   install(PROP_NAN_POLICY, g_param_spec_enum("nan-policy", "NaN policy", "What a non-finite loss does",
                                              nan_policy_type(), 0, rw));
+  install(PROP_MAX_SKIPPED_STEPS,
+          g_param_spec_uint("max-skipped-steps", "Max skipped steps",
+                            "With nan-policy=skip: this many optimizer steps in a row with a non-finite loss are an "
+                            "error (a run that skipped every step is one at its end anyway); 0: no bound",
+                            0, G_MAXUINT, d.max_skipped_steps, rw));
   install(PROP_LOG_EVERY, g_param_spec_uint("log-every", "Log every",
                                             "Post a ddptrainsink-step message every this many steps; 0: never", 0,
                                             G_MAXUINT, d.log_every, rw));
   install(PROP_METRICS_FILE, g_param_spec_string("metrics-file", "Metrics file",
-                                                 "Append step and checkpoint records as JSON lines (rank 0)", "", rw));
+                                                 "Append step and checkpoint records as JSON lines (rank 0; its "
+                                                 "folder is created)",
+                                                 "", rw));
   install(PROP_TENSORBOARD_DIR, g_param_spec_string("tensorboard-dir", "TensorBoard folder",
                                                     "Write TensorBoard event files of the step scalars (rank 0)", "",
                                                     rw));

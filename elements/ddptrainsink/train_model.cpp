@@ -343,6 +343,26 @@ class BuiltinModel : public TrainModel {
 
 }  // namespace
 
+std::string first_non_finite(TrainModel &model) {
+  std::vector<at::Tensor> bad;
+  std::vector<std::string> names;
+  auto add = [&](const NamedTensors &ts) {
+    for (const auto &[n, t] : ts)
+      if (t.is_floating_point()) {
+        bad.push_back(t.detach().isfinite().logical_not().any().reshape({1}));
+        names.push_back(n);
+      }
+  };
+  add(model.named_parameters());
+  add(model.named_buffers());
+  if (bad.empty()) return "";
+  const auto flags = at::cat(bad).to(at::kCPU);
+  const auto *f = flags.data_ptr<bool>();
+  for (size_t i = 0; i < names.size(); i++)
+    if (f[i]) return names[i];
+  return "";
+}
+
 std::vector<std::string> builtin_model_names() { return {"tiny-unet3d", "linear-test"}; }
 
 bool is_builtin_spec(const std::string &spec) { return spec.rfind(kBuiltinPrefix, 0) == 0; }

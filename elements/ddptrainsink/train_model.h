@@ -40,6 +40,10 @@ class TrainModel {
   virtual void load(const std::string &dir) = 0;
 };
 
+// Name of the first parameter or floating buffer holding NaN/Inf; "" when all are finite.
+// One host sync for all of them.
+std::string first_non_finite(TrainModel &model);
+
 // Builtin names (without the "builtin:" prefix).
 std::vector<std::string> builtin_model_names();
 bool is_builtin_spec(const std::string &spec);

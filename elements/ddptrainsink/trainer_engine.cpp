@@ -7,7 +7,6 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 #include <torch/version.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +19,7 @@
 #include <thread>
 
 #include "bucket_reducer.h"
+#include "checkpoint_store.h"
 #include "cpu_heap.h"
 #include "default_rng.h"
 #include "dist_env.h"
@@ -102,52 +102,6 @@ class AutocastGuard {
   at::ScalarType prev_dtype_ = at::kBFloat16;
 };
 
-std::string step_dir_name(uint64_t step) {
-  char b[32];
-  std::snprintf(b, sizeof(b), "step-%08llu", static_cast<unsigned long long>(step));
-  return b;
-}
-
-struct FoundCheckpoint {
-  std::string dir;
-  uint64_t step = 0;
-  json state;
-};
-
-// Complete checkpoints (renamed into place, with trainer.json), oldest first.
-std::vector<FoundCheckpoint> list_checkpoints(const std::string &root) {
-  std::vector<FoundCheckpoint> out;
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) return out;
-  for (const auto &e : fs::directory_iterator(root, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("step-", 0) != 0 || !e.is_directory()) continue;
-    std::ifstream in(e.path() / "trainer.json");
-    if (!in) continue;
-    try {
-      FoundCheckpoint c;
-      c.state = json::parse(in);
-      c.step = c.state.at("step").get<uint64_t>();
-      c.dir = e.path().string();
-      out.push_back(std::move(c));
-    } catch (const std::exception &) {
-      continue;
-    }
-  }
-  std::sort(out.begin(), out.end(), [](const auto &a, const auto &b) { return a.step < b.step; });
-  return out;
-}
-
-// Half-written checkpoints of runs that were killed (rank 0 is the only writer).
-void remove_stale_tmp(const std::string &root) {
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) return;
-  std::vector<fs::path> stale;
-  for (const auto &e : fs::directory_iterator(root, ec))
-    if (e.path().filename().string().rfind(".tmp-step-", 0) == 0) stale.push_back(e.path());
-  for (const auto &p : stale) fs::remove_all(p, ec);
-}
-
 }  // namespace
 
 struct TrainerEngine::Impl {
@@ -180,7 +134,14 @@ struct TrainerEngine::Impl {
   bool resumed = false;
   ResumePoint rp;
   FoundCheckpoint resume_from;
+  std::string resume_error;  // why this rank cannot resume (reported after the ranks agree)
+  std::unique_ptr<CheckpointStore> store;  // with checkpoint-dir
   uint64_t last_ckpt_step = std::numeric_limits<uint64_t>::max();
+  double last_ckpt_time = 0;  // clock() at the last checkpoint or the start
+  bool finished = false;      // finish() succeeded
+
+  // Non-finite steps: in a row (nan-policy=skip's bound) and over the run.
+  uint64_t skipped_in_row = 0, steps_run = 0, steps_applied = 0;
 
   // Throughput window (since the last log).
   double window_start = 0, window_wait = 0;
@@ -201,6 +162,7 @@ struct TrainerEngine::Impl {
     error = msg;
     return false;
   }
+  double clock() const { return cfg.clock ? cfg.clock() : now_s(); }
   void warn(const std::string &text) {
     Message m;
     m.name = "warning";
@@ -218,6 +180,8 @@ struct TrainerEngine::Impl {
   void join_step();
   void join_until_all_end();
   void write_checkpoint();
+  bool all_steps_skipped() const { return steps_run > 0 && steps_applied == 0; }
+  std::string all_skipped_text() const;
   void load_checkpoint();
   void find_checkpoint();
   void agree_resume_step();
@@ -435,13 +399,17 @@ bool TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
   const auto stats_opts = torch::TensorOptions().dtype(torch::kDouble);
   at::Tensor local_loss = step_loss.defined() ? step_loss.to(torch::kCPU, torch::kDouble) : torch::zeros({}, stats_opts);
   const double l = local_loss.item<double>();
-  // [loss, non-finite ranks, ranks with samples, (epoch, clip) of each rank]
-  auto stats = torch::zeros({3 + 2 * world}, stats_opts);
+  // [loss, non-finite ranks, ranks with samples, (epoch, clip) of each rank, checkpoint
+  // due on rank 0's clock]: checkpoint-interval is decided once, so that every rank
+  // takes its checkpoint at the same step.
+  auto stats = torch::zeros({4 + 2 * world}, stats_opts);
   stats[0] = std::isfinite(l) ? l : 0.0;
   stats[1] = std::isfinite(l) ? 0.0 : 1.0;
   stats[2] = joining ? 0.0 : 1.0;
   stats[3 + 2 * rank] = static_cast<double>(epoch);
   stats[4 + 2 * rank] = static_cast<double>(next_clip);
+  if (rank == 0 && store && cfg.checkpoint_interval_s > 0 && clock() - last_ckpt_time >= cfg.checkpoint_interval_s)
+    stats[3 + 2 * world] = 1.0;
   if (group) {
     std::vector<at::Tensor> t{backend == "nccl" ? stats.to(device) : stats};
     group->allreduce(t, "loss/position all-reduce at step " + std::to_string(steps_done + 1));
@@ -470,8 +438,17 @@ bool TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
                              std::to_string(static_cast<int>(acc[1])) + " of " + std::to_string(world) +
                              " rank(s) (this rank: " + std::to_string(l) + ")";
     if (cfg.nan_policy == "fail") throw std::runtime_error(what + "; nan-policy=fail");
+    // The flag is all-reduced, so every rank counts alike and stops at the same step.
+    if (cfg.max_skipped_steps > 0 && ++skipped_in_row >= cfg.max_skipped_steps)
+      throw std::runtime_error(std::to_string(skipped_in_row) + " optimizer steps in a row (" +
+                               std::to_string(steps_done + 2 - skipped_in_row) + " to " +
+                               std::to_string(steps_done + 1) + ") had a non-finite loss and were skipped " +
+                               "(max-skipped-steps=" + std::to_string(cfg.max_skipped_steps) +
+                               "): the weights or the data hold NaN/Inf; lower lr, set grad-clip or check the input");
     warn(what + ": optimizer step skipped on every rank (nan-policy=skip)");
   } else {
+    skipped_in_row = 0;
+    steps_applied++;
     rep.loss = acc[0] / active;
     if (active < world) {
       // Ranks whose data ended contributed zeros: average over the ranks with samples.
@@ -490,6 +467,7 @@ bool TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
   for (auto &p : params) p.mutable_grad() = at::Tensor();
   in_step = false;
   steps_done++;
+  steps_run++;
   rep.step = steps_done;
   last_loss = rep.loss;
   window_samples += static_cast<uint64_t>(step_samples) * world;
@@ -506,7 +484,8 @@ bool TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
     window_samples = 0;
   }
   (void)info;
-  if (!cfg.checkpoint_dir.empty() && cfg.checkpoint_every > 0 && steps_done % cfg.checkpoint_every == 0)
+  const bool time_due = acc[3 + 2 * world] > 0.5;
+  if (store && (time_due || (cfg.checkpoint_every > 0 && steps_done % cfg.checkpoint_every == 0)))
     write_checkpoint();
   return true;
 }
@@ -563,53 +542,35 @@ void TrainerEngine::Impl::join_until_all_end() {
 }
 
 void TrainerEngine::Impl::find_checkpoint() {
-  auto all = list_checkpoints(cfg.checkpoint_dir);
-  if (all.empty()) {
-    warn("resume=true but checkpoint-dir '" + cfg.checkpoint_dir +
-         "' holds no complete checkpoint: training from scratch");
-    return;
-  }
-  resume_from = all.back();
-  const auto &st = resume_from.state;
-  if (st.value("world_size", 1) != world)
-    throw std::runtime_error("checkpoint '" + resume_from.dir + "' was written by " +
-                             std::to_string(st.value("world_size", 1)) + " rank(s), this run has " +
-                             std::to_string(world) + " (world-size)");
-  if (st.value("model", std::string()) != cfg.model)
-    warn("checkpoint '" + resume_from.dir + "' was written for model '" + st.value("model", std::string()) +
-         "', loading it into '" + cfg.model + "'");
-  // The schedule is computed from these: changed values make the learning rate jump.
-  std::string changed;
-  auto check = [&](const char *prop, const char *key, const json &now) {
-    if (st.contains(key) && st.at(key) != now)
-      changed += std::string(changed.empty() ? "" : ", ") + prop + " " + st.at(key).dump() + " -> " + now.dump();
-  };
-  check("lr-schedule", "lr_schedule", cfg.lr_schedule);
-  check("max-steps", "max_steps", cfg.max_steps);
-  check("warmup-steps", "warmup_steps", cfg.warmup_steps);
-  if (!changed.empty())
-    warn("resuming from '" + resume_from.dir + "' with a different schedule (" + changed +
-         "): the learning rate follows the new values from step " + std::to_string(resume_from.step + 1));
+  ResumeRun run;
+  run.world = world;
+  run.rank = rank;
+  run.model = cfg.model;
+  run.lr_schedule = cfg.lr_schedule;
+  run.max_steps = cfg.max_steps;
+  run.warmup_steps = cfg.warmup_steps;
+  if (!find_resume(*store, run, &resume_from, &rp.epoch, &rp.clip, [this](const std::string &t) { warn(t); })) return;
   resumed = true;
   rp.step = resume_from.step;
-  for (const auto &p : st.at("positions"))
-    if (p.at("rank").get<int>() == rank) {
-      rp.epoch = p.at("epoch").get<unsigned>();
-      rp.clip = p.at("clip").get<uint64_t>();
-    }
   steps_done = resume_from.step;
-  if (cfg.latent_channels <= 0) cfg.latent_channels = st.value("latent_channels", 0);
+  if (cfg.latent_channels <= 0) cfg.latent_channels = resume_from.state.value("latent_channels", 0);
 }
 
 void TrainerEngine::Impl::agree_resume_step() {
   // Without a shared filesystem a rank may find no checkpoint (or an older one) and
   // would train out of step with the others, silently: every rank's step, then compare.
+  // -1: this rank cannot resume at all (its error follows the agreement, so that no rank
+  // is left waiting in it).
   auto steps = torch::zeros({world}, torch::TensorOptions().dtype(torch::kLong));
-  steps[rank] = static_cast<int64_t>(resumed ? resume_from.step : 0);
+  steps[rank] = resume_error.empty() ? static_cast<int64_t>(resumed ? resume_from.step : 0) : -1;
   std::vector<at::Tensor> t{backend == "nccl" ? steps.to(device) : steps};
   group->allreduce(t, "resume step agreement");
   steps = t[0].to(torch::kCPU);
   const auto *v = steps.data_ptr<int64_t>();
+  if (!resume_error.empty()) throw std::runtime_error(resume_error);
+  for (int r = 0; r < world; r++)
+    if (v[r] < 0)
+      throw std::runtime_error("resume=true: rank " + std::to_string(r) + " cannot resume (its error says why)");
   if (std::all_of(v, v + world, [&](int64_t x) { return x == v[0]; })) return;
   std::string who;
   for (int r = 0; r < world; r++)
@@ -620,17 +581,17 @@ void TrainerEngine::Impl::agree_resume_step() {
 
 void TrainerEngine::Impl::write_checkpoint() {
   if (!model || last_ckpt_step == steps_done) return;
+  // Non-finite weights would load without a word and make every later step non-finite:
+  // an error, not a warning, because the run cannot recover from them either.
+  // Every rank holds the same weights, so every rank stops here alike.
+  if (const std::string bad = first_non_finite(*model); !bad.empty())
+    throw std::runtime_error("the weights hold NaN/Inf at step " + std::to_string(steps_done) + " (first: " + bad +
+                             "): no checkpoint written, the checkpoints in checkpoint-dir are kept; training cannot "
+                             "recover from this (lower lr, set grad-clip)");
   last_ckpt_step = steps_done;
+  last_ckpt_time = clock();
   if (rank != 0) return;  // every rank holds the same weights; rank 0 writes
-  const std::string root = cfg.checkpoint_dir;
-  const std::string name = step_dir_name(steps_done);
-  const std::string final_dir = root + "/" + name;
-  const std::string tmp = root + "/.tmp-" + name + "-" + std::to_string(getpid());
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  fs::remove_all(tmp, ec);
-  if (!fs::create_directories(tmp, ec))
-    throw std::runtime_error("cannot create checkpoint folder '" + tmp + "' (checkpoint-dir): " + ec.message());
+  const std::string tmp = store->begin(steps_done);
   std::string model_file;
   {
     std::lock_guard<std::mutex> lock(state_mu);
@@ -656,24 +617,21 @@ void TrainerEngine::Impl::write_checkpoint() {
                 {"positions", pos},
                 {"optimizer_file", "optimizer.pt"},
                 {"rng_note", "no generator state: each step reseeds from seed, rank and step"}};
-  {
-    std::ofstream out(tmp + "/trainer.json");
-    out << state.dump(2) << "\n";
-    if (!out) throw std::runtime_error("cannot write '" + tmp + "/trainer.json' (checkpoint-dir)");
-  }
-  fs::remove_all(final_dir, ec);
-  fs::rename(tmp, final_dir, ec);
-  if (ec) throw std::runtime_error("cannot rename '" + tmp + "' to '" + final_dir + "': " + ec.message());
-  if (cfg.keep_checkpoints > 0) {
-    auto all = list_checkpoints(root);
-    for (size_t i = 0; i + cfg.keep_checkpoints < all.size(); i++) fs::remove_all(all[i].dir, ec);
-  }
+  const std::string final_dir = store->commit(tmp, steps_done, state);
+  // Only now, with a newer checkpoint complete and verified, may older ones go.
+  store->prune(cfg.keep_checkpoints, steps_done);
   Message m;
   m.name = "ddptrainsink-checkpoint";
   m.ints["step"] = static_cast<int64_t>(steps_done);
   m.strings["path"] = final_dir;
   messages.push_back(m);
   append_metrics({{"type", "checkpoint"}, {"step", steps_done}, {"path", final_dir}});
+}
+
+std::string TrainerEngine::Impl::all_skipped_text() const {
+  return "all " + std::to_string(steps_run) +
+         " optimizer steps of this run had a non-finite loss and were skipped: nothing was trained, "
+         "no checkpoint written (check the input and lr)";
 }
 
 /* ---------------- TrainerEngine ---------------- */
@@ -685,6 +643,19 @@ TrainerEngine::~TrainerEngine() { stop(); }
 bool TrainerEngine::start() {
   auto &im = *impl_;
   if (!im.resolve()) return false;
+  if (!im.cfg.checkpoint_dir.empty()) {
+    // Now, not at the first checkpoint hours later; before the rendezvous, so that with
+    // a shared folder every rank fails at once.
+    im.store = std::make_unique<CheckpointStore>(im.cfg.checkpoint_dir);
+    std::string why;
+    if (!im.store->prepare(&why)) return im.fail(why + " (property checkpoint-dir)");
+  }
+  if (!im.cfg.metrics_file.empty() && im.rank == 0) {
+    const fs::path parent = fs::path(im.cfg.metrics_file).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) fs::create_directories(parent, ec);
+    if (ec) im.warn("cannot create the folder of metrics-file '" + im.cfg.metrics_file + "': " + ec.message());
+  }
   try {
     if (im.world > 1) {
       DistOptions o;
@@ -696,9 +667,14 @@ bool TrainerEngine::start() {
       o.timeout = std::chrono::milliseconds(static_cast<int64_t>(im.cfg.timeout_s * 1000));
       im.group = std::make_unique<DistGroup>(o);
     }
-    if (im.rank == 0 && !im.cfg.checkpoint_dir.empty()) remove_stale_tmp(im.cfg.checkpoint_dir);
+    if (im.rank == 0 && im.store) im.store->remove_stale();
     if (im.cfg.resume) {
-      im.find_checkpoint();
+      try {
+        im.find_checkpoint();
+      } catch (const std::exception &e) {
+        if (!im.group) throw;
+        im.resume_error = first_line(e.what());
+      }
       // Before any model collective: a rank that resumes builds its model now.
       if (im.group) im.agree_resume_step();
     }
@@ -714,6 +690,7 @@ bool TrainerEngine::start() {
     return im.fail(first_line(e.what()));
   }
   im.window_start = now_s();
+  im.last_ckpt_time = im.clock();
   return true;
 }
 
@@ -780,8 +757,12 @@ ProcessResult TrainerEngine::process_tensor(const at::Tensor &batch, const Micro
     return ProcessResult::kError;
   }
   if (im.cfg.max_steps > 0 && im.steps_done >= im.cfg.max_steps) {
+    if (im.all_steps_skipped()) {
+      im.error = im.all_skipped_text();
+      return ProcessResult::kError;
+    }
     try {
-      if (!im.cfg.checkpoint_dir.empty()) im.write_checkpoint();
+      if (im.store) im.write_checkpoint();
     } catch (const std::exception &e) {
       im.error = first_line(e.what());
       return ProcessResult::kError;
@@ -846,15 +827,27 @@ bool TrainerEngine::finish() {
       for (auto &p : im.params) p.mutable_grad() = at::Tensor();
       im.in_step = false;
     }
-    if (!im.cfg.checkpoint_dir.empty() && im.model && im.steps_done > 0) im.write_checkpoint();
+    // Every rank skipped the same steps (agreed), so every rank fails here alike.
+    if (im.all_steps_skipped()) return im.fail(im.all_skipped_text());
+    if (im.store && im.model && im.steps_done > 0) im.write_checkpoint();
   } catch (const std::exception &e) {
     return im.fail(first_line(e.what()));
   }
+  im.finished = true;
   return true;
 }
 
 void TrainerEngine::stop() {
   auto &im = *impl_;
+  // Stopped without a successful end of stream (gst-launch without -e, an error, a peer
+  // that failed): say what is lost instead of nothing.
+  const uint64_t saved = im.last_ckpt_step == std::numeric_limits<uint64_t>::max() ? 0 : im.last_ckpt_step;
+  if (im.store && im.model && !im.finished && im.rank == 0 && im.steps_done > saved)
+    im.warn("stopped after step " + std::to_string(im.steps_done) + " without end of stream: steps " +
+            std::to_string(saved + 1) + " to " + std::to_string(im.steps_done) + " are not in a checkpoint (" +
+            (saved ? "the last is " + step_dir_name(saved) : std::string("none was written")) +
+            "); send EOS to stop (gst-launch-1.0 -e, Ctrl-C in videotrain-run or videotrain-launch)");
+  im.finished = true;  // once
   if (im.group) im.group->mark_exit();
   im.reducer.reset();
   im.group.reset();

@@ -48,9 +48,15 @@ struct TrainerConfig {
   // Checkpoints.
   std::string checkpoint_dir;
   uint64_t checkpoint_every = 0;  // steps; 0: only at the end
+  // Seconds after the last checkpoint (or the start) at which the next step writes one,
+  // on rank 0's clock (agreed at the step's all-reduce); 0: off.
+  double checkpoint_interval_s = 1800;
   unsigned keep_checkpoints = 3;  // 0: keep all
   bool resume = false;
   std::string nan_policy = "skip"; // skip | fail
+  unsigned max_skipped_steps = 10; // nan-policy=skip: steps skipped in a row before an error; 0: no bound
+  // Monotonic seconds for checkpoint-interval; empty: the steady clock (tests inject one).
+  std::function<double()> clock;
   // Progress.
   unsigned log_every = 10;
   std::string metrics_file;
@@ -113,7 +119,7 @@ class TrainerEngine {
 
   // Resolves rank/world/device, joins the process group, loads the model (unless it
   // must wait for the first micro-batch to know its channels) and, with resume, the
-  // newest complete checkpoint. False with error().
+  // newest checkpoint that verifies (checkpoint_store.h). False with error().
   bool start();
   // Where this rank's data resumes (valid after start() when resumed() is true).
   bool resumed() const;

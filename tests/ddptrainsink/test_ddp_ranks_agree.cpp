@@ -1,15 +1,21 @@
 /* Two-process runs (DdpAgreeWorker.Rank, see test_ddp_multirank.cpp) of what the ranks
  * must agree on:
  *  - a non-finite loss on rank 1 only: nan-policy=skip skips the step on both ranks,
- *    nan-policy=fail fails both (neither hangs);
+ *    nan-policy=fail fails both (neither hangs); non-finite losses on rank 1 alone
+ *    reach max-skipped-steps on both at the same step;
  *  - initial weights: ranks built with different seeds, or loading TorchScript files whose
  *    parameters and buffers differ, all hold rank 0's after start();
- *  - resume: a rank that finds no checkpoint while rank 0 resumes makes both fail. */
+ *  - resume: a rank that finds no checkpoint while rank 0 resumes makes both fail; so
+ *    does one whose checkpoints all fail to verify; in a shared folder whose newest
+ *    checkpoint is damaged, both resume from the one before;
+ *  - checkpoint-interval: rank 0's clock decides, so when the weights have gone NaN both
+ *    ranks find it at the same step and fail, instead of rank 1 waiting in a collective. */
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -48,6 +54,17 @@ bool run_ranks(const std::string &mode, const vttest::TempDir &dir,
   return true;
 }
 
+// NaN bytes over the first float of a safetensors file's data (length unchanged).
+void damage(const std::string &path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header = 0;
+  f.read(reinterpret_cast<char *>(&header), 8);
+  const uint32_t nan = 0x7fc00000u;
+  f.seekp(static_cast<std::streamoff>(8 + header));
+  f.write(reinterpret_cast<const char *>(&nan), 4);
+  ASSERT_TRUE(f.good()) << path;
+}
+
 // Rank 1 alone feeds a NaN in step 2 of 3 (one micro-batch of 2 per rank and step).
 void nan_rank(TrainerEngine &e, const std::string &out) {
   const int r = e.rank();
@@ -84,22 +101,56 @@ TEST(DdpAgreeWorker, Rank) {
   auto c = config();
   c.timeout_s = 10;
   if (mode == "nan-fail") c.nan_policy = "fail";
+  if (mode == "nan-bound") c.max_skipped_steps = 2;
   if (mode == "init") {
     c.seed = 3 + rank;         // rank 1 builds other weights...
     c.latent_channels = kC;    // ...at start()
   }
   if (mode == "init-script") c.model = vttest::env_or("VT_DDP_DIR", "") + "/m" + std::to_string(rank) + ".pt";
   if (mode == "ckpt" || mode == "resume") c.checkpoint_dir = out + ".ckpt";  // one per rank: no shared filesystem
-  c.resume = mode == "resume";
+  if (mode == "ckpt-shared" || mode == "resume-shared") {
+    c.checkpoint_dir = vttest::env_or("VT_DDP_DIR", "") + "/shared";
+    c.checkpoint_every = 2;
+  }
+  c.resume = mode == "resume" || mode == "resume-shared";
+  if (mode == "interval-nan") {
+    c.checkpoint_dir = out + ".ckpt";
+    c.checkpoint_interval_s = 60;
+    c.eps = 0;  // the first update makes NaN weights (0 / 0 for the caption rows no caption used)
+    int calls = 0;
+    // Rank 0's clock is past the interval after start(); rank 1's never moves.
+    c.clock = [rank, calls]() mutable { return rank == 0 && calls++ > 0 ? 1000.0 : 0.0; };
+  }
   TrainerEngine e(c);
-  if (mode == "resume") {
+  if (mode == "resume" || mode == "resume-shared") {
     const bool ok = e.start();
-    std::ofstream(out) << (ok ? "ok" : "error") << "\n" << e.error() << "\n";
+    std::ofstream o(out);
+    o << (ok ? "ok" : "error") << "\n" << e.error() << "\n";
+    if (ok) o << "resumed at " << e.steps_done() << "\n";
+    for (auto &m : e.take_messages())
+      if (m.name == "warning") o << "warning " << m.strings["text"] << "\n";
     return;
   }
   ASSERT_TRUE(e.start()) << e.error();
   if (mode == "init" || mode == "init-script") {
     write_params(out + ".params", e.parameters_cpu(/*with_buffers=*/true));
+  } else if (mode == "nan-bound") {
+    // Rank 1 feeds NaN from step 2 on: steps 2 and 3 are skipped on both, then both stop.
+    std::ofstream o(out);
+    for (int s = 0; s < 5; s++)
+      if (feed_result(e, s, 2 * e.rank(), 2, 0, 1, 2, s >= 1 && e.rank() == 1) != ProcessResult::kOk) {
+        o << "error at " << s + 1 << ": " << e.error() << "\n";
+        break;
+      }
+  } else if (mode == "interval-nan") {
+    std::ofstream o(out);
+    for (int s = 0; s < 3; s++)
+      if (feed_result(e, s, 2 * e.rank(), 2, 0, 1, 2) != ProcessResult::kOk) {
+        o << "error " << e.error() << "\n";
+        break;
+      }
+  } else if (mode == "ckpt-shared") {
+    for (int s = 0; s < 4; s++) feed(e, s, 2 * e.rank(), 2, 0, 1, 2);  // rank 0 writes steps 2 and 4
   } else if (mode == "ckpt") {
     for (int s = 0; s < 2; s++) feed(e, s, 2 * e.rank(), 2, 0, 1, 2);
     ASSERT_TRUE(e.finish()) << e.error();  // rank 0 writes step-00000002 into its folder
@@ -201,5 +252,52 @@ TEST(DdpAgree, ResumeFailsWhenTheRanksFindDifferentCheckpoints) {
     EXPECT_EQ(got.rfind("error\n", 0), 0u) << f << ": " << got;
     EXPECT_NE(got.find("rank 0: step 2"), std::string::npos) << f << ": " << got;
     EXPECT_NE(got.find("rank 1: none"), std::string::npos) << f << ": " << got;
+  }
+}
+
+TEST(DdpAgree, TheCheckpointIntervalFollowsRankZerosClockOnEveryRank) {
+  vttest::TempDir dir;
+  ASSERT_TRUE(run_ranks("interval-nan", dir));
+  for (const char *f : {"r0", "r1"}) {
+    const std::string got = vttest::read_file(dir.file(f));
+    EXPECT_NE(got.find("error the weights hold NaN/Inf at step 1"), std::string::npos) << f << ": " << got;
+  }
+}
+
+TEST(DdpAgree, NonFiniteLossesOnOneRankReachMaxSkippedStepsOnBoth) {
+  vttest::TempDir dir;
+  ASSERT_TRUE(run_ranks("nan-bound", dir));
+  for (const char *f : {"r0", "r1"}) {
+    const std::string got = vttest::read_file(dir.file(f));
+    EXPECT_NE(got.find("error at 3: 2 optimizer steps in a row (2 to 3)"), std::string::npos) << f << ": " << got;
+  }
+}
+
+TEST(DdpAgree, ARankWhoseCheckpointsAllFailToVerifyMakesBothFail) {
+  vttest::TempDir dir;
+  ASSERT_TRUE(run_ranks("ckpt", dir));
+  std::filesystem::create_directories(dir.file("r1.ckpt"));
+  std::filesystem::copy(dir.file("r0.ckpt/step-00000002"), dir.file("r1.ckpt/step-00000002"));
+  damage(dir.file("r1.ckpt/step-00000002/model.safetensors"));
+  ASSERT_TRUE(run_ranks("resume", dir));
+  const std::string r0 = vttest::read_file(dir.file("r0")), r1 = vttest::read_file(dir.file("r1"));
+  EXPECT_EQ(r0.rfind("error\n", 0), 0u) << r0;
+  EXPECT_NE(r0.find("rank 1 cannot resume"), std::string::npos) << r0;
+  EXPECT_EQ(r1.rfind("error\n", 0), 0u) << r1;
+  EXPECT_NE(r1.find("none of the 1 checkpoint folders"), std::string::npos) << r1;
+}
+
+TEST(DdpAgree, BothRanksResumeFromTheCheckpointBeforeADamagedNewestOne) {
+  vttest::TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> env{{"VT_DDP_DIR", dir.path()}};
+  ASSERT_TRUE(run_ranks("ckpt-shared", dir, env));
+  damage(dir.file("shared/step-00000004/model.safetensors"));
+  ASSERT_TRUE(run_ranks("resume-shared", dir, env));
+  for (const char *f : {"r0", "r1"}) {
+    const std::string got = vttest::read_file(dir.file(f));
+    EXPECT_EQ(got.rfind("ok\n", 0), 0u) << f << ": " << got;
+    EXPECT_NE(got.find("resumed at 2\n"), std::string::npos) << f << ": " << got;
+    EXPECT_NE(got.find("warning resume: skipping checkpoint '" + dir.file("shared/step-00000004")), std::string::npos)
+        << f << ": " << got;
   }
 }

@@ -216,6 +216,49 @@ TEST(DdpTrainSink, BadSettingsAndInputAreElementErrors) {
   }
 }
 
+TEST(DdpTrainSink, AnUnwritableCheckpointDirFailsAtStartAndAStopWithoutEosWarns) {
+  vttest::TempDir dir;
+  vttest::write_file(dir.file("a-file"), "");
+  {
+    GstElement *sink = make_sink();
+    const std::string bad = dir.file("a-file/ckpt");  // root ignores modes, not a file in the path
+    g_object_set(sink, "checkpoint-dir", bad.c_str(), nullptr);
+    GstBus *bus = gst_bus_new();
+    gst_element_set_bus(sink, bus);
+    EXPECT_EQ(gst_element_set_state(sink, GST_STATE_PAUSED), GST_STATE_CHANGE_FAILURE);
+    GstMessage *m = gst_bus_pop_filtered(bus, GST_MESSAGE_ERROR);
+    ASSERT_NE(m, nullptr);
+    GError *err = nullptr;
+    gst_message_parse_error(m, &err, nullptr);
+    EXPECT_NE(std::string(err->message).find("'" + bad + "': Not a directory"), std::string::npos) << err->message;
+    g_error_free(err);
+    gst_message_unref(m);
+    gst_element_set_state(sink, GST_STATE_NULL);
+    gst_object_unref(sink);
+    gst_object_unref(bus);
+  }
+  // Two steps, no checkpoint yet, then a stop without EOS (gst-launch-1.0 without -e).
+  GstElement *sink = make_sink();
+  g_object_set(sink, "checkpoint-dir", dir.file("ckpt").c_str(), nullptr);
+  Harness hs(sink);
+  gst_harness_set_src_caps_str(hs.h, kCaps);
+  for (uint64_t s = 0; s < 2; s++) ASSERT_EQ(gst_harness_push(hs.h, micro_batch(s, 0, 1, 2)), GST_FLOW_OK);
+  auto msgs = hs.drain();
+  unref_all(msgs);
+  gst_element_set_state(hs.h->element, GST_STATE_NULL);
+  msgs = hs.drain();
+  std::string warning;
+  for (auto *m : msgs)
+    if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_WARNING) {
+      GError *err = nullptr;
+      gst_message_parse_warning(m, &err, nullptr);
+      warning += err->message;
+      g_error_free(err);
+    }
+  EXPECT_NE(warning.find("steps 1 to 2 are not in a checkpoint (none was written)"), std::string::npos) << warning;
+  unref_all(msgs);
+}
+
 TEST(DdpTrainSink, TrainsInAPipelineFromMicrobatcher) {
   // appsrc of latents -> microbatcher -> ddptrainsink, to EOS.
   GError *err = nullptr;

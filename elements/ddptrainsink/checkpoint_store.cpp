@@ -1,0 +1,347 @@
+/* Checkpoint folders: see checkpoint_store.h. */
+#include "checkpoint_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace videotrain {
+
+namespace {
+
+constexpr const char *kManifest = "manifest.json";
+constexpr const char *kTrainerJson = "trainer.json";
+
+// Slice-by-8 tables of the reflected polynomial 0xEDB88320: about 2 GB/s, so that
+// checksumming a checkpoint costs little beside writing it.
+const std::array<std::array<uint32_t, 256>, 8> &crc_tables() {
+  static const auto tables = [] {
+    std::array<std::array<uint32_t, 256>, 8> t{};
+    for (uint32_t i = 0; i < 256; i++) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[0][i] = c;
+    }
+    for (size_t s = 1; s < 8; s++)
+      for (uint32_t i = 0; i < 256; i++) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xff];
+    return t;
+  }();
+  return tables;
+}
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+// fsync of a file or folder; false with errno set.
+bool sync_path(const std::string &path, bool dir) {
+  const int fd = ::open(path.c_str(), (dir ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::fsync(fd) == 0;
+  const int e = errno;
+  ::close(fd);
+  errno = e;
+  return ok;
+}
+
+// Size and CRC-32 of a file read from disk. False with a reason.
+bool checksum_file(const std::string &path, uint64_t *size, uint32_t *crc, std::string *why) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    *why = errno_text(errno);
+    return false;
+  }
+  std::vector<char> buf(1 << 20);
+  uint32_t c = 0;
+  uint64_t n = 0;
+  for (;;) {
+    const ssize_t r = ::read(fd, buf.data(), buf.size());
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      *why = errno_text(errno);
+      ::close(fd);
+      return false;
+    }
+    if (r == 0) break;
+    c = crc32_update(c, buf.data(), static_cast<size_t>(r));
+    n += static_cast<uint64_t>(r);
+  }
+  ::close(fd);
+  *size = n;
+  *crc = c;
+  return true;
+}
+
+std::string hex32(uint32_t v) {
+  char b[16];
+  std::snprintf(b, sizeof(b), "%08x", v);
+  return b;
+}
+
+void write_json(const std::string &path, const json &j) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  out.flush();
+  if (!out) throw std::runtime_error("cannot write '" + path + "' (checkpoint-dir): " + errno_text(errno));
+}
+
+// Step of a "step-NNNNNNNN" name; false for other names.
+bool parse_step_name(const std::string &name, uint64_t *step) {
+  if (name.size() <= 5 || name.compare(0, 5, "step-") != 0) return false;
+  if (!std::all_of(name.begin() + 5, name.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) return false;
+  try {
+    *step = std::stoull(name.substr(5));
+  } catch (const std::exception &) {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+uint32_t crc32_update(uint32_t crc, const void *data, size_t n) {
+  const auto &t = crc_tables();
+  const auto *p = static_cast<const uint8_t *>(data);
+  crc = ~crc;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  while (n >= 8) {
+    uint32_t a, b;
+    std::memcpy(&a, p, 4);
+    std::memcpy(&b, p + 4, 4);
+    a ^= crc;
+    crc = t[7][a & 0xff] ^ t[6][(a >> 8) & 0xff] ^ t[5][(a >> 16) & 0xff] ^ t[4][a >> 24] ^ t[3][b & 0xff] ^
+          t[2][(b >> 8) & 0xff] ^ t[1][(b >> 16) & 0xff] ^ t[0][b >> 24];
+    p += 8;
+    n -= 8;
+  }
+#endif
+  while (n--) crc = t[0][(crc ^ *p++) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+std::string step_dir_name(uint64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof(b), "step-%08llu", static_cast<unsigned long long>(step));
+  return b;
+}
+
+bool CheckpointStore::prepare(std::string *error) const {
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  if (ec) {
+    *error = "cannot create checkpoint-dir '" + root_ + "': " + ec.message();
+    return false;
+  }
+  // A probe file: a folder can exist and still refuse files (permissions, read-only mounts).
+  const std::string probe = root_ + "/.write-test-" + std::to_string(getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  bool ok = fd >= 0 && ::write(fd, "ok\n", 3) == 3 && ::fsync(fd) == 0;
+  const int e = errno;
+  if (fd >= 0) ::close(fd);
+  ::unlink(probe.c_str());
+  if (!ok) *error = "cannot write in checkpoint-dir '" + root_ + "': " + errno_text(e);
+  return ok;
+}
+
+void CheckpointStore::remove_stale() const {
+  std::error_code ec;
+  if (!fs::is_directory(root_, ec)) return;
+  std::vector<fs::path> stale;
+  for (const auto &e : fs::directory_iterator(root_, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(".tmp-step-", 0) == 0 || n.rfind(".trash-", 0) == 0) stale.push_back(e.path());
+  }
+  for (const auto &p : stale) fs::remove_all(p, ec);
+}
+
+std::string CheckpointStore::begin(uint64_t step) const {
+  const std::string tmp = root_ + "/.tmp-" + step_dir_name(step) + "-" + std::to_string(getpid());
+  std::error_code ec;
+  fs::create_directories(root_, ec);
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directories(tmp, ec))
+    throw std::runtime_error("cannot create checkpoint folder '" + tmp + "' (checkpoint-dir): " + ec.message());
+  return tmp;
+}
+
+std::string CheckpointStore::commit(const std::string &tmp, uint64_t step, const json &state) const {
+  write_json(tmp + "/" + kTrainerJson, state);
+  // Checksums of the files as they are on disk, each synced before the manifest names it.
+  json files = json::object();
+  std::error_code ec;
+  for (const auto &e : fs::directory_iterator(tmp, ec)) {
+    if (!e.is_regular_file()) continue;
+    const std::string name = e.path().filename().string();
+    uint64_t size = 0;
+    uint32_t crc = 0;
+    std::string why;
+    if (!checksum_file(e.path().string(), &size, &crc, &why) || !sync_path(e.path().string(), false))
+      throw std::runtime_error("cannot read back '" + e.path().string() + "' (checkpoint-dir): " +
+                               (why.empty() ? errno_text(errno) : why));
+    files[name] = {{"size", size}, {"crc32", hex32(crc)}};
+  }
+  if (ec) throw std::runtime_error("cannot list '" + tmp + "' (checkpoint-dir): " + ec.message());
+  write_json(tmp + "/" + kManifest, {{"format", 1}, {"step", step}, {"checksum", "crc32"}, {"files", files}});
+  if (!sync_path(tmp + "/" + kManifest, false) || !sync_path(tmp, true))
+    throw std::runtime_error("cannot sync '" + tmp + "' (checkpoint-dir): " + errno_text(errno));
+  const std::string final_dir = root_ + "/" + step_dir_name(step);
+  if (fs::exists(final_dir, ec)) discard(final_dir);  // e.g. one that failed to verify at resume
+  fs::rename(tmp, final_dir, ec);
+  if (ec) throw std::runtime_error("cannot rename '" + tmp + "' to '" + final_dir + "': " + ec.message());
+  sync_path(root_, true);  // the rename itself; a failure here leaves a complete folder anyway
+  // The checksums were taken from the synced files; reading gigabytes again would check
+  // the page cache, not the disk. What the rename could lose shows in the sizes.
+  FoundCheckpoint check;
+  const std::string why = verify(final_dir, &check, /*checksums=*/false);
+  if (!why.empty()) throw std::runtime_error("checkpoint '" + final_dir + "' does not verify after writing: " + why);
+  return final_dir;
+}
+
+std::string CheckpointStore::verify(const std::string &dir, FoundCheckpoint *out, bool checksums) {
+  json manifest;
+  {
+    std::ifstream in(dir + "/" + kManifest);
+    if (!in) return "no manifest.json (a write or deletion that was interrupted, or a checkpoint without checksums)";
+    try {
+      manifest = json::parse(in);
+    } catch (const std::exception &e) {
+      return std::string("manifest.json is unreadable: ") + e.what();
+    }
+  }
+  try {
+    const uint64_t step = manifest.at("step").get<uint64_t>();
+    const auto &files = manifest.at("files");
+    if (!files.contains(kTrainerJson)) return "manifest.json lists no trainer.json";
+    for (const auto &[name, want] : files.items()) {
+      uint64_t size = 0;
+      uint32_t crc = 0;
+      std::string why;
+      std::error_code ec;
+      if (!checksums) {
+        size = fs::file_size(dir + "/" + name, ec);
+        if (ec) return name + ": " + ec.message();
+      } else if (!checksum_file(dir + "/" + name, &size, &crc, &why)) {
+        return name + ": " + why;
+      }
+      const uint64_t want_size = want.at("size").get<uint64_t>();
+      if (size != want_size)
+        return name + " has " + std::to_string(size) + " bytes, the manifest says " + std::to_string(want_size) +
+               " (truncated or rewritten)";
+      if (checksums && hex32(crc) != want.at("crc32").get<std::string>())
+        return name + " has CRC-32 " + hex32(crc) + ", the manifest says " + want.at("crc32").get<std::string>() +
+               " (its bytes changed after it was written)";
+    }
+    std::ifstream in(dir + "/" + kTrainerJson);
+    FoundCheckpoint c;
+    c.state = json::parse(in);
+    c.step = c.state.at("step").get<uint64_t>();
+    if (c.step != step)
+      return "trainer.json says step " + std::to_string(c.step) + ", the manifest " + std::to_string(step);
+    c.dir = dir;
+    if (out) *out = std::move(c);
+  } catch (const std::exception &e) {
+    return std::string("manifest.json or trainer.json is malformed: ") + e.what();
+  }
+  return "";
+}
+
+std::vector<std::pair<uint64_t, std::string>> CheckpointStore::step_folders() const {
+  std::vector<std::pair<uint64_t, std::string>> out;
+  std::error_code ec;
+  if (!fs::is_directory(root_, ec)) return out;
+  for (const auto &e : fs::directory_iterator(root_, ec)) {
+    uint64_t step = 0;
+    if (e.is_directory() && parse_step_name(e.path().filename().string(), &step))
+      out.emplace_back(step, e.path().string());
+  }
+  std::sort(out.begin(), out.end(), [](const auto &a, const auto &b) { return a.first > b.first; });
+  return out;
+}
+
+bool CheckpointStore::newest_verified(
+    FoundCheckpoint *out, const std::function<void(const std::string &, const std::string &)> &skipped) const {
+  for (const auto &[step, dir] : step_folders()) {
+    const std::string why = verify(dir, out);
+    if (why.empty()) return true;
+    if (skipped) skipped(dir, why);
+  }
+  return false;
+}
+
+void CheckpointStore::prune(unsigned keep, uint64_t newest) const {
+  if (keep == 0) return;
+  unsigned kept = 1;  // `newest`
+  std::error_code ec;
+  for (const auto &[step, dir] : step_folders()) {
+    // Folders without a manifest are no checkpoints of ours (a copy, an older version's):
+    // they neither count nor go.
+    if (step >= newest || !fs::exists(dir + "/" + kManifest, ec)) continue;
+    if (kept < keep)
+      kept++;
+    else
+      discard(dir);
+  }
+}
+
+void CheckpointStore::discard(const std::string &dir) const {
+  const fs::path p(dir);
+  const std::string trash = (p.parent_path() / (".trash-" + p.filename().string() + "-" + std::to_string(getpid()))).string();
+  std::error_code ec;
+  fs::remove_all(trash, ec);
+  fs::rename(dir, trash, ec);
+  if (ec) throw std::runtime_error("cannot move '" + dir + "' out of the way (checkpoint-dir): " + ec.message());
+  fs::remove_all(trash, ec);  // a failure leaves a .trash- folder, removed at the next start
+}
+
+bool find_resume(const CheckpointStore &store, const ResumeRun &run, FoundCheckpoint *out, unsigned *epoch,
+                 uint64_t *clip, const std::function<void(const std::string &)> &warn) {
+  int skipped = 0;
+  const bool found = store.newest_verified(out, [&](const std::string &dir, const std::string &why) {
+    skipped++;
+    warn("resume: skipping checkpoint '" + dir + "': " + why + "; trying an older one");
+  });
+  if (!found) {
+    if (skipped > 0)
+      throw std::runtime_error("resume=true but none of the " + std::to_string(skipped) +
+                               " checkpoint folders in checkpoint-dir '" + store.root() +
+                               "' verifies (see the warnings): remove them or set resume=false");
+    warn("resume=true but checkpoint-dir '" + store.root() + "' holds no complete checkpoint: training from scratch");
+    return false;
+  }
+  const auto &st = out->state;
+  if (st.value("world_size", 1) != run.world)
+    throw std::runtime_error("checkpoint '" + out->dir + "' was written by " + std::to_string(st.value("world_size", 1)) +
+                             " rank(s), this run has " + std::to_string(run.world) + " (world-size)");
+  if (st.value("model", std::string()) != run.model)
+    warn("checkpoint '" + out->dir + "' was written for model '" + st.value("model", std::string()) +
+         "', loading it into '" + run.model + "'");
+  // The schedule is computed from these: changed values make the learning rate jump.
+  std::string changed;
+  auto check = [&](const char *prop, const char *key, const json &now) {
+    if (st.contains(key) && st.at(key) != now)
+      changed += std::string(changed.empty() ? "" : ", ") + prop + " " + st.at(key).dump() + " -> " + now.dump();
+  };
+  check("lr-schedule", "lr_schedule", run.lr_schedule);
+  check("max-steps", "max_steps", run.max_steps);
+  check("warmup-steps", "warmup_steps", run.warmup_steps);
+  if (!changed.empty())
+    warn("resuming from '" + out->dir + "' with a different schedule (" + changed +
+         "): the learning rate follows the new values from step " + std::to_string(out->step + 1));
+  for (const auto &p : st.at("positions"))
+    if (p.at("rank").get<int>() == run.rank) {
+      *epoch = p.at("epoch").get<unsigned>();
+      *clip = p.at("clip").get<uint64_t>();
+    }
+  return true;
+}
+
+}  // namespace videotrain

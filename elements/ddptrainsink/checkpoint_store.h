@@ -1,0 +1,83 @@
+/* Checkpoint folders of ddptrainsink (no torch here): step-NNNNNNNN folders under
+ * checkpoint-dir, each sealed by a manifest.json written last that holds every file's
+ * size and CRC-32. A folder counts as a checkpoint only when its manifest is there and
+ * every file matches it, so a killed write, a half-finished deletion, a truncated file
+ * or bytes changed after the write are found before anything is loaded.
+ *
+ * Writing: begin() gives a temporary folder; the trainer saves its files into it;
+ * commit() writes trainer.json and the manifest, fsyncs files and folder, renames the
+ * folder into place, fsyncs checkpoint-dir and checks the result's sizes. Deleting (prune,
+ * replacing a folder of the same step): renamed to a .trash- name first, then removed,
+ * so an interrupted deletion never leaves a step- folder behind. */
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace videotrain {
+
+// CRC-32 of zlib/gzip (Python's zlib.crc32), continuing from `crc` (0 to start).
+uint32_t crc32_update(uint32_t crc, const void *data, size_t n);
+
+std::string step_dir_name(uint64_t step);
+
+struct FoundCheckpoint {
+  std::string dir;
+  uint64_t step = 0;
+  nlohmann::json state;  // trainer.json
+};
+
+class CheckpointStore {
+ public:
+  explicit CheckpointStore(std::string root) : root_(std::move(root)) {}
+  const std::string &root() const { return root_; }
+
+  // Creates the folder (and parents) and checks that a file can be created, written and
+  // synced there. False with a reason naming the folder and the system's error text.
+  bool prepare(std::string *error) const;
+  // Removes what killed runs leave behind: .tmp-step-* and .trash-* folders.
+  void remove_stale() const;
+  // A fresh temporary folder for the files of `step`. Throws.
+  std::string begin(uint64_t step) const;
+  // Seals `tmp` (see above) as step-NNNNNNNN with `state` as trainer.json; returns the
+  // final folder, verified. Throws, leaving every existing checkpoint as it was.
+  std::string commit(const std::string &tmp, uint64_t step, const nlohmann::json &state) const;
+  // "" when `dir` is a complete checkpoint whose files match its manifest (then *out
+  // holds it), else why not. Without `checksums` only the files' sizes are compared.
+  static std::string verify(const std::string &dir, FoundCheckpoint *out, bool checksums = true);
+  // The newest checkpoint that verifies. Each newer step- folder that does not is
+  // passed to `skipped` (folder, why). False when none verifies.
+  bool newest_verified(FoundCheckpoint *out,
+                       const std::function<void(const std::string &dir, const std::string &why)> &skipped) const;
+  // After `newest` was committed: keeps it and the keep - 1 newest step- folders below it,
+  // deletes the older ones. Folders of later steps (another run's, or ones that failed to
+  // verify at resume and will be replaced when training reaches them) are left alone.
+  void prune(unsigned keep, uint64_t newest) const;
+  // step- folders (complete or not) with their steps, newest first.
+  std::vector<std::pair<uint64_t, std::string>> step_folders() const;
+
+ private:
+  void discard(const std::string &dir) const;  // rename to .trash-, then remove
+  std::string root_;
+};
+
+// This run, as resume compares it with a checkpoint's trainer.json.
+struct ResumeRun {
+  int world = 1, rank = 0;
+  std::string model, lr_schedule;
+  uint64_t max_steps = 0, warmup_steps = 0;
+};
+
+// resume=true: the newest checkpoint that verifies into *out, with this rank's data
+// position (epoch, next clip) into *epoch / *clip. Warns of each newer folder skipped, of
+// another model and of a changed schedule. False (warned) when there is no checkpoint;
+// throws when folders exist but none verifies, or when another world size wrote it.
+bool find_resume(const CheckpointStore &store, const ResumeRun &run, FoundCheckpoint *out, unsigned *epoch,
+                 uint64_t *clip, const std::function<void(const std::string &)> &warn);
+
+}  // namespace videotrain

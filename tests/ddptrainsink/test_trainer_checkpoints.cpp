@@ -1,0 +1,323 @@
+/* Failures that used to hang or lose work, on one rank: checkpoints that do not verify
+ * (NaN bytes, truncation, a half-deleted folder) are skipped at resume for the previous
+ * good one; pruning keeps the last verified checkpoint; non-finite weights are never
+ * written; nan-policy=skip is bounded and a run that skipped every step fails; an
+ * unwritable checkpoint-dir fails at start; metrics-file's folder is created;
+ * checkpoint-interval writes checkpoints by the (injected) clock. */
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "ddptrainsink/checkpoint_store.h"
+#include "engine_helpers.h"
+#include "test_util.h"
+
+using namespace videotrain;
+using namespace enginetest;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Warnings that mention `about` (others, such as tune-malloc's, depend on the machine).
+std::vector<std::string> warnings(TrainerEngine &e, const std::string &about = "checkpoint") {
+  std::vector<std::string> out;
+  for (auto &m : e.take_messages())
+    if (m.name == "warning" && m.strings["text"].find(about) != std::string::npos) out.push_back(m.strings["text"]);
+  return out;
+}
+
+std::string joined(const std::vector<std::string> &v) {
+  std::string s;
+  for (const auto &x : v) s += x + "\n";
+  return s;
+}
+
+bool verifies(const std::string &dir) { return CheckpointStore::verify(dir, nullptr).empty(); }
+
+// Checkpoints of builtin:linear-test at steps 2 and 4 in `root`.
+void write_two_checkpoints(const std::string &root) {
+  auto c = cpu_config("builtin:linear-test");
+  c.checkpoint_dir = root;
+  c.checkpoint_every = 2;
+  c.max_steps = 4;
+  TrainerEngine e(c);
+  ASSERT_TRUE(e.start()) << e.error();
+  train(e, 0, 4, 1, 2);
+  ASSERT_TRUE(verifies(root + "/step-00000002"));
+  ASSERT_TRUE(verifies(root + "/step-00000004"));
+}
+
+// Overwrites the first float of the safetensors data with a NaN: same length, readable.
+void nan_bytes_into(const std::string &path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header = 0;
+  f.read(reinterpret_cast<char *>(&header), 8);
+  ASSERT_TRUE(f.good());
+  const uint32_t nan = 0x7fc00000u;
+  f.seekp(static_cast<std::streamoff>(8 + header));
+  f.write(reinterpret_cast<const char *>(&nan), 4);
+  ASSERT_TRUE(f.good());
+}
+
+void nan_batch(TrainerEngine &e, uint64_t step, ProcessResult want) {
+  auto bad = at::stack({sample(step, 0), sample(step, 1)});
+  bad[0][0][0][0][0] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(e.process_tensor(bad, info_for(step, 0, 1, 2)), want) << "step " << step + 1 << ": " << e.error();
+}
+
+}  // namespace
+
+TEST(CheckpointStore, Crc32IsZlibs) {
+  EXPECT_EQ(crc32_update(0, "123456789", 9), 0xCBF43926u);  // the CRC-32 check value
+  EXPECT_EQ(crc32_update(0, "", 0), 0u);
+  // Slices of 8 and the byte tail agree with one pass over an odd length.
+  std::vector<uint8_t> data(1000003);
+  for (size_t i = 0; i < data.size(); i++) data[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+  const uint32_t whole = crc32_update(0, data.data(), data.size());
+  uint32_t parts = crc32_update(0, data.data(), 5);
+  parts = crc32_update(parts, data.data() + 5, data.size() - 5);
+  EXPECT_EQ(whole, parts);
+  // Python's zlib.crc32 says the same (users can check a manifest with it).
+  vttest::TempDir dir;
+  {
+    std::ofstream(dir.file("blob"), std::ios::binary).write(reinterpret_cast<const char *>(data.data()), data.size());
+  }
+  const std::string py = vttest::env_or("PYTHON", "/usr/bin/python3");
+  ASSERT_EQ(std::system((py + " -c \"import sys, zlib; print(zlib.crc32(open(sys.argv[1], 'rb').read()))\" " +
+                         dir.file("blob") + " > " + dir.file("crc.txt"))
+                            .c_str()),
+            0);
+  EXPECT_EQ(std::stoull(vttest::read_file(dir.file("crc.txt"))), whole);
+}
+
+TEST(CheckpointStore, PruneKeepsTheNewestBelowTheOneJustWrittenAndLeavesLaterFolders) {
+  vttest::TempDir dir;
+  CheckpointStore store(dir.path());
+  std::string why;
+  ASSERT_TRUE(store.prepare(&why)) << why;
+  auto commit = [&](uint64_t step) {
+    const std::string tmp = store.begin(step);
+    vttest::write_file(tmp + "/weights.bin", std::string(100, static_cast<char>(step)));
+    return store.commit(tmp, step, {{"step", step}});
+  };
+  for (uint64_t s : {1, 2, 3}) EXPECT_TRUE(verifies(commit(s)));
+  commit(9);
+  vttest::write_file(dir.file("step-00000009/weights.bin"), "changed");  // fails to verify: kept, not counted
+  fs::create_directories(dir.file("step-00000000"));                     // no manifest: not ours
+  EXPECT_TRUE(verifies(commit(4)));
+  store.prune(2, 4);
+  std::vector<std::string> left;
+  for (const auto &[step, d] : store.step_folders()) left.push_back(fs::path(d).filename().string());
+  EXPECT_EQ(left, (std::vector<std::string>{"step-00000009", "step-00000004", "step-00000003", "step-00000000"}));
+  // Deletion goes through a .trash- name: nothing of it is left once it is done.
+  for (const auto &e : fs::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename().string().rfind(".trash-", 0), std::string::npos) << e.path();
+}
+
+TEST(TrainerEngine, ResumeSkipsANewestCheckpointThatDoesNotVerifyAndKeepsThePreviousOne) {
+  struct Damage {
+    const char *what;
+    void (*apply)(const std::string &dir);
+    const char *reason;
+  };
+  const Damage damages[] = {
+      {"NaN bytes, length unchanged", [](const std::string &d) { nan_bytes_into(d + "/model.safetensors"); },
+       "CRC-32"},
+      {"truncated optimizer state",
+       [](const std::string &d) { fs::resize_file(d + "/optimizer.pt", fs::file_size(d + "/optimizer.pt") / 2); },
+       "bytes, the manifest says"},
+      {"deletion interrupted (weights gone, trainer.json left)",
+       [](const std::string &d) { fs::remove(d + "/model.safetensors"); }, "model.safetensors"},
+      {"deletion interrupted (manifest gone)", [](const std::string &d) { fs::remove(d + "/manifest.json"); },
+       "no manifest.json"},
+  };
+  for (const auto &dmg : damages) {
+    SCOPED_TRACE(dmg.what);
+    vttest::TempDir dir;
+    write_two_checkpoints(dir.path());
+    if (HasFatalFailure()) return;
+    dmg.apply(dir.file("step-00000004"));
+    auto c = cpu_config("builtin:linear-test");
+    c.checkpoint_dir = dir.path();
+    c.resume = true;
+    c.checkpoint_every = 1;
+    c.keep_checkpoints = 2;
+    TrainerEngine e(c);
+    ASSERT_TRUE(e.start()) << e.error();
+    ASSERT_TRUE(e.resumed());
+    EXPECT_EQ(e.resume_point().step, 2u);
+    EXPECT_EQ(e.steps_done(), 2u);
+    const auto w = warnings(e);
+    ASSERT_EQ(w.size(), 1u) << joined(w);
+    EXPECT_NE(w[0].find(dir.file("step-00000004")), std::string::npos) << w[0];
+    EXPECT_NE(w[0].find(dmg.reason), std::string::npos) << w[0];
+    // Step 3 is written; the good step 2 stays (keep-checkpoints=2), the damaged 4 is
+    // left until training reaches step 4 again, which replaces it.
+    train(e, 2, 1, 1, 2);
+    EXPECT_TRUE(verifies(dir.file("step-00000002")));
+    EXPECT_TRUE(verifies(dir.file("step-00000003")));
+    EXPECT_TRUE(fs::exists(dir.file("step-00000004")));
+    train(e, 3, 1, 1, 2);
+    EXPECT_TRUE(verifies(dir.file("step-00000004")));
+    EXPECT_FALSE(fs::exists(dir.file("step-00000002")));
+  }
+}
+
+TEST(TrainerEngine, ResumeFailsWhenNoCheckpointVerifies) {
+  vttest::TempDir dir;
+  write_two_checkpoints(dir.path());
+  ASSERT_FALSE(HasFatalFailure());
+  nan_bytes_into(dir.file("step-00000002/model.safetensors"));
+  nan_bytes_into(dir.file("step-00000004/model.safetensors"));
+  auto c = cpu_config("builtin:linear-test");
+  c.checkpoint_dir = dir.path();
+  c.resume = true;
+  TrainerEngine e(c);
+  EXPECT_FALSE(e.start());
+  EXPECT_NE(e.error().find("none of the 2 checkpoint folders"), std::string::npos) << e.error();
+  EXPECT_EQ(warnings(e).size(), 2u);
+  EXPECT_TRUE(fs::exists(dir.file("step-00000002/model.safetensors"))) << "nothing is deleted";
+}
+
+TEST(TrainerEngine, NonFiniteWeightsAreNeverWrittenAndTheLastGoodCheckpointStays) {
+  vttest::TempDir dir;
+  auto c = cpu_config("builtin:linear-test");
+  c.checkpoint_dir = dir.path();
+  c.checkpoint_every = 1;
+  c.keep_checkpoints = 0;
+  {
+    TrainerEngine e(c);
+    ASSERT_TRUE(e.start()) << e.error();
+    train(e, 0, 2, 1, 2);
+  }
+  ASSERT_TRUE(verifies(dir.file("step-00000002")));
+  c.keep_checkpoints = 1;
+  // A second run into the same folder whose first update makes weights NaN with a finite
+  // loss: AdamW with eps=0 divides 0 by 0 for the caption rows no caption used.
+  c.eps = 0;
+  TrainerEngine e(c);
+  ASSERT_TRUE(e.start()) << e.error();
+  ASSERT_EQ(e.process_tensor(at::stack({sample(0, 0), sample(0, 1)}), info_for(0, 0, 1, 2)), ProcessResult::kError);
+  EXPECT_NE(e.error().find("NaN/Inf at step 1"), std::string::npos) << e.error();
+  EXPECT_TRUE(verifies(dir.file("step-00000001"))) << "the first run's step 1 must not be replaced";
+  EXPECT_TRUE(verifies(dir.file("step-00000002"))) << "keep-checkpoints=1 must not delete the last good one";
+}
+
+TEST(TrainerEngine, MaxSkippedStepsInARowIsAnError) {
+  auto c = cpu_config("builtin:linear-test");
+  c.max_skipped_steps = 3;
+  TrainerEngine e(c);
+  ASSERT_TRUE(e.start()) << e.error();
+  train(e, 0, 1, 1, 2);
+  nan_batch(e, 1, ProcessResult::kOk);
+  nan_batch(e, 2, ProcessResult::kOk);
+  train(e, 3, 1, 1, 2);  // a good step starts the count again
+  nan_batch(e, 4, ProcessResult::kOk);
+  nan_batch(e, 5, ProcessResult::kOk);
+  nan_batch(e, 6, ProcessResult::kError);
+  EXPECT_NE(e.error().find("3 optimizer steps in a row (5 to 7)"), std::string::npos) << e.error();
+  EXPECT_NE(e.error().find("max-skipped-steps=3"), std::string::npos) << e.error();
+}
+
+TEST(TrainerEngine, ARunThatSkippedEveryStepFails) {
+  {
+    auto c = cpu_config("builtin:linear-test");
+    c.max_skipped_steps = 0;  // unbounded: the end of stream still fails
+    TrainerEngine e(c);
+    ASSERT_TRUE(e.start()) << e.error();
+    for (uint64_t s = 0; s < 12; s++) nan_batch(e, s, ProcessResult::kOk);
+    EXPECT_FALSE(e.finish());
+    EXPECT_NE(e.error().find("all 12 optimizer steps of this run"), std::string::npos) << e.error();
+  }
+  {
+    vttest::TempDir dir;
+    auto c = cpu_config("builtin:linear-test");
+    c.checkpoint_dir = dir.path();
+    c.max_steps = 2;
+    TrainerEngine e(c);
+    ASSERT_TRUE(e.start()) << e.error();
+    nan_batch(e, 0, ProcessResult::kOk);
+    nan_batch(e, 1, ProcessResult::kError);  // max-steps reached with nothing trained
+    EXPECT_NE(e.error().find("all 2 optimizer steps"), std::string::npos) << e.error();
+    EXPECT_FALSE(fs::exists(dir.file("step-00000002")));
+  }
+  {
+    auto c = cpu_config("builtin:linear-test");  // one skipped step among good ones is fine
+    TrainerEngine e(c);
+    ASSERT_TRUE(e.start()) << e.error();
+    nan_batch(e, 0, ProcessResult::kOk);
+    train(e, 1, 1, 1, 2);
+    EXPECT_TRUE(e.finish()) << e.error();
+  }
+}
+
+TEST(TrainerEngine, AnUnwritableCheckpointDirFailsAtStart) {
+  vttest::TempDir dir;
+  vttest::write_file(dir.file("a-file"), "");
+  auto c = cpu_config("builtin:linear-test");
+  c.checkpoint_dir = dir.file("a-file/ckpt");  // root ignores modes, not a file in the path
+  TrainerEngine e(c);
+  EXPECT_FALSE(e.start());
+  EXPECT_NE(e.error().find("'" + c.checkpoint_dir + "'"), std::string::npos) << e.error();
+  EXPECT_NE(e.error().find("Not a directory"), std::string::npos) << e.error();
+  EXPECT_NE(e.error().find("checkpoint-dir"), std::string::npos) << e.error();
+}
+
+TEST(TrainerEngine, MetricsFileFolderIsCreated) {
+  vttest::TempDir dir;
+  auto c = cpu_config("builtin:linear-test");
+  c.log_every = 1;
+  c.metrics_file = dir.file("runs/today/metrics.jsonl");
+  TrainerEngine e(c);
+  ASSERT_TRUE(e.start()) << e.error();
+  train(e, 0, 2, 1, 2);
+  EXPECT_EQ(warnings(e, "metrics-file"), std::vector<std::string>{});
+  std::istringstream lines(vttest::read_file(c.metrics_file));
+  int steps = 0;
+  for (std::string l; std::getline(lines, l);) steps += l.find("\"type\":\"step\"") != std::string::npos;
+  EXPECT_EQ(steps, 2);
+}
+
+TEST(TrainerEngine, CheckpointIntervalWritesByTheClock) {
+  vttest::TempDir dir;
+  double now = 1000;
+  auto c = cpu_config("builtin:linear-test");
+  c.checkpoint_dir = dir.path();
+  c.checkpoint_interval_s = 60;
+  c.keep_checkpoints = 0;
+  c.clock = [&now] { return now; };
+  TrainerEngine e(c);
+  ASSERT_TRUE(e.start()) << e.error();
+  std::vector<int64_t> written;
+  for (double t : {1000.0, 1059.0, 1061.0, 1100.0, 1121.0, 1122.0}) {
+    now = t;
+    train(e, e.steps_done(), 1, 1, 2);
+    for (auto &m : e.take_messages())
+      if (m.name == "ddptrainsink-checkpoint") written.push_back(m.ints["step"]);
+  }
+  EXPECT_EQ(written, (std::vector<int64_t>{3, 5}));
+  EXPECT_TRUE(verifies(dir.file("step-00000003")));
+  EXPECT_TRUE(verifies(dir.file("step-00000005")));
+}
+
+TEST(TrainerEngine, StoppingWithoutEndOfStreamSaysWhatIsNotSaved) {
+  vttest::TempDir dir;
+  auto c = cpu_config("builtin:linear-test");
+  c.checkpoint_dir = dir.path();
+  c.checkpoint_every = 2;
+  TrainerEngine e(c);
+  ASSERT_TRUE(e.start()) << e.error();
+  train(e, 0, 3, 1, 2);
+  e.take_messages();
+  e.stop();
+  const auto w = warnings(e);
+  ASSERT_EQ(w.size(), 1u) << joined(w);
+  EXPECT_NE(w[0].find("steps 3 to 3 are not in a checkpoint (the last is step-00000002)"), std::string::npos) << w[0];
+}
