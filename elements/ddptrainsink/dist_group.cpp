@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "c10d_setup.h"
+#include "roll_call.h"
 #include "dist_env.h"
 #include "first_line.h"
 

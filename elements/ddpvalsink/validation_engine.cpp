@@ -20,6 +20,7 @@
 #include "ddptrainsink/trainer_engine.h"
 #include "ddptrainsink/trainer_snapshot.h"
 #include "c10d_setup.h"
+#include "roll_call.h"
 #include "default_rng.h"
 #include "dist_env.h"
 #include "first_line.h"
