@@ -5,12 +5,15 @@
  *
  * Over gst-launch-1.0 it adds: ${VAR} substitution in pipeline files (from -D and the
  * environment), a readable log of the project's bus messages, an optional line per
- * clip (--print-clips NAME), a progress line, and Ctrl-C sent as EOS so that sinks
- * finish cleanly (a second Ctrl-C aborts). */
+ * clip (--print-clips NAME), a progress line, and Ctrl-C or SIGTERM sent as EOS so
+ * that sinks finish cleanly (a second signal, or no EOS within --eos-timeout, aborts).
+ * A pipeline that does not parse (unknown element, property, syntax) is an error at
+ * once, not a warning followed by a pipeline that never runs. */
 #include <glib-unix.h>
 #include <gst/gst.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +22,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "metas.h"
 
@@ -28,6 +32,9 @@ GMainLoop *loop = nullptr;
 GstElement *pipeline = nullptr;
 int exit_code = 0;
 int interrupts = 0;
+bool errored = false;
+guint eos_timeout_s = 120;  // long enough for a final checkpoint
+constexpr int kTeardownTimeoutS = 10;
 bool quiet = false;
 bool tty = false;
 std::string status_line;
@@ -94,6 +101,7 @@ gboolean on_message(GstBus *, GstMessage *msg, gpointer) {
       g_error_free(e);
       g_free(dbg);
       exit_code = 1;
+      errored = true;
       g_main_loop_quit(loop);
       break;
     }
@@ -124,15 +132,51 @@ gboolean on_message(GstBus *, GstMessage *msg, gpointer) {
   return TRUE;
 }
 
-gboolean on_sigint(gpointer) {
+// Stopping the pipeline waits for its streaming threads; one stuck in a long call (a
+// collective, a blocked state change) must not keep the process alive for ever.
+void arm_exit_watchdog(int code) {
+  std::thread([code] {
+    std::this_thread::sleep_for(std::chrono::seconds(kTeardownTimeoutS));
+    std::fprintf(stderr, "videotrain-run: the pipeline did not stop within %d s; exiting\n", kTeardownTimeoutS);
+    _exit(code);
+  }).detach();
+}
+
+void force_quit(int code) {
+  exit_code = code;
+  arm_exit_watchdog(code);
+  g_main_loop_quit(loop);
+}
+
+gboolean on_eos_deadline(gpointer) {
+  std::fprintf(stderr, "videotrain-run: no end of stream within %u s of the interrupt; aborting\n", eos_timeout_s);
+  force_quit(1);
+  return G_SOURCE_REMOVE;
+}
+
+gboolean on_signal(gpointer data) {
+  const int sig = GPOINTER_TO_INT(data);
   if (++interrupts == 1) {
-    std::fprintf(stderr, "\nvideotrain-run: interrupt: sending EOS (Ctrl-C again to abort)\n");
-    gst_element_send_event(pipeline, gst_event_new_eos());
+    std::fprintf(stderr, "\nvideotrain-run: %s: sending EOS (again to abort)\n", sig == SIGINT ? "interrupt" : "SIGTERM");
+    // Off the main loop: a source takes its streaming lock to queue EOS, and a streaming
+    // thread stuck downstream would block us before the deadline is even set.
+    std::thread([p = GST_ELEMENT(gst_object_ref(pipeline))] {
+      gst_element_send_event(p, gst_event_new_eos());
+      gst_object_unref(p);
+    }).detach();
+    if (eos_timeout_s > 0) g_timeout_add_seconds(eos_timeout_s, on_eos_deadline, nullptr);
   } else {
-    exit_code = 130;
-    g_main_loop_quit(loop);
+    force_quit(128 + sig);
   }
   return G_SOURCE_CONTINUE;
+}
+
+// The state change runs off the main loop (a sink's start may wait for its peers for
+// minutes), so that signals are still served; its result comes back here.
+gboolean on_state_change_failed(gpointer) {
+  if (!errored) std::fprintf(stderr, "videotrain-run: the pipeline could not be started (state change failed)\n");
+  force_quit(1);
+  return G_SOURCE_REMOVE;
 }
 
 struct ClipPrinter {
@@ -174,6 +218,8 @@ void usage() {
                "  -f FILE              read the pipeline description from FILE (${VAR} substituted)\n"
                "  -D KEY=VALUE         define ${KEY} for the pipeline file\n"
                "  --print-clips NAME   print a line per clip leaving element NAME\n"
+               "  --eos-timeout S      after Ctrl-C or SIGTERM, abort when no EOS came within S s\n"
+               "                       (default 120; 0: wait for ever)\n"
                "  -q                   only errors, warnings and the summary\n");
 }
 
@@ -192,6 +238,7 @@ int main(int argc, char **argv) {
       if (eq == std::string::npos) return usage(), 2;
       defs[kv.substr(0, eq)] = kv.substr(eq + 1);
     } else if (a == "--print-clips" && i + 1 < argc) clip_element = argv[++i];
+    else if (a == "--eos-timeout" && i + 1 < argc) eos_timeout_s = static_cast<guint>(std::atoi(argv[++i]));
     else if (a == "-q") quiet = true;
     else if (a == "-h" || a == "--help") return usage(), 0;
     else description += a + " ";
@@ -211,14 +258,19 @@ int main(int argc, char **argv) {
   tty = isatty(fileno(stderr));
 
   GError *err = nullptr;
-  pipeline = gst_parse_launch(description.c_str(), &err);
-  if (!pipeline) {
+  // Without FATAL_ERRORS an unknown property or element is a warning, and the half-built
+  // pipeline never reaches EOS.
+  pipeline = gst_parse_launch_full(description.c_str(), nullptr, GST_PARSE_FLAG_FATAL_ERRORS, &err);
+  if (!pipeline || err) {
     std::fprintf(stderr, "videotrain-run: bad pipeline: %s\n  %s\n", err ? err->message : "?", description.c_str());
-    return 2;
-  }
-  if (err) {
-    std::fprintf(stderr, "videotrain-run: warning: %s\n", err->message);
+    if (err && g_error_matches(err, GST_PARSE_ERROR, GST_PARSE_ERROR_NO_SUCH_ELEMENT)) {
+      const char *path = std::getenv("GST_PLUGIN_PATH");
+      std::fprintf(stderr, "  (is the plugin installed or GST_PLUGIN_PATH set? GST_PLUGIN_PATH is %s)\n",
+                   path ? path : "unset");
+    }
     g_clear_error(&err);
+    if (pipeline) gst_object_unref(pipeline);
+    return 2;
   }
   ClipPrinter printer;
   if (!clip_element.empty()) {
@@ -239,14 +291,18 @@ int main(int argc, char **argv) {
   loop = g_main_loop_new(nullptr, FALSE);
   GstBus *bus = gst_element_get_bus(pipeline);
   gst_bus_add_watch(bus, on_message, nullptr);
-  g_unix_signal_add(SIGINT, on_sigint, nullptr);
-  g_unix_signal_add(SIGTERM, on_sigint, nullptr);
+  g_unix_signal_add(SIGINT, on_signal, GINT_TO_POINTER(SIGINT));
+  g_unix_signal_add(SIGTERM, on_signal, GINT_TO_POINTER(SIGTERM));
   gint64 t0 = g_get_monotonic_time();
-  if (gst_element_set_state(pipeline, GST_STATE_PLAYING) == GST_STATE_CHANGE_FAILURE) {
-    // The error message on the bus says why.
-    exit_code = 1;
-  }
+  // Detached: when it is still blocked at exit, the watchdog ends the process.
+  std::thread([p = GST_ELEMENT(gst_object_ref(pipeline))] {
+    // Low priority: the error messages on the bus are printed first.
+    if (gst_element_set_state(p, GST_STATE_PLAYING) == GST_STATE_CHANGE_FAILURE)
+      g_idle_add(on_state_change_failed, nullptr);
+    gst_object_unref(p);
+  }).detach();
   g_main_loop_run(loop);
+  if (errored) arm_exit_watchdog(exit_code);
   gst_element_set_state(pipeline, GST_STATE_NULL);
   double secs = (g_get_monotonic_time() - t0) / 1e6;
   if (tty && !status_line.empty()) std::fprintf(stderr, "\n");

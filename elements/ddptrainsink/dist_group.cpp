@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "c10d_setup.h"
+#include "roll_call.h"
 #include "dist_env.h"
 #include "first_line.h"
 
@@ -53,12 +54,13 @@ std::string key_exit(int r) { return "exit/" + std::to_string(r); }
 }  // namespace
 
 DistGroup::DistGroup(const DistOptions &opts) : opts_(opts), impl_(std::make_unique<Impl>()) {
+  const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
   const StoreScope scope = store_scope_from_environment();
   c10d::TCPStoreOptions so;
   so.port = static_cast<std::uint16_t>(opts.master_port);
   so.isServer = opts.rank == 0 && !scope.agent_store;
   so.numWorkers = static_cast<std::size_t>(opts.world_size);
-  so.waitWorkers = true;
+  so.waitWorkers = false;  // await_ranks below waits, and can name who is missing
   so.timeout = opts.timeout;
   const std::string where = opts.master_addr + ":" + std::to_string(opts.master_port);
   try {
@@ -72,6 +74,11 @@ DistGroup::DistGroup(const DistOptions &opts) : opts_(opts), impl_(std::make_uni
   }
   impl_->prefixed = c10::make_intrusive<c10d::PrefixStore>(scope.prefix + opts.prefix, impl_->tcp);
   auto pg_store = c10::make_intrusive<c10d::PrefixStore>("pg", impl_->prefixed);
+  try {
+    await_ranks(*impl_->prefixed, opts.rank, opts.world_size, deadline, opts.timeout);
+  } catch (const std::exception &e) {
+    throw DistError(std::string("rendezvous failed: ") + e.what());
+  }
   try {
     if (opts.backend == "nccl") {
 #ifdef USE_C10D_NCCL

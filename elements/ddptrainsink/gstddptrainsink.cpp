@@ -370,6 +370,10 @@ static void gst_ddp_train_sink_init(GstDdpTrainSink *self) {
   // A trainer consumes as fast as it can: no clock sync, no QoS.
   gst_base_sink_set_sync(GST_BASE_SINK(self), FALSE);
   gst_base_sink_set_qos_enabled(GST_BASE_SINK(self), FALSE);
+  // No preroll: microbatcher holds batch-size latents before the first micro-batch, and a
+  // prerolled tee tap (vaeencoder ! tee ! queue ! fakesink) fills its default queue with
+  // one clip-long latent, so waiting for our own preroll buffer would stall in PAUSED.
+  gst_base_sink_set_async_enabled(GST_BASE_SINK(self), FALSE);
   // The last sample would keep a micro-batch (maybe GPU memory) alive between steps.
   gst_base_sink_set_last_sample_enabled(GST_BASE_SINK(self), FALSE);
 }

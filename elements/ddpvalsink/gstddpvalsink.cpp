@@ -314,6 +314,8 @@ static void gst_ddp_val_sink_init(GstDdpValSink *self) {
   self->step = 0;
   gst_base_sink_set_sync(GST_BASE_SINK(self), FALSE);
   gst_base_sink_set_qos_enabled(GST_BASE_SINK(self), FALSE);
+  // No preroll, as ddptrainsink: a tee branch that waits for us must not stall start-up.
+  gst_base_sink_set_async_enabled(GST_BASE_SINK(self), FALSE);
 }
 
 static void gst_ddp_val_sink_class_init(GstDdpValSinkClass *klass) {

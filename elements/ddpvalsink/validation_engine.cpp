@@ -20,6 +20,7 @@
 #include "ddptrainsink/trainer_engine.h"
 #include "ddptrainsink/trainer_snapshot.h"
 #include "c10d_setup.h"
+#include "roll_call.h"
 #include "default_rng.h"
 #include "dist_env.h"
 #include "first_line.h"
@@ -42,6 +43,7 @@ class ValGroup {
  public:
   ValGroup(int rank, int world, const std::string &addr, int port, std::chrono::milliseconds timeout)
       : rank_(rank), world_(world), timeout_(timeout) {
+    const auto deadline = Clock::now() + timeout;
     c10d::TCPStoreOptions so;
     so.port = static_cast<std::uint16_t>(port);
     so.isServer = false;
@@ -56,6 +58,11 @@ class ValGroup {
     }
     store_ = c10::make_intrusive<c10d::PrefixStore>(store_scope_from_environment().prefix + "ddpvalsink", tcp_);
     auto pg_store = c10::make_intrusive<c10d::PrefixStore>("pg", store_);
+    try {
+      await_ranks(*store_, rank, world, deadline, timeout);
+    } catch (const std::exception &e) {
+      throw std::runtime_error(std::string("validation group: ") + e.what());
+    }
     try {
       auto o = c10d::ProcessGroupGloo::Options::create(timeout);
       o->devices.push_back(gloo_device(addr));

@@ -7,6 +7,8 @@
  *  - uneven ends: rank 0's data ends after 2.5 steps, rank 1's after 4; both end at
  *    step 4 with the weights of one rank trained on what was there (rank 0 joins the
  *    steps it has no samples for);
+ *  - rendezvous: a rank that never starts is named within the timeout; ranks with
+ *    different world sizes say so;
  *  - torchrun's agent store: the test serves the store as the elastic agent does and
  *    runs the ranks twice on it (a restart), as `torchrun --no-python` would;
  *  - buckets: after the first step they follow the gradients' arrival order, the same
@@ -128,6 +130,18 @@ TEST(DdpWorker, Rank) {
   ASSERT_TRUE(mode && !out.empty()) << "run by the Ddp tests only";
   if (std::string(mode) == "buckets") return buckets_rank(out);
   auto c = config();
+  if (std::string(mode) == "join") {
+    // The rendezvous alone (VT_DDP_WORLD: this rank's world size): verdict, seconds, error.
+    c.timeout_s = std::atof(vttest::env_or("VT_DDP_TIMEOUT", "5").c_str());
+    c.world_size = std::atoi(vttest::env_or("VT_DDP_WORLD", "2").c_str());
+    TrainerEngine e(c);
+    auto t0 = std::chrono::steady_clock::now();
+    const bool ok = e.start();
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::ofstream(out) << (ok ? "ok" : "error") << "\n" << took << "\n" << e.error() << "\n";
+    e.stop();
+    return;
+  }
   if (std::string(mode) != "equivalence") c.timeout_s = std::atof(vttest::env_or("VT_DDP_TIMEOUT", "5").c_str());
   TrainerEngine e(c);
   ASSERT_TRUE(e.start()) << e.error();
@@ -296,6 +310,50 @@ TEST(Ddp, ADeadRankMakesTheOtherFailWithinTheTimeout) {
 TEST(Ddp, ADeadStoreServerRankMakesTheOtherFailWithinTheTimeout) {
   vttest::TempDir dir;
   run_dead("dead0", dir.file("r1"), {dir.file("r0"), dir.file("r1")});
+}
+
+struct Verdict {
+  std::string verdict, error;
+  double took = 0;
+};
+Verdict read_verdict(const std::string &path) {
+  Verdict v;
+  std::istringstream in(vttest::read_file(path));
+  in >> v.verdict >> v.took;
+  std::getline(in >> std::ws, v.error);
+  return v;
+}
+
+TEST(Ddp, ARankThatNeverStartsIsNamedWithinTheTimeout) {
+  // Rank 0 of 2 alone. Before: Gloo's "Socket Timeout" after twice the timeout.
+  vttest::TempDir dir;
+  const double timeout = 5;
+  pid_t p = spawn("join", 0, vttest::free_port(), dir.file("r0"), {{"VT_DDP_TIMEOUT", "5"}});
+  std::vector<int> st;
+  ASSERT_TRUE(vttest::wait_all({p}, &st, 6 * timeout)) << "rank 0 hung";
+  Verdict v = read_verdict(dir.file("r0"));
+  EXPECT_EQ(v.verdict, "error");
+  EXPECT_NE(v.error.find("rank 1 never joined"), std::string::npos) << v.error;
+  EXPECT_GE(v.took, 0.9 * timeout) << "gave up before the timeout";
+  EXPECT_LT(v.took, 1.5 * timeout + 2) << "well beyond the timeout";
+}
+
+TEST(Ddp, RanksWithDifferentWorldSizesSaySo) {
+  // Before: "[enforce fail at address.cc] ... 136 vs 272" from Gloo.
+  vttest::TempDir dir;
+  const int port = vttest::free_port();
+  std::vector<pid_t> pids{spawn("join", 0, port, dir.file("r0"), {{"VT_DDP_WORLD", "2"}, {"VT_DDP_TIMEOUT", "60"}}),
+                          spawn("join", 1, port, dir.file("r1"), {{"VT_DDP_WORLD", "3"}, {"VT_DDP_TIMEOUT", "60"}})};
+  std::vector<int> st;
+  ASSERT_TRUE(vttest::wait_all(pids, &st, 50)) << "a rank waited for the timeout or hung";
+  Verdict v0 = read_verdict(dir.file("r0")), v1 = read_verdict(dir.file("r1"));
+  EXPECT_EQ(v0.verdict, "error");
+  EXPECT_EQ(v1.verdict, "error") << "rank 1 of 3 went on";
+  // Rank 0 serves the store, so it always sees rank 1's key; rank 1 may see rank 0's
+  // or lose the store when rank 0 exits first.
+  EXPECT_NE(v0.error.find("disagree on the world size: rank 0 of 2 has 2, rank 1 has 3"), std::string::npos)
+      << v0.error;
+  EXPECT_LT(v0.took, 30.0) << "not at once (the timeout is 60 s)";
 }
 
 TEST(Ddp, TorchrunAgentStoreServesTheRanksAcrossARestart) {

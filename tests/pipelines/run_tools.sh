@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# videotrain-run and videotrain-launch on pipelines that cannot run, and on signals:
+#  - unknown element, property typo, syntax error, plugin not found (GST_PLUGIN_PATH unset,
+#    an empty registry), a pipeline whose start fails: a non-zero exit at once with the
+#    parser's (or the element's) message, not a warning and a hang;
+#  - SIGTERM ends a running videotrain-run (EOS, exit 0); a second SIGTERM, or no EOS
+#    within --eos-timeout, aborts it with a non-zero status;
+#  - videotrain-launch exits non-zero when its ranks fail that way, and stops the rank
+#    that was running fine when another one fails.
+# "At once" is checked against a 30 s guard only: a hang, not slowness, fails.
+set -uo pipefail
+build=${VIDEOTRAIN_BUILD_DIR:?}
+run="$build/tools/videotrain-run"
+launch="$build/tools/videotrain-launch"
+work=$(mktemp -d "${TMPDIR:-/tmp}/videotrain-run-tools-XXXXXX")
+bg=
+cleanup() { [[ -n $bg ]] && kill -9 "$bg" 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+export GST_PLUGIN_PATH="$build/plugins/videotrain"
+fail() { echo "FAIL: $*"; [[ -f $work/out ]] && cat "$work/out"; exit 1; }
+
+expect_fails() {  # expect_fails NAME MESSAGE COMMAND...: non-zero within 30 s, MESSAGE in the output
+  local name=$1 msg=$2 rc=0
+  shift 2
+  timeout -s KILL 30 "$@" > "$work/out" 2>&1 || rc=$?
+  [[ $rc -ne 137 ]] || fail "$name: still running after 30 s"
+  [[ $rc -ne 0 ]] || fail "$name: exit status 0"
+  grep -qF -- "$msg" "$work/out" || fail "$name: no '$msg' in the output"
+  echo "ok: $name (status $rc)"
+}
+
+expect_fails "unknown element" 'no element "nosuchelement"' \
+  "$run" videotestsrc num-buffers=3 ! nosuchelement ! fakesink
+expect_fails "property typo" 'no property "nosuchprop"' \
+  "$run" videotestsrc num-buffers=3 ! fakesink nosuchprop=1
+expect_fails "syntax error" 'syntax error' \
+  "$run" videotestsrc num-buffers=3 ! ! fakesink
+mkdir -p "$work/empty"
+expect_fails "no plugin path" 'no element "microbatcher"' \
+  env -u GST_PLUGIN_PATH GST_REGISTRY="$work/empty/registry.bin" \
+  "$run" videotestsrc num-buffers=3 ! microbatcher ! fakesink
+grep -qF 'GST_PLUGIN_PATH is unset' "$work/out" || fail "no plugin path: no hint about GST_PLUGIN_PATH"
+expect_fails "start fails" 'No such file' \
+  "$run" filesrc location="$work/no-such-file" ! fakesink
+expect_fails "launcher, bad pipeline" 'no property "nosuchprop"' \
+  "$launch" -n 2 -- "$run" videotestsrc num-buffers=3 ! fakesink nosuchprop=1
+
+# run_bg COMMAND...: in the background, output to $work/out, pid in $bg.
+run_bg() { "$@" > "$work/out" 2>&1 & bg=$!; }
+wait_text() {  # wait_text TEXT: until TEXT is in the output (30 s at most)
+  for _ in $(seq 300); do grep -qF -- "$1" "$work/out" && return 0; sleep 0.1; done
+  fail "no '$1' within 30 s"
+}
+wait_bg() {  # wait_bg NAME: sets rc to the background job's status; a hang fails
+  for _ in $(seq 300); do
+    if ! kill -0 "$bg" 2>/dev/null; then rc=0; wait "$bg" || rc=$?; bg=; return 0; fi
+    sleep 0.1
+  done
+  fail "$1: still running 30 s after the signal"
+}
+
+# A running pipeline (the progress probe prints a line per frame once data flows).
+run_bg "$run" --print-clips src videotestsrc name=src is-live=true ! fakesink
+sleep 2
+kill -TERM "$bg"
+wait_bg "SIGTERM"
+[[ $rc -eq 0 ]] || fail "SIGTERM: status $rc, wanted 0 (EOS)"
+grep -qF 'SIGTERM: sending EOS' "$work/out" || fail "SIGTERM: no EOS"
+echo "ok: SIGTERM ends videotrain-run with EOS"
+
+# A pipeline whose streaming thread is stuck for 100 s: EOS cannot get through.
+stuck=(videotestsrc ! identity sleep-time=100000000 ! fakesink)
+run_bg "$run" --eos-timeout 1 "${stuck[@]}"
+sleep 2
+kill -TERM "$bg"
+wait_bg "no EOS"
+[[ $rc -ne 0 ]] || fail "no EOS: status 0"
+grep -qF 'no end of stream within 1 s' "$work/out" || fail "no EOS: no message about the deadline"
+echo "ok: no EOS within --eos-timeout aborts (status $rc)"
+
+run_bg "$run" "${stuck[@]}"
+sleep 2
+kill -TERM "$bg"
+sleep 1
+kill -TERM "$bg"
+wait_bg "second SIGTERM"
+[[ $rc -ne 0 ]] || fail "second SIGTERM: status 0"
+echo "ok: a second SIGTERM aborts (status $rc)"
+
+# Rank 1's pipeline is bad, rank 0's runs for ever: the launcher stops rank 0 too.
+run_bg "$launch" -n 2 -- bash -c \
+  '[[ $RANK == 1 ]] && set -- fakesink nosuchprop=1 || set -- fakesink; exec "$0" videotestsrc is-live=true ! "$@"' "$run"
+wait_bg "launcher, one bad rank"
+[[ $rc -ne 0 ]] || fail "launcher, one bad rank: status 0"
+grep -qF 'rank 1 exited with status' "$work/out" || fail "launcher, one bad rank: rank 1's failure not reported"
+echo "ok: launcher stops every rank when one fails (status $rc)"
