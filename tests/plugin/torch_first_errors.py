@@ -49,6 +49,22 @@ header = json.dumps({"w": {"dtype": "F32", "shape": [2**32, 2**32], "data_offset
 broken_safetensors = vae_folder("broken-safetensors", safetensors=struct.pack("<Q", len(header)) + header)
 not_torchscript = write("not-torchscript.pt", b"PK\x03\x04 this is no zip archive")
 no_path_column = write("no-path-column.csv", b"name,text\na.mp4,a cat\n")
+
+
+class Image(torch.nn.Module):  # a 2D encoder: conv2d throws on [1, 3, T, H, W] inside libtorch
+    @torch.jit.export
+    def encode(self, x):
+        return torch.nn.functional.conv2d(x, torch.ones(4, 3, 8, 8), stride=8)
+
+
+image_encoder = os.path.join(tmp, "image.pt")
+torch.jit.script(Image()).save(image_encoder)
+video = Gst.parse_launch("videotestsrc num-buffers=10 ! video/x-raw,width=32,height=32,framerate=10/1 ! "
+                         f"vp8enc ! webmmux ! filesink location={tmp}/a.webm")
+video.set_state(Gst.State.PLAYING)
+video.get_bus().timed_pop_filtered(60 * Gst.SECOND, Gst.MessageType.ERROR | Gst.MessageType.EOS)
+video.set_state(Gst.State.NULL)
+manifest = write("videos.csv", b"path,text\na.webm,test pattern\n")
 cases = [
     ("vaeencoder without block_out_channels", "vaeencoder", "block_out_channels",
      frames + f"vaeencoder name=vaeencoder model={no_block_channels} ! fakesink"),
@@ -56,6 +72,9 @@ cases = [
      frames + f"vaeencoder name=vaeencoder model={broken_safetensors} ! fakesink"),
     ("vaeencoder with a file that is not TorchScript", "vaeencoder", "not-torchscript.pt",
      frames + f"vaeencoder name=vaeencoder model={not_torchscript} ! fakesink"),
+    ("vaeencoder with a 2D TorchScript encoder (it throws in the streaming thread)", "vaeencoder", "conv2d",
+     f"csvvideosrc location={manifest} num-epochs=0 num-frames=9 width=16 height=16 ! "
+     f"vaeencoder name=vaeencoder model={image_encoder} ! fakesink"),
     ("csvvideosrc with a missing manifest", "csvvideosrc", "does-not-exist.csv",
      f"csvvideosrc name=csvvideosrc location={tmp}/does-not-exist.csv ! fakesink"),
     ("csvvideosrc with a manifest without a path column", "csvvideosrc", "path column",
