@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import struct
+import subprocess
 import sys
 import tempfile
 
@@ -100,6 +101,14 @@ for title, element, wanted, desc in cases:
     print(f"{'ok' if ok else 'FAIL'}: {title}: {text or (msg.type if msg else 'no message in 60 s')}", flush=True)
     failures += not ok
     pipe.set_state(Gst.State.NULL)
+# The same throw in gst-launch-1.0 (no torch, libgstreamer's libunwind.so.8 first in scope).
+launch = subprocess.run(["gst-launch-1.0", "csvvideosrc", f"location={manifest}", "num-frames=9", "width=16",
+                         "height=16", "!", "vaeencoder", f"model={image_encoder}", "!", "fakesink"],
+                        capture_output=True, text=True, timeout=120)
+ok = launch.returncode == 1 and "conv2d" in launch.stdout + launch.stderr
+print(f"{'ok' if ok else 'FAIL'}: gst-launch-1.0 with a 2D TorchScript encoder exits {launch.returncode}", flush=True)
+failures += not ok
+cases.append("gst-launch-1.0")
 shutil.rmtree(tmp)
 print(f"{len(cases) - failures} of {len(cases)} error paths posted their element error")
 sys.exit(1 if failures else 0)
