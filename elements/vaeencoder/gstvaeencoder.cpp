@@ -162,8 +162,7 @@ static GstFlowReturn finish_clip(GstVaeEncoder *self) {
   return gst_pad_push(self->srcpad, out);
 }
 
-static GstFlowReturn gst_vae_encoder_chain(GstPad *, GstObject *parent, GstBuffer *buf) {
-  auto *self = GST_VAE_ENCODER(parent);
+static GstFlowReturn chain(GstVaeEncoder *self, GstBuffer *buf) {
   VaeEngine *eng = engine_of(self);
   if (!eng || !self->have_info) {
     gst_buffer_unref(buf);
@@ -251,6 +250,23 @@ static GstFlowReturn gst_vae_encoder_chain(GstPad *, GstObject *parent, GstBuffe
   }
   if (eng->clip_complete()) return finish_clip(self);
   return GST_FLOW_OK;
+}
+
+// Nothing may unwind into GStreamer's C frames (std::terminate): an exception the engine did
+// not turn into a reason (e.g. bad_alloc for a clip meta claiming 2^31 frames) is an error.
+static GstFlowReturn gst_vae_encoder_chain(GstPad *, GstObject *parent, GstBuffer *buf) {
+  auto *self = GST_VAE_ENCODER(parent);
+  std::string what;
+  try {
+    return chain(self, buf);
+  } catch (const std::exception &e) {
+    what = first_line(e.what());
+  } catch (...) {
+    what = "unknown exception";
+  }
+  GST_ELEMENT_ERROR(self, STREAM, FAILED, ("VAE encoder failed: %s", what.c_str()), (nullptr));
+  clear_clip(self);
+  return GST_FLOW_ERROR;
 }
 
 static gboolean set_sink_caps(GstVaeEncoder *self, GstCaps *caps) {

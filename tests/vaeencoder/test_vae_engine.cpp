@@ -351,6 +351,8 @@ TEST_F(TinyVae, UnusableClipsAreRefusedAndTheEngineGoesOn) {
   EXPECT_NE(why.find("use 9 or 13"), std::string::npos) << why;
   EXPECT_TRUE(eng->failure_is_settings()) << "the clip length comes from the source's num-frames";
   EXPECT_FALSE(eng->begin_clip(1, 0, 16, 16, &why));
+  EXPECT_FALSE(eng->begin_clip(1, 2147483645, 16, 16, &why)) << "1 + 4n, but no slot per frame for 2^31 frames";
+  EXPECT_NE(why.find("longer than"), std::string::npos) << why;
   EXPECT_FALSE(eng->begin_clip(1, 9, 20, 16, &why));
   EXPECT_NE(why.find("divisible"), std::string::npos) << why;
   // A clip abandoned midway leaves the engine ready for the next.
