@@ -396,7 +396,7 @@ static gboolean load_engine(GstVaeEncoder *self) {
   o.dtype = self->dtype ? self->dtype : "";
   GST_OBJECT_UNLOCK(self);
   // Test hook: pretend tiles over N pixels run out of memory (exercises the retry on CPU).
-  if (const char *fake = std::getenv("VIDEOTRAIN_VAEENCODER_FAKE_OOM_PIXELS")) o.fake_oom_pixels = atoll(fake);
+  if (const char *fake = std::getenv("VIDEOTRAIN_VAEENCODER_FAKE_OOM_PIXELS")) o.fake_oom_pixels = g_ascii_strtoll(fake, nullptr, 10);  // atoll is UB out of range
   std::string error;
   std::unique_ptr<VaeEngine> eng;
   try {  // create() reports its own failures; nothing may unwind into GStreamer
