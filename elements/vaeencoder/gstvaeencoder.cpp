@@ -253,7 +253,7 @@ static GstFlowReturn chain(GstVaeEncoder *self, GstBuffer *buf) {
 }
 
 // Nothing may unwind into GStreamer's C frames (std::terminate): an exception the engine did
-// not turn into a reason (e.g. bad_alloc for a clip meta claiming 2^31 frames) is an error.
+// not turn into a reason (bad_alloc outside an encode, say) is an element error.
 static GstFlowReturn gst_vae_encoder_chain(GstPad *, GstObject *parent, GstBuffer *buf) {
   auto *self = GST_VAE_ENCODER(parent);
   std::string what;
@@ -396,7 +396,9 @@ static gboolean load_engine(GstVaeEncoder *self) {
   o.dtype = self->dtype ? self->dtype : "";
   GST_OBJECT_UNLOCK(self);
   // Test hook: pretend tiles over N pixels run out of memory (exercises the retry on CPU).
-  if (const char *fake = std::getenv("VIDEOTRAIN_VAEENCODER_FAKE_OOM_PIXELS")) o.fake_oom_pixels = g_ascii_strtoll(fake, nullptr, 10);  // atoll is UB out of range
+  // (g_ascii_strtoll: atoll is undefined out of range.)
+  if (const char *fake = std::getenv("VIDEOTRAIN_VAEENCODER_FAKE_OOM_PIXELS"))
+    o.fake_oom_pixels = g_ascii_strtoll(fake, nullptr, 10);
   std::string error;
   std::unique_ptr<VaeEngine> eng;
   try {  // create() reports its own failures; nothing may unwind into GStreamer
