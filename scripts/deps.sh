@@ -2,13 +2,13 @@
 # Installs the Debian (bookworm) packages gst-videotrain needs, if any are missing.
 # Usage: scripts/deps.sh [--bench]   (--bench adds what the benchmarks compare against)
 set -euo pipefail
-pkgs=(g++ pkg-config meson ninja-build openmpi-bin
+pkgs=(g++ pkg-config meson ninja-build openmpi-bin python3-gi gir1.2-gstreamer-1.0
       libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev gstreamer1.0-tools
       gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad gstreamer1.0-libav
       libtorch-dev libgloo-dev nlohmann-json3-dev libgtest-dev libgmock-dev python3-torch
       libopenblas0-pthread)  # libtorch-dev alone computes with the reference BLAS
 if [[ "${1:-}" == "--bench" ]]; then
-  pkgs+=(ffmpeg python3-torchvision python3-av time python3-gi gir1.2-gstreamer-1.0)  # gi: overlap_bench
+  pkgs+=(ffmpeg python3-torchvision python3-av time)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -20,6 +21,63 @@ size_t safetensors_dtype_size(const std::string &d) {
   if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
   return 0;
 }
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t> &shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); i++) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// The reference implementation's cap: a bigger header is not a weights file.
+constexpr uint64_t kMaxHeader = 100'000'000;
+
+// A JSON number that is a non-negative integer, as shapes and offsets must be. Floats are
+// refused rather than converted: a cast of 1e30 to an integer is undefined.
+bool json_count(const nlohmann::json &v, uint64_t *out) {
+  if (v.is_number_unsigned()) {
+    *out = v.get<uint64_t>();
+    return true;
+  }
+  return false;  // negative integers parse as number_integer, floats as number_float
+}
+
+// dtype, shape and data_offsets of one header entry; "" or what is wrong with it. *begin is
+// the offset of its bytes in the data section, e->nbytes their count.
+std::string parse_entry(const nlohmann::json &v, uint64_t data_size, SafetensorsEntry *e, uint64_t *begin) {
+  if (!v.is_object()) return "has a header entry that is not an object";
+  auto dtype = v.find("dtype"), shape = v.find("shape"), offsets = v.find("data_offsets");
+  if (dtype == v.end() || !dtype->is_string()) return "has no dtype string";
+  e->dtype = dtype->get<std::string>();
+  size_t esize = safetensors_dtype_size(e->dtype);
+  if (esize == 0) return "has unknown dtype '" + e->dtype + "'";
+  if (shape == v.end() || !shape->is_array()) return "has no shape array";
+  uint64_t nbytes = esize;
+  bool overflow = false;
+  for (const auto &d : *shape) {
+    uint64_t n = 0;
+    if (!json_count(d, &n) || n > uint64_t(INT64_MAX)) return "has a shape entry that is not an integer in [0, 2^63)";
+    e->shape.push_back(static_cast<int64_t>(n));
+    overflow = overflow || __builtin_mul_overflow(nbytes, n, &nbytes);
+  }
+  uint64_t o[2];
+  if (offsets == v.end() || !offsets->is_array() || offsets->size() != 2 || !json_count((*offsets)[0], &o[0]) ||
+      !json_count((*offsets)[1], &o[1]))
+    return "has no data_offsets [begin, end] of non-negative integers";
+  if (o[0] > o[1] || o[1] > data_size)
+    return "has data offsets [" + std::to_string(o[0]) + ", " + std::to_string(o[1]) + "] outside the " +
+           std::to_string(data_size) + " data bytes of the file";
+  // A product that wraps (shape [2^32, 2^32] in 0 bytes) must not pass for a match.
+  if (overflow || nbytes != o[1] - o[0])
+    return "holds " + std::to_string(o[1] - o[0]) + " bytes, but its shape " + shape_text(e->shape) + " of " +
+           e->dtype + " needs " + (overflow ? std::string("more than 2^64") : std::to_string(nbytes));
+  *begin = o[0];
+  e->nbytes = static_cast<size_t>(o[1] - o[0]);
+  return "";
+}
+
+}  // namespace
 
 std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string &path, std::string *error) {
   auto fail = [&](const std::string &why) -> std::unique_ptr<SafetensorsFile> {
@@ -50,6 +108,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string &path, 
   uint64_t hlen = 0;
   for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | bytes[i];
   if (hlen > size - 8) return fail("header length " + std::to_string(hlen) + " runs past the end of the file");
+  if (hlen > kMaxHeader) return fail("header length " + std::to_string(hlen) + " is over the 100 MB limit");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(bytes + 8, bytes + 8 + hlen);
@@ -62,34 +121,18 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string &path, 
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (!it->is_object()) return fail("__metadata__ is not an object");
-      for (auto m = it->begin(); m != it->end(); ++m)
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        if (m->is_structured()) return fail("__metadata__ value '" + m.key() + "' is not a string");
         f->metadata_[m.key()] = m->is_string() ? m->get<std::string>() : m->dump();
+      }
       continue;
     }
-    const auto &v = *it;
     SafetensorsEntry e;
     e.name = it.key();
-    try {
-      e.dtype = v.at("dtype").get<std::string>();
-      e.shape = v.at("shape").get<std::vector<int64_t>>();
-      auto offs = v.at("data_offsets").get<std::vector<uint64_t>>();
-      if (offs.size() != 2 || offs[0] > offs[1] || offs[1] > data_size)
-        return fail("tensor '" + e.name + "' has data offsets outside the file");
-      size_t esize = safetensors_dtype_size(e.dtype);
-      if (esize == 0) return fail("tensor '" + e.name + "' has unknown dtype '" + e.dtype + "'");
-      uint64_t numel = 1;
-      for (auto d : e.shape) {
-        if (d < 0) return fail("tensor '" + e.name + "' has a negative dimension");
-        numel *= static_cast<uint64_t>(d);
-      }
-      if (numel * esize != offs[1] - offs[0])
-        return fail("tensor '" + e.name + "' holds " + std::to_string(offs[1] - offs[0]) + " bytes, its shape needs " +
-                    std::to_string(numel * esize));
-      e.data = data + offs[0];
-      e.nbytes = offs[1] - offs[0];
-    } catch (const std::exception &ex) {
-      return fail("tensor '" + e.name + "' has a malformed header entry: " + ex.what());
-    }
+    uint64_t begin = 0;
+    std::string why = parse_entry(*it, data_size, &e, &begin);
+    if (!why.empty()) return fail("tensor '" + e.name + "' " + why);
+    e.data = data + begin;
     f->entries_[e.name] = std::move(e);
   }
   return f;
@@ -110,10 +153,10 @@ bool write_safetensors(const std::string &path, const std::vector<SafetensorsOut
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto &t : tensors) {
-    size_t esize = safetensors_dtype_size(t.dtype);
-    uint64_t numel = 1;
-    for (auto d : t.shape) numel *= static_cast<uint64_t>(d);
-    if (esize == 0 || numel * esize != t.bytes.size()) {
+    uint64_t nbytes = safetensors_dtype_size(t.dtype);
+    bool bad = nbytes == 0;
+    for (auto d : t.shape) bad = bad || d < 0 || __builtin_mul_overflow(nbytes, static_cast<uint64_t>(d), &nbytes);
+    if (bad || nbytes != t.bytes.size()) {
       if (error) *error = "tensor '" + t.name + "': dtype " + t.dtype + " and shape do not match its byte count";
       return false;
     }

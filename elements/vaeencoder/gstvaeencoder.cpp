@@ -5,7 +5,9 @@
  * releases them. When a clip's last frame is in, one latent buffer goes out, with the
  * clip's sample meta, the first frame's PTS and a duration spanning the clip.
  * A clip that cannot be encoded is dropped with a warning and a `vaeencoder-dropped`
- * element message (sample-id, reason); the stream goes on. */
+ * element message (sample-id, reason); the stream goes on. A failure that every clip would
+ * meet (a clip length the VAE cannot use, an encoder that fails on the first clip) is an
+ * element error instead: dropping every clip would loop forever with num-epochs=0. */
 #include "gstvaeencoder.h"
 
 #include <gst/video/video.h>
@@ -15,6 +17,7 @@
 #include <string>
 
 #include "cpu_heap.h"
+#include "first_line.h"
 #include "metas.h"
 #include "tensor_caps.h"
 #include "vae_engine.h"
@@ -122,6 +125,14 @@ static void drop_clip(GstVaeEncoder *self, const GstVideoTrainClipMeta *meta, co
   clear_clip(self);
 }
 
+// A failure from the settings or the model, not the clip: an element error, the stream stops.
+static GstFlowReturn settings_error(GstVaeEncoder *self, const std::string &why) {
+  GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Cannot encode clips with these settings: %s", why.c_str()),
+                    ("model %s", engine_of(self)->options().model.c_str()));
+  clear_clip(self);
+  return GST_FLOW_ERROR;
+}
+
 static GstVideoTrainClipMeta *holder_meta(GstVaeEncoder *self) {
   return self->clip_holder ? gst_buffer_get_videotrain_clip_meta(self->clip_holder) : nullptr;
 }
@@ -131,6 +142,7 @@ static GstFlowReturn finish_clip(GstVaeEncoder *self) {
   std::string why;
   GstBuffer *out = eng->finish_clip(&why);
   GstVideoTrainClipMeta *meta = holder_meta(self);
+  if (!out && eng->failure_is_settings()) return settings_error(self, why);
   if (!out) {
     drop_clip(self, meta, why);
     return GST_FLOW_OK;
@@ -150,8 +162,7 @@ static GstFlowReturn finish_clip(GstVaeEncoder *self) {
   return gst_pad_push(self->srcpad, out);
 }
 
-static GstFlowReturn gst_vae_encoder_chain(GstPad *, GstObject *parent, GstBuffer *buf) {
-  auto *self = GST_VAE_ENCODER(parent);
+static GstFlowReturn chain(GstVaeEncoder *self, GstBuffer *buf) {
   VaeEngine *eng = engine_of(self);
   if (!eng || !self->have_info) {
     gst_buffer_unref(buf);
@@ -181,8 +192,9 @@ static GstFlowReturn gst_vae_encoder_chain(GstPad *, GstObject *parent, GstBuffe
     std::string why;
     int w = GST_VIDEO_INFO_WIDTH(&self->vinfo), h = GST_VIDEO_INFO_HEIGHT(&self->vinfo);
     if (!eng->begin_clip(meta->sample_id, static_cast<int>(meta->num_frames), w, h, &why)) {
-      drop_clip(self, meta, why);
       gst_buffer_unref(buf);
+      if (eng->failure_is_settings()) return settings_error(self, why);
+      drop_clip(self, meta, why);
       return GST_FLOW_OK;
     }
     self->clip_holder = gst_buffer_new();
@@ -224,6 +236,7 @@ static GstFlowReturn gst_vae_encoder_chain(GstPad *, GstObject *parent, GstBuffe
   gst_video_frame_unmap(&frame);
   if (GST_CLOCK_TIME_IS_VALID(pts)) self->clip_end = pts + (GST_CLOCK_TIME_IS_VALID(dur) ? dur : 0);
   gst_buffer_unref(buf);
+  if (!ok && eng->failure_is_settings()) return settings_error(self, why);
   if (!ok && eng->failure_is_fatal()) {
     GST_ELEMENT_ERROR(self, RESOURCE, NO_SPACE_LEFT, ("VAE encoder ran out of memory"),
                       ("%s; lower chunk-frames, set smaller tile-height/tile-width or use smaller frames",
@@ -237,6 +250,23 @@ static GstFlowReturn gst_vae_encoder_chain(GstPad *, GstObject *parent, GstBuffe
   }
   if (eng->clip_complete()) return finish_clip(self);
   return GST_FLOW_OK;
+}
+
+// Nothing may unwind into GStreamer's C frames (std::terminate): an exception the engine did
+// not turn into a reason (bad_alloc outside an encode, say) is an element error.
+static GstFlowReturn gst_vae_encoder_chain(GstPad *, GstObject *parent, GstBuffer *buf) {
+  auto *self = GST_VAE_ENCODER(parent);
+  std::string what;
+  try {
+    return chain(self, buf);
+  } catch (const std::exception &e) {
+    what = first_line(e.what());
+  } catch (...) {
+    what = "unknown exception";
+  }
+  GST_ELEMENT_ERROR(self, STREAM, FAILED, ("VAE encoder failed: %s", what.c_str()), (nullptr));
+  clear_clip(self);
+  return GST_FLOW_ERROR;
 }
 
 static gboolean set_sink_caps(GstVaeEncoder *self, GstCaps *caps) {
@@ -366,9 +396,18 @@ static gboolean load_engine(GstVaeEncoder *self) {
   o.dtype = self->dtype ? self->dtype : "";
   GST_OBJECT_UNLOCK(self);
   // Test hook: pretend tiles over N pixels run out of memory (exercises the retry on CPU).
-  if (const char *fake = std::getenv("VIDEOTRAIN_VAEENCODER_FAKE_OOM_PIXELS")) o.fake_oom_pixels = atoll(fake);
+  // (g_ascii_strtoll: atoll is undefined out of range.)
+  if (const char *fake = std::getenv("VIDEOTRAIN_VAEENCODER_FAKE_OOM_PIXELS"))
+    o.fake_oom_pixels = g_ascii_strtoll(fake, nullptr, 10);
   std::string error;
-  auto eng = VaeEngine::create(o, &error);
+  std::unique_ptr<VaeEngine> eng;
+  try {  // create() reports its own failures; nothing may unwind into GStreamer
+    eng = VaeEngine::create(o, &error);
+  } catch (const std::exception &e) {
+    error = first_line(e.what());
+  } catch (...) {
+    error = "unknown exception";
+  }
   if (!eng) {
     GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Could not set up the VAE encoder"), ("%s", error.c_str()));
     return FALSE;
@@ -548,8 +587,9 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
       element_class, "VAE encoder", "Filter/Encoder/Video",
       "Encodes each clip of RGB frames into one latent tensor with a CogVideoX causal 3D VAE (temporal chunks "
       "with a causal-convolution cache, optional spatial tiles) or a TorchScript encoder. With a CogVideoX VAE, "
-      "clips need 1 + 4n frames (temporal compression 4) and frame sizes divisible by 8; other clips are dropped "
-      "with a vaeencoder-dropped message",
+      "clips need 1 + 4n frames (temporal compression 4) and frame sizes divisible by 8, else the element errors "
+      "naming the setting; a clip that cannot be encoded for its own reasons is dropped with a vaeencoder-dropped "
+      "message",
       "gst-videotrain");
   gst_element_class_add_static_pad_template(element_class, &sink_template);
   GstCaps *src_caps = tensor_caps_template("latents");

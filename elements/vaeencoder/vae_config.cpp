@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -26,6 +27,31 @@ std::string shape_str(const std::vector<int64_t> &shape) {
   return s + "]";
 }
 
+namespace {
+
+// A JSON number as an int: integers (or integral floats such as 3.0) that fit, else false.
+// nlohmann's get<int>() casts 1e30 to int, which is undefined behaviour.
+bool json_int(const json &v, int *out) {
+  if (v.is_number_integer()) {
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(INT_MAX)
+                               : v.get<int64_t>() < INT_MIN || v.get<int64_t>() > INT_MAX)
+      return false;
+    *out = static_cast<int>(v.get<int64_t>());
+    return true;
+  }
+  if (!v.is_number_float()) return false;
+  const double d = v.get<double>();
+  if (!(std::floor(d) == d && d >= INT_MIN && d <= INT_MAX)) return false;  // NaN fails too
+  *out = static_cast<int>(d);
+  return true;
+}
+
+std::string int_error(const char *key, const json &v) {
+  return std::string("'") + key + "' must be an integer that fits 32 bits, not " + v.dump();
+}
+
+}  // namespace
+
 bool parse_vae_config(const std::string &text, VaeConfig *out, std::string *error) {
   json j;
   try {
@@ -38,30 +64,36 @@ bool parse_vae_config(const std::string &text, VaeConfig *out, std::string *erro
     if (error) *error = "not a JSON object";
     return false;
   }
+  auto fail = [&](const std::string &why) {
+    if (error) *error = why;
+    return false;
+  };
   VaeConfig c;
   try {
     auto get = [&](const char *key, auto &dst) {
       if (j.contains(key) && !j[key].is_null()) dst = j[key].get<std::decay_t<decltype(dst)>>();
     };
     get("_class_name", c.class_name);
-    get("in_channels", c.in_channels);
-    get("latent_channels", c.latent_channels);
-    get("layers_per_block", c.layers_per_block);
     get("act_fn", c.act_fn);
     get("norm_eps", c.norm_eps);
-    get("norm_num_groups", c.norm_num_groups);
-    get("temporal_compression_ratio", c.temporal_compression_ratio);
     get("scaling_factor", c.scaling_factor);
     get("use_quant_conv", c.use_quant_conv);
-    if (!j.contains("block_out_channels") || !j.contains("down_block_types")) {
-      if (error) *error = "missing 'block_out_channels' or 'down_block_types'";
-      return false;
+    for (auto [key, dst] : {std::pair{"in_channels", &c.in_channels}, std::pair{"latent_channels", &c.latent_channels},
+                            std::pair{"layers_per_block", &c.layers_per_block},
+                            std::pair{"norm_num_groups", &c.norm_num_groups},
+                            std::pair{"temporal_compression_ratio", &c.temporal_compression_ratio}})
+      if (j.contains(key) && !j[key].is_null() && !json_int(j[key], dst)) return fail(int_error(key, j[key]));
+    if (!j.contains("block_out_channels") || !j.contains("down_block_types"))
+      return fail("missing 'block_out_channels' or 'down_block_types'");
+    const json &ch = j.at("block_out_channels");
+    if (!ch.is_array()) return fail("'block_out_channels' is not a list");
+    for (const auto &v : ch) {
+      c.block_out_channels.push_back(0);
+      if (!json_int(v, &c.block_out_channels.back())) return fail(int_error("block_out_channels", v));
     }
-    c.block_out_channels = j.at("block_out_channels").get<std::vector<int>>();
     c.down_block_types = j.at("down_block_types").get<std::vector<std::string>>();
   } catch (const std::exception &e) {
-    if (error) *error = std::string("unexpected value type: ") + e.what();
-    return false;
+    return fail(std::string("unexpected value type: ") + e.what());
   }
   *out = c;
   return true;
@@ -122,22 +154,35 @@ std::string check_supported(const VaeConfig &c) {
     if (c.down_block_types[i] != "CogVideoXDownBlock3D")
       return "down_block_types[" + std::to_string(i) + "] is '" + c.down_block_types[i] +
              "', only CogVideoXDownBlock3D is supported";
-  if (c.norm_num_groups < 1) return "norm_num_groups must be at least 1";
+  // Upper bounds keep the tensor table (and 1 << blocks) finite: the largest published
+  // CogVideoX VAEs have 4 blocks of at most 512 channels and 3 layers.
+  if (c.block_out_channels.size() > kMaxBlocks)
+    return "block_out_channels has " + std::to_string(c.block_out_channels.size()) + " entries, at most " +
+           std::to_string(kMaxBlocks) + " are supported";
+  if (c.norm_num_groups < 1 || c.norm_num_groups > kMaxChannels)
+    return "norm_num_groups = " + std::to_string(c.norm_num_groups) + " is not in [1, " +
+           std::to_string(kMaxChannels) + "]";
   for (size_t i = 0; i < c.block_out_channels.size(); i++) {
     int ch = c.block_out_channels[i];
-    if (ch < 1 || ch % c.norm_num_groups != 0)
+    if (ch < 1 || ch > kMaxChannels || ch % c.norm_num_groups != 0)
       return "block_out_channels[" + std::to_string(i) + "] = " + std::to_string(ch) +
-             " is not a positive multiple of norm_num_groups = " + std::to_string(c.norm_num_groups);
+             " is not a positive multiple of norm_num_groups = " + std::to_string(c.norm_num_groups) +
+             " up to " + std::to_string(kMaxChannels);
   }
-  if (c.latent_channels < 1) return "latent_channels must be at least 1";
-  if (c.layers_per_block < 1) return "layers_per_block must be at least 1";
+  if (c.latent_channels < 1 || c.latent_channels > kMaxChannels)
+    return "latent_channels = " + std::to_string(c.latent_channels) + " is not in [1, " +
+           std::to_string(kMaxChannels) + "]";
+  if (c.layers_per_block < 1 || c.layers_per_block > kMaxLayersPerBlock)
+    return "layers_per_block = " + std::to_string(c.layers_per_block) + " is not in [1, " +
+           std::to_string(kMaxLayersPerBlock) + "]";
   if (c.act_fn != "silu" && c.act_fn != "swish") return "act_fn '" + c.act_fn + "' is not supported (silu only)";
   int r = c.temporal_compression_ratio;
   if (r < 1 || (r & (r - 1)) != 0) return "temporal_compression_ratio " + std::to_string(r) + " is not a power of two";
   if (c.temporal_levels() > c.num_blocks() - 1)
     return "temporal_compression_ratio " + std::to_string(r) + " needs " + std::to_string(c.temporal_levels()) +
            " downsampling blocks, the config has " + std::to_string(c.num_blocks() - 1);
-  if (!(c.norm_eps > 0)) return "norm_eps must be positive";
+  if (!(c.norm_eps > 0) || !std::isfinite(c.norm_eps)) return "norm_eps must be positive and finite";
+  if (!std::isfinite(c.scaling_factor)) return "scaling_factor must be finite";
   return "";
 }
 

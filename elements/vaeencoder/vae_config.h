@@ -29,6 +29,12 @@ struct VaeConfig {
   int temporal_levels() const;  // log2(temporal_compression_ratio)
 };
 
+// Limits of check_supported(): generous for real VAEs, and keeping what a config implies
+// (tensor count, 1 << blocks) bounded.
+constexpr size_t kMaxBlocks = 16;
+constexpr int kMaxChannels = 65536;
+constexpr int kMaxLayersPerBlock = 64;
+
 // Parses config.json text. False with a reason for malformed JSON or missing keys.
 bool parse_vae_config(const std::string &json_text, VaeConfig *out, std::string *error);
 bool load_vae_config(const std::string &path, VaeConfig *out, std::string *error);

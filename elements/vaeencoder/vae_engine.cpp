@@ -13,6 +13,7 @@
 #include "cogvideox_encoder.h"
 #include "cpu_heap.h"
 #include "dist_env.h"
+#include "first_line.h"
 #include "jit_load.h"
 #include "tensor_buffer.h"
 #include "vae_engine_tensors.h"
@@ -230,6 +231,21 @@ struct VaeEngine::Impl {
   std::function<void(const std::string &)> warn;
   int64_t chunks_encoded = 0, oom_retries = 0, peak_frames = 0;
   bool fatal = false;  // the last failure was out of memory at the smallest tiles
+  bool settings_failure = false;  // the last failure would recur on every clip
+  int64_t clips_done = 0;
+
+  // A failure to encode: before any clip succeeded it comes from the model or the settings
+  // (a TorchScript model that throws on the first clip throws on all), not from the clip.
+  std::string encode_failure(const std::string &what, const std::exception &e) {
+    std::string why = what + " failed: " + error_message(e.what());
+    if (clips_done > 0) return why;
+    settings_failure = true;
+    why = "the encoder failed on the first clip, so it would fail on every clip: " + why;
+    if (!native && !opts.per_frame)
+      why += " (the TorchScript encode method gets the clip as [1, 3, T, H, W]; an image encoder taking "
+             "[N, 3, H, W] needs per-frame=true)";
+    return why;
+  }
   Clip clip;
 
   std::string clip_name(const Clip &c) const {
@@ -512,6 +528,7 @@ int64_t VaeEngine::chunks_encoded() const { return impl_->chunks_encoded; }
 int64_t VaeEngine::oom_retries() const { return impl_->oom_retries; }
 int64_t VaeEngine::peak_frames_held() const { return impl_->peak_frames; }
 bool VaeEngine::failure_is_fatal() const { return impl_->fatal; }
+bool VaeEngine::failure_is_settings() const { return impl_->settings_failure; }
 bool VaeEngine::in_clip() const { return impl_->clip.active; }
 int VaeEngine::frames_received() const { return impl_->clip.received; }
 int VaeEngine::frames_expected() const { return impl_->clip.T; }
@@ -520,14 +537,20 @@ bool VaeEngine::clip_complete() const { return impl_->clip.active && impl_->clip
 std::string VaeEngine::check_clip(int T, int W, int H) const {
   const Impl &im = *impl_;
   if (T < 1) return "clip has no frames";
+  // csvvideosrc's num-frames goes up to 100000; a clip meta claiming more is not honoured
+  // (the engine keeps a slot per frame).
+  if (T > 100000) return "clips of " + std::to_string(T) + " frames are longer than the 100000 the encoder takes";
   if (W < 1 || H < 1) return "frames are empty";
   if (im.native) {
-    if (!im.opts.allow_any_length && (T - 1) % im.tcomp != 0)
-      return "clip has " + std::to_string(T) + " frames; the VAE's temporal compression " + std::to_string(im.tcomp) +
-             " needs 1 + " + std::to_string(im.tcomp) + "n frames (e.g. " + std::to_string(1 + 12 * im.tcomp) + ")";
+    if (!im.opts.allow_any_length && (T - 1) % im.tcomp != 0) {
+      const int tc = im.tcomp, below = T - (T - 1) % tc;
+      return "num-frames=" + std::to_string(T) + " gives clips of " + std::to_string(T) +
+             " frames; the CogVideoX VAE (temporal compression " + std::to_string(tc) + ") needs 1 + " +
+             std::to_string(tc) + "n frames: use " + std::to_string(below) + " or " + std::to_string(below + tc);
+    }
     if (W % im.scomp != 0 || H % im.scomp != 0)
       return "frames are " + std::to_string(W) + "x" + std::to_string(H) + "; the VAE needs width and height " +
-             "divisible by its spatial compression " + std::to_string(im.scomp);
+             "divisible by its spatial compression " + std::to_string(im.scomp) + " (set the source's width and height)";
     // Tiles that do not stride by what they keep would give another shape than the untiled encode.
     TilePlan p = plan_tiles(H, W, im.opts.tile_height, im.opts.tile_width, im.opts.tile_overlap_height,
                             im.opts.tile_overlap_width, im.scomp);
@@ -551,6 +574,7 @@ bool VaeEngine::begin_clip(uint64_t sample_id, int T, int W, int H, std::string 
   Impl &im = *impl_;
   abort_clip();
   std::string bad = check_clip(T, W, H);
+  im.settings_failure = !bad.empty();  // the clip's geometry comes from the source's settings
   if (!bad.empty()) {
     if (why) *why = bad;
     return false;
@@ -564,6 +588,7 @@ bool VaeEngine::begin_clip(uint64_t sample_id, int T, int W, int H, std::string 
 
 bool VaeEngine::push_frame(const uint8_t *rgb, size_t stride, std::string *why) {
   Impl &im = *impl_;
+  im.settings_failure = false;
   Clip &c = im.clip;
   if (!c.active) {
     if (why) *why = "frame outside a clip";
@@ -589,8 +614,7 @@ bool VaeEngine::push_frame(const uint8_t *rgb, size_t stride, std::string *why) 
     abort_clip();
     return false;
   } catch (const std::exception &e) {
-    std::string w = e.what();
-    if (why) *why = "encoding " + im.clip_name(c) + " failed: " + w.substr(0, w.find('\n'));
+    if (why) *why = im.encode_failure("encoding " + im.clip_name(c), e);
     abort_clip();
     return false;
   }
@@ -599,6 +623,7 @@ bool VaeEngine::push_frame(const uint8_t *rgb, size_t stride, std::string *why) 
 
 GstBuffer *VaeEngine::finish_clip(std::string *why) {
   Impl &im = *impl_;
+  im.settings_failure = false;
   Clip &c = im.clip;
   if (!c.active || c.received != c.T || c.next_chunk != c.chunks.size()) {
     if (why) *why = "clip is incomplete (" + std::to_string(c.received) + " of " + std::to_string(c.T) + " frames)";
@@ -616,9 +641,9 @@ GstBuffer *VaeEngine::finish_clip(std::string *why) {
     at::NoGradGuard ng;
     at::Tensor lat = im.latent(raw, c.sample_id, at::Tensor()).to(im.dtype).contiguous();
     buf = buffer_from_tensor(lat);
+    im.clips_done++;
   } catch (const std::exception &e) {
-    std::string w = e.what();
-    if (why) *why = "finishing " + im.clip_name(c) + " failed: " + w.substr(0, w.find('\n'));
+    if (why) *why = im.encode_failure("finishing " + im.clip_name(c), e);
   }
   abort_clip();
   return buf;

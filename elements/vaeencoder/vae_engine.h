@@ -68,6 +68,11 @@ class VaeEngine {
   // After a false push_frame(): the device ran out of memory even with the smallest tiles
   // (or the clip could not be retried), so later clips would fail the same way.
   bool failure_is_fatal() const;
+  // After a false begin_clip(), push_frame() or finish_clip(): the failure comes from the
+  // settings (a clip length or frame size the VAE cannot use, from the source's properties)
+  // or the model (it failed on the first clip), not from this clip's data, so every clip
+  // would fail the same way; *why names what to change.
+  bool failure_is_settings() const;
   bool in_clip() const;
   int frames_received() const;
   int frames_expected() const;

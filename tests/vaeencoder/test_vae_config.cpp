@@ -82,6 +82,63 @@ TEST(VaeConfig, UnsupportedConfigsAreNamed) {
   EXPECT_NE(err.find("block_out_channels"), std::string::npos);
 }
 
+// Numbers out of range are refused with the key named, never cast (undefined behaviour)
+// or let through to grow the tensor table without bound.
+TEST(VaeConfig, NumbersOutOfRangeAreRefused) {
+  std::string tiny = vae_config_to_json(tiny_config());
+  auto with = [&](const std::string &from, const std::string &to) {
+    std::string t = tiny;
+    size_t at = t.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return at == std::string::npos ? t : t.replace(at, from.size(), to);
+  };
+  VaeConfig c;
+  std::string err;
+  EXPECT_FALSE(parse_vae_config(with("\"layers_per_block\": 1", "\"layers_per_block\": 1e30"), &c, &err));
+  EXPECT_NE(err.find("'layers_per_block' must be an integer"), std::string::npos) << err;
+  EXPECT_FALSE(parse_vae_config(with("\"in_channels\": 3", "\"in_channels\": 4294967299"), &c, &err));
+  EXPECT_NE(err.find("'in_channels'"), std::string::npos) << err;
+  EXPECT_FALSE(parse_vae_config(with("32,\n    32\n", "32,\n    -1e30\n"), &c, &err)) << err;
+  EXPECT_NE(err.find("'block_out_channels'"), std::string::npos) << err;
+  ASSERT_TRUE(parse_vae_config(with("\"layers_per_block\": 1", "\"layers_per_block\": 1e9"), &c, &err)) << err;
+  EXPECT_NE(check_supported(c).find("layers_per_block = 1000000000 is not in [1, 64]"), std::string::npos)
+      << check_supported(c);
+  ASSERT_TRUE(parse_vae_config(with("\"layers_per_block\": 1", "\"layers_per_block\": 2.0"), &c, &err)) << err;
+  EXPECT_EQ(c.layers_per_block, 2);
+  c = tiny_config();
+  c.block_out_channels.assign(40, 4);
+  c.down_block_types.assign(40, "CogVideoXDownBlock3D");
+  EXPECT_NE(check_supported(c).find("at most 16"), std::string::npos) << check_supported(c);
+}
+
+// A shape whose byte count wraps around 2^64 does not pass for the 0 bytes it holds; shape
+// entries and offsets that are not non-negative integers are refused.
+TEST(Safetensors, ShapesAndOffsetsAreCheckedForRangeAndOverflow) {
+  vttest::TempDir dir;
+  auto file = [&](const std::string &header) {
+    std::string len(8, '\0');
+    for (int i = 0; i < 8; i++) len[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    vttest::write_file(dir.file("x"), len + header + std::string(4, '\0'));
+    std::string err;
+    EXPECT_FALSE(SafetensorsFile::open(dir.file("x"), &err)) << header;
+    return err;
+  };
+  std::string err = file(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})");
+  EXPECT_NE(err.find("needs more than 2^64"), std::string::npos) << err;
+  err = file(R"({"w":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})");
+  EXPECT_NE(err.find("needs more than 2^64"), std::string::npos) << err;
+  err = file(R"({"w":{"dtype":"U8","shape":[1e30],"data_offsets":[0,4]}})");
+  EXPECT_NE(err.find("shape entry"), std::string::npos) << err;
+  err = file(R"({"w":{"dtype":"U8","shape":[4],"data_offsets":[0,1e30]}})");
+  EXPECT_NE(err.find("data_offsets"), std::string::npos) << err;
+  err = file(R"({"w":{"dtype":"U8","shape":[4],"data_offsets":[-1,3]}})");
+  EXPECT_NE(err.find("data_offsets"), std::string::npos) << err;
+  err = file(R"({"__metadata__":{"k":[[[]]]}})");
+  EXPECT_NE(err.find("not a string"), std::string::npos) << err;
+  std::string e2;
+  EXPECT_FALSE(write_safetensors(dir.file("y"), {{"w", "F32", {int64_t(1) << 32, int64_t(1) << 32}, {}}}, {}, &e2));
+}
+
 TEST(Safetensors, WriteReadRoundTripWithMetadata) {
   vttest::TempDir dir;
   std::vector<SafetensorsOutTensor> ts(3);

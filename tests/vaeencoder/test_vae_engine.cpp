@@ -348,7 +348,11 @@ TEST_F(TinyVae, UnusableClipsAreRefusedAndTheEngineGoesOn) {
   EXPECT_FALSE(eng->begin_clip(1, 10, 16, 16, &why));
   EXPECT_NE(why.find("10 frames"), std::string::npos) << why;
   EXPECT_NE(why.find("1 + 4n"), std::string::npos) << why;
+  EXPECT_NE(why.find("use 9 or 13"), std::string::npos) << why;
+  EXPECT_TRUE(eng->failure_is_settings()) << "the clip length comes from the source's num-frames";
   EXPECT_FALSE(eng->begin_clip(1, 0, 16, 16, &why));
+  EXPECT_FALSE(eng->begin_clip(1, 2147483645, 16, 16, &why)) << "1 + 4n, but no slot per frame for 2^31 frames";
+  EXPECT_NE(why.find("longer than"), std::string::npos) << why;
   EXPECT_FALSE(eng->begin_clip(1, 9, 20, 16, &why));
   EXPECT_NE(why.find("divisible"), std::string::npos) << why;
   // A clip abandoned midway leaves the engine ready for the next.
@@ -358,6 +362,7 @@ TEST_F(TinyVae, UnusableClipsAreRefusedAndTheEngineGoesOn) {
   ASSERT_TRUE(eng->push_frame(f0.data_ptr<uint8_t>(), 48, &why));
   EXPECT_EQ(eng->finish_clip(&why), nullptr);
   EXPECT_NE(why.find("incomplete"), std::string::npos);
+  EXPECT_FALSE(eng->failure_is_settings()) << "a clip cut short is this clip's problem";
   EXPECT_FALSE(eng->in_clip());
   EXPECT_TRUE(stream(*eng, u8, 2).defined());
   EXPECT_FALSE(eng->push_frame(f0.data_ptr<uint8_t>(), 48, &why)) << "a frame outside a clip";

@@ -1,0 +1,114 @@
+"""Element error paths in a Python app that imported torch before GStreamer (as training
+apps do). torch's import puts libunwind.so.8 in the global symbol scope; the plugin once
+unwound its exceptions with it and the whole process aborted instead of posting an error.
+Each pipeline must post an element error from the named element; the process must exit 0."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+import torch  # first, on purpose
+
+import gi
+
+gi.require_version("Gst", "1.0")
+from gi.repository import Gst
+
+Gst.init(None)
+tmp = tempfile.mkdtemp(prefix="torch-first-")
+ref = os.path.join(os.environ["VIDEOTRAIN_REFERENCE_DIR"], "cogvideox_vae", "tiny_a")
+
+
+def vae_folder(name, edit_config=None, safetensors=None):
+    d = os.path.join(tmp, name)
+    os.makedirs(d)
+    cfg = json.load(open(os.path.join(ref, "config.json")))
+    if edit_config:
+        edit_config(cfg)
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    st = os.path.join(d, "diffusion_pytorch_model.safetensors")
+    if safetensors is None:
+        shutil.copy(os.path.join(ref, "diffusion_pytorch_model.safetensors"), st)
+    else:
+        open(st, "wb").write(safetensors)
+    return d
+
+
+def write(name, data):
+    p = os.path.join(tmp, name)
+    open(p, "wb").write(data)
+    return p
+
+
+frames = "videotestsrc num-buffers=1 ! video/x-raw,format=RGB,width=16,height=16,framerate=8/1 ! "
+tensors = "appsrc caps=application/x-videotrain-tensor,content=micro-batch,dtype=float32,device=cpu ! "
+no_block_channels = vae_folder("no-block-out-channels", lambda c: c.pop("block_out_channels"))
+header = json.dumps({"w": {"dtype": "F32", "shape": [2**32, 2**32], "data_offsets": [0, 0]}}).encode()
+broken_safetensors = vae_folder("broken-safetensors", safetensors=struct.pack("<Q", len(header)) + header)
+not_torchscript = write("not-torchscript.pt", b"PK\x03\x04 this is no zip archive")
+no_path_column = write("no-path-column.csv", b"name,text\na.mp4,a cat\n")
+
+
+class Image(torch.nn.Module):  # a 2D encoder: conv2d throws on [1, 3, T, H, W] inside libtorch
+    @torch.jit.export
+    def encode(self, x):
+        return torch.nn.functional.conv2d(x, torch.ones(4, 3, 8, 8), stride=8)
+
+
+image_encoder = os.path.join(tmp, "image.pt")
+torch.jit.script(Image()).save(image_encoder)
+video = Gst.parse_launch("videotestsrc num-buffers=10 ! video/x-raw,width=32,height=32,framerate=10/1 ! "
+                         f"vp8enc ! webmmux ! filesink location={tmp}/a.webm")
+video.set_state(Gst.State.PLAYING)
+video.get_bus().timed_pop_filtered(60 * Gst.SECOND, Gst.MessageType.ERROR | Gst.MessageType.EOS)
+video.set_state(Gst.State.NULL)
+manifest = write("videos.csv", b"path,text\na.webm,test pattern\n")
+cases = [
+    ("vaeencoder without block_out_channels", "vaeencoder", "block_out_channels",
+     frames + f"vaeencoder name=vaeencoder model={no_block_channels} ! fakesink"),
+    ("vaeencoder with a broken safetensors", "vaeencoder", "needs more than 2^64",
+     frames + f"vaeencoder name=vaeencoder model={broken_safetensors} ! fakesink"),
+    ("vaeencoder with a file that is not TorchScript", "vaeencoder", "not-torchscript.pt",
+     frames + f"vaeencoder name=vaeencoder model={not_torchscript} ! fakesink"),
+    ("vaeencoder with a 2D TorchScript encoder (it throws in the streaming thread)", "vaeencoder", "conv2d",
+     f"csvvideosrc location={manifest} num-epochs=0 num-frames=9 width=16 height=16 ! "
+     f"vaeencoder name=vaeencoder model={image_encoder} ! fakesink"),
+    ("csvvideosrc with a missing manifest", "csvvideosrc", "does-not-exist.csv",
+     f"csvvideosrc name=csvvideosrc location={tmp}/does-not-exist.csv ! fakesink"),
+    ("csvvideosrc with a manifest without a path column", "csvvideosrc", "path column",
+     f"csvvideosrc name=csvvideosrc location={no_path_column} ! fakesink"),
+    ("ddptrainsink with a missing model", "ddptrainsink", "/nonexistent/model.pt",
+     tensors + "ddptrainsink name=ddptrainsink rank=0 world-size=1 model=/nonexistent/model.pt"),
+    ("ddptrainsink with a file that is not TorchScript", "ddptrainsink", "not-torchscript.pt",
+     tensors + f"ddptrainsink name=ddptrainsink rank=0 world-size=1 model={not_torchscript}"),
+    ("ddpvalsink with a trainer that does not exist", "ddpvalsink", "no-such-trainer",
+     tensors + "ddpvalsink name=ddpvalsink trainer=no-such-trainer"),
+]
+
+failures = 0
+for title, element, wanted, desc in cases:
+    pipe = Gst.parse_launch(desc)
+    pipe.set_state(Gst.State.PLAYING)
+    msg = pipe.get_bus().timed_pop_filtered(60 * Gst.SECOND, Gst.MessageType.ERROR | Gst.MessageType.EOS)
+    text = ""
+    if msg and msg.type == Gst.MessageType.ERROR:
+        err, dbg = msg.parse_error()
+        text = f"{msg.src.get_name()}: {err.message} | {dbg}"
+    ok = msg is not None and msg.type == Gst.MessageType.ERROR and msg.src.get_name() == element and wanted in text
+    print(f"{'ok' if ok else 'FAIL'}: {title}: {text or (msg.type if msg else 'no message in 60 s')}", flush=True)
+    failures += not ok
+    pipe.set_state(Gst.State.NULL)
+# The same throw in gst-launch-1.0 (no torch, libgstreamer's libunwind.so.8 first in scope).
+launch = subprocess.run(["gst-launch-1.0", "csvvideosrc", f"location={manifest}", "num-frames=9", "width=16",
+                         "height=16", "!", "vaeencoder", f"model={image_encoder}", "!", "fakesink"],
+                        capture_output=True, text=True, timeout=120)
+ok = launch.returncode == 1 and "conv2d" in launch.stdout + launch.stderr
+print(f"{'ok' if ok else 'FAIL'}: gst-launch-1.0 with a 2D TorchScript encoder exits {launch.returncode}", flush=True)
+failures += not ok
+cases.append("gst-launch-1.0")
+shutil.rmtree(tmp)
+print(f"{len(cases) - failures} of {len(cases)} error paths posted their element error")
+sys.exit(1 if failures else 0)
