@@ -171,6 +171,10 @@ struct TrainerEngine::Impl {
   }
 
   bool resolve();
+  std::vector<std::string> param_names;  // of params
+  // The model and optimizer on this rank (no collective); build_model() then broadcasts
+  // rank 0's weights and sets up the reducer.
+  void construct_model(int ch);
   void build_model(int ch);
   double lr_at(uint64_t step) const;
   double grad_norm() const;
@@ -182,7 +186,10 @@ struct TrainerEngine::Impl {
   void write_checkpoint();
   bool all_steps_skipped() const { return steps_run > 0 && steps_applied == 0; }
   std::string all_skipped_text() const;
-  void load_checkpoint();
+  // Loads `c` into the model (built as needed): "" when its weights and optimizer state
+  // are finite, else why it cannot be used. Throws when a verified one does not load.
+  std::string load_checkpoint(const FoundCheckpoint &c);
+  std::string first_non_finite_optimizer();  // "exp_avg_sq of NAME", or ""
   void find_checkpoint();
   void agree_resume_step();
   void report(const StepReport &r);
@@ -267,27 +274,34 @@ double TrainerEngine::Impl::lr_at(uint64_t step) const {
   return base * (1.0 - p);
 }
 
-void TrainerEngine::Impl::build_model(int ch) {
+void TrainerEngine::Impl::construct_model(int ch) {
   channels = ch;
   std::unique_lock<std::mutex> rng(default_rng_mutex());  // see default_rng.h
   torch::manual_seed(cfg.seed);  // the same initial weights on every rank (and broadcast anyway)
   auto m = make_model(cfg.model, ch, device);
   rng.unlock();
   std::vector<at::Tensor> ps;
+  std::vector<std::string> names;
   for (auto &[name, p] : m->named_parameters())
-    if (p.requires_grad()) ps.push_back(p);
+    if (p.requires_grad()) {
+      ps.push_back(p);
+      names.push_back(name);
+    }
   if (ps.empty()) throw std::runtime_error("model " + cfg.model + " has no trainable parameters");
   auto o = torch::optim::AdamWOptions(cfg.lr)
                .betas(std::make_tuple(cfg.beta1, cfg.beta2))
                .eps(cfg.eps)
                .weight_decay(cfg.weight_decay);
-  {
-    std::lock_guard<std::mutex> lock(state_mu);
-    model = std::move(m);
-    params = ps;
-    opt = std::make_unique<torch::optim::AdamW>(params, o);
-  }
-  if (resumed) load_checkpoint();
+  std::lock_guard<std::mutex> lock(state_mu);
+  model = std::move(m);
+  params = ps;
+  param_names = names;
+  opt = std::make_unique<torch::optim::AdamW>(params, o);
+}
+
+void TrainerEngine::Impl::build_model(int ch) {
+  // A resumed model was built and loaded by find_checkpoint().
+  if (!model) construct_model(ch);
   if (group) {
     // Rank 0's weights everywhere (TorchScript files may differ per host; random inits).
     torch::NoGradGuard ng;
@@ -309,17 +323,64 @@ void TrainerEngine::Impl::build_model(int ch) {
   notify(built);
 }
 
-void TrainerEngine::Impl::load_checkpoint() {
-  const auto &c = resume_from;
+std::string TrainerEngine::Impl::load_checkpoint(const FoundCheckpoint &c) {
+  // Local only (no collective): ranks agree on the step found afterwards.
+  const int ch = cfg.latent_channels > 0 ? cfg.latent_channels : c.state.value("latent_channels", 0);
   try {
+    if (!model || ch != channels) construct_model(ch);
     std::lock_guard<std::mutex> lock(state_mu);
     model->load(c.dir);
     torch::load(*opt, c.dir + "/optimizer.pt", device);
-    steps_done = c.step;
-    last_ckpt_step = c.step;
   } catch (const std::exception &e) {
-    throw std::runtime_error("cannot resume from checkpoint '" + c.dir + "': " + first_line(e.what()));
+    // Files that verified and still do not load are this run's problem (another model):
+    // an error. A legacy checkpoint's files were never checked: damaged, try an older one.
+    if (!c.legacy) throw std::runtime_error("cannot resume from checkpoint '" + c.dir + "': " + first_line(e.what()));
+    return "it cannot be loaded (" + first_line(e.what()) + ")";
   }
+  // Checksums say the bytes are those written, not that they are numbers: a checkpoint
+  // with NaN/Inf would make every step after the resume non-finite.
+  if (std::string bad = first_non_finite(*model); !bad.empty()) return "its weights hold NaN/Inf (first: " + bad + ")";
+  if (std::string bad = first_non_finite_optimizer(); !bad.empty())
+    return "its optimizer state holds NaN/Inf (first: " + bad + ")";
+  return "";
+}
+
+template <class Key>
+static Key optimizer_state_key(const at::Tensor &p) {
+  // LibTorch 1.x keys the state by the printed TensorImpl address, 2.x by the address.
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << p.unsafeGetTensorImpl();
+    return s.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+std::string TrainerEngine::Impl::first_non_finite_optimizer() {
+  using Key = typename std::decay_t<decltype(opt->state())>::key_type;
+  std::vector<at::Tensor> flags;
+  std::vector<std::string> names;
+  std::lock_guard<std::mutex> lock(state_mu);
+  auto &state = opt->state();
+  for (size_t i = 0; i < params.size(); i++) {
+    auto it = state.find(optimizer_state_key<Key>(params[i]));
+    if (it == state.end()) continue;
+    auto *s = dynamic_cast<torch::optim::AdamWParamState *>(it->second.get());
+    if (!s) continue;
+    const std::pair<const char *, at::Tensor> ts[] = {
+        {"exp_avg", s->exp_avg()}, {"exp_avg_sq", s->exp_avg_sq()}, {"max_exp_avg_sq", s->max_exp_avg_sq()}};
+    for (const auto &[what, t] : ts)
+      if (t.defined() && t.is_floating_point()) {
+        flags.push_back(t.detach().isfinite().logical_not().any().reshape({1}));
+        names.push_back(std::string(what) + " of " + param_names[i]);
+      }
+  }
+  if (flags.empty()) return "";
+  const auto f = at::cat(flags).to(at::kCPU);
+  for (size_t i = 0; i < names.size(); i++)
+    if (f.data_ptr<bool>()[i]) return names[i];
+  return "";
 }
 
 double TrainerEngine::Impl::grad_norm() const {
@@ -549,7 +610,11 @@ void TrainerEngine::Impl::find_checkpoint() {
   run.lr_schedule = cfg.lr_schedule;
   run.max_steps = cfg.max_steps;
   run.warmup_steps = cfg.warmup_steps;
-  if (!find_resume(*store, run, &resume_from, &rp.epoch, &rp.clip, [this](const std::string &t) { warn(t); })) return;
+  if (!find_resume(
+          *store, run, &resume_from, &rp.epoch, &rp.clip, [this](const std::string &t) { warn(t); },
+          [this](const FoundCheckpoint &c) { return load_checkpoint(c); }))
+    return;  // no step- folder at all: nothing was loaded
+  last_ckpt_step = resume_from.step;
   resumed = true;
   rp.step = resume_from.step;
   steps_done = resume_from.step;

@@ -1,6 +1,7 @@
 /* Failures that used to hang or lose work, on one rank: checkpoints that do not verify
- * (NaN bytes, truncation, a half-deleted folder) are skipped at resume for the previous
- * good one; pruning keeps the last verified checkpoint; non-finite weights are never
+ * (NaN bytes, truncation, a half-deleted folder) or that load NaN/Inf weights or optimizer
+ * state are skipped at resume for the previous good one; checkpoints from before manifests
+ * (legacy) resume with a warning; pruning keeps the last verified checkpoint; non-finite weights are never
  * written; nan-policy=skip is bounded and a run that skipped every step fails; an
  * unwritable checkpoint-dir fails at start; metrics-file's folder is created;
  * checkpoint-interval writes checkpoints by the (injected) clock. */
@@ -8,12 +9,15 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "ddptrainsink/checkpoint_store.h"
 #include "engine_helpers.h"
@@ -64,6 +68,36 @@ void nan_bytes_into(const std::string &path) {
   f.seekp(static_cast<std::streamoff>(8 + header));
   f.write(reinterpret_cast<const char *>(&nan), 4);
   ASSERT_TRUE(f.good());
+}
+
+// What a version before manifests left: no manifest.json, and a trainer.json that does
+// not say a manifest seals the folder (otherwise the same files).
+void make_legacy(const std::string &dir) {
+  ASSERT_TRUE(fs::remove(dir + "/manifest.json"));
+  auto state = nlohmann::json::parse(vttest::read_file(dir + "/trainer.json"));
+  ASSERT_EQ(state.erase("sealed_by"), 1u);
+  vttest::write_file(dir + "/trainer.json", state.dump(2) + "\n");
+}
+
+// Rewrites manifest.json for the files as they are now (damage the checksums cannot see).
+void reseal(const std::string &dir) {
+  auto manifest = nlohmann::json::parse(vttest::read_file(dir + "/manifest.json"));
+  for (auto &[name, entry] : manifest["files"].items()) {
+    const std::string bytes = vttest::read_file(dir + "/" + name);
+    char hex[16];
+    std::snprintf(hex, sizeof(hex), "%08x", crc32_update(0, bytes.data(), bytes.size()));
+    entry["size"] = bytes.size();
+    entry["crc32"] = hex;
+  }
+  vttest::write_file(dir + "/manifest.json", manifest.dump(2) + "\n");
+}
+
+TrainerConfig resume_config(const std::string &root) {
+  auto c = cpu_config("builtin:linear-test");
+  c.checkpoint_dir = root;
+  c.resume = true;
+  c.checkpoint_every = 1;
+  return c;
 }
 
 void nan_batch(TrainerEngine &e, uint64_t step, ProcessResult want) {
@@ -320,4 +354,117 @@ TEST(TrainerEngine, StoppingWithoutEndOfStreamSaysWhatIsNotSaved) {
   const auto w = warnings(e);
   ASSERT_EQ(w.size(), 1u) << joined(w);
   EXPECT_NE(w[0].find("steps 3 to 3 are not in a checkpoint (the last is step-00000002)"), std::string::npos) << w[0];
+}
+
+TEST(TrainerEngine, ALegacyCheckpointWithoutManifestResumesWithAWarning) {
+  vttest::TempDir dir;
+  write_two_checkpoints(dir.path());
+  ASSERT_FALSE(HasFatalFailure());
+  make_legacy(dir.file("step-00000004"));
+  ASSERT_FALSE(HasFatalFailure());
+  std::map<std::string, std::vector<float>> saved;
+  {
+    TrainerEngine e(resume_config(dir.path()));
+    ASSERT_TRUE(e.start()) << e.error();
+    ASSERT_TRUE(e.resumed());
+    EXPECT_EQ(e.resume_point().step, 4u) << "the newest usable checkpoint, legacy or not";
+    const auto w = warnings(e);
+    ASSERT_EQ(w.size(), 1u) << joined(w);
+    EXPECT_NE(w[0].find(dir.file("step-00000004")), std::string::npos) << w[0];
+    EXPECT_NE(w[0].find("cannot be verified"), std::string::npos) << w[0];
+    saved = e.parameters_cpu();
+  }
+  // The weights are those of step 4: a second resume from a verified copy of them agrees.
+  fs::rename(dir.file("step-00000004"), dir.file("legacy-4"));
+  {
+    TrainerEngine e(resume_config(dir.path()));
+    ASSERT_TRUE(e.start()) << e.error();
+    EXPECT_EQ(e.resume_point().step, 2u);
+    EXPECT_GT(max_rel_diff(saved, e.parameters_cpu()), 0.0) << "step 2's weights differ from step 4's";
+  }
+  // A legacy folder that lost a file, or whose trainer.json is gone, is passed over.
+  fs::rename(dir.file("legacy-4"), dir.file("step-00000004"));
+  make_legacy(dir.file("step-00000002"));
+  fs::remove(dir.file("step-00000004/optimizer.pt"));
+  TrainerEngine e(resume_config(dir.path()));
+  ASSERT_TRUE(e.start()) << e.error();
+  EXPECT_EQ(e.resume_point().step, 2u);
+  const auto w = warnings(e);
+  ASSERT_EQ(w.size(), 2u) << joined(w);
+  EXPECT_NE(w[0].find("skipping checkpoint '" + dir.file("step-00000004") + "'"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("optimizer.pt"), std::string::npos) << w[0];
+  EXPECT_NE(w[1].find("cannot be verified"), std::string::npos) << w[1];
+}
+
+TEST(TrainerEngine, ACheckpointWithNonFiniteWeightsIsSkippedLegacyOrVerified) {
+  for (const bool legacy : {true, false}) {
+    SCOPED_TRACE(legacy ? "legacy" : "verified (manifest rewritten after the NaN)");
+    vttest::TempDir dir;
+    write_two_checkpoints(dir.path());
+    ASSERT_FALSE(HasFatalFailure());
+    nan_bytes_into(dir.file("step-00000004/model.safetensors"));  // length unchanged
+    if (legacy) {
+      make_legacy(dir.file("step-00000004"));
+      make_legacy(dir.file("step-00000002"));
+    } else {
+      reseal(dir.file("step-00000004"));
+      ASSERT_TRUE(verifies(dir.file("step-00000004")));
+    }
+    ASSERT_FALSE(HasFatalFailure());
+    TrainerEngine e(resume_config(dir.path()));
+    ASSERT_TRUE(e.start()) << e.error();
+    ASSERT_TRUE(e.resumed());
+    EXPECT_EQ(e.resume_point().step, 2u);
+    const auto w = warnings(e);
+    ASSERT_EQ(w.size(), legacy ? 2u : 1u) << joined(w);
+    EXPECT_NE(w[0].find("skipping checkpoint '" + dir.file("step-00000004") + "'"), std::string::npos) << w[0];
+    EXPECT_NE(w[0].find("weights hold NaN/Inf (first: "), std::string::npos) << w[0];
+    if (legacy) EXPECT_NE(w[1].find(dir.file("step-00000002") + "' has no manifest.json"), std::string::npos) << w[1];
+    for (const auto &[name, v] : e.parameters_cpu())
+      for (float x : v) ASSERT_TRUE(std::isfinite(x)) << name;
+    train(e, 2, 2, 1, 2);  // trains on from step 2 and replaces the bad step 4
+    ASSERT_FALSE(HasFailure());
+    EXPECT_TRUE(verifies(dir.file("step-00000004")));
+  }
+  // Nothing finite left: start fails, naming the folders in its warnings.
+  vttest::TempDir dir;
+  write_two_checkpoints(dir.path());
+  ASSERT_FALSE(HasFatalFailure());
+  for (const char *d : {"step-00000002", "step-00000004"}) {
+    nan_bytes_into(dir.file(std::string(d) + "/model.safetensors"));
+    make_legacy(dir.file(d));
+  }
+  TrainerEngine e(resume_config(dir.path()));
+  EXPECT_FALSE(e.start());
+  EXPECT_NE(e.error().find("none of the 2 checkpoint folders"), std::string::npos) << e.error();
+  EXPECT_EQ(warnings(e, "NaN/Inf").size(), 2u);
+}
+
+TEST(TrainerEngine, ACheckpointWithNonFiniteOptimizerStateIsSkipped) {
+  vttest::TempDir dir;
+  write_two_checkpoints(dir.path());
+  ASSERT_FALSE(HasFatalFailure());
+  // optimizer.pt is a zip archive with its tensors stored uncompressed: a NaN at the start
+  // of the largest one's data (a moment of the largest parameter; length unchanged).
+  vttest::write_file(dir.file("nan_tensors.py"), R"(
+import struct, sys, zipfile
+path = sys.argv[1]
+i = max((i for i in zipfile.ZipFile(path).infolist() if '/data/' in i.filename), key=lambda i: i.file_size)
+assert i.compress_type == zipfile.ZIP_STORED and i.file_size >= 4
+with open(path, 'r+b') as f:
+    f.seek(i.header_offset + 26)
+    name_len, extra_len = struct.unpack('<HH', f.read(4))
+    f.seek(i.header_offset + 30 + name_len + extra_len)
+    f.write(struct.pack('<f', float('nan')))
+)");
+  const std::string py = vttest::env_or("PYTHON", "/usr/bin/python3");
+  ASSERT_EQ(std::system((py + " " + dir.file("nan_tensors.py") + " " + dir.file("step-00000004/optimizer.pt")).c_str()),
+            0);
+  reseal(dir.file("step-00000004"));
+  TrainerEngine e(resume_config(dir.path()));
+  ASSERT_TRUE(e.start()) << e.error();
+  EXPECT_EQ(e.resume_point().step, 2u);
+  const auto w = warnings(e);
+  ASSERT_EQ(w.size(), 1u) << joined(w);
+  EXPECT_NE(w[0].find("optimizer state holds NaN/Inf (first: exp_avg"), std::string::npos) << w[0];
 }
