@@ -190,6 +190,7 @@ struct TrainerEngine::Impl {
   // are finite, else why it cannot be used. Throws when a verified one does not load.
   std::string load_checkpoint(const FoundCheckpoint &c);
   std::string first_non_finite_optimizer();  // "exp_avg_sq of NAME", or ""
+  std::string first_non_finite_grad() const;  // parameter name, or ""
   void find_checkpoint();
   void agree_resume_step();
   void report(const StepReport &r);
@@ -383,6 +384,21 @@ std::string TrainerEngine::Impl::first_non_finite_optimizer() {
   return "";
 }
 
+std::string TrainerEngine::Impl::first_non_finite_grad() const {
+  std::vector<at::Tensor> flags;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < params.size(); i++)
+    if (params[i].grad().defined()) {
+      flags.push_back(params[i].grad().detach().isfinite().logical_not().any().reshape({1}));
+      which.push_back(i);
+    }
+  if (flags.empty()) return "";
+  const auto f = at::cat(flags).to(at::kCPU);  // one host sync for all of them
+  for (size_t k = 0; k < which.size(); k++)
+    if (f.data_ptr<bool>()[k]) return param_names[which[k]];
+  return "";
+}
+
 double TrainerEngine::Impl::grad_norm() const {
   // One host sync for all parameters (a per-parameter item() stalls a GPU for each).
   std::vector<at::Tensor> norms;
@@ -487,29 +503,22 @@ bool TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
     in_step = false;
     return false;
   }
-  const bool bad = acc[1] > 0;
   StepReport rep;
   rep.epoch = epoch;
   rep.lr = lr_at(steps_done);
   rep.grad_norm = std::numeric_limits<double>::quiet_NaN();
-  if (bad) {
+  // Why this step is not applied ("" when it is). A non-finite loss on any rank comes
+  // from the all-reduced flag. Gradients are checked after the all-reduce: every rank
+  // then holds the same gradients (BucketReducer::finish() copies the reduced buckets
+  // into every trainable parameter's gradient, on every rank), so every rank decides
+  // alike without another collective.
+  std::string skip_why;
+  if (acc[1] > 0) {
     rep.loss = std::numeric_limits<double>::quiet_NaN();
-    rep.skipped = true;
-    const std::string what = "non-finite loss at step " + std::to_string(steps_done + 1) + " on " +
-                             std::to_string(static_cast<int>(acc[1])) + " of " + std::to_string(world) +
-                             " rank(s) (this rank: " + std::to_string(l) + ")";
-    if (cfg.nan_policy == "fail") throw std::runtime_error(what + "; nan-policy=fail");
-    // The flag is all-reduced, so every rank counts alike and stops at the same step.
-    if (cfg.max_skipped_steps > 0 && ++skipped_in_row >= cfg.max_skipped_steps)
-      throw std::runtime_error(std::to_string(skipped_in_row) + " optimizer steps in a row (" +
-                               std::to_string(steps_done + 2 - skipped_in_row) + " to " +
-                               std::to_string(steps_done + 1) + ") had a non-finite loss and were skipped " +
-                               "(max-skipped-steps=" + std::to_string(cfg.max_skipped_steps) +
-                               "): the weights or the data hold NaN/Inf; lower lr, set grad-clip or check the input");
-    warn(what + ": optimizer step skipped on every rank (nan-policy=skip)");
+    skip_why = "non-finite loss at step " + std::to_string(steps_done + 1) + " on " +
+               std::to_string(static_cast<int>(acc[1])) + " of " + std::to_string(world) + " rank(s) (this rank: " +
+               std::to_string(l) + ")";
   } else {
-    skipped_in_row = 0;
-    steps_applied++;
     rep.loss = acc[0] / active;
     if (active < world) {
       // Ranks whose data ended contributed zeros: average over the ranks with samples.
@@ -517,10 +526,35 @@ bool TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
         if (p.grad().defined()) p.mutable_grad().mul_(world / active);
     }
     const bool log = cfg.log_every > 0 && ((steps_done + 1) % cfg.log_every == 0);
-    if (cfg.grad_clip > 0)
+    if (cfg.grad_clip > 0) {
+      // The total norm clipping computes says it: no second pass over the gradients.
       rep.grad_norm = torch::nn::utils::clip_grad_norm_(params, cfg.grad_clip);
-    else if (log)
+      if (!std::isfinite(rep.grad_norm))
+        skip_why = "non-finite gradient norm (" + std::to_string(rep.grad_norm) + ") with a finite loss (" +
+                   std::to_string(rep.loss) + ") at step " + std::to_string(steps_done + 1);
+    } else if (std::string bad = first_non_finite_grad(); !bad.empty()) {
+      skip_why = "non-finite gradient (first: " + bad + ") with a finite loss (" + std::to_string(rep.loss) +
+                 ") at step " + std::to_string(steps_done + 1);
+    } else if (log) {
       rep.grad_norm = grad_norm();
+    }
+  }
+  if (!skip_why.empty()) {
+    rep.skipped = true;
+    if (cfg.nan_policy == "fail") throw std::runtime_error(skip_why + "; nan-policy=fail");
+    // Loss flag and gradients are the same on every rank, so every rank counts alike and
+    // stops at the same step.
+    if (cfg.max_skipped_steps > 0 && ++skipped_in_row >= cfg.max_skipped_steps)
+      throw std::runtime_error(std::to_string(skipped_in_row) + " optimizer steps in a row (" +
+                               std::to_string(steps_done + 2 - skipped_in_row) + " to " +
+                               std::to_string(steps_done + 1) +
+                               ") had a non-finite loss or gradient and were skipped (max-skipped-steps=" +
+                               std::to_string(cfg.max_skipped_steps) + "; the last: " + skip_why +
+                               "): the weights or the data hold NaN/Inf; lower lr, set grad-clip or check the input");
+    warn(skip_why + ": optimizer step skipped on every rank (nan-policy=skip)");
+  } else {
+    skipped_in_row = 0;
+    steps_applied++;
     for (auto &g : opt->param_groups()) static_cast<torch::optim::AdamWOptions &>(g.options()).lr(rep.lr);
     std::lock_guard<std::mutex> lock(state_mu);
     opt->step();
@@ -695,7 +729,7 @@ void TrainerEngine::Impl::write_checkpoint() {
 
 std::string TrainerEngine::Impl::all_skipped_text() const {
   return "all " + std::to_string(steps_run) +
-         " optimizer steps of this run had a non-finite loss and were skipped: nothing was trained, "
+         " optimizer steps of this run had a non-finite loss or gradient and were skipped: nothing was trained, "
          "no checkpoint written (check the input and lr)";
 }
 

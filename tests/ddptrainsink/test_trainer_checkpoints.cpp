@@ -1,8 +1,9 @@
 /* Failures that used to hang or lose work, on one rank: checkpoints that do not verify
  * (NaN bytes, truncation, a half-deleted folder) or that load NaN/Inf weights or optimizer
- * state are skipped at resume for the previous good one; checkpoints from before manifests
- * (legacy) resume with a warning; pruning keeps the last verified checkpoint; non-finite weights are never
- * written; nan-policy=skip is bounded and a run that skipped every step fails; an
+ * state are skipped at resume for the previous good one; checkpoints from before
+ * manifests (legacy) resume with a warning; pruning keeps the last verified checkpoint;
+ * non-finite weights are never written; non-finite gradients with a finite loss are not
+ * applied; nan-policy=skip is bounded and a run that skipped every step fails; an
  * unwritable checkpoint-dir fails at start; metrics-file's folder is created;
  * checkpoint-interval writes checkpoints by the (injected) clock. */
 #include <ATen/ATen.h>
@@ -419,7 +420,9 @@ TEST(TrainerEngine, ACheckpointWithNonFiniteWeightsIsSkippedLegacyOrVerified) {
     ASSERT_EQ(w.size(), legacy ? 2u : 1u) << joined(w);
     EXPECT_NE(w[0].find("skipping checkpoint '" + dir.file("step-00000004") + "'"), std::string::npos) << w[0];
     EXPECT_NE(w[0].find("weights hold NaN/Inf (first: "), std::string::npos) << w[0];
-    if (legacy) EXPECT_NE(w[1].find(dir.file("step-00000002") + "' has no manifest.json"), std::string::npos) << w[1];
+    if (legacy) {
+      EXPECT_NE(w[1].find(dir.file("step-00000002") + "' has no manifest.json"), std::string::npos) << w[1];
+    }
     for (const auto &[name, v] : e.parameters_cpu())
       for (float x : v) ASSERT_TRUE(std::isfinite(x)) << name;
     train(e, 2, 2, 1, 2);  // trains on from step 2 and replaces the bad step 4
@@ -467,4 +470,96 @@ with open(path, 'r+b') as f:
   const auto w = warnings(e);
   ASSERT_EQ(w.size(), 1u) << joined(w);
   EXPECT_NE(w[0].find("optimizer state holds NaN/Inf (first: exp_avg"), std::string::npos) << w[0];
+}
+
+namespace {
+
+// A TorchScript model whose loss stays finite while conv.weight's gradient is +Inf for a
+// micro-batch whose first value is above 1000: sqrt(w - w.detach()) is 0 forward and
+// has an infinite derivative at 0.
+std::string make_inf_grad_model(const vttest::TempDir &dir) {
+  const std::string py = vttest::env_or("PYTHON", "/usr/bin/python3");
+  const std::string model = dir.file("inf_grad.pt");
+  vttest::write_file(dir.file("make_inf_grad.py"), R"(
+import sys, torch
+from typing import List
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv3d(4, 4, 1)
+    @torch.jit.export
+    def training_step(self, latents: torch.Tensor, captions: List[str]) -> torch.Tensor:
+        loss = ((self.conv(latents) - latents.flip(1)) ** 2).mean()
+        if bool(latents[0, 0, 0, 0, 0] > 1000.0):
+            w = self.conv.weight
+            loss = loss + torch.sqrt(w - w.detach()).sum()
+        return loss
+    def forward(self, x):
+        return self.conv(x)
+torch.jit.script(M()).save(sys.argv[1])
+)");
+  if (std::system((py + " " + dir.file("make_inf_grad.py") + " " + model).c_str()) != 0) {
+    ADD_FAILURE() << py << " could not script the test model";
+    return "";
+  }
+  return model;
+}
+
+at::Tensor inf_grad_batch(uint64_t step) {
+  auto b = at::stack({sample(step, 0), sample(step, 1)});
+  b[0][0][0][0][0] = 5000.0f;
+  return b;
+}
+
+}  // namespace
+
+TEST(TrainerEngine, NonFiniteGradientsWithAFiniteLossAreNotApplied) {
+  vttest::TempDir dir;
+  const std::string model = make_inf_grad_model(dir);
+  ASSERT_FALSE(HasFailure());
+  for (const double clip : {0.0, 1.0}) {
+    SCOPED_TRACE(clip > 0 ? "grad-clip=1 (its total norm decides)" : "no grad-clip");
+    auto c = cpu_config(model);
+    c.grad_clip = clip;
+    c.max_skipped_steps = 2;
+    TrainerEngine e(c);
+    ASSERT_TRUE(e.start()) << e.error();
+    std::vector<StepReport> reports;
+    e.add_step_callback([&](const StepReport &r) {
+      if (!r.model_built && !r.finished) reports.push_back(r);
+    });
+    train(e, 0, 1, 1, 2);
+    const auto before = e.parameters_cpu();
+    ASSERT_EQ(e.process_tensor(inf_grad_batch(1), info_for(1, 0, 1, 2)), ProcessResult::kOk) << e.error();
+    EXPECT_EQ(e.steps_done(), 2u);
+    EXPECT_TRUE(std::isfinite(e.last_loss())) << "the loss itself is finite";
+    ASSERT_EQ(reports.size(), 2u);
+    EXPECT_FALSE(reports[0].skipped);
+    EXPECT_TRUE(reports[1].skipped) << "the step counts as skipped";
+    EXPECT_EQ(max_rel_diff(before, e.parameters_cpu()), 0.0) << "weights unchanged";
+    const auto w = warnings(e, "non-finite gradient");
+    ASSERT_EQ(w.size(), 1u) << joined(w);
+    EXPECT_NE(w[0].find(clip > 0 ? "gradient norm (inf)" : "(first: conv.weight)"), std::string::npos) << w[0];
+    EXPECT_NE(w[0].find("optimizer step skipped"), std::string::npos) << w[0];
+    // A good step afterwards trains; then two in a row reach max-skipped-steps=2.
+    train(e, 2, 1, 1, 2);
+    EXPECT_GT(max_rel_diff(before, e.parameters_cpu()), 0.0);
+    for (const auto &[name, v] : e.parameters_cpu())
+      for (float x : v) ASSERT_TRUE(std::isfinite(x)) << name;
+    EXPECT_EQ(e.process_tensor(inf_grad_batch(3), info_for(3, 0, 1, 2)), ProcessResult::kOk) << e.error();
+    EXPECT_EQ(e.process_tensor(inf_grad_batch(4), info_for(4, 0, 1, 2)), ProcessResult::kError);
+    EXPECT_NE(e.error().find("2 optimizer steps in a row (4 to 5) had a non-finite loss or gradient"),
+              std::string::npos)
+        << e.error();
+  }
+  auto c = cpu_config(model);
+  c.nan_policy = "fail";
+  TrainerEngine e(c);
+  ASSERT_TRUE(e.start()) << e.error();
+  train(e, 0, 1, 1, 2);
+  const auto before = e.parameters_cpu();
+  EXPECT_EQ(e.process_tensor(inf_grad_batch(1), info_for(1, 0, 1, 2)), ProcessResult::kError);
+  EXPECT_NE(e.error().find("non-finite gradient (first: conv.weight)"), std::string::npos) << e.error();
+  EXPECT_NE(e.error().find("nan-policy=fail"), std::string::npos) << e.error();
+  EXPECT_EQ(max_rel_diff(before, e.parameters_cpu()), 0.0);
 }
