@@ -22,6 +22,7 @@ namespace {
 
 constexpr const char *kManifest = "manifest.json";
 constexpr const char *kTrainerJson = "trainer.json";
+constexpr const char *kSealedBy = "sealed_by";  // trainer.json key, absent in legacy checkpoints
 
 // Slice-by-8 tables of the reflected polynomial 0xEDB88320: about 2 GB/s, so that
 // checksumming a checkpoint costs little beside writing it.
@@ -174,7 +175,10 @@ std::string CheckpointStore::begin(uint64_t step) const {
 }
 
 std::string CheckpointStore::commit(const std::string &tmp, uint64_t step, const json &state) const {
-  write_json(tmp + "/" + kTrainerJson, state);
+  // Says that a manifest seals this folder: without one it is damaged, not legacy.
+  json sealed = state;
+  sealed[kSealedBy] = kManifest;
+  write_json(tmp + "/" + kTrainerJson, sealed);
   // Checksums of the files as they are on disk, each synced before the manifest names it.
   json files = json::object();
   std::error_code ec;
@@ -267,11 +271,50 @@ std::vector<std::pair<uint64_t, std::string>> CheckpointStore::step_folders() co
   return out;
 }
 
-bool CheckpointStore::newest_verified(
-    FoundCheckpoint *out, const std::function<void(const std::string &, const std::string &)> &skipped) const {
-  for (const auto &[step, dir] : step_folders()) {
+std::string CheckpointStore::usable(const std::string &dir, FoundCheckpoint *out) {
+  std::error_code ec;
+  if (fs::exists(dir + "/" + kManifest, ec)) {
     const std::string why = verify(dir, out);
-    if (why.empty()) return true;
+    if (why.empty() && out) out->legacy = false;
+    return why;
+  }
+  FoundCheckpoint c;
+  try {
+    std::ifstream in(dir + "/" + kTrainerJson);
+    if (!in) return "no manifest.json and no trainer.json (a write or deletion that was interrupted)";
+    c.state = json::parse(in);
+    c.step = c.state.at("step").get<uint64_t>();
+  } catch (const std::exception &e) {
+    return std::string("no manifest.json, and trainer.json is unreadable: ") + e.what();
+  }
+  if (c.state.contains(kSealedBy))
+    return "no manifest.json, though its trainer.json says one was written (a deletion that was interrupted, or "
+           "the manifest was removed)";
+  // What versions before manifests wrote: trainer.json, the weights, the optimizer state.
+  for (const char *key : {"model_file", "optimizer_file"}) {
+    const std::string name = c.state.value(key, std::string());
+    if (name.empty()) return std::string("no manifest.json, and trainer.json names no ") + key;
+    const uint64_t size = fs::file_size(dir + "/" + name, ec);
+    if (ec) return "no manifest.json, and " + name + ": " + ec.message();
+    if (size == 0) return "no manifest.json, and " + name + " is empty (a write that was cut short)";
+  }
+  c.dir = dir;
+  c.legacy = true;
+  if (out) *out = std::move(c);
+  return "";
+}
+
+bool CheckpointStore::newest_usable(FoundCheckpoint *out,
+                                    const std::function<std::string(const FoundCheckpoint &)> &load,
+                                    const std::function<void(const std::string &, const std::string &)> &skipped) const {
+  for (const auto &[step, dir] : step_folders()) {
+    FoundCheckpoint c;
+    std::string why = usable(dir, &c);
+    if (why.empty() && load) why = load(c);
+    if (why.empty()) {
+      *out = std::move(c);
+      return true;
+    }
     if (skipped) skipped(dir, why);
   }
   return false;
@@ -303,9 +346,18 @@ void CheckpointStore::discard(const std::string &dir) const {
 }
 
 bool find_resume(const CheckpointStore &store, const ResumeRun &run, FoundCheckpoint *out, unsigned *epoch,
-                 uint64_t *clip, const std::function<void(const std::string &)> &warn) {
+                 uint64_t *clip, const std::function<void(const std::string &)> &warn,
+                 const std::function<std::string(const FoundCheckpoint &)> &load) {
   int skipped = 0;
-  const bool found = store.newest_verified(out, [&](const std::string &dir, const std::string &why) {
+  auto checked_load = [&](const FoundCheckpoint &c) -> std::string {
+    // Another world size is an error, not a reason to try an older checkpoint.
+    if (c.state.value("world_size", 1) != run.world)
+      throw std::runtime_error("checkpoint '" + c.dir + "' was written by " +
+                               std::to_string(c.state.value("world_size", 1)) + " rank(s), this run has " +
+                               std::to_string(run.world) + " (world-size)");
+    return load ? load(c) : std::string();
+  };
+  const bool found = store.newest_usable(out, checked_load, [&](const std::string &dir, const std::string &why) {
     skipped++;
     warn("resume: skipping checkpoint '" + dir + "': " + why + "; trying an older one");
   });
@@ -313,14 +365,15 @@ bool find_resume(const CheckpointStore &store, const ResumeRun &run, FoundCheckp
     if (skipped > 0)
       throw std::runtime_error("resume=true but none of the " + std::to_string(skipped) +
                                " checkpoint folders in checkpoint-dir '" + store.root() +
-                               "' verifies (see the warnings): remove them or set resume=false");
+                               "' verifies and loads (see the warnings): remove them or set resume=false");
     warn("resume=true but checkpoint-dir '" + store.root() + "' holds no complete checkpoint: training from scratch");
     return false;
   }
+  if (out->legacy)
+    warn("resume: checkpoint '" + out->dir +
+         "' has no manifest.json (written before checkpoints had checksums): its files cannot be verified, only "
+         "checked for finite values after loading; checkpoints written from now on are verified");
   const auto &st = out->state;
-  if (st.value("world_size", 1) != run.world)
-    throw std::runtime_error("checkpoint '" + out->dir + "' was written by " + std::to_string(st.value("world_size", 1)) +
-                             " rank(s), this run has " + std::to_string(run.world) + " (world-size)");
   if (st.value("model", std::string()) != run.model)
     warn("checkpoint '" + out->dir + "' was written for model '" + st.value("model", std::string()) +
          "', loading it into '" + run.model + "'");

@@ -8,7 +8,12 @@
  * commit() writes trainer.json and the manifest, fsyncs files and folder, renames the
  * folder into place, fsyncs checkpoint-dir and checks the result's sizes. Deleting (prune,
  * replacing a folder of the same step): renamed to a .trash- name first, then removed,
- * so an interrupted deletion never leaves a step- folder behind. */
+ * so an interrupted deletion never leaves a step- folder behind.
+ *
+ * Checkpoints written before manifests existed (legacy: no manifest.json, and a
+ * trainer.json that does not say a manifest seals the folder) cannot be verified; they
+ * are still usable when the files that version wrote are there (trainer.json readable,
+ * the weights and optimizer files present and not empty). */
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -30,6 +35,7 @@ struct FoundCheckpoint {
   std::string dir;
   uint64_t step = 0;
   nlohmann::json state;  // trainer.json
+  bool legacy = false;   // no manifest: written before checksums existed, not verified
 };
 
 class CheckpointStore {
@@ -50,10 +56,16 @@ class CheckpointStore {
   // "" when `dir` is a complete checkpoint whose files match its manifest (then *out
   // holds it), else why not. Without `checksums` only the files' sizes are compared.
   static std::string verify(const std::string &dir, FoundCheckpoint *out, bool checksums = true);
-  // The newest checkpoint that verifies. Each newer step- folder that does not is
-  // passed to `skipped` (folder, why). False when none verifies.
-  bool newest_verified(FoundCheckpoint *out,
-                       const std::function<void(const std::string &dir, const std::string &why)> &skipped) const;
+  // "" when `dir` verifies (as verify()) or is a complete legacy checkpoint (then
+  // out->legacy is set), else why not. A folder whose trainer.json says a manifest seals
+  // it but has none is damaged, not legacy.
+  static std::string usable(const std::string &dir, FoundCheckpoint *out);
+  // The newest checkpoint that is usable() and that `load` accepts ("" from it: loaded;
+  // else why it cannot be used, e.g. non-finite weights; it may throw to stop the
+  // search). Each newer step- folder passed over goes to `skipped` (folder, why). False
+  // when there is none.
+  bool newest_usable(FoundCheckpoint *out, const std::function<std::string(const FoundCheckpoint &)> &load,
+                     const std::function<void(const std::string &dir, const std::string &why)> &skipped) const;
   // After `newest` was committed: keeps it and the keep - 1 newest step- folders below it,
   // deletes the older ones. Folders of later steps (another run's, or ones that failed to
   // verify at resume and will be replaced when training reaches them) are left alone.
@@ -73,11 +85,14 @@ struct ResumeRun {
   uint64_t max_steps = 0, warmup_steps = 0;
 };
 
-// resume=true: the newest checkpoint that verifies into *out, with this rank's data
-// position (epoch, next clip) into *epoch / *clip. Warns of each newer folder skipped, of
-// another model and of a changed schedule. False (warned) when there is no checkpoint;
-// throws when folders exist but none verifies, or when another world size wrote it.
+// resume=true: the newest usable checkpoint that `load` loads and accepts (see
+// newest_usable; the trainer checks there that weights and optimizer state are finite)
+// into *out, with this rank's data position (epoch, next clip) into *epoch / *clip. Warns
+// of each newer folder skipped, of a legacy checkpoint (no checksums), of another model
+// and of a changed schedule. False (warned) when there is no checkpoint; throws when
+// folders exist but none is usable, or when another world size wrote the one found.
 bool find_resume(const CheckpointStore &store, const ResumeRun &run, FoundCheckpoint *out, unsigned *epoch,
-                 uint64_t *clip, const std::function<void(const std::string &)> &warn);
+                 uint64_t *clip, const std::function<void(const std::string &)> &warn,
+                 const std::function<std::string(const FoundCheckpoint &)> &load);
 
 }  // namespace videotrain

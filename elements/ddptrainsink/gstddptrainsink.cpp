@@ -473,16 +473,17 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                                                    "Newest checkpoints kept; 0: keep all", 0, G_MAXUINT,
                                                    d.keep_checkpoints, rw));
   install(PROP_RESUME, g_param_spec_boolean("resume", "Resume",
-                                            "Load the newest checkpoint of checkpoint-dir whose files verify (newer "
-                                            "ones that do not are warned about) at start and answer the resume "
-                                            "query with this rank's data position",
+                                            "Load the newest checkpoint of checkpoint-dir whose files verify (or "
+                                            "one from before checksums, warned about) and whose weights are finite "
+                                            "(newer ones passed over are warned about) at start and answer the "
+                                            "resume query with this rank's data position",
                                             FALSE, rw));
-  install(PROP_NAN_POLICY, g_param_spec_enum("nan-policy", "NaN policy", "What a non-finite loss does",
+  install(PROP_NAN_POLICY, g_param_spec_enum("nan-policy", "NaN policy", "What a non-finite loss or gradient does",
                                              nan_policy_type(), 0, rw));
   install(PROP_MAX_SKIPPED_STEPS,
           g_param_spec_uint("max-skipped-steps", "Max skipped steps",
-                            "With nan-policy=skip: this many optimizer steps in a row with a non-finite loss are an "
-                            "error (a run that skipped every step is one at its end anyway); 0: no bound",
+                            "With nan-policy=skip: this many optimizer steps in a row with a non-finite loss or "
+                            "gradient are an error (a run that skipped every step is one at its end anyway); 0: no bound",
                             0, G_MAXUINT, d.max_skipped_steps, rw));
   install(PROP_LOG_EVERY, g_param_spec_uint("log-every", "Log every",
                                             "Post a ddptrainsink-step message every this many steps; 0: never", 0,

@@ -171,6 +171,10 @@ struct TrainerEngine::Impl {
   }
 
   bool resolve();
+  std::vector<std::string> param_names;  // of params
+  // The model and optimizer on this rank (no collective); build_model() then broadcasts
+  // rank 0's weights and sets up the reducer.
+  void construct_model(int ch);
   void build_model(int ch);
   double lr_at(uint64_t step) const;
   double grad_norm() const;
@@ -182,7 +186,11 @@ struct TrainerEngine::Impl {
   void write_checkpoint();
   bool all_steps_skipped() const { return steps_run > 0 && steps_applied == 0; }
   std::string all_skipped_text() const;
-  void load_checkpoint();
+  // Loads `c` into the model (built as needed): "" when its weights and optimizer state
+  // are finite, else why it cannot be used. Throws when a verified one does not load.
+  std::string load_checkpoint(const FoundCheckpoint &c);
+  std::string first_non_finite_optimizer();  // "exp_avg_sq of NAME", or ""
+  std::string first_non_finite_grad() const;  // parameter name, or ""
   void find_checkpoint();
   void agree_resume_step();
   void report(const StepReport &r);
@@ -267,27 +275,34 @@ double TrainerEngine::Impl::lr_at(uint64_t step) const {
   return base * (1.0 - p);
 }
 
-void TrainerEngine::Impl::build_model(int ch) {
+void TrainerEngine::Impl::construct_model(int ch) {
   channels = ch;
   std::unique_lock<std::mutex> rng(default_rng_mutex());  // see default_rng.h
   torch::manual_seed(cfg.seed);  // the same initial weights on every rank (and broadcast anyway)
   auto m = make_model(cfg.model, ch, device);
   rng.unlock();
   std::vector<at::Tensor> ps;
+  std::vector<std::string> names;
   for (auto &[name, p] : m->named_parameters())
-    if (p.requires_grad()) ps.push_back(p);
+    if (p.requires_grad()) {
+      ps.push_back(p);
+      names.push_back(name);
+    }
   if (ps.empty()) throw std::runtime_error("model " + cfg.model + " has no trainable parameters");
   auto o = torch::optim::AdamWOptions(cfg.lr)
                .betas(std::make_tuple(cfg.beta1, cfg.beta2))
                .eps(cfg.eps)
                .weight_decay(cfg.weight_decay);
-  {
-    std::lock_guard<std::mutex> lock(state_mu);
-    model = std::move(m);
-    params = ps;
-    opt = std::make_unique<torch::optim::AdamW>(params, o);
-  }
-  if (resumed) load_checkpoint();
+  std::lock_guard<std::mutex> lock(state_mu);
+  model = std::move(m);
+  params = ps;
+  param_names = names;
+  opt = std::make_unique<torch::optim::AdamW>(params, o);
+}
+
+void TrainerEngine::Impl::build_model(int ch) {
+  // A resumed model was built and loaded by find_checkpoint().
+  if (!model) construct_model(ch);
   if (group) {
     // Rank 0's weights everywhere (TorchScript files may differ per host; random inits).
     torch::NoGradGuard ng;
@@ -309,17 +324,79 @@ void TrainerEngine::Impl::build_model(int ch) {
   notify(built);
 }
 
-void TrainerEngine::Impl::load_checkpoint() {
-  const auto &c = resume_from;
+std::string TrainerEngine::Impl::load_checkpoint(const FoundCheckpoint &c) {
+  // Local only (no collective): ranks agree on the step found afterwards.
+  const int ch = cfg.latent_channels > 0 ? cfg.latent_channels : c.state.value("latent_channels", 0);
   try {
+    if (!model || ch != channels) construct_model(ch);
     std::lock_guard<std::mutex> lock(state_mu);
     model->load(c.dir);
     torch::load(*opt, c.dir + "/optimizer.pt", device);
-    steps_done = c.step;
-    last_ckpt_step = c.step;
   } catch (const std::exception &e) {
-    throw std::runtime_error("cannot resume from checkpoint '" + c.dir + "': " + first_line(e.what()));
+    // Files that verified and still do not load are this run's problem (another model):
+    // an error. A legacy checkpoint's files were never checked: damaged, try an older one.
+    if (!c.legacy) throw std::runtime_error("cannot resume from checkpoint '" + c.dir + "': " + first_line(e.what()));
+    return "it cannot be loaded (" + first_line(e.what()) + ")";
   }
+  // Checksums say the bytes are those written, not that they are numbers: a checkpoint
+  // with NaN/Inf would make every step after the resume non-finite.
+  if (std::string bad = first_non_finite(*model); !bad.empty()) return "its weights hold NaN/Inf (first: " + bad + ")";
+  if (std::string bad = first_non_finite_optimizer(); !bad.empty())
+    return "its optimizer state holds NaN/Inf (first: " + bad + ")";
+  return "";
+}
+
+template <class Key>
+static Key optimizer_state_key(const at::Tensor &p) {
+  // LibTorch 1.x keys the state by the printed TensorImpl address, 2.x by the address.
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << p.unsafeGetTensorImpl();
+    return s.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+std::string TrainerEngine::Impl::first_non_finite_optimizer() {
+  using Key = typename std::decay_t<decltype(opt->state())>::key_type;
+  std::vector<at::Tensor> flags;
+  std::vector<std::string> names;
+  std::lock_guard<std::mutex> lock(state_mu);
+  auto &state = opt->state();
+  for (size_t i = 0; i < params.size(); i++) {
+    auto it = state.find(optimizer_state_key<Key>(params[i]));
+    if (it == state.end()) continue;
+    auto *s = dynamic_cast<torch::optim::AdamWParamState *>(it->second.get());
+    if (!s) continue;
+    const std::pair<const char *, at::Tensor> ts[] = {
+        {"exp_avg", s->exp_avg()}, {"exp_avg_sq", s->exp_avg_sq()}, {"max_exp_avg_sq", s->max_exp_avg_sq()}};
+    for (const auto &[what, t] : ts)
+      if (t.defined() && t.is_floating_point()) {
+        flags.push_back(t.detach().isfinite().logical_not().any().reshape({1}));
+        names.push_back(std::string(what) + " of " + param_names[i]);
+      }
+  }
+  if (flags.empty()) return "";
+  const auto f = at::cat(flags).to(at::kCPU);
+  for (size_t i = 0; i < names.size(); i++)
+    if (f.data_ptr<bool>()[i]) return names[i];
+  return "";
+}
+
+std::string TrainerEngine::Impl::first_non_finite_grad() const {
+  std::vector<at::Tensor> flags;
+  std::vector<size_t> which;
+  for (size_t i = 0; i < params.size(); i++)
+    if (params[i].grad().defined()) {
+      flags.push_back(params[i].grad().detach().isfinite().logical_not().any().reshape({1}));
+      which.push_back(i);
+    }
+  if (flags.empty()) return "";
+  const auto f = at::cat(flags).to(at::kCPU);  // one host sync for all of them
+  for (size_t k = 0; k < which.size(); k++)
+    if (f.data_ptr<bool>()[k]) return param_names[which[k]];
+  return "";
 }
 
 double TrainerEngine::Impl::grad_norm() const {
@@ -426,29 +503,22 @@ bool TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
     in_step = false;
     return false;
   }
-  const bool bad = acc[1] > 0;
   StepReport rep;
   rep.epoch = epoch;
   rep.lr = lr_at(steps_done);
   rep.grad_norm = std::numeric_limits<double>::quiet_NaN();
-  if (bad) {
+  // Why this step is not applied ("" when it is). A non-finite loss on any rank comes
+  // from the all-reduced flag. Gradients are checked after the all-reduce: every rank
+  // then holds the same gradients (BucketReducer::finish() copies the reduced buckets
+  // into every trainable parameter's gradient, on every rank), so every rank decides
+  // alike without another collective.
+  std::string skip_why;
+  if (acc[1] > 0) {
     rep.loss = std::numeric_limits<double>::quiet_NaN();
-    rep.skipped = true;
-    const std::string what = "non-finite loss at step " + std::to_string(steps_done + 1) + " on " +
-                             std::to_string(static_cast<int>(acc[1])) + " of " + std::to_string(world) +
-                             " rank(s) (this rank: " + std::to_string(l) + ")";
-    if (cfg.nan_policy == "fail") throw std::runtime_error(what + "; nan-policy=fail");
-    // The flag is all-reduced, so every rank counts alike and stops at the same step.
-    if (cfg.max_skipped_steps > 0 && ++skipped_in_row >= cfg.max_skipped_steps)
-      throw std::runtime_error(std::to_string(skipped_in_row) + " optimizer steps in a row (" +
-                               std::to_string(steps_done + 2 - skipped_in_row) + " to " +
-                               std::to_string(steps_done + 1) + ") had a non-finite loss and were skipped " +
-                               "(max-skipped-steps=" + std::to_string(cfg.max_skipped_steps) +
-                               "): the weights or the data hold NaN/Inf; lower lr, set grad-clip or check the input");
-    warn(what + ": optimizer step skipped on every rank (nan-policy=skip)");
+    skip_why = "non-finite loss at step " + std::to_string(steps_done + 1) + " on " +
+               std::to_string(static_cast<int>(acc[1])) + " of " + std::to_string(world) + " rank(s) (this rank: " +
+               std::to_string(l) + ")";
   } else {
-    skipped_in_row = 0;
-    steps_applied++;
     rep.loss = acc[0] / active;
     if (active < world) {
       // Ranks whose data ended contributed zeros: average over the ranks with samples.
@@ -456,10 +526,35 @@ bool TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
         if (p.grad().defined()) p.mutable_grad().mul_(world / active);
     }
     const bool log = cfg.log_every > 0 && ((steps_done + 1) % cfg.log_every == 0);
-    if (cfg.grad_clip > 0)
+    if (cfg.grad_clip > 0) {
+      // The total norm clipping computes says it: no second pass over the gradients.
       rep.grad_norm = torch::nn::utils::clip_grad_norm_(params, cfg.grad_clip);
-    else if (log)
+      if (!std::isfinite(rep.grad_norm))
+        skip_why = "non-finite gradient norm (" + std::to_string(rep.grad_norm) + ") with a finite loss (" +
+                   std::to_string(rep.loss) + ") at step " + std::to_string(steps_done + 1);
+    } else if (std::string bad = first_non_finite_grad(); !bad.empty()) {
+      skip_why = "non-finite gradient (first: " + bad + ") with a finite loss (" + std::to_string(rep.loss) +
+                 ") at step " + std::to_string(steps_done + 1);
+    } else if (log) {
       rep.grad_norm = grad_norm();
+    }
+  }
+  if (!skip_why.empty()) {
+    rep.skipped = true;
+    if (cfg.nan_policy == "fail") throw std::runtime_error(skip_why + "; nan-policy=fail");
+    // Loss flag and gradients are the same on every rank, so every rank counts alike and
+    // stops at the same step.
+    if (cfg.max_skipped_steps > 0 && ++skipped_in_row >= cfg.max_skipped_steps)
+      throw std::runtime_error(std::to_string(skipped_in_row) + " optimizer steps in a row (" +
+                               std::to_string(steps_done + 2 - skipped_in_row) + " to " +
+                               std::to_string(steps_done + 1) +
+                               ") had a non-finite loss or gradient and were skipped (max-skipped-steps=" +
+                               std::to_string(cfg.max_skipped_steps) + "; the last: " + skip_why +
+                               "): the weights or the data hold NaN/Inf; lower lr, set grad-clip or check the input");
+    warn(skip_why + ": optimizer step skipped on every rank (nan-policy=skip)");
+  } else {
+    skipped_in_row = 0;
+    steps_applied++;
     for (auto &g : opt->param_groups()) static_cast<torch::optim::AdamWOptions &>(g.options()).lr(rep.lr);
     std::lock_guard<std::mutex> lock(state_mu);
     opt->step();
@@ -549,7 +644,11 @@ void TrainerEngine::Impl::find_checkpoint() {
   run.lr_schedule = cfg.lr_schedule;
   run.max_steps = cfg.max_steps;
   run.warmup_steps = cfg.warmup_steps;
-  if (!find_resume(*store, run, &resume_from, &rp.epoch, &rp.clip, [this](const std::string &t) { warn(t); })) return;
+  if (!find_resume(
+          *store, run, &resume_from, &rp.epoch, &rp.clip, [this](const std::string &t) { warn(t); },
+          [this](const FoundCheckpoint &c) { return load_checkpoint(c); }))
+    return;  // no step- folder at all: nothing was loaded
+  last_ckpt_step = resume_from.step;
   resumed = true;
   rp.step = resume_from.step;
   steps_done = resume_from.step;
@@ -630,7 +729,7 @@ void TrainerEngine::Impl::write_checkpoint() {
 
 std::string TrainerEngine::Impl::all_skipped_text() const {
   return "all " + std::to_string(steps_run) +
-         " optimizer steps of this run had a non-finite loss and were skipped: nothing was trained, "
+         " optimizer steps of this run had a non-finite loss or gradient and were skipped: nothing was trained, "
          "no checkpoint written (check the input and lr)";
 }
 

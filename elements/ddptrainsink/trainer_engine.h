@@ -80,10 +80,10 @@ struct StepReport {
   unsigned epoch = 0;
   double loss = 0.0;           // averaged over ranks (and the step's micro-batches)
   double lr = 0.0;
-  double grad_norm = 0.0;      // before clipping; NaN when not computed
+  double grad_norm = 0.0;      // before clipping; NaN when not computed (or non-finite)
   double samples_per_s = 0.0;  // all ranks together
   double data_wait = 0.0;      // fraction of wall time spent waiting for buffers (this rank)
-  bool skipped = false;        // non-finite loss: optimizer step skipped
+  bool skipped = false;        // non-finite loss or gradients: optimizer step skipped
   bool model_built = false;    // not a step: the model was just built (or resumed), before its first step
   bool finished = false;       // not a step: finish() is done (every rank ended), or failed
 };

@@ -2,7 +2,8 @@
  * must agree on:
  *  - a non-finite loss on rank 1 only: nan-policy=skip skips the step on both ranks,
  *    nan-policy=fail fails both (neither hangs); non-finite losses on rank 1 alone
- *    reach max-skipped-steps on both at the same step;
+ *    reach max-skipped-steps on both at the same step; a finite loss with an infinite
+ *    gradient on rank 1 only is skipped on both, or fails both;
  *  - initial weights: ranks built with different seeds, or loading TorchScript files whose
  *    parameters and buffers differ, all hold rank 0's after start();
  *  - resume: a rank that finds no checkpoint while rank 0 resumes makes both fail; so
@@ -65,8 +66,51 @@ void damage(const std::string &path) {
   ASSERT_TRUE(f.good()) << path;
 }
 
-// Rank 1 alone feeds a NaN in step 2 of 3 (one micro-batch of 2 per rank and step).
-void nan_rank(TrainerEngine &e, const std::string &out) {
+// Micro-batch of samples [first, first + 2) of `step` whose first value is 5000: the
+// marker of the model make_inf_grad_model() writes (finite loss, +Inf gradient of b).
+ProcessResult feed_inf_grad(TrainerEngine &e, int step, int first) {
+  MicroBatchInfo info;
+  info.step = step;
+  info.step_samples = 2;
+  info.next_clip = (step + 1) * 2;
+  std::vector<at::Tensor> xs;
+  for (int k = first; k < first + 2; k++) {
+    xs.push_back(sample(step, k));
+    info.captions.push_back(caption(k));
+  }
+  auto x = at::stack(xs);
+  x[0][0][0][0][0] = 5000.0f;
+  return e.process_tensor(x, info);
+}
+
+// A TorchScript model for any channel count whose loss stays finite while b's gradient
+// is +Inf for a micro-batch marked as feed_inf_grad() does.
+bool make_inf_grad_model(const std::string &path) {
+  const std::string script = path + ".py";
+  std::ofstream(script) << R"(
+import sys, torch
+from typing import List
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.ones(1))
+        self.b = torch.nn.Parameter(torch.zeros(1))
+    @torch.jit.export
+    def training_step(self, latents: torch.Tensor, captions: List[str]) -> torch.Tensor:
+        loss = ((latents * self.a + self.b - latents.flip(1)) ** 2).mean()
+        if bool(latents[0, 0, 0, 0, 0] > 1000.0):
+            loss = loss + torch.sqrt(self.b - self.b.detach()).sum()
+        return loss
+    def forward(self, x):
+        return x * self.a + self.b
+torch.jit.script(M()).save(sys.argv[1])
+)";
+  return std::system((vttest::env_or("PYTHON", "/usr/bin/python3") + " " + script + " " + path).c_str()) == 0;
+}
+
+// Rank 1 alone feeds a NaN in step 2 of 3 (one micro-batch of 2 per rank and step), or
+// with `inf_grad` a micro-batch with a finite loss and an infinite gradient.
+void nan_rank(TrainerEngine &e, const std::string &out, bool inf_grad = false) {
   const int r = e.rank();
   std::vector<int> skipped;
   const int id = e.add_step_callback([&](const StepReport &rep) {
@@ -76,7 +120,10 @@ void nan_rank(TrainerEngine &e, const std::string &out) {
   Params before;
   for (int s = 0; s < 3; s++) {
     if (s == 1) before = e.parameters_cpu();
-    if (feed_result(e, s, 2 * r, 2, 0, 1, 2, s == 1 && r == 1) != ProcessResult::kOk) {
+    const bool bad = s == 1 && r == 1;
+    const ProcessResult res =
+        inf_grad && bad ? feed_inf_grad(e, s, 2 * r) : feed_result(e, s, 2 * r, 2, 0, 1, 2, bad && !inf_grad);
+    if (res != ProcessResult::kOk) {
       o << "error " << e.error() << "\n";
       e.remove_step_callback(id);
       return;
@@ -100,7 +147,8 @@ TEST(DdpAgreeWorker, Rank) {
   const int rank = std::atoi(vttest::env_or("RANK", "0").c_str());
   auto c = config();
   c.timeout_s = 10;
-  if (mode == "nan-fail") c.nan_policy = "fail";
+  if (mode == "nan-fail" || mode == "grad-fail") c.nan_policy = "fail";
+  if (mode == "grad-skip" || mode == "grad-fail") c.model = vttest::env_or("VT_DDP_DIR", "") + "/inf_grad.pt";
   if (mode == "nan-bound") c.max_skipped_steps = 2;
   if (mode == "init") {
     c.seed = 3 + rank;         // rank 1 builds other weights...
@@ -155,7 +203,7 @@ TEST(DdpAgreeWorker, Rank) {
     for (int s = 0; s < 2; s++) feed(e, s, 2 * e.rank(), 2, 0, 1, 2);
     ASSERT_TRUE(e.finish()) << e.error();  // rank 0 writes step-00000002 into its folder
   } else {
-    nan_rank(e, out);
+    nan_rank(e, out, mode == "grad-skip" || mode == "grad-fail");
   }
   e.stop();
 }
@@ -180,6 +228,28 @@ TEST(DdpAgree, ANonFiniteLossOnOneRankFailsBothWithNanPolicyFail) {
     const std::string got = vttest::read_file(dir.file(f));
     EXPECT_EQ(got.rfind("error ", 0), 0u) << f << ": " << got;
     EXPECT_NE(got.find("non-finite loss at step 2 on 1 of 2"), std::string::npos) << f << ": " << got;
+  }
+}
+
+TEST(DdpAgree, AnInfiniteGradientOnOneRankSkipsTheStepOnBothOrFailsBoth) {
+  // The loss is finite on both ranks; rank 1's gradient is +Inf. After the all-reduce both
+  // hold the same (infinite) gradient and decide alike, without another collective.
+  vttest::TempDir dir;
+  ASSERT_TRUE(make_inf_grad_model(dir.file("inf_grad.pt")));
+  ASSERT_TRUE(run_ranks("grad-skip", dir, {{"VT_DDP_DIR", dir.path()}}));
+  for (const char *f : {"r0", "r1"}) {
+    const std::string got = vttest::read_file(dir.file(f));
+    EXPECT_NE(got.find("unchanged 1\n"), std::string::npos) << f << ": the skipped step moved the weights\n" << got;
+    EXPECT_NE(got.find("ok 3 skipped 2\n"), std::string::npos) << f << ": " << got;
+  }
+  const auto p0 = read_params(dir.file("r0.params"));
+  EXPECT_FALSE(p0.empty());
+  EXPECT_EQ(p0, read_params(dir.file("r1.params")));
+  ASSERT_TRUE(run_ranks("grad-fail", dir, {{"VT_DDP_DIR", dir.path()}}));
+  for (const char *f : {"r0", "r1"}) {
+    const std::string got = vttest::read_file(dir.file(f));
+    EXPECT_EQ(got.rfind("error ", 0), 0u) << f << ": " << got;
+    EXPECT_NE(got.find("non-finite gradient (first: b) with a finite loss"), std::string::npos) << f << ": " << got;
   }
 }
 

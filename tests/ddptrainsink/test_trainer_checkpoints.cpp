@@ -1,19 +1,24 @@
 /* Failures that used to hang or lose work, on one rank: checkpoints that do not verify
- * (NaN bytes, truncation, a half-deleted folder) are skipped at resume for the previous
- * good one; pruning keeps the last verified checkpoint; non-finite weights are never
- * written; nan-policy=skip is bounded and a run that skipped every step fails; an
+ * (NaN bytes, truncation, a half-deleted folder) or that load NaN/Inf weights or optimizer
+ * state are skipped at resume for the previous good one; checkpoints from before
+ * manifests (legacy) resume with a warning; pruning keeps the last verified checkpoint;
+ * non-finite weights are never written; non-finite gradients with a finite loss are not
+ * applied; nan-policy=skip is bounded and a run that skipped every step fails; an
  * unwritable checkpoint-dir fails at start; metrics-file's folder is created;
  * checkpoint-interval writes checkpoints by the (injected) clock. */
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "ddptrainsink/checkpoint_store.h"
 #include "engine_helpers.h"
@@ -64,6 +69,36 @@ void nan_bytes_into(const std::string &path) {
   f.seekp(static_cast<std::streamoff>(8 + header));
   f.write(reinterpret_cast<const char *>(&nan), 4);
   ASSERT_TRUE(f.good());
+}
+
+// What a version before manifests left: no manifest.json, and a trainer.json that does
+// not say a manifest seals the folder (otherwise the same files).
+void make_legacy(const std::string &dir) {
+  ASSERT_TRUE(fs::remove(dir + "/manifest.json"));
+  auto state = nlohmann::json::parse(vttest::read_file(dir + "/trainer.json"));
+  ASSERT_EQ(state.erase("sealed_by"), 1u);
+  vttest::write_file(dir + "/trainer.json", state.dump(2) + "\n");
+}
+
+// Rewrites manifest.json for the files as they are now (damage the checksums cannot see).
+void reseal(const std::string &dir) {
+  auto manifest = nlohmann::json::parse(vttest::read_file(dir + "/manifest.json"));
+  for (auto &[name, entry] : manifest["files"].items()) {
+    const std::string bytes = vttest::read_file(dir + "/" + name);
+    char hex[16];
+    std::snprintf(hex, sizeof(hex), "%08x", crc32_update(0, bytes.data(), bytes.size()));
+    entry["size"] = bytes.size();
+    entry["crc32"] = hex;
+  }
+  vttest::write_file(dir + "/manifest.json", manifest.dump(2) + "\n");
+}
+
+TrainerConfig resume_config(const std::string &root) {
+  auto c = cpu_config("builtin:linear-test");
+  c.checkpoint_dir = root;
+  c.resume = true;
+  c.checkpoint_every = 1;
+  return c;
 }
 
 void nan_batch(TrainerEngine &e, uint64_t step, ProcessResult want) {
@@ -320,4 +355,211 @@ TEST(TrainerEngine, StoppingWithoutEndOfStreamSaysWhatIsNotSaved) {
   const auto w = warnings(e);
   ASSERT_EQ(w.size(), 1u) << joined(w);
   EXPECT_NE(w[0].find("steps 3 to 3 are not in a checkpoint (the last is step-00000002)"), std::string::npos) << w[0];
+}
+
+TEST(TrainerEngine, ALegacyCheckpointWithoutManifestResumesWithAWarning) {
+  vttest::TempDir dir;
+  write_two_checkpoints(dir.path());
+  ASSERT_FALSE(HasFatalFailure());
+  make_legacy(dir.file("step-00000004"));
+  ASSERT_FALSE(HasFatalFailure());
+  std::map<std::string, std::vector<float>> saved;
+  {
+    TrainerEngine e(resume_config(dir.path()));
+    ASSERT_TRUE(e.start()) << e.error();
+    ASSERT_TRUE(e.resumed());
+    EXPECT_EQ(e.resume_point().step, 4u) << "the newest usable checkpoint, legacy or not";
+    const auto w = warnings(e);
+    ASSERT_EQ(w.size(), 1u) << joined(w);
+    EXPECT_NE(w[0].find(dir.file("step-00000004")), std::string::npos) << w[0];
+    EXPECT_NE(w[0].find("cannot be verified"), std::string::npos) << w[0];
+    saved = e.parameters_cpu();
+  }
+  // The weights are those of step 4: a second resume from a verified copy of them agrees.
+  fs::rename(dir.file("step-00000004"), dir.file("legacy-4"));
+  {
+    TrainerEngine e(resume_config(dir.path()));
+    ASSERT_TRUE(e.start()) << e.error();
+    EXPECT_EQ(e.resume_point().step, 2u);
+    EXPECT_GT(max_rel_diff(saved, e.parameters_cpu()), 0.0) << "step 2's weights differ from step 4's";
+  }
+  // A legacy folder that lost a file, or whose trainer.json is gone, is passed over.
+  fs::rename(dir.file("legacy-4"), dir.file("step-00000004"));
+  make_legacy(dir.file("step-00000002"));
+  fs::remove(dir.file("step-00000004/optimizer.pt"));
+  TrainerEngine e(resume_config(dir.path()));
+  ASSERT_TRUE(e.start()) << e.error();
+  EXPECT_EQ(e.resume_point().step, 2u);
+  const auto w = warnings(e);
+  ASSERT_EQ(w.size(), 2u) << joined(w);
+  EXPECT_NE(w[0].find("skipping checkpoint '" + dir.file("step-00000004") + "'"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("optimizer.pt"), std::string::npos) << w[0];
+  EXPECT_NE(w[1].find("cannot be verified"), std::string::npos) << w[1];
+}
+
+TEST(TrainerEngine, ACheckpointWithNonFiniteWeightsIsSkippedLegacyOrVerified) {
+  for (const bool legacy : {true, false}) {
+    SCOPED_TRACE(legacy ? "legacy" : "verified (manifest rewritten after the NaN)");
+    vttest::TempDir dir;
+    write_two_checkpoints(dir.path());
+    ASSERT_FALSE(HasFatalFailure());
+    nan_bytes_into(dir.file("step-00000004/model.safetensors"));  // length unchanged
+    if (legacy) {
+      make_legacy(dir.file("step-00000004"));
+      make_legacy(dir.file("step-00000002"));
+    } else {
+      reseal(dir.file("step-00000004"));
+      ASSERT_TRUE(verifies(dir.file("step-00000004")));
+    }
+    ASSERT_FALSE(HasFatalFailure());
+    TrainerEngine e(resume_config(dir.path()));
+    ASSERT_TRUE(e.start()) << e.error();
+    ASSERT_TRUE(e.resumed());
+    EXPECT_EQ(e.resume_point().step, 2u);
+    const auto w = warnings(e);
+    ASSERT_EQ(w.size(), legacy ? 2u : 1u) << joined(w);
+    EXPECT_NE(w[0].find("skipping checkpoint '" + dir.file("step-00000004") + "'"), std::string::npos) << w[0];
+    EXPECT_NE(w[0].find("weights hold NaN/Inf (first: "), std::string::npos) << w[0];
+    if (legacy) {
+      EXPECT_NE(w[1].find(dir.file("step-00000002") + "' has no manifest.json"), std::string::npos) << w[1];
+    }
+    for (const auto &[name, v] : e.parameters_cpu())
+      for (float x : v) ASSERT_TRUE(std::isfinite(x)) << name;
+    train(e, 2, 2, 1, 2);  // trains on from step 2 and replaces the bad step 4
+    ASSERT_FALSE(HasFailure());
+    EXPECT_TRUE(verifies(dir.file("step-00000004")));
+  }
+  // Nothing finite left: start fails, naming the folders in its warnings.
+  vttest::TempDir dir;
+  write_two_checkpoints(dir.path());
+  ASSERT_FALSE(HasFatalFailure());
+  for (const char *d : {"step-00000002", "step-00000004"}) {
+    nan_bytes_into(dir.file(std::string(d) + "/model.safetensors"));
+    make_legacy(dir.file(d));
+  }
+  TrainerEngine e(resume_config(dir.path()));
+  EXPECT_FALSE(e.start());
+  EXPECT_NE(e.error().find("none of the 2 checkpoint folders"), std::string::npos) << e.error();
+  EXPECT_EQ(warnings(e, "NaN/Inf").size(), 2u);
+}
+
+TEST(TrainerEngine, ACheckpointWithNonFiniteOptimizerStateIsSkipped) {
+  vttest::TempDir dir;
+  write_two_checkpoints(dir.path());
+  ASSERT_FALSE(HasFatalFailure());
+  // optimizer.pt is a zip archive with its tensors stored uncompressed: a NaN at the start
+  // of the largest one's data (a moment of the largest parameter; length unchanged).
+  vttest::write_file(dir.file("nan_tensors.py"), R"(
+import struct, sys, zipfile
+path = sys.argv[1]
+i = max((i for i in zipfile.ZipFile(path).infolist() if '/data/' in i.filename), key=lambda i: i.file_size)
+assert i.compress_type == zipfile.ZIP_STORED and i.file_size >= 4
+with open(path, 'r+b') as f:
+    f.seek(i.header_offset + 26)
+    name_len, extra_len = struct.unpack('<HH', f.read(4))
+    f.seek(i.header_offset + 30 + name_len + extra_len)
+    f.write(struct.pack('<f', float('nan')))
+)");
+  const std::string py = vttest::env_or("PYTHON", "/usr/bin/python3");
+  ASSERT_EQ(std::system((py + " " + dir.file("nan_tensors.py") + " " + dir.file("step-00000004/optimizer.pt")).c_str()),
+            0);
+  reseal(dir.file("step-00000004"));
+  TrainerEngine e(resume_config(dir.path()));
+  ASSERT_TRUE(e.start()) << e.error();
+  EXPECT_EQ(e.resume_point().step, 2u);
+  const auto w = warnings(e);
+  ASSERT_EQ(w.size(), 1u) << joined(w);
+  EXPECT_NE(w[0].find("optimizer state holds NaN/Inf (first: exp_avg"), std::string::npos) << w[0];
+}
+
+namespace {
+
+// A TorchScript model whose loss stays finite while conv.weight's gradient is +Inf for a
+// micro-batch whose first value is above 1000: sqrt(w - w.detach()) is 0 forward and
+// has an infinite derivative at 0.
+std::string make_inf_grad_model(const vttest::TempDir &dir) {
+  const std::string py = vttest::env_or("PYTHON", "/usr/bin/python3");
+  const std::string model = dir.file("inf_grad.pt");
+  vttest::write_file(dir.file("make_inf_grad.py"), R"(
+import sys, torch
+from typing import List
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv3d(4, 4, 1)
+    @torch.jit.export
+    def training_step(self, latents: torch.Tensor, captions: List[str]) -> torch.Tensor:
+        loss = ((self.conv(latents) - latents.flip(1)) ** 2).mean()
+        if bool(latents[0, 0, 0, 0, 0] > 1000.0):
+            w = self.conv.weight
+            loss = loss + torch.sqrt(w - w.detach()).sum()
+        return loss
+    def forward(self, x):
+        return self.conv(x)
+torch.jit.script(M()).save(sys.argv[1])
+)");
+  if (std::system((py + " " + dir.file("make_inf_grad.py") + " " + model).c_str()) != 0) {
+    ADD_FAILURE() << py << " could not script the test model";
+    return "";
+  }
+  return model;
+}
+
+at::Tensor inf_grad_batch(uint64_t step) {
+  auto b = at::stack({sample(step, 0), sample(step, 1)});
+  b[0][0][0][0][0] = 5000.0f;
+  return b;
+}
+
+}  // namespace
+
+TEST(TrainerEngine, NonFiniteGradientsWithAFiniteLossAreNotApplied) {
+  vttest::TempDir dir;
+  const std::string model = make_inf_grad_model(dir);
+  ASSERT_FALSE(HasFailure());
+  for (const double clip : {0.0, 1.0}) {
+    SCOPED_TRACE(clip > 0 ? "grad-clip=1 (its total norm decides)" : "no grad-clip");
+    auto c = cpu_config(model);
+    c.grad_clip = clip;
+    c.max_skipped_steps = 2;
+    TrainerEngine e(c);
+    ASSERT_TRUE(e.start()) << e.error();
+    std::vector<StepReport> reports;
+    e.add_step_callback([&](const StepReport &r) {
+      if (!r.model_built && !r.finished) reports.push_back(r);
+    });
+    train(e, 0, 1, 1, 2);
+    const auto before = e.parameters_cpu();
+    ASSERT_EQ(e.process_tensor(inf_grad_batch(1), info_for(1, 0, 1, 2)), ProcessResult::kOk) << e.error();
+    EXPECT_EQ(e.steps_done(), 2u);
+    EXPECT_TRUE(std::isfinite(e.last_loss())) << "the loss itself is finite";
+    ASSERT_EQ(reports.size(), 2u);
+    EXPECT_FALSE(reports[0].skipped);
+    EXPECT_TRUE(reports[1].skipped) << "the step counts as skipped";
+    EXPECT_EQ(max_rel_diff(before, e.parameters_cpu()), 0.0) << "weights unchanged";
+    const auto w = warnings(e, "non-finite gradient");
+    ASSERT_EQ(w.size(), 1u) << joined(w);
+    EXPECT_NE(w[0].find(clip > 0 ? "gradient norm (inf)" : "(first: conv.weight)"), std::string::npos) << w[0];
+    EXPECT_NE(w[0].find("optimizer step skipped"), std::string::npos) << w[0];
+    // A good step afterwards trains; then two in a row reach max-skipped-steps=2.
+    train(e, 2, 1, 1, 2);
+    EXPECT_GT(max_rel_diff(before, e.parameters_cpu()), 0.0);
+    for (const auto &[name, v] : e.parameters_cpu())
+      for (float x : v) ASSERT_TRUE(std::isfinite(x)) << name;
+    EXPECT_EQ(e.process_tensor(inf_grad_batch(3), info_for(3, 0, 1, 2)), ProcessResult::kOk) << e.error();
+    EXPECT_EQ(e.process_tensor(inf_grad_batch(4), info_for(4, 0, 1, 2)), ProcessResult::kError);
+    EXPECT_NE(e.error().find("2 optimizer steps in a row (4 to 5) had a non-finite loss or gradient"),
+              std::string::npos)
+        << e.error();
+  }
+  auto c = cpu_config(model);
+  c.nan_policy = "fail";
+  TrainerEngine e(c);
+  ASSERT_TRUE(e.start()) << e.error();
+  train(e, 0, 1, 1, 2);
+  const auto before = e.parameters_cpu();
+  EXPECT_EQ(e.process_tensor(inf_grad_batch(1), info_for(1, 0, 1, 2)), ProcessResult::kError);
+  EXPECT_NE(e.error().find("non-finite gradient (first: conv.weight)"), std::string::npos) << e.error();
+  EXPECT_NE(e.error().find("nan-policy=fail"), std::string::npos) << e.error();
+  EXPECT_EQ(max_rel_diff(before, e.parameters_cpu()), 0.0);
 }
