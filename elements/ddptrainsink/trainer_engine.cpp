@@ -143,6 +143,7 @@ struct TrainerEngine::Impl {
   // set after an exception means the weights may be half-updated (no rescue checkpoint).
   bool updating = false;
   bool rescue_tried = false;
+  bool step_failed = false;  // an exception left process_*() or finish() (a collective may be pending)
   std::string rescue_why;  // why no rescue checkpoint was written ("" when none was needed)
 
   // Non-finite steps: in a row (nan-policy=skip's bound) and over the run.
@@ -771,6 +772,13 @@ bool TrainerEngine::Impl::rescue(const std::string &context) {
   const uint64_t saved = last_ckpt_step == std::numeric_limits<uint64_t>::max() ? 0 : last_ckpt_step;
   if (steps_done <= saved) return false;
   rescue_tried = true;
+  if (step_failed && backend == "nccl") {
+    // A failed NCCL collective can leave its kernel waiting on the GPU, and the copies
+    // that save the weights would queue behind it (until NCCL's watchdog ends the
+    // process): no rescue rather than a hang. Gloo ops fail on the host.
+    rescue_why = "backend=nccl, and after a failed step the GPU may still be waiting in a collective";
+    return false;
+  }
   if (updating) {
     rescue_why = "step " + std::to_string(steps_done + 1) + " failed while the optimizer was updating the weights";
     return false;
@@ -930,6 +938,7 @@ ProcessResult TrainerEngine::process_tensor(const at::Tensor &batch, const Micro
     im.end_step(info);
   } catch (const std::exception &e) {
     im.error = first_line(e.what());
+    im.step_failed = true;
     // The error path (a collective that failed because a peer died, nan-policy=fail, ...):
     // the last completed step is saved now, before the face posts the error.
     im.rescue("the run failed in step " + std::to_string(im.steps_done + 1));
@@ -1011,6 +1020,7 @@ bool TrainerEngine::finish() {
     if (im.store && im.model && im.steps_done > 0) im.write_checkpoint();
   } catch (const std::exception &e) {
     im.fail(first_line(e.what()));
+    im.step_failed = true;
     im.rescue("end of stream failed after step " + std::to_string(im.steps_done));
     return false;
   }

@@ -142,7 +142,8 @@ class TrainerEngine {
   // writes a rescue checkpoint of the last completed step when it is newer than the last
   // checkpoint: alone, with no collective (peers may be dead), never of NaN/Inf weights or
   // of weights a failed update may have half-changed. process_*() and finish() do the same
-  // when they fail. A warning names it, or says which steps are lost and why.
+  // when they fail (not with backend=nccl, where a failed collective may hold the GPU).
+  // A warning names it, or says which steps are lost and why.
   void stop();
 
   const std::string &error() const;
