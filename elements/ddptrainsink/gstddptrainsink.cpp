@@ -143,7 +143,7 @@ static void post_messages(GstDdpTrainSink *self, TrainerEngine &engine) {
     for (auto &[k, v] : m.ints) {
       if (k == "epoch")
         gst_structure_set(s, k.c_str(), G_TYPE_UINT, static_cast<guint>(v), NULL);
-      else if (k == "skipped")
+      else if (k == "skipped" || k == "rescue")
         gst_structure_set(s, k.c_str(), G_TYPE_BOOLEAN, v != 0, NULL);
       else
         gst_structure_set(s, k.c_str(), G_TYPE_UINT64, static_cast<guint64>(v), NULL);

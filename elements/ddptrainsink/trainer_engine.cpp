@@ -139,6 +139,12 @@ struct TrainerEngine::Impl {
   uint64_t last_ckpt_step = std::numeric_limits<uint64_t>::max();
   double last_ckpt_time = 0;  // clock() at the last checkpoint or the start
   bool finished = false;      // finish() succeeded
+  // Set while the optimizer updates the weights, cleared once the step is counted: still
+  // set after an exception means the weights may be half-updated (no rescue checkpoint).
+  bool updating = false;
+  bool rescue_tried = false;
+  bool step_failed = false;  // an exception left process_*() or finish() (a collective may be pending)
+  std::string rescue_why;  // why no rescue checkpoint was written ("" when none was needed)
 
   // Non-finite steps: in a row (nan-policy=skip's bound) and over the run.
   uint64_t skipped_in_row = 0, steps_run = 0, steps_applied = 0;
@@ -184,6 +190,12 @@ struct TrainerEngine::Impl {
   void join_step();
   void join_until_all_end();
   void write_checkpoint();
+  // Rank 0's files, commit, local prune and messages of a checkpoint of steps_done.
+  std::string save_checkpoint(bool rescue);
+  // Stopped without the final checkpoint (stop without EOS, an error): rank 0 alone, no
+  // collective, writes the last completed step when it is newer than the last checkpoint
+  // and the state is whole and finite. True when it wrote one; else rescue_why says why not.
+  bool rescue(const std::string &context);
   bool all_steps_skipped() const { return steps_run > 0 && steps_applied == 0; }
   std::string all_skipped_text() const;
   // Loads `c` into the model (built as needed): "" when its weights and optimizer state
@@ -493,11 +505,14 @@ bool TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
     stats = t[0].to(torch::kCPU);
   }
   auto acc = stats.accessor<double, 1>();
-  positions.assign(world, {0, 0});
+  // Every rank's position after this step: taken over only once the step is counted, so
+  // that a rescue checkpoint of the last completed step never holds a later position.
+  std::vector<std::pair<unsigned, uint64_t>> step_positions(world, {0, 0});
   for (int r = 0; r < world; r++)
-    positions[r] = {static_cast<unsigned>(acc[3 + 2 * r]), static_cast<uint64_t>(acc[4 + 2 * r])};
+    step_positions[r] = {static_cast<unsigned>(acc[3 + 2 * r]), static_cast<uint64_t>(acc[4 + 2 * r])};
   const double active = acc[2];
   if (active < 0.5) {
+    positions = step_positions;
     // Every rank's data had ended (each joined this step): nothing to train on.
     for (auto &p : params) p.mutable_grad() = at::Tensor();
     in_step = false;
@@ -557,11 +572,17 @@ bool TrainerEngine::Impl::end_step(const MicroBatchInfo &info) {
     steps_applied++;
     for (auto &g : opt->param_groups()) static_cast<torch::optim::AdamWOptions &>(g.options()).lr(rep.lr);
     std::lock_guard<std::mutex> lock(state_mu);
+    // The only place that changes the weights during training: every collective of the
+    // step (gradient buckets, the loss/position all-reduce) is done, and the checks
+    // above throw before it. A throw from inside it leaves `updating` set.
+    updating = true;
     opt->step();
   }
   for (auto &p : params) p.mutable_grad() = at::Tensor();
   in_step = false;
+  positions = std::move(step_positions);
   steps_done++;
+  updating = false;
   steps_run++;
   rep.step = steps_done;
   last_loss = rep.loss;
@@ -687,9 +708,19 @@ void TrainerEngine::Impl::write_checkpoint() {
     throw std::runtime_error("the weights hold NaN/Inf at step " + std::to_string(steps_done) + " (first: " + bad +
                              "): no checkpoint written, the checkpoints in checkpoint-dir are kept; training cannot "
                              "recover from this (lower lr, set grad-clip)");
+  const uint64_t prev_step = last_ckpt_step;
   last_ckpt_step = steps_done;
   last_ckpt_time = clock();
   if (rank != 0) return;  // every rank holds the same weights; rank 0 writes
+  try {
+    save_checkpoint(false);
+  } catch (...) {
+    last_ckpt_step = prev_step;  // not written: a rescue may try again, the stop warning counts it lost
+    throw;
+  }
+}
+
+std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
   const std::string tmp = store->begin(steps_done);
   std::string model_file;
   {
@@ -716,15 +747,69 @@ void TrainerEngine::Impl::write_checkpoint() {
                 {"positions", pos},
                 {"optimizer_file", "optimizer.pt"},
                 {"rng_note", "no generator state: each step reseeds from seed, rank and step"}};
+  if (rescue) state["rescue"] = true;  // informative only: resume reads it like any other
   const std::string final_dir = store->commit(tmp, steps_done, state);
-  // Only now, with a newer checkpoint complete and verified, may older ones go.
+  // Only now, with a newer checkpoint complete and verified, may older ones go (local
+  // files only, no collective: also on the rescue path).
   store->prune(cfg.keep_checkpoints, steps_done);
   Message m;
   m.name = "ddptrainsink-checkpoint";
   m.ints["step"] = static_cast<int64_t>(steps_done);
   m.strings["path"] = final_dir;
+  if (rescue) m.ints["rescue"] = 1;
   messages.push_back(m);
-  append_metrics({{"type", "checkpoint"}, {"step", steps_done}, {"path", final_dir}});
+  json rec = {{"type", "checkpoint"}, {"step", steps_done}, {"path", final_dir}};
+  if (rescue) rec["rescue"] = true;
+  append_metrics(rec);
+  return final_dir;
+}
+
+bool TrainerEngine::Impl::rescue(const std::string &context) {
+  // After every completed optimizer step every rank holds the same weights and optimizer
+  // state, so rank 0 alone can write them: no collective, no barrier, no store access
+  // (the peers may be dead).
+  if (rescue_tried || finished || rank != 0 || !store || !model) return false;
+  const uint64_t saved = last_ckpt_step == std::numeric_limits<uint64_t>::max() ? 0 : last_ckpt_step;
+  if (steps_done <= saved) return false;
+  rescue_tried = true;
+  if (step_failed && backend == "nccl") {
+    // A failed NCCL collective can leave its kernel waiting on the GPU, and the copies
+    // that save the weights would queue behind it (until NCCL's watchdog ends the
+    // process): no rescue rather than a hang. Gloo ops fail on the host.
+    rescue_why = "backend=nccl, and after a failed step the GPU may still be waiting in a collective";
+    return false;
+  }
+  if (updating) {
+    rescue_why = "step " + std::to_string(steps_done + 1) + " failed while the optimizer was updating the weights";
+    return false;
+  }
+  if (all_steps_skipped()) {
+    rescue_why = "every step of this run was skipped (non-finite)";
+    return false;
+  }
+  try {
+    if (std::string bad = first_non_finite(*model); !bad.empty()) {
+      rescue_why = "the weights hold NaN/Inf (first: " + bad + ")";
+      return false;
+    }
+    if (std::string bad = first_non_finite_optimizer(); !bad.empty()) {
+      rescue_why = "the optimizer state holds NaN/Inf (first: " + bad + ")";
+      return false;
+    }
+    for (const auto &[step, dir] : store->step_folders())
+      if (step >= steps_done) {
+        rescue_why = "checkpoint-dir already holds '" + dir + "'";
+        return false;
+      }
+    const std::string dir = save_checkpoint(true);
+    last_ckpt_step = steps_done;
+    warn("wrote a rescue checkpoint of step " + std::to_string(steps_done) + " to " + dir + " (" + context +
+         "; rank 0 alone, the last completed step)");
+    return true;
+  } catch (const std::exception &e) {
+    rescue_why = "writing it failed: " + first_line(e.what());
+    return false;
+  }
 }
 
 std::string TrainerEngine::Impl::all_skipped_text() const {
@@ -853,6 +938,10 @@ ProcessResult TrainerEngine::process_tensor(const at::Tensor &batch, const Micro
     im.end_step(info);
   } catch (const std::exception &e) {
     im.error = first_line(e.what());
+    im.step_failed = true;
+    // The error path (a collective that failed because a peer died, nan-policy=fail, ...):
+    // the last completed step is saved now, before the face posts the error.
+    im.rescue("the run failed in step " + std::to_string(im.steps_done + 1));
     return ProcessResult::kError;
   }
   if (im.cfg.max_steps > 0 && im.steps_done >= im.cfg.max_steps) {
@@ -930,7 +1019,10 @@ bool TrainerEngine::finish() {
     if (im.all_steps_skipped()) return im.fail(im.all_skipped_text());
     if (im.store && im.model && im.steps_done > 0) im.write_checkpoint();
   } catch (const std::exception &e) {
-    return im.fail(first_line(e.what()));
+    im.fail(first_line(e.what()));
+    im.step_failed = true;
+    im.rescue("end of stream failed after step " + std::to_string(im.steps_done));
+    return false;
   }
   im.finished = true;
   return true;
@@ -940,12 +1032,20 @@ void TrainerEngine::stop() {
   auto &im = *impl_;
   // Stopped without a successful end of stream (gst-launch without -e, an error, a peer
   // that failed): say what is lost instead of nothing.
+  // The rescue comes before mark_exit(): it must not depend on the store (a peer or the
+  // store's host may be gone).
+  const bool in_step = im.in_step;
+  const bool rescued = im.rescue("stopped without end of stream");
+  if (rescued && in_step)
+    im.warn("stopped in the middle of step " + std::to_string(im.steps_done + 1) +
+            ": its micro-batches are dropped (the rescue checkpoint holds step " + std::to_string(im.steps_done) + ")");
   const uint64_t saved = im.last_ckpt_step == std::numeric_limits<uint64_t>::max() ? 0 : im.last_ckpt_step;
   if (im.store && im.model && !im.finished && im.rank == 0 && im.steps_done > saved)
     im.warn("stopped after step " + std::to_string(im.steps_done) + " without end of stream: steps " +
             std::to_string(saved + 1) + " to " + std::to_string(im.steps_done) + " are not in a checkpoint (" +
             (saved ? "the last is " + step_dir_name(saved) : std::string("none was written")) +
-            "); send EOS to stop (gst-launch-1.0 -e, Ctrl-C in videotrain-run or videotrain-launch)");
+            ")" + (im.rescue_why.empty() ? std::string() : "; no rescue checkpoint: " + im.rescue_why) +
+            "; send EOS to stop (gst-launch-1.0 -e, Ctrl-C in videotrain-run or videotrain-launch)");
   im.finished = true;  // once
   if (im.group) im.group->mark_exit();
   im.reducer.reset();

@@ -138,6 +138,12 @@ class TrainerEngine {
   // queues of different depth never leave a rank alone in a collective. Then writes the
   // final checkpoint (unless one was written for this step).
   bool finish();
+  // Ends the run. Without a successful finish() (a stop without EOS, an error) rank 0
+  // writes a rescue checkpoint of the last completed step when it is newer than the last
+  // checkpoint: alone, with no collective (peers may be dead), never of NaN/Inf weights or
+  // of weights a failed update may have half-changed. process_*() and finish() do the same
+  // when they fail (not with backend=nccl, where a failed collective may hold the GPU).
+  // A warning names it, or says which steps are lost and why.
   void stop();
 
   const std::string &error() const;

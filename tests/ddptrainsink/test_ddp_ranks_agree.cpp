@@ -10,10 +10,14 @@
  *    does one whose checkpoints all fail to verify; in a shared folder whose newest
  *    checkpoint is damaged, both resume from the one before;
  *  - checkpoint-interval: rank 0's clock decides, so when the weights have gone NaN both
- *    ranks find it at the same step and fail, instead of rank 1 waiting in a collective. */
+ *    ranks find it at the same step and fail, instead of rank 1 waiting in a collective;
+ *  - rescue checkpoint: rank 1 dies after step 2 of a run without periodic checkpoints;
+ *    rank 0 fails in step 3's all-reduce naming rank 1, and alone writes step 2, which
+ *    both ranks of a fresh run resume to the same weights. */
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -156,11 +160,17 @@ TEST(DdpAgreeWorker, Rank) {
   }
   if (mode == "init-script") c.model = vttest::env_or("VT_DDP_DIR", "") + "/m" + std::to_string(rank) + ".pt";
   if (mode == "ckpt" || mode == "resume") c.checkpoint_dir = out + ".ckpt";  // one per rank: no shared filesystem
+  if (mode == "rescue" || mode == "rescue-resume") {
+    c.checkpoint_dir = vttest::env_or("VT_DDP_DIR", "") + "/shared";
+    c.checkpoint_every = 0;
+    c.checkpoint_interval_s = 0;
+    c.timeout_s = 5;
+  }
   if (mode == "ckpt-shared" || mode == "resume-shared") {
     c.checkpoint_dir = vttest::env_or("VT_DDP_DIR", "") + "/shared";
     c.checkpoint_every = 2;
   }
-  c.resume = mode == "resume" || mode == "resume-shared";
+  c.resume = mode == "resume" || mode == "resume-shared" || mode == "rescue-resume";
   if (mode == "interval-nan") {
     c.checkpoint_dir = out + ".ckpt";
     c.checkpoint_interval_s = 60;
@@ -170,11 +180,12 @@ TEST(DdpAgreeWorker, Rank) {
     c.clock = [rank, calls]() mutable { return rank == 0 && calls++ > 0 ? 1000.0 : 0.0; };
   }
   TrainerEngine e(c);
-  if (mode == "resume" || mode == "resume-shared") {
+  if (mode == "resume" || mode == "resume-shared" || mode == "rescue-resume") {
     const bool ok = e.start();
     std::ofstream o(out);
     o << (ok ? "ok" : "error") << "\n" << e.error() << "\n";
     if (ok) o << "resumed at " << e.steps_done() << "\n";
+    if (ok) write_params(out + ".params", e.parameters_cpu(/*with_buffers=*/true));
     for (auto &m : e.take_messages())
       if (m.name == "warning") o << "warning " << m.strings["text"] << "\n";
     return;
@@ -199,6 +210,18 @@ TEST(DdpAgreeWorker, Rank) {
       }
   } else if (mode == "ckpt-shared") {
     for (int s = 0; s < 4; s++) feed(e, s, 2 * e.rank(), 2, 0, 1, 2);  // rank 0 writes steps 2 and 4
+  } else if (mode == "rescue") {
+    for (int s = 0; s < 2; s++) feed(e, s, 2 * e.rank(), 2, 0, 1, 2);
+    if (e.rank() == 1) _exit(0);  // a crash: no stop(), no end of stream
+    write_params(out + ".params", e.parameters_cpu(/*with_buffers=*/true));
+    std::ofstream o(out);
+    o << (feed_result(e, 2, 0, 2, 0, 1, 2) == ProcessResult::kError ? "error" : "ok") << "\n" << e.error() << "\n";
+    e.stop();
+    for (auto &m : e.take_messages()) {
+      if (m.name == "warning") o << "warning " << m.strings["text"] << "\n";
+      if (m.name == "ddptrainsink-checkpoint") o << "checkpoint " << m.ints["step"] << " rescue " << m.ints["rescue"] << "\n";
+    }
+    return;
   } else if (mode == "ckpt") {
     for (int s = 0; s < 2; s++) feed(e, s, 2 * e.rank(), 2, 0, 1, 2);
     ASSERT_TRUE(e.finish()) << e.error();  // rank 0 writes step-00000002 into its folder
@@ -355,6 +378,31 @@ TEST(DdpAgree, ARankWhoseCheckpointsAllFailToVerifyMakesBothFail) {
   EXPECT_NE(r0.find("rank 1 cannot resume"), std::string::npos) << r0;
   EXPECT_EQ(r1.rfind("error\n", 0), 0u) << r1;
   EXPECT_NE(r1.find("none of the 1 checkpoint folders"), std::string::npos) << r1;
+}
+
+TEST(DdpAgree, APeerThatDiesLeavesARescueCheckpointOfTheLastCompletedStep) {
+  vttest::TempDir dir;
+  const std::vector<std::pair<std::string, std::string>> env{{"VT_DDP_DIR", dir.path()}};
+  ASSERT_TRUE(run_ranks("rescue", dir, env));
+  const std::string r0 = vttest::read_file(dir.file("r0"));
+  EXPECT_EQ(r0.rfind("error\n", 0), 0u) << r0;
+  EXPECT_NE(r0.find("rank 1"), std::string::npos) << r0;
+  EXPECT_NE(r0.find("all-reduce"), std::string::npos) << r0;
+  EXPECT_NE(r0.find("checkpoint 2 rescue 1\n"), std::string::npos) << r0;
+  EXPECT_NE(r0.find("warning wrote a rescue checkpoint of step 2 to " + dir.file("shared/step-00000002")),
+            std::string::npos)
+      << r0;
+  EXPECT_EQ(r0.find("not in a checkpoint"), std::string::npos) << r0;
+  ASSERT_TRUE(std::ifstream(dir.file("shared/step-00000002/manifest.json")).good()) << r0;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("shared/step-00000003")));
+  const Params at2 = read_params(dir.file("r0.params"));
+  ASSERT_TRUE(run_ranks("rescue-resume", dir, env));
+  for (const char *f : {"r0", "r1"}) {
+    const std::string got = vttest::read_file(dir.file(f));
+    EXPECT_EQ(got.rfind("ok\n", 0), 0u) << f << ": " << got;
+    EXPECT_NE(got.find("resumed at 2\n"), std::string::npos) << f << ": " << got;
+    EXPECT_EQ(read_params(dir.file(std::string(f) + ".params")), at2) << f;
+  }
 }
 
 TEST(DdpAgree, BothRanksResumeFromTheCheckpointBeforeADamagedNewestOne) {

@@ -216,7 +216,7 @@ TEST(DdpTrainSink, BadSettingsAndInputAreElementErrors) {
   }
 }
 
-TEST(DdpTrainSink, AnUnwritableCheckpointDirFailsAtStartAndAStopWithoutEosWarns) {
+TEST(DdpTrainSink, AnUnwritableCheckpointDirFailsAtStartAndAStopWithoutEosWritesARescueCheckpoint) {
   vttest::TempDir dir;
   vttest::write_file(dir.file("a-file"), "");
   {
@@ -248,14 +248,28 @@ TEST(DdpTrainSink, AnUnwritableCheckpointDirFailsAtStartAndAStopWithoutEosWarns)
   gst_element_set_state(hs.h->element, GST_STATE_NULL);
   msgs = hs.drain();
   std::string warning;
-  for (auto *m : msgs)
+  bool rescue_message = false;
+  for (auto *m : msgs) {
     if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_WARNING) {
       GError *err = nullptr;
       gst_message_parse_warning(m, &err, nullptr);
       warning += err->message;
       g_error_free(err);
     }
-  EXPECT_NE(warning.find("steps 1 to 2 are not in a checkpoint (none was written)"), std::string::npos) << warning;
+    const GstStructure *st = gst_message_get_structure(m);
+    gboolean rescue = FALSE;
+    guint64 step = 0;
+    if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_ELEMENT && gst_structure_has_name(st, "ddptrainsink-checkpoint") &&
+        gst_structure_get_boolean(st, "rescue", &rescue) && rescue && gst_structure_get_uint64(st, "step", &step))
+      rescue_message = step == 2;
+  }
+  // Nothing trained is lost: rank 0 writes the last completed step (no collective).
+  EXPECT_NE(warning.find("wrote a rescue checkpoint of step 2 to " + dir.file("ckpt/step-00000002")),
+            std::string::npos)
+      << warning;
+  EXPECT_EQ(warning.find("not in a checkpoint"), std::string::npos) << warning;
+  EXPECT_TRUE(rescue_message) << "a ddptrainsink-checkpoint message with rescue=true and step=2";
+  EXPECT_TRUE(std::filesystem::exists(dir.file("ckpt/step-00000002/manifest.json")));
   unref_all(msgs);
 }
 

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -243,6 +244,15 @@ TEST(TrainerEngine, NonFiniteWeightsAreNeverWrittenAndTheLastGoodCheckpointStays
   EXPECT_NE(e.error().find("NaN/Inf at step 1"), std::string::npos) << e.error();
   EXPECT_TRUE(verifies(dir.file("step-00000001"))) << "the first run's step 1 must not be replaced";
   EXPECT_TRUE(verifies(dir.file("step-00000002"))) << "keep-checkpoints=1 must not delete the last good one";
+  e.take_messages();
+  e.stop();  // no rescue checkpoint of NaN weights either
+  const auto w = warnings(e);
+  ASSERT_EQ(w.size(), 1u) << joined(w);
+  EXPECT_NE(w[0].find("steps 1 to 1 are not in a checkpoint (none was written); no rescue checkpoint: the weights "
+                      "hold NaN/Inf"),
+            std::string::npos)
+      << w[0];
+  EXPECT_TRUE(verifies(dir.file("step-00000001")));
 }
 
 TEST(TrainerEngine, MaxSkippedStepsInARowIsAnError) {
@@ -342,19 +352,98 @@ TEST(TrainerEngine, CheckpointIntervalWritesByTheClock) {
   EXPECT_TRUE(verifies(dir.file("step-00000005")));
 }
 
-TEST(TrainerEngine, StoppingWithoutEndOfStreamSaysWhatIsNotSaved) {
+TEST(TrainerEngine, StoppingWithoutEndOfStreamWritesARescueCheckpointThatResumes) {
+  // No checkpoint-every, no checkpoint-interval: only the final checkpoint would be
+  // written, and a stop without end of stream (Ctrl-C to gst-launch-1.0 without -e)
+  // never gets there.
   vttest::TempDir dir;
   auto c = cpu_config("builtin:linear-test");
   c.checkpoint_dir = dir.path();
-  c.checkpoint_every = 2;
+  c.checkpoint_every = 0;
+  c.checkpoint_interval_s = 0;
+  std::map<std::string, std::vector<float>> at3;
+  {
+    TrainerEngine e(c);
+    ASSERT_TRUE(e.start()) << e.error();
+    train(e, 0, 3, 1, 2);
+    at3 = e.parameters_cpu(true);
+    // Half of step 4 (2 micro-batches): dropped, and the weights are still step 3's.
+    ASSERT_EQ(e.process_tensor(at::stack({sample(3, 0), sample(3, 1)}), info_for(3, 0, 2, 2)), ProcessResult::kOk);
+    e.take_messages();
+    EXPECT_FALSE(fs::exists(dir.file("step-00000003")));
+    e.stop();
+    std::vector<int64_t> rescued;
+    std::vector<std::string> w;
+    for (auto &m : e.take_messages()) {
+      if (m.name == "ddptrainsink-checkpoint" && m.ints["rescue"] == 1) rescued.push_back(m.ints["step"]);
+      if (m.name == "warning") w.push_back(m.strings["text"]);
+    }
+    EXPECT_EQ(rescued, (std::vector<int64_t>{3}));
+    const std::string all = joined(w);
+    EXPECT_NE(all.find("wrote a rescue checkpoint of step 3 to " + dir.file("step-00000003")), std::string::npos)
+        << all;
+    EXPECT_NE(all.find("stopped in the middle of step 4"), std::string::npos) << all;
+    EXPECT_EQ(all.find("not in a checkpoint"), std::string::npos) << all;
+  }
+  ASSERT_TRUE(verifies(dir.file("step-00000003")));
+  c.resume = true;
+  TrainerEngine r(c);
+  ASSERT_TRUE(r.start()) << r.error();
+  EXPECT_TRUE(r.resumed());
+  EXPECT_EQ(r.steps_done(), 3u);
+  EXPECT_EQ(r.parameters_cpu(true), at3);
+  EXPECT_EQ(r.resume_point().clip, 6u) << "the position after step 3, not after the dropped half of step 4";
+}
+
+TEST(TrainerEngine, AnErrorAfterTheStepsAllReduceRescuesTheStepBeforeWithItsOwnPosition) {
+  // nan-policy=fail throws after the loss/position all-reduce of step 3: the rescue
+  // checkpoint holds step 2 with the data position after step 2, not after step 3.
+  vttest::TempDir dir;
+  auto c = cpu_config("builtin:linear-test");
+  c.checkpoint_dir = dir.path();
+  c.checkpoint_interval_s = 0;
+  c.nan_policy = "fail";
+  std::map<std::string, std::vector<float>> at2;
+  {
+    TrainerEngine e(c);
+    ASSERT_TRUE(e.start()) << e.error();
+    train(e, 0, 2, 1, 2);
+    at2 = e.parameters_cpu(true);
+    nan_batch(e, 2, ProcessResult::kError);
+    const auto w = warnings(e, "rescue");
+    ASSERT_EQ(w.size(), 1u) << joined(w);
+    EXPECT_NE(w[0].find("wrote a rescue checkpoint of step 2 to " + dir.file("step-00000002") +
+                        " (the run failed in step 3;"),
+              std::string::npos)
+        << w[0];
+  }
+  c.resume = true;
+  TrainerEngine r(c);
+  ASSERT_TRUE(r.start()) << r.error();
+  EXPECT_EQ(r.steps_done(), 2u);
+  EXPECT_EQ(r.parameters_cpu(true), at2);
+  EXPECT_EQ(r.resume_point().clip, 4u);
+}
+
+TEST(TrainerEngine, StoppingWithoutEndOfStreamSaysWhatIsNotSavedWhenNoRescueIsWritten) {
+  vttest::TempDir dir;
+  write_two_checkpoints(dir.path());  // steps 2 and 4 of an earlier run
+  auto c = cpu_config("builtin:linear-test");
+  c.checkpoint_dir = dir.path();
+  c.checkpoint_interval_s = 0;
+  c.keep_checkpoints = 0;
   TrainerEngine e(c);
   ASSERT_TRUE(e.start()) << e.error();
-  train(e, 0, 3, 1, 2);
+  train(e, 0, 3, 1, 2);  // resume=false: a new run, behind the folder's step 4
   e.take_messages();
   e.stop();
   const auto w = warnings(e);
   ASSERT_EQ(w.size(), 1u) << joined(w);
-  EXPECT_NE(w[0].find("steps 3 to 3 are not in a checkpoint (the last is step-00000002)"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("steps 1 to 3 are not in a checkpoint (none was written); no rescue checkpoint: "
+                      "checkpoint-dir already holds '" + dir.file("step-00000004") + "'"),
+            std::string::npos)
+      << w[0];
+  EXPECT_FALSE(fs::exists(dir.file("step-00000003")));
 }
 
 TEST(TrainerEngine, ALegacyCheckpointWithoutManifestResumesWithAWarning) {
