@@ -343,24 +343,26 @@ class BuiltinModel : public TrainModel {
 
 }  // namespace
 
-std::string first_non_finite(TrainModel &model) {
-  std::vector<at::Tensor> bad;
-  std::vector<std::string> names;
-  auto add = [&](const NamedTensors &ts) {
-    for (const auto &[n, t] : ts)
-      if (t.is_floating_point()) {
-        bad.push_back(t.detach().isfinite().logical_not().any().reshape({1}));
-        names.push_back(n);
-      }
-  };
-  add(model.named_parameters());
-  add(model.named_buffers());
-  if (bad.empty()) return "";
-  const auto flags = at::cat(bad).to(at::kCPU);
-  const auto *f = flags.data_ptr<bool>();
+std::string first_non_finite(const NamedTensors &tensors) {
+  std::vector<at::Tensor> flags;
+  std::vector<const std::string *> names;
+  for (const auto &[n, t] : tensors)
+    if (t.defined() && t.is_floating_point()) {
+      flags.push_back(t.detach().isfinite().logical_not().any().reshape({1}));
+      names.push_back(&n);
+    }
+  if (flags.empty()) return "";
+  const auto f = at::cat(flags).to(at::kCPU);
+  const auto *bad = f.data_ptr<bool>();
   for (size_t i = 0; i < names.size(); i++)
-    if (f[i]) return names[i];
+    if (bad[i]) return *names[i];
   return "";
+}
+
+std::string first_non_finite(TrainModel &model) {
+  NamedTensors all = model.named_parameters();
+  for (auto &b : model.named_buffers()) all.push_back(std::move(b));
+  return first_non_finite(all);
 }
 
 std::vector<std::string> builtin_model_names() { return {"tiny-unet3d", "linear-test"}; }

@@ -40,8 +40,10 @@ class TrainModel {
   virtual void load(const std::string &dir) = 0;
 };
 
-// Name of the first parameter or floating buffer holding NaN/Inf; "" when all are finite.
+// Name of the first defined floating-point tensor holding NaN/Inf; "" when all are finite.
 // One host sync for all of them.
+std::string first_non_finite(const NamedTensors &tensors);
+// The same over the model's parameters and buffers.
 std::string first_non_finite(TrainModel &model);
 
 // Builtin names (without the "builtin:" prefix).

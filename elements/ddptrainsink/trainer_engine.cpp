@@ -137,6 +137,8 @@ struct TrainerEngine::Impl {
   std::string resume_error;  // why this rank cannot resume (reported after the ranks agree)
   std::unique_ptr<CheckpointStore> store;  // with checkpoint-dir
   uint64_t last_ckpt_step = std::numeric_limits<uint64_t>::max();
+  // The step the newest checkpoint of this run holds; 0 when none was written.
+  uint64_t saved_step() const { return last_ckpt_step == std::numeric_limits<uint64_t>::max() ? 0 : last_ckpt_step; }
   double last_ckpt_time = 0;  // clock() at the last checkpoint or the start
   bool finished = false;      // finish() succeeded
   // Set while the optimizer updates the weights, cleared once the step is counted: still
@@ -372,8 +374,7 @@ static Key optimizer_state_key(const at::Tensor &p) {
 
 std::string TrainerEngine::Impl::first_non_finite_optimizer() {
   using Key = typename std::decay_t<decltype(opt->state())>::key_type;
-  std::vector<at::Tensor> flags;
-  std::vector<std::string> names;
+  NamedTensors moments;
   std::lock_guard<std::mutex> lock(state_mu);
   auto &state = opt->state();
   for (size_t i = 0; i < params.size(); i++) {
@@ -381,34 +382,17 @@ std::string TrainerEngine::Impl::first_non_finite_optimizer() {
     if (it == state.end()) continue;
     auto *s = dynamic_cast<torch::optim::AdamWParamState *>(it->second.get());
     if (!s) continue;
-    const std::pair<const char *, at::Tensor> ts[] = {
-        {"exp_avg", s->exp_avg()}, {"exp_avg_sq", s->exp_avg_sq()}, {"max_exp_avg_sq", s->max_exp_avg_sq()}};
-    for (const auto &[what, t] : ts)
-      if (t.defined() && t.is_floating_point()) {
-        flags.push_back(t.detach().isfinite().logical_not().any().reshape({1}));
-        names.push_back(std::string(what) + " of " + param_names[i]);
-      }
+    moments.emplace_back("exp_avg of " + param_names[i], s->exp_avg());
+    moments.emplace_back("exp_avg_sq of " + param_names[i], s->exp_avg_sq());
+    moments.emplace_back("max_exp_avg_sq of " + param_names[i], s->max_exp_avg_sq());
   }
-  if (flags.empty()) return "";
-  const auto f = at::cat(flags).to(at::kCPU);
-  for (size_t i = 0; i < names.size(); i++)
-    if (f.data_ptr<bool>()[i]) return names[i];
-  return "";
+  return first_non_finite(moments);
 }
 
 std::string TrainerEngine::Impl::first_non_finite_grad() const {
-  std::vector<at::Tensor> flags;
-  std::vector<size_t> which;
-  for (size_t i = 0; i < params.size(); i++)
-    if (params[i].grad().defined()) {
-      flags.push_back(params[i].grad().detach().isfinite().logical_not().any().reshape({1}));
-      which.push_back(i);
-    }
-  if (flags.empty()) return "";
-  const auto f = at::cat(flags).to(at::kCPU);  // one host sync for all of them
-  for (size_t k = 0; k < which.size(); k++)
-    if (f.data_ptr<bool>()[k]) return param_names[which[k]];
-  return "";
+  NamedTensors grads;
+  for (size_t i = 0; i < params.size(); i++) grads.emplace_back(param_names[i], params[i].grad());
+  return first_non_finite(grads);
 }
 
 double TrainerEngine::Impl::grad_norm() const {
@@ -769,7 +753,7 @@ bool TrainerEngine::Impl::rescue(const std::string &context) {
   // state, so rank 0 alone can write them: no collective, no barrier, no store access
   // (the peers may be dead).
   if (rescue_tried || finished || rank != 0 || !store || !model) return false;
-  const uint64_t saved = last_ckpt_step == std::numeric_limits<uint64_t>::max() ? 0 : last_ckpt_step;
+  const uint64_t saved = saved_step();
   if (steps_done <= saved) return false;
   rescue_tried = true;
   if (step_failed && backend == "nccl") {
@@ -1039,7 +1023,7 @@ void TrainerEngine::stop() {
   if (rescued && in_step)
     im.warn("stopped in the middle of step " + std::to_string(im.steps_done + 1) +
             ": its micro-batches are dropped (the rescue checkpoint holds step " + std::to_string(im.steps_done) + ")");
-  const uint64_t saved = im.last_ckpt_step == std::numeric_limits<uint64_t>::max() ? 0 : im.last_ckpt_step;
+  const uint64_t saved = im.saved_step();
   if (im.store && im.model && !im.finished && im.rank == 0 && im.steps_done > saved)
     im.warn("stopped after step " + std::to_string(im.steps_done) + " without end of stream: steps " +
             std::to_string(saved + 1) + " to " + std::to_string(im.steps_done) + " are not in a checkpoint (" +
