@@ -99,7 +99,6 @@ void SourceEngine::restart_at(uint64_t seq) {
   }
   {
     std::lock_guard<std::mutex> g(bad_lock_);  // counting starts over where playback does
-    replaced_per_epoch_.clear();
     reported_.clear();
   }
   if (schedule_) start_workers();
@@ -184,7 +183,6 @@ void SourceEngine::report_bad(const Position &pos, uint64_t index, const Manifes
   {
     std::lock_guard<std::mutex> g(bad_lock_);
     if (!reported_[pos.epoch].insert(index).second) return;  // once per row and epoch
-    replaced_per_epoch_[pos.epoch]++;
   }
   stat_replaced_++;
   if (cb_.replaced) cb_.replaced(ReplacedEvent{pos.epoch, pos.clip, row.row, row.path, reason});
@@ -278,8 +276,8 @@ SourceEngine::Pull SourceEngine::next(GstBuffer **frame, std::string *error) {
           uint64_t replaced;
           {
             std::lock_guard<std::mutex> g(bad_lock_);
-            replaced = replaced_per_epoch_[pos.epoch];
-            replaced_per_epoch_.erase(pos.epoch);
+            auto it = reported_.find(pos.epoch);
+            replaced = it == reported_.end() ? 0 : it->second.size();
             reported_.erase(reported_.begin(), reported_.upper_bound(pos.epoch));
           }
           lk.unlock();

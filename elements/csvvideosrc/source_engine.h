@@ -149,8 +149,7 @@ class SourceEngine {
   std::condition_variable bad_cv_;
   std::unordered_map<uint64_t, BadRow> bad_;        // by manifest index
   std::set<uint64_t> trying_;                      // manifest indices being decoded now
-  std::map<uint32_t, std::set<uint64_t>> reported_;  // epoch -> manifest indices reported
-  std::map<uint32_t, uint64_t> replaced_per_epoch_;
+  std::map<uint32_t, std::set<uint64_t>> reported_;  // epoch -> manifest indices reported (its replaced count)
 
   std::atomic<uint64_t> stat_clips_{0}, stat_frames_{0}, stat_replaced_{0}, stat_decoded_{0};
 };
