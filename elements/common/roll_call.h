@@ -27,6 +27,11 @@ namespace roll_call_detail {
 inline std::vector<uint8_t> bytes(const std::string &s) { return {s.begin(), s.end()}; }
 inline std::string text(const std::vector<uint8_t> &v) { return {v.begin(), v.end()}; }
 inline std::string key(int r) { return "join/" + std::to_string(r); }
+// `others`: ", rank R has W" for each rank whose world size differs from ours.
+inline std::string disagree(const std::string &me, int world, const std::string &others) {
+  return "the ranks disagree on the world size: " + me + " has " + std::to_string(world) + others +
+         " (set the same world-size or WORLD_SIZE on every rank)";
+}
 
 // Rank 0, once every rank joined or the time is up: "" or what is wrong.
 inline std::string verdict(c10d::Store &store, int world, const std::string &me, std::chrono::milliseconds timeout) {
@@ -39,9 +44,7 @@ inline std::string verdict(c10d::Store &store, int world, const std::string &me,
     const std::string w = text(store.get(key(r)));
     if (w != std::to_string(world)) differ += ", rank " + std::to_string(r) + " has " + w;
   }
-  if (!differ.empty())
-    return "the ranks disagree on the world size: " + me + " has " + std::to_string(world) + differ +
-           " (set the same world-size or WORLD_SIZE on every rank)";
+  if (!differ.empty()) return disagree(me, world, differ);
   if (missing.empty()) return "";
   const std::string waited = timeout.count() % 1000 ? std::to_string(timeout.count()) + " ms"
                                                     : std::to_string(timeout.count() / 1000) + " s";
@@ -81,8 +84,7 @@ inline void await_ranks(c10d::Store &store, int rank, int world, std::chrono::st
       store.wait({key(0)}, timeout);
       const std::string w0 = text(store.get(key(0)));
       if (w0 != std::to_string(world)) {
-        error = "the ranks disagree on the world size: " + me + " has " + std::to_string(world) + ", rank 0 has " +
-                w0 + " (set the same world-size or WORLD_SIZE on every rank)";
+        error = disagree(me, world, ", rank 0 has " + w0);
         store.set("mismatch", bytes("1"));
       } else {
         store.wait({"verdict"}, timeout + grace);
