@@ -93,10 +93,19 @@ std::string heap_keeps_large_blocks() {
   return "";
 }
 
-std::string make_script_model(const TempDir &dir) {
+std::string script_model(const TempDir &dir, const std::string &name, const std::string &source) {
   const std::string py = env_or("PYTHON", "/usr/bin/python3");
-  const std::string model = dir.file("m.pt");
-  write_file(dir.file("make.py"), R"(
+  const std::string model = dir.file(name + ".pt"), script = dir.file(name + ".py");
+  write_file(script, source);
+  if (std::system((py + " " + script + " " + model).c_str()) != 0) {
+    ADD_FAILURE() << py << " could not script the test model " << name;
+    return "";
+  }
+  return model;
+}
+
+std::string make_script_model(const TempDir &dir) {
+  return script_model(dir, "m", R"(
 import sys, torch
 from typing import List
 class M(torch.nn.Module):
@@ -111,11 +120,17 @@ class M(torch.nn.Module):
         return self.conv(x)
 torch.jit.script(M()).save(sys.argv[1])
 )");
-  if (std::system((py + " " + dir.file("make.py") + " " + model).c_str()) != 0) {
-    ADD_FAILURE() << py << " could not script the test model";
-    return "";
-  }
-  return model;
+}
+
+void nan_into_safetensors(const std::string &path) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header = 0;
+  f.read(reinterpret_cast<char *>(&header), 8);
+  ASSERT_TRUE(f.good()) << path;
+  const uint32_t nan = 0x7fc00000u;
+  f.seekp(static_cast<std::streamoff>(8 + header));
+  f.write(reinterpret_cast<const char *>(&nan), 4);
+  ASSERT_TRUE(f.good()) << path;
 }
 
 void write_file(const std::string &path, const std::string &content) {

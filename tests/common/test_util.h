@@ -42,10 +42,18 @@ std::string read_file(const std::string &path);
 // Runs a gst-launch style description to EOS or error; returns the error text ("" on success).
 std::string run_pipeline(const std::string &description, int timeout_s = 60);
 
-// A TorchScript model made by Debian's python3-torch ($PYTHON) into DIR/m.pt: one 1x1x1
-// Conv3d over 4 channels, whose training_step draws noise from torch's default generator
-// and which has no validation_step. "" (with a test failure) when python fails.
+// DIR/NAME.pt, saved by `source` (a Python script that takes the path as argv[1]) run with
+// Debian's python3-torch ($PYTHON). "" (with a test failure) when python fails.
+std::string script_model(const TempDir &dir, const std::string &name, const std::string &source);
+
+// A TorchScript model made by script_model() into DIR/m.pt: one 1x1x1 Conv3d over 4
+// channels, whose training_step draws noise from torch's default generator and which has
+// no validation_step.
 std::string make_script_model(const TempDir &dir);
+
+// Overwrites the first float of a safetensors file's data with a NaN: same length, still
+// readable, so only a checksum or a finite check finds it.
+void nan_into_safetensors(const std::string &path);
 
 // A named pipe standing for a video on a stalled mount. With a writer (this object keeps
 // it open read-write), readers open it and read `prefix`, then read() blocks; without one,

@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -59,15 +60,13 @@ bool run_ranks(const std::string &mode, const vttest::TempDir &dir,
   return true;
 }
 
-// NaN bytes over the first float of a safetensors file's data (length unchanged).
-void damage(const std::string &path) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  uint64_t header = 0;
-  f.read(reinterpret_cast<char *>(&header), 8);
-  const uint32_t nan = 0x7fc00000u;
-  f.seekp(static_cast<std::streamoff>(8 + header));
-  f.write(reinterpret_cast<const char *>(&nan), 4);
-  ASSERT_TRUE(f.good()) << path;
+// Each rank's result file (r0, r1) starts with `head` and holds every one of `parts`.
+void expect_on_both(const vttest::TempDir &dir, const std::string &head, std::initializer_list<std::string> parts) {
+  for (const char *f : {"r0", "r1"}) {
+    const std::string got = vttest::read_file(dir.file(f));
+    EXPECT_EQ(got.rfind(head, 0), 0u) << f << ": " << got;
+    for (const auto &p : parts) EXPECT_NE(got.find(p), std::string::npos) << f << ": " << got;
+  }
 }
 
 // Micro-batch of samples [first, first + 2) of `step` whose first value is 5000: the
@@ -89,9 +88,8 @@ ProcessResult feed_inf_grad(TrainerEngine &e, int step, int first) {
 
 // A TorchScript model for any channel count whose loss stays finite while b's gradient
 // is +Inf for a micro-batch marked as feed_inf_grad() does.
-bool make_inf_grad_model(const std::string &path) {
-  const std::string script = path + ".py";
-  std::ofstream(script) << R"(
+std::string make_inf_grad_model(const vttest::TempDir &dir) {
+  return vttest::script_model(dir, "inf_grad", R"(
 import sys, torch
 from typing import List
 class M(torch.nn.Module):
@@ -108,8 +106,7 @@ class M(torch.nn.Module):
     def forward(self, x):
         return x * self.a + self.b
 torch.jit.script(M()).save(sys.argv[1])
-)";
-  return std::system((vttest::env_or("PYTHON", "/usr/bin/python3") + " " + script + " " + path).c_str()) == 0;
+)");
 }
 
 // Rank 1 alone feeds a NaN in step 2 of 3 (one micro-batch of 2 per rank and step), or
@@ -247,18 +244,14 @@ TEST(DdpAgree, ANonFiniteLossOnOneRankSkipsTheStepOnBoth) {
 TEST(DdpAgree, ANonFiniteLossOnOneRankFailsBothWithNanPolicyFail) {
   vttest::TempDir dir;
   ASSERT_TRUE(run_ranks("nan-fail", dir));
-  for (const char *f : {"r0", "r1"}) {
-    const std::string got = vttest::read_file(dir.file(f));
-    EXPECT_EQ(got.rfind("error ", 0), 0u) << f << ": " << got;
-    EXPECT_NE(got.find("non-finite loss at step 2 on 1 of 2"), std::string::npos) << f << ": " << got;
-  }
+  expect_on_both(dir, "error ", {"non-finite loss at step 2 on 1 of 2"});
 }
 
 TEST(DdpAgree, AnInfiniteGradientOnOneRankSkipsTheStepOnBothOrFailsBoth) {
   // The loss is finite on both ranks; rank 1's gradient is +Inf. After the all-reduce both
   // hold the same (infinite) gradient and decide alike, without another collective.
   vttest::TempDir dir;
-  ASSERT_TRUE(make_inf_grad_model(dir.file("inf_grad.pt")));
+  ASSERT_FALSE(make_inf_grad_model(dir).empty());
   ASSERT_TRUE(run_ranks("grad-skip", dir, {{"VT_DDP_DIR", dir.path()}}));
   for (const char *f : {"r0", "r1"}) {
     const std::string got = vttest::read_file(dir.file(f));
@@ -269,11 +262,7 @@ TEST(DdpAgree, AnInfiniteGradientOnOneRankSkipsTheStepOnBothOrFailsBoth) {
   EXPECT_FALSE(p0.empty());
   EXPECT_EQ(p0, read_params(dir.file("r1.params")));
   ASSERT_TRUE(run_ranks("grad-fail", dir, {{"VT_DDP_DIR", dir.path()}}));
-  for (const char *f : {"r0", "r1"}) {
-    const std::string got = vttest::read_file(dir.file(f));
-    EXPECT_EQ(got.rfind("error ", 0), 0u) << f << ": " << got;
-    EXPECT_NE(got.find("non-finite gradient (first: b) with a finite loss"), std::string::npos) << f << ": " << got;
-  }
+  expect_on_both(dir, "error ", {"non-finite gradient (first: b) with a finite loss"});
 }
 
 TEST(DdpAgree, EveryRankStartsFromRankZerosWeights) {
@@ -340,30 +329,19 @@ TEST(DdpAgree, ResumeFailsWhenTheRanksFindDifferentCheckpoints) {
   ASSERT_TRUE(run_ranks("ckpt", dir));
   ASSERT_TRUE(std::ifstream(dir.file("r0.ckpt/step-00000002/trainer.json")).good());
   ASSERT_TRUE(run_ranks("resume", dir));
-  for (const char *f : {"r0", "r1"}) {
-    const std::string got = vttest::read_file(dir.file(f));
-    EXPECT_EQ(got.rfind("error\n", 0), 0u) << f << ": " << got;
-    EXPECT_NE(got.find("rank 0: step 2"), std::string::npos) << f << ": " << got;
-    EXPECT_NE(got.find("rank 1: none"), std::string::npos) << f << ": " << got;
-  }
+  expect_on_both(dir, "error\n", {"rank 0: step 2", "rank 1: none"});
 }
 
 TEST(DdpAgree, TheCheckpointIntervalFollowsRankZerosClockOnEveryRank) {
   vttest::TempDir dir;
   ASSERT_TRUE(run_ranks("interval-nan", dir));
-  for (const char *f : {"r0", "r1"}) {
-    const std::string got = vttest::read_file(dir.file(f));
-    EXPECT_NE(got.find("error the weights hold NaN/Inf at step 1"), std::string::npos) << f << ": " << got;
-  }
+  expect_on_both(dir, "", {"error the weights hold NaN/Inf at step 1"});
 }
 
 TEST(DdpAgree, NonFiniteLossesOnOneRankReachMaxSkippedStepsOnBoth) {
   vttest::TempDir dir;
   ASSERT_TRUE(run_ranks("nan-bound", dir));
-  for (const char *f : {"r0", "r1"}) {
-    const std::string got = vttest::read_file(dir.file(f));
-    EXPECT_NE(got.find("error at 3: 2 optimizer steps in a row (2 to 3)"), std::string::npos) << f << ": " << got;
-  }
+  expect_on_both(dir, "", {"error at 3: 2 optimizer steps in a row (2 to 3)"});
 }
 
 TEST(DdpAgree, ARankWhoseCheckpointsAllFailToVerifyMakesBothFail) {
@@ -371,7 +349,7 @@ TEST(DdpAgree, ARankWhoseCheckpointsAllFailToVerifyMakesBothFail) {
   ASSERT_TRUE(run_ranks("ckpt", dir));
   std::filesystem::create_directories(dir.file("r1.ckpt"));
   std::filesystem::copy(dir.file("r0.ckpt/step-00000002"), dir.file("r1.ckpt/step-00000002"));
-  damage(dir.file("r1.ckpt/step-00000002/model.safetensors"));
+  vttest::nan_into_safetensors(dir.file("r1.ckpt/step-00000002/model.safetensors"));
   ASSERT_TRUE(run_ranks("resume", dir));
   const std::string r0 = vttest::read_file(dir.file("r0")), r1 = vttest::read_file(dir.file("r1"));
   EXPECT_EQ(r0.rfind("error\n", 0), 0u) << r0;
@@ -409,7 +387,7 @@ TEST(DdpAgree, BothRanksResumeFromTheCheckpointBeforeADamagedNewestOne) {
   vttest::TempDir dir;
   const std::vector<std::pair<std::string, std::string>> env{{"VT_DDP_DIR", dir.path()}};
   ASSERT_TRUE(run_ranks("ckpt-shared", dir, env));
-  damage(dir.file("shared/step-00000004/model.safetensors"));
+  vttest::nan_into_safetensors(dir.file("shared/step-00000004/model.safetensors"));
   ASSERT_TRUE(run_ranks("resume-shared", dir, env));
   for (const char *f : {"r0", "r1"}) {
     const std::string got = vttest::read_file(dir.file(f));

@@ -60,18 +60,6 @@ void write_two_checkpoints(const std::string &root) {
   ASSERT_TRUE(verifies(root + "/step-00000004"));
 }
 
-// Overwrites the first float of the safetensors data with a NaN: same length, readable.
-void nan_bytes_into(const std::string &path) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  uint64_t header = 0;
-  f.read(reinterpret_cast<char *>(&header), 8);
-  ASSERT_TRUE(f.good());
-  const uint32_t nan = 0x7fc00000u;
-  f.seekp(static_cast<std::streamoff>(8 + header));
-  f.write(reinterpret_cast<const char *>(&nan), 4);
-  ASSERT_TRUE(f.good());
-}
-
 // What a version before manifests left: no manifest.json, and a trainer.json that does
 // not say a manifest seals the folder (otherwise the same files).
 void make_legacy(const std::string &dir) {
@@ -164,7 +152,7 @@ TEST(TrainerEngine, ResumeSkipsANewestCheckpointThatDoesNotVerifyAndKeepsThePrev
     const char *reason;
   };
   const Damage damages[] = {
-      {"NaN bytes, length unchanged", [](const std::string &d) { nan_bytes_into(d + "/model.safetensors"); },
+      {"NaN bytes, length unchanged", [](const std::string &d) { vttest::nan_into_safetensors(d + "/model.safetensors"); },
        "CRC-32"},
       {"truncated optimizer state",
        [](const std::string &d) { fs::resize_file(d + "/optimizer.pt", fs::file_size(d + "/optimizer.pt") / 2); },
@@ -210,8 +198,8 @@ TEST(TrainerEngine, ResumeFailsWhenNoCheckpointVerifies) {
   vttest::TempDir dir;
   write_two_checkpoints(dir.path());
   ASSERT_FALSE(HasFatalFailure());
-  nan_bytes_into(dir.file("step-00000002/model.safetensors"));
-  nan_bytes_into(dir.file("step-00000004/model.safetensors"));
+  vttest::nan_into_safetensors(dir.file("step-00000002/model.safetensors"));
+  vttest::nan_into_safetensors(dir.file("step-00000004/model.safetensors"));
   auto c = cpu_config("builtin:linear-test");
   c.checkpoint_dir = dir.path();
   c.resume = true;
@@ -492,7 +480,7 @@ TEST(TrainerEngine, ACheckpointWithNonFiniteWeightsIsSkippedLegacyOrVerified) {
     vttest::TempDir dir;
     write_two_checkpoints(dir.path());
     ASSERT_FALSE(HasFatalFailure());
-    nan_bytes_into(dir.file("step-00000004/model.safetensors"));  // length unchanged
+    vttest::nan_into_safetensors(dir.file("step-00000004/model.safetensors"));  // length unchanged
     if (legacy) {
       make_legacy(dir.file("step-00000004"));
       make_legacy(dir.file("step-00000002"));
@@ -523,7 +511,7 @@ TEST(TrainerEngine, ACheckpointWithNonFiniteWeightsIsSkippedLegacyOrVerified) {
   write_two_checkpoints(dir.path());
   ASSERT_FALSE(HasFatalFailure());
   for (const char *d : {"step-00000002", "step-00000004"}) {
-    nan_bytes_into(dir.file(std::string(d) + "/model.safetensors"));
+    vttest::nan_into_safetensors(dir.file(std::string(d) + "/model.safetensors"));
     make_legacy(dir.file(d));
   }
   TrainerEngine e(resume_config(dir.path()));
@@ -567,9 +555,7 @@ namespace {
 // micro-batch whose first value is above 1000: sqrt(w - w.detach()) is 0 forward and
 // has an infinite derivative at 0.
 std::string make_inf_grad_model(const vttest::TempDir &dir) {
-  const std::string py = vttest::env_or("PYTHON", "/usr/bin/python3");
-  const std::string model = dir.file("inf_grad.pt");
-  vttest::write_file(dir.file("make_inf_grad.py"), R"(
+  return vttest::script_model(dir, "inf_grad", R"(
 import sys, torch
 from typing import List
 class M(torch.nn.Module):
@@ -587,11 +573,6 @@ class M(torch.nn.Module):
         return self.conv(x)
 torch.jit.script(M()).save(sys.argv[1])
 )");
-  if (std::system((py + " " + dir.file("make_inf_grad.py") + " " + model).c_str()) != 0) {
-    ADD_FAILURE() << py << " could not script the test model";
-    return "";
-  }
-  return model;
 }
 
 at::Tensor inf_grad_batch(uint64_t step) {
