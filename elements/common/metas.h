@@ -11,6 +11,9 @@ G_BEGIN_DECLS
 /* csvvideosrc's end of an epoch: its bus message and the serialized custom downstream
  * event that follows the epoch's last frame (fields epoch, clips, replaced). */
 #define GST_VIDEOTRAIN_EPOCH_EVENT "csvvideosrc-epoch"
+/* The longest clip a clip meta may announce (csvvideosrc num-frames' maximum); vaeencoder
+ * keeps a slot per frame, so it refuses longer ones before allocating. */
+#define GST_VIDEOTRAIN_MAX_CLIP_FRAMES 100000
 
 /* One per frame, from csvvideosrc. */
 typedef struct {

@@ -474,7 +474,7 @@ static void gst_csv_video_src_class_init(GstCsvVideoSrcClass *klass) {
                           rw));
   g_object_class_install_property(
       oc, PROP_NUM_FRAMES,
-      g_param_spec_int("num-frames", "Frames per clip", "Frames in each emitted clip", 1, 100000, 49, rw));
+      g_param_spec_int("num-frames", "Frames per clip", "Frames in each emitted clip", 1, GST_VIDEOTRAIN_MAX_CLIP_FRAMES, 49, rw));
   g_object_class_install_property(
       oc, PROP_FRAME_STRIDE,
       g_param_spec_int("frame-stride", "Frame stride", "Take every n-th decoded frame (1: consecutive frames)", 1,

@@ -15,6 +15,7 @@
 #include "dist_env.h"
 #include "first_line.h"
 #include "jit_load.h"
+#include "metas.h"
 #include "tensor_buffer.h"
 #include "vae_engine_tensors.h"
 
@@ -537,9 +538,9 @@ bool VaeEngine::clip_complete() const { return impl_->clip.active && impl_->clip
 std::string VaeEngine::check_clip(int T, int W, int H) const {
   const Impl &im = *impl_;
   if (T < 1) return "clip has no frames";
-  // csvvideosrc's num-frames goes up to 100000; a clip meta claiming more is not honoured
-  // (the engine keeps a slot per frame).
-  if (T > 100000) return "clips of " + std::to_string(T) + " frames are longer than the 100000 the encoder takes";
+  if (T > GST_VIDEOTRAIN_MAX_CLIP_FRAMES)
+    return "clips of " + std::to_string(T) + " frames are longer than the " +
+           std::to_string(GST_VIDEOTRAIN_MAX_CLIP_FRAMES) + " the encoder takes";
   if (W < 1 || H < 1) return "frames are empty";
   if (im.native) {
     if (!im.opts.allow_any_length && (T - 1) % im.tcomp != 0) {
