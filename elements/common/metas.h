@@ -54,6 +54,8 @@ typedef struct {
   GArray *sample_ids;    /* guint64 */
   GPtrArray *captions;   /* gchar*, owned */
   GArray *padding;       /* gboolean per sample */
+  GArray *clip_indices;  /* guint64 per sample: its clip index in its epoch on this rank */
+  GArray *epochs;        /* guint per sample: the epoch it was drawn in */
 } GstVideoTrainBatchMeta;
 
 GType gst_videotrain_clip_meta_api_get_type(void);
@@ -79,13 +81,56 @@ GstVideoTrainClipMeta *gst_buffer_add_videotrain_clip_meta(GstBuffer *buffer, co
                                                            const char *path, const char *split);
 GstVideoTrainSampleMeta *gst_buffer_add_videotrain_sample_meta(GstBuffer *buffer, const char *caption,
                                                                const char *path);
-/* Sample ids, captions and padding flags start empty; append with the helper below. */
+/* The per-sample arrays start empty; append a sample with the helper below. */
 GstVideoTrainBatchMeta *gst_buffer_add_videotrain_batch_meta(GstBuffer *buffer);
-void gst_videotrain_batch_meta_append(GstVideoTrainBatchMeta *meta, guint64 sample_id,
-                                      const char *caption, gboolean padding);
+void gst_videotrain_batch_meta_append(GstVideoTrainBatchMeta *meta, guint64 sample_id, guint epoch,
+                                      guint64 clip_index, const char *caption, gboolean padding);
 
 /* Sample meta filled from a clip meta (vaeencoder: first frame of the clip). */
 GstVideoTrainSampleMeta *gst_buffer_add_videotrain_sample_meta_from_clip(GstBuffer *buffer,
                                                                          const GstVideoTrainClipMeta *clip);
 
 G_END_DECLS
+
+#ifdef __cplusplus
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace videotrain {
+
+/* What a face reads from the metas and hands to an engine, so that engines stay free of
+ * GStreamer types. */
+struct BatchInfo {
+  uint64_t step = 0;
+  uint32_t micro_index = 0;
+  uint32_t micro_count = 0;
+  uint32_t step_samples = 0;
+  bool sync = false;
+  uint32_t epoch = 0;      // data position after the step: epoch ...
+  uint64_t next_clip = 0;  // ... and next clip index of that epoch
+  // One entry per sample of the micro-batch.
+  std::vector<uint64_t> sample_ids;
+  std::vector<std::string> captions;
+  std::vector<bool> padding;
+  std::vector<uint64_t> clip_indices;
+  std::vector<uint32_t> epochs;
+};
+
+struct SampleInfo {
+  uint64_t sample_id = 0;
+  uint32_t epoch = 0;
+  uint64_t clip_index = 0;
+  bool padding = false;
+  std::string caption;
+  std::string path;
+};
+
+// False when the buffer has no such meta.
+bool read_batch_meta(GstBuffer *buffer, BatchInfo *out);
+bool read_sample_meta(GstBuffer *buffer, SampleInfo *out);
+// Adds a batch meta holding everything in info (micro-batch buffers made by an app or a test).
+GstVideoTrainBatchMeta *write_batch_meta(GstBuffer *buffer, const BatchInfo &info);
+
+}  // namespace videotrain
+#endif

@@ -24,10 +24,6 @@ using namespace videotrain;
 
 namespace {
 
-// Custom serialized downstream events that close the step in progress when
-// epoch-boundary=true (besides an epoch change seen in the sample metas).
-constexpr const char *kEpochEndEvent = "videotrain-epoch-end";
-
 // What the engine holds per sample: the tensor and the timing of its buffer.
 struct Pending {
   HeldTensor *tensor;
@@ -201,7 +197,7 @@ static GstFlowReturn push_batches(GstMicroBatcher *self, std::vector<MicroBatch>
         meta->epoch = mb.epoch;
         meta->next_clip = mb.next_clip;
         for (const auto &s : mb.samples)
-          gst_videotrain_batch_meta_append(meta, s.sample_id, s.caption.c_str(), s.padding);
+          gst_videotrain_batch_meta_append(meta, s.sample_id, s.epoch, s.clip_index, s.caption.c_str(), s.padding);
         GST_LOG_OBJECT(self, "step %" G_GUINT64_FORMAT " micro-batch %u/%u: %zu samples %s%s", mb.step,
                        mb.micro_index + 1, mb.micro_count, mb.samples.size(),
                        shape_string(mb.samples.front().shape).c_str(), mb.sync ? " (sync)" : "");
@@ -307,7 +303,7 @@ static gboolean gst_micro_batcher_sink_event(GstPad *pad, GstObject *parent, Gst
       GST_OBJECT_LOCK(self);
       const bool boundary = self->epoch_boundary;
       GST_OBJECT_UNLOCK(self);
-      if (boundary && s && (gst_structure_has_name(s, kEpochEndEvent) || gst_structure_has_name(s, GST_VIDEOTRAIN_EPOCH_EVENT)))
+      if (boundary && s && gst_structure_has_name(s, GST_VIDEOTRAIN_EPOCH_EVENT))
         close_step(self, "epoch end event");
       break;
     }
@@ -394,7 +390,6 @@ static GstStateChangeReturn gst_micro_batcher_change_state(GstElement *element, 
     cfg.micro_batch_size = self->micro_batch_size;
     cfg.bucket = self->bucket;
     cfg.drop_last = self->drop_last;
-    cfg.epoch_boundary = self->epoch_boundary;
     cfg.start_step = self->start_step;
     GST_OBJECT_UNLOCK(self);
     std::string why;
@@ -511,7 +506,7 @@ static void gst_micro_batcher_class_init(GstMicroBatcherClass *klass) {
   g_object_class_install_property(
       oc, PROP_EPOCH_BOUNDARY,
       g_param_spec_boolean("epoch-boundary", "Epoch boundary",
-                           "End the step in progress when the epoch changes (steps never span two epochs)", TRUE,
+                           "End the step in progress at csvvideosrc's epoch-end event (csvvideosrc-epoch), so that steps never span two epochs", TRUE,
                            rw));
   g_object_class_install_property(
       oc, PROP_START_STEP,

@@ -45,9 +45,6 @@ void MicroBatcherEngine::release_pending() {
 
 bool MicroBatcherEngine::push(MicroBatcherSample sample, std::vector<MicroBatch> *out, std::string *why) {
   sample.arrival = arrivals_++;
-  if (cfg_.epoch_boundary && have_epoch_ && sample.epoch != last_epoch_) close_step(out);
-  have_epoch_ = true;
-  last_epoch_ = sample.epoch;
 
   if (!cfg_.bucket) {
     // Micro-batches are consecutive runs of micro_ samples in arrival order.

@@ -17,7 +17,6 @@ struct MicroBatcherConfig {
   uint32_t micro_batch_size = 0;  // samples per forward/backward; 0: = batch_size
   bool bucket = true;             // group a step's samples by shape
   bool drop_last = false;         // drop a partial step at epoch end / EOS instead of emitting it
-  bool epoch_boundary = true;     // an epoch change closes the step in progress
   uint64_t start_step = 0;        // number of the first step (resumed runs)
 
   uint32_t effective_micro_batch_size() const { return micro_batch_size ? micro_batch_size : batch_size; }
@@ -58,8 +57,8 @@ class MicroBatcherEngine {
   MicroBatcherEngine(const MicroBatcherEngine &) = delete;
   MicroBatcherEngine &operator=(const MicroBatcherEngine &) = delete;
 
-  // Takes a sample; appends the micro-batches of every step it completes (an epoch
-  // change first closes the step in progress) to *out. On error (bucket=false and a
+  // Takes a sample; appends the micro-batches of every step it completes to *out
+  // (epoch ends come from the face, through finish()). On error (bucket=false and a
   // micro-batch would mix shapes) returns false with a reason; the sample's handle is
   // then released and nothing else changes.
   bool push(MicroBatcherSample sample, std::vector<MicroBatch> *out, std::string *why);
@@ -68,7 +67,7 @@ class MicroBatcherEngine {
   // (drop_last=false) or releasing it (drop_last=true).
   void finish(std::vector<MicroBatch> *out);
 
-  // Flush: releases what is held; step numbering and epoch tracking go on.
+  // Flush: releases what is held; step numbering goes on.
   void flush();
 
   // Resumed runs: the next step gets this number (held samples are released first).
@@ -89,8 +88,6 @@ class MicroBatcherEngine {
   uint64_t next_step_;
   uint64_t arrivals_ = 0;
   uint64_t dropped_ = 0;
-  bool have_epoch_ = false;
-  uint32_t last_epoch_ = 0;
 };
 
 std::string shape_string(const std::vector<int64_t> &shape);

@@ -92,8 +92,8 @@ TEST(Metas, BatchMetaCopiesItsLists) {
   auto *m = gst_buffer_add_videotrain_batch_meta(b);
   m->step = 5;
   m->sync = TRUE;
-  gst_videotrain_batch_meta_append(m, 11, "first", FALSE);
-  gst_videotrain_batch_meta_append(m, 12, nullptr, TRUE);
+  gst_videotrain_batch_meta_append(m, 11, 2, 30, "first", FALSE);
+  gst_videotrain_batch_meta_append(m, 12, 3, 0, nullptr, TRUE);
   GstBuffer *c = gst_buffer_copy(b);
   gst_buffer_unref(b);
   auto *n = gst_buffer_get_videotrain_batch_meta(c);
@@ -105,6 +105,31 @@ TEST(Metas, BatchMetaCopiesItsLists) {
   EXPECT_STREQ((const char *)g_ptr_array_index(n->captions, 0), "first");
   EXPECT_STREQ((const char *)g_ptr_array_index(n->captions, 1), "");
   EXPECT_TRUE(g_array_index(n->padding, gboolean, 1));
+  EXPECT_EQ(g_array_index(n->clip_indices, guint64, 0), 30u);
+  EXPECT_EQ(g_array_index(n->epochs, guint, 1), 3u);
+  BatchInfo info;
+  ASSERT_TRUE(read_batch_meta(c, &info));
+  EXPECT_EQ(info.step, 5u);
+  EXPECT_EQ(info.sample_ids, (std::vector<uint64_t>{11, 12}));
+  EXPECT_EQ(info.epochs, (std::vector<uint32_t>{2, 3}));
+  EXPECT_EQ(info.clip_indices, (std::vector<uint64_t>{30, 0}));
+  EXPECT_EQ(info.captions, (std::vector<std::string>{"first", ""}));
+  EXPECT_EQ(info.padding, (std::vector<bool>{false, true}));
+  // write_batch_meta gives back what was read.
+  GstBuffer *d = gst_buffer_new();
+  ASSERT_NE(write_batch_meta(d, info), nullptr);
+  BatchInfo again;
+  ASSERT_TRUE(read_batch_meta(d, &again));
+  EXPECT_EQ(again.sample_ids, info.sample_ids);
+  EXPECT_EQ(again.clip_indices, info.clip_indices);
+  EXPECT_EQ(again.epochs, info.epochs);
+  EXPECT_EQ(again.padding, info.padding);
+  EXPECT_TRUE(again.sync);
+  BatchInfo none;
+  GstBuffer *plain = gst_buffer_new();
+  EXPECT_FALSE(read_batch_meta(plain, &none));
+  gst_buffer_unref(plain);
+  gst_buffer_unref(d);
   gst_buffer_unref(c);
 }
 

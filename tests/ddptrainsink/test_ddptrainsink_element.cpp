@@ -37,7 +37,7 @@ GstBuffer *micro_batch(uint64_t step, unsigned idx, unsigned count, unsigned m, 
   meta->sync = idx + 1 == count;
   meta->epoch = epoch;
   meta->next_clip = (step + 1) * m * count;
-  for (unsigned k = 0; k < m; k++) gst_videotrain_batch_meta_append(meta, step * 100 + k, "a caption", FALSE);
+  for (unsigned k = 0; k < m; k++) gst_videotrain_batch_meta_append(meta, step * 100 + k, epoch, (step * count + idx) * m + k, "a caption", FALSE);
   return buf;
 }
 

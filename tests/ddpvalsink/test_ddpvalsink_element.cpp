@@ -34,7 +34,7 @@ GstBuffer *micro_batch(uint64_t step) {
   meta->micro_count = 1;
   meta->step_samples = 1;
   meta->sync = TRUE;
-  gst_videotrain_batch_meta_append(meta, step, "a caption", FALSE);
+  gst_videotrain_batch_meta_append(meta, step, 0, step, "a caption", FALSE);
   return buf;
 }
 
@@ -95,7 +95,7 @@ RunResult run(unsigned steps, unsigned every, unsigned val_n, int size, const st
   std::thread vf([&] {
     // Bounded like a real source (4 queued), but never blocked inside appsrc: a push blocked
     // there can miss its wake-up when the pipeline shuts down after an error.
-    for (unsigned ep = 0; !stop; ep++)  // num-epochs=0: loops until the sinks are done
+    for (unsigned ep = 0; !stop; ep++) {  // num-epochs=0: loops until the sinks are done
       for (unsigned k = 0; k < val_n && !stop; k++) {
         while (!stop && gst_app_src_get_current_level_buffers(GST_APP_SRC(val)) >= 4)
           std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -105,6 +105,11 @@ RunResult run(unsigned steps, unsigned every, unsigned val_n, int size, const st
           return;
         }
       }
+      // Like csvvideosrc: the epoch's end follows its last buffer (a microbatcher closes its step there).
+      gst_element_send_event(val, gst_event_new_custom(GST_EVENT_CUSTOM_DOWNSTREAM,
+                                                       gst_structure_new(GST_VIDEOTRAIN_EPOCH_EVENT, "epoch",
+                                                                         G_TYPE_UINT, ep, nullptr)));
+    }
   });
   GstBus *bus = gst_element_get_bus(pipe);
   const auto t0 = Clock::now();
@@ -239,7 +244,7 @@ TEST(DdpValSinkElement, PaddedSamplesOfMicroBatchesAreNotValidated) {
     meta->sync = TRUE;
     meta->epoch = k == 2 ? ep + 1 : ep;  // the position after this micro-batch
     meta->next_clip = k == 2 ? 0 : 2 * (k + 1);
-    for (int i = 0; i < 2; i++) gst_videotrain_batch_meta_append(meta, ids[i], "a val caption", 2 * k + i == 5);
+    for (int i = 0; i < 2; i++) gst_videotrain_batch_meta_append(meta, ids[i], ep, 2 * k + i, "a val caption", 2 * k + i == 5);
     return buf;
   }, kMicro);
   ASSERT_EQ(micro.error, "");

@@ -73,6 +73,12 @@ struct Harness {
     gst_harness_teardown(h);
     gst_object_unref(bus);
   }
+  // csvvideosrc's epoch-end event, serialized after the epoch's last buffer.
+  bool end_epoch(guint epoch) {
+    return gst_harness_push_event(
+        h, gst_event_new_custom(GST_EVENT_CUSTOM_DOWNSTREAM,
+                                gst_structure_new(GST_VIDEOTRAIN_EPOCH_EVENT, "epoch", G_TYPE_UINT, epoch, nullptr)));
+  }
   GstFlowReturn push(const Latent &l) {
     GstFlowReturn r = gst_harness_push(h, latent(l, pts));
     pts += kDur;
@@ -101,7 +107,7 @@ struct Harness {
 struct Batch {
   std::vector<int64_t> shape;
   std::vector<uint64_t> rows;  // value of each stacked row (= sample id)
-  GstVideoTrainBatchMeta meta;  // scalar fields only
+  BatchInfo meta;
   std::vector<uint64_t> ids;
   std::vector<std::string> captions;
   std::vector<bool> padding;
@@ -122,16 +128,10 @@ Batch inspect(GstBuffer *buf) {
       b.rows.push_back(static_cast<uint64_t>(v));
     }
   }
-  auto *m = gst_buffer_get_videotrain_batch_meta(buf);
-  EXPECT_NE(m, nullptr);
-  if (m) {
-    b.meta = *m;
-    for (guint i = 0; i < m->sample_ids->len; i++) {
-      b.ids.push_back(g_array_index(m->sample_ids, guint64, i));
-      b.captions.push_back(static_cast<const char *>(g_ptr_array_index(m->captions, i)));
-      b.padding.push_back(g_array_index(m->padding, gboolean, i));
-    }
-  }
+  EXPECT_TRUE(read_batch_meta(buf, &b.meta));
+  b.ids = b.meta.sample_ids;
+  b.captions = b.meta.captions;
+  b.padding = b.meta.padding;
   b.pts = GST_BUFFER_PTS(buf);
   gst_buffer_unref(buf);
   return b;
@@ -224,10 +224,14 @@ TEST_F(MicroBatcherElement, StepNumbersContinueAcrossEpochs) {
   ASSERT_EQ(h.push({0, A, 0, 0}), GST_FLOW_OK);
   ASSERT_EQ(h.push({1, A, 0, 1}), GST_FLOW_OK);
   ASSERT_EQ(h.push({2, A, 0, 2}), GST_FLOW_OK);
-  ASSERT_EQ(h.push({3, A, 1, 0}), GST_FLOW_OK);  // epoch change closes step 11 = {2}
+  ASSERT_TRUE(h.end_epoch(0));  // closes step 11 = {2}
+  ASSERT_EQ(h.push({3, A, 1, 0}), GST_FLOW_OK);
   ASSERT_EQ(h.push({4, A, 1, 1}), GST_FLOW_OK);
   auto out = inspect_all(h);
   ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[1].meta.clip_indices, (std::vector<uint64_t>{2}));
+  EXPECT_EQ(out[2].meta.clip_indices, (std::vector<uint64_t>{0, 1}));
+  EXPECT_EQ(out[2].meta.epochs, (std::vector<uint32_t>{1, 1}));
   EXPECT_EQ(out[0].meta.step, 10u);
   EXPECT_EQ(out[0].rows, (std::vector<uint64_t>{0, 1}));
   EXPECT_EQ(out[1].meta.step, 11u);
@@ -270,12 +274,36 @@ TEST_F(MicroBatcherElement, ResumeQueryAnswerSetsTheNextStep) {
 TEST_F(MicroBatcherElement, EpochEndEventClosesStep) {
   Harness h(make_batcher(4, 2));
   ASSERT_EQ(h.push({0, A}), GST_FLOW_OK);
-  ASSERT_TRUE(gst_harness_push_event(
-      h.h, gst_event_new_custom(GST_EVENT_CUSTOM_DOWNSTREAM, gst_structure_new_empty("videotrain-epoch-end"))));
+  ASSERT_TRUE(h.end_epoch(0));
   auto out = inspect_all(h);
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].rows, (std::vector<uint64_t>{0}));
   EXPECT_TRUE(out[0].meta.sync);
+}
+
+// The epoch end arrives one way: an epoch change in the sample metas alone closes nothing,
+// and the batch meta keeps each sample's own epoch and clip index.
+TEST_F(MicroBatcherElement, EpochChangeWithoutEventKeepsTheStepOpen) {
+  Harness h(make_batcher(2, 0));
+  ASSERT_EQ(h.push({5, A, 0, 7}), GST_FLOW_OK);
+  ASSERT_EQ(h.push({6, A, 1, 0}), GST_FLOW_OK);
+  auto out = inspect_all(h);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].meta.sample_ids, (std::vector<uint64_t>{5, 6}));
+  EXPECT_EQ(out[0].meta.epochs, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(out[0].meta.clip_indices, (std::vector<uint64_t>{7, 0}));
+}
+
+TEST_F(MicroBatcherElement, EpochBoundaryOffIgnoresTheEvent) {
+  GstElement *e = make_batcher(2, 0);
+  g_object_set(e, "epoch-boundary", FALSE, nullptr);
+  Harness h(e);
+  ASSERT_EQ(h.push({0, A, 0, 0}), GST_FLOW_OK);
+  ASSERT_TRUE(h.end_epoch(0));
+  ASSERT_EQ(h.push({1, A, 1, 0}), GST_FLOW_OK);
+  auto out = inspect_all(h);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].rows, (std::vector<uint64_t>{0, 1}));
 }
 
 TEST_F(MicroBatcherElement, DtypeChangeEmitsHeldSamplesUnderOldCaps) {
@@ -313,7 +341,8 @@ TEST_F(MicroBatcherElement, DropLastDropsPartialStep) {
   g_object_set(e, "drop-last", TRUE, nullptr);
   Harness h(e);
   for (uint64_t i = 0; i < 3; i++) ASSERT_EQ(h.push({i, A, 0, i}), GST_FLOW_OK);  // {0,1} full, {2} partial
-  ASSERT_EQ(h.push({3, A, 1, 0}), GST_FLOW_OK);  // epoch change drops {2}
+  ASSERT_TRUE(h.end_epoch(0));                   // epoch end drops {2}
+  ASSERT_EQ(h.push({3, A, 1, 0}), GST_FLOW_OK);
   ASSERT_TRUE(gst_harness_push_event(h.h, gst_event_new_eos()));  // EOS drops {3}
   auto out = inspect_all(h);
   ASSERT_EQ(out.size(), 2u);

@@ -152,9 +152,11 @@ TEST(MicroBatcherEngine, StepsContinueAcrossEpochsAndStartStep) {
   cfg.micro_batch_size = 4;
   cfg.start_step = 100;
   Fixture f(cfg);
-  // Epoch 0: 6 samples -> one full step (100) and a partial one (101) at the epoch change.
+  // Epoch 0: 6 samples -> one full step (100) and a partial one (101) at the epoch end.
   for (uint64_t i = 0; i < 6; i++) ASSERT_TRUE(f.push(i, A, 0, i));
   ASSERT_EQ(f.out.size(), 1u);
+  f.engine->finish(&f.out);  // the face's epoch-end event
+  ASSERT_EQ(f.out.size(), 2u);
   for (uint64_t i = 0; i < 4; i++) ASSERT_TRUE(f.push(100 + i, A, 1, i));
   ASSERT_EQ(f.out.size(), 3u);
   EXPECT_EQ(f.out[0].step, 100u);
@@ -170,10 +172,10 @@ TEST(MicroBatcherEngine, StepsContinueAcrossEpochsAndStartStep) {
   EXPECT_EQ(f.take(f.out[2]), (std::vector<uint64_t>{100, 101, 102, 103}));
 }
 
-TEST(MicroBatcherEngine, EpochBoundaryOffLetsStepsSpanEpochs) {
+TEST(MicroBatcherEngine, EpochChangeInMetasAloneDoesNotCloseAStep) {
+  // Epoch ends arrive one way, as csvvideosrc's event (the face calls finish()).
   MicroBatcherConfig cfg;
   cfg.batch_size = 4;
-  cfg.epoch_boundary = false;
   Fixture f(cfg);
   for (uint64_t i = 0; i < 6; i++) ASSERT_TRUE(f.push(i, A, 0, i));
   for (uint64_t i = 0; i < 2; i++) ASSERT_TRUE(f.push(100 + i, A, 1, i));
@@ -208,7 +210,8 @@ TEST(MicroBatcherEngine, DropLastReleasesPartialStepWithoutUsingAStepNumber) {
   cfg.drop_last = true;
   Fixture f(cfg);
   for (uint64_t i = 0; i < 6; i++) ASSERT_TRUE(f.push(i, A, 0, i));
-  ASSERT_TRUE(f.push(50, A, 1, 0));  // epoch change drops {4, 5}
+  f.engine->finish(&f.out);  // epoch end drops {4, 5}
+  ASSERT_TRUE(f.push(50, A, 1, 0));
   EXPECT_EQ(f.released_ids, (std::vector<uint64_t>{4, 5}));
   for (uint64_t i = 1; i < 4; i++) ASSERT_TRUE(f.push(50 + i, A, 1, i));
   ASSERT_EQ(f.out.size(), 2u);
