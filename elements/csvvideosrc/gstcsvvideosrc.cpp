@@ -3,6 +3,7 @@
  * A GstPushSrc that emits RGB frames, one buffer per frame, each with a clip meta;
  * timestamps run on continuously across clips at `framerate`. */
 #include "gstcsvvideosrc.h"
+#include "bus_messages_doc.h"
 
 #include <gst/video/video.h>
 
@@ -560,7 +561,7 @@ static void gst_csv_video_src_class_init(GstCsvVideoSrcClass *klass) {
   gst_element_class_set_static_metadata(
       ec, "CSV video training source", "Source/Video",
       "Reads a CSV manifest of videos lazily, shards it over ranks, shuffles per epoch and decodes only the frames of "
-      "each clip, several videos in parallel",
+      "each clip, several videos in parallel" VIDEOTRAIN_DOC_CSVVIDEOSRC_MESSAGES,
       "gst-videotrain developers");
   gst_type_mark_as_plugin_api(clip_start_get_type(), GstPluginAPIFlags(0));
   gst_type_mark_as_plugin_api(resize_mode_get_type(), GstPluginAPIFlags(0));

@@ -7,6 +7,7 @@
  * checkpoint is loaded in READY->PAUSED, and the videotrain-resume query (sent
  * upstream by csvvideosrc) is answered from it. */
 #include "gstddptrainsink.h"
+#include "bus_messages_doc.h"
 
 #include <chrono>
 #include <limits>
@@ -503,6 +504,6 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
   gst_element_class_set_static_metadata(
       ec, "Distributed trainer sink", "Sink/Tensor",
       "Trains a TorchScript or built-in model on micro-batches with AdamW, gradient accumulation and a bucketed "
-      "all-reduce over c10d (one process per GPU); writes checkpoints and posts progress",
+      "all-reduce over c10d (one process per GPU); writes checkpoints and posts progress" VIDEOTRAIN_DOC_DDPTRAINSINK_MESSAGES,
       "gst-videotrain");
 }

@@ -8,6 +8,7 @@
  * snapshot, so the validation source stays prefetched and idle. Rank 0 posts the mean
  * over every shard and rank as a ddpvalsink-result element message. */
 #include "gstddpvalsink.h"
+#include "bus_messages_doc.h"
 
 #include <cmath>
 #include <limits>
@@ -373,6 +374,6 @@ static void gst_ddp_val_sink_class_init(GstDdpValSinkClass *klass) {
   gst_element_class_set_static_metadata(
       ec, "DDP validation sink", "Sink/Tensor",
       "Validates snapshots of a ddptrainsink's weights beside training, split over ranks and devices; posts "
-      "ddpvalsink-result (step, loss, samples, seconds)",
+      "ddpvalsink-result (step, loss, samples, seconds)" VIDEOTRAIN_DOC_DDPVALSINK_MESSAGES,
       "gst-videotrain");
 }

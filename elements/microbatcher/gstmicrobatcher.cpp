@@ -5,6 +5,7 @@
  * step of samples and pushes a step's micro-batches from the streaming thread as
  * soon as the step is complete, so a blocking sink just blocks upstream. */
 #include "gstmicrobatcher.h"
+#include "bus_messages_doc.h"
 
 #include <atomic>
 #include <memory>
@@ -518,6 +519,6 @@ static void gst_micro_batcher_class_init(GstMicroBatcherClass *klass) {
   gst_element_class_set_static_metadata(
       ec, "Micro-batcher", "Filter/Tensor",
       "Groups same-shape latents into optimizer steps of batch-size samples, split into micro-batches of "
-      "micro-batch-size, and marks the last micro-batch of each step for gradient synchronisation",
+      "micro-batch-size, and marks the last micro-batch of each step for gradient synchronisation" VIDEOTRAIN_DOC_MICROBATCHER_MESSAGES,
       "gst-videotrain");
 }

@@ -9,6 +9,7 @@
  * meet (a clip length the VAE cannot use, an encoder that fails on the first clip) is an
  * element error instead: dropping every clip would loop forever with num-epochs=0. */
 #include "gstvaeencoder.h"
+#include "bus_messages_doc.h"
 
 #include <gst/video/video.h>
 
@@ -589,7 +590,7 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
       "with a causal-convolution cache, optional spatial tiles) or a TorchScript encoder. With a CogVideoX VAE, "
       "clips need 1 + 4n frames (temporal compression 4) and frame sizes divisible by 8, else the element errors "
       "naming the setting; a clip that cannot be encoded for its own reasons is dropped with a vaeencoder-dropped "
-      "message",
+      "message" VIDEOTRAIN_DOC_VAEENCODER_MESSAGES,
       "gst-videotrain");
   gst_element_class_add_static_pad_template(element_class, &sink_template);
   GstCaps *src_caps = tensor_caps_template("latents");

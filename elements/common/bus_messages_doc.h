@@ -1,0 +1,38 @@
+// What each element posts on the bus, appended to its gst-inspect description so that the
+// fields an app reads are documented where it looks first. The README's "Bus messages" table
+// says the same; tests/plugin/bus_messages_doc.py checks the messages a real run posts
+// against these texts.
+#pragma once
+
+#define VIDEOTRAIN_DOC_CSVVIDEOSRC_MESSAGES                                                                   \
+  "\n\nBus messages:\n"                                                                                        \
+  "  csvvideosrc-epoch (element message, after an epoch's last frame): epoch (uint), clips (guint64), "       \
+  "replaced (guint64).\n"                                                                                      \
+  "  csvvideosrc-replaced (the details structure of a warning, once per bad row and epoch): row (guint64), "   \
+  "path (string), reason (string), epoch (uint), clip (guint64).\n"                                             \
+  "Downstream events: csvvideosrc-epoch (serialized custom event, same fields) after an epoch's last frame."
+
+#define VIDEOTRAIN_DOC_VAEENCODER_MESSAGES                                                                     \
+  "\n\nBus messages:\n"                                                                                        \
+  "  vaeencoder-dropped (element message, with a warning): sample-id (guint64), reason (string), and when "    \
+  "the clip had a clip meta: epoch (uint), clip-index (guint64), num-frames (uint)."
+
+#define VIDEOTRAIN_DOC_MICROBATCHER_MESSAGES                                                                   \
+  "\n\nBus messages: none of its own (errors and warnings only). Steps close at batch-size samples, at the "  \
+  "csvvideosrc-epoch event and at EOS."
+
+#define VIDEOTRAIN_DOC_DDPTRAINSINK_MESSAGES                                                                   \
+  "\n\nBus messages (every rank posts its own):\n"                                                             \
+  "  ddptrainsink-step (element message, every log-every steps): step (guint64), epoch (uint), loss (double), " \
+  "lr (double), grad-norm (double), samples-per-second (double), data-wait (double, 0-1: the share of the "   \
+  "step spent waiting for data), skipped (boolean: the step was skipped for a non-finite loss or gradient).\n" \
+  "  ddptrainsink-checkpoint (element message): step (guint64), path (string), rescue (boolean, present and "  \
+  "true for a rescue checkpoint).\n"                                                                           \
+  "Warnings: skipped steps, a changed schedule on resume, metrics-file problems, lost steps."
+
+#define VIDEOTRAIN_DOC_DDPVALSINK_MESSAGES                                                                     \
+  "\n\nBus messages:\n"                                                                                        \
+  "  ddpvalsink-result (element message, rank 0 only, after each pass): step (guint64), loss (double: mean "   \
+  "over the validation set), samples (guint64), seconds (double).\n"                                           \
+  "  ddpvalsink-skipped (element message, skip-if-busy=true): step (guint64), text (string).\n"                \
+  "Warnings: a pass with no samples, training waiting for validation, metrics-file problems."
