@@ -3,7 +3,7 @@
 #  - Ctrl-C (SIGINT to the launcher) becomes EOS on every rank: exit 0 and a final
 #    checkpoint of the last step, written although checkpoint-every never came due;
 #  - a rank that dies (SIGKILL) stops the others: non-zero exit, no rank left behind;
-#  - without a TTY, output lines carry [rank N] and rank 0's ddptrainsink-step messages become
+#  - without a TTY, output lines carry [rank N] and every rank's ddptrainsink-step messages become
 #    plain progress lines (step, loss, samples/s), under videotrain-run (-f) and under
 #    gst-launch-1.0 -m, whose lines read 'Got message #N from element "..." (element): ...'.
 set -euo pipefail
@@ -52,8 +52,10 @@ check_output() {  # check_output LOG WHAT: rank prefixes and progress lines, no 
   grep -Eq '^\[rank 0\] step [1-9][0-9]* .*\| loss [0-9.]+ .*\| samples/s [0-9.]+' "$log" ||
     { cat "$log"; echo "$what: no progress line with step, loss and samples/s"; exit 1; }
   ! grep -q $'\r' "$log" || { cat "$log"; echo "$what: carriage returns without a TTY"; exit 1; }
-  ! grep -q 'ddptrainsink-step' <(grep '^\[rank 0\]' "$log") ||
-    { cat "$log"; echo "$what: rank 0's step messages printed raw instead of as progress"; exit 1; }
+  ! grep -q 'ddptrainsink-step' "$log" ||
+    { cat "$log"; echo "$what: step messages printed raw instead of as progress"; exit 1; }
+  grep -Eq '^\[rank 1\] step [1-9][0-9]* .*\| loss [0-9.]+ .*\| samples/s [0-9.]+' "$log" ||
+    { cat "$log"; echo "$what: rank 1 printed no readable progress line"; exit 1; }
 }
 
 # 1. Ctrl-C: EOS, final checkpoint, exit 0.
