@@ -21,7 +21,7 @@ subprocess.run([f"{build}/elements/vaeencoder/videotrain-make-vae", f"{tmp}/vae"
 size = "num-frames=5 width=32 height=32"
 p = Gst.parse_launch(
     f"csvvideosrc location={tmp}/data/train.csv {size} num-epochs=1 ! vaeencoder model={tmp}/vae ! queue ! "
-    f"microbatcher batch-size=2 micro-batch-size=1 ! ddptrainsink name=trainer checkpoint-dir={tmp}/ckpt "
+    f"microbatcher batch-size=2 micro-batch-size=1 ! ddptrainsink name=trainer model=builtin:tiny-unet3d log-every=1 checkpoint-dir={tmp}/ckpt "
     f"csvvideosrc location={tmp}/data/val.csv {size} num-epochs=0 shuffle=false ! vaeencoder model={tmp}/vae ! "
     f"queue ! ddpvalsink trainer=trainer every=1")
 p.set_state(Gst.State.PLAYING)

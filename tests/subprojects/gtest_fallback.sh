@@ -28,7 +28,7 @@ int main(int argc, char **argv) { testing::InitGoogleMock(&argc, argv); return R
 C
 cd "$work"
 meson setup b --wrap-mode=nodownload --force-fallback-for=gtest,gmock >setup.log 2>&1 || { cat setup.log; exit 1; }
-grep -q "Subproject googletest" setup.log || { cat setup.log; echo "googletest was not taken from subprojects/"; exit 1; }
+grep -q "Dependency gtest from subproject subprojects/googletest found: YES" setup.log || { cat setup.log; echo "googletest was not taken from subprojects/"; exit 1; }
 ninja -C b >build.log 2>&1 || { tail -30 build.log; exit 1; }
 ./b/t
 echo "gtest.wrap fallback: built GoogleTest from subprojects/ and ran a gtest+gmock test"
