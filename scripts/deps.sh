@@ -8,6 +8,7 @@ pkgs=(g++ pkg-config meson ninja-build openmpi-bin python3-gi gir1.2-gstreamer-1
       libtorch-dev libgloo-dev nlohmann-json3-dev libgtest-dev libgmock-dev python3-torch
       libopenblas0-pthread)  # libtorch-dev alone computes with the reference BLAS
 pkgs+=(googletest)  # its sources: tests/subprojects builds the gtest wrap offline from them
+pkgs+=(libsentencepiece-dev python3-sentencepiece)  # textencoder's tokenizer; the tests' reference
 if [[ "${1:-}" == "--bench" ]]; then
   pkgs+=(ffmpeg python3-torchvision python3-av time)
 fi

@@ -1,0 +1,212 @@
+#include "text_encoder_engine.h"
+
+#include <torch/cuda.h>
+#include <torch/script.h>
+
+#include <list>
+#include <map>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "content_digest.h"
+#include "dist_env.h"
+#include "first_line.h"
+#include "jit_load.h"
+#include "t5_tokenizer.h"
+#include "tensor_buffer.h"
+
+namespace videotrain::text {
+
+struct TextEncoderEngine::Impl {
+  TextEncoderOptions opts;
+  std::unique_ptr<T5Tokenizer> tokenizer;
+  torch::jit::Module module;
+  c10::Device device{c10::kCPU};
+  c10::ScalarType dtype = c10::kFloat;
+  int64_t dim = 0;
+  TextEncoderStats stats;
+  // LRU: most recent first; the map points into the list.
+  using Entry = std::pair<std::string, std::pair<at::Tensor, at::Tensor>>;
+  std::list<Entry> lru;
+  std::unordered_map<std::string, std::list<Entry>::iterator> index;
+
+  // input_ids/attention_mask [B, L] -> [B, L, D] in dtype on device.
+  at::Tensor forward(const std::vector<const std::string *> &captions) {
+    const int64_t b = static_cast<int64_t>(captions.size()), l = opts.max_length;
+    auto ids = torch::empty({b, l}, torch::kLong), mask = torch::empty({b, l}, torch::kLong);
+    for (int64_t i = 0; i < b; i++) {
+      TokenizedCaption t = tokenizer->encode(*captions[i], static_cast<size_t>(l));
+      std::copy(t.ids.begin(), t.ids.end(), ids[i].data_ptr<int64_t>());
+      std::copy(t.mask.begin(), t.mask.end(), mask[i].data_ptr<int64_t>());
+    }
+    torch::NoGradGuard no_grad;
+    c10::IValue out;
+    try {
+      out = module.forward({ids.to(device), mask.to(device)});
+    } catch (const std::exception &e) {
+      throw std::runtime_error("the text encoder '" + opts.model + "' failed: " + first_line(e.what()));
+    }
+    if (out.isTuple() && !out.toTupleRef().elements().empty()) out = out.toTupleRef().elements()[0];
+    if (!out.isTensor())
+      throw std::runtime_error("the text encoder '" + opts.model +
+                               "' did not return a Tensor [B, L, D] (or a tuple starting with one)");
+    at::Tensor y = out.toTensor();
+    if (y.dim() != 3 || y.size(0) != b || y.size(1) != l)
+      throw std::runtime_error("the text encoder '" + opts.model + "' returned shape " + shape_text(y) +
+                               " for input_ids [" + std::to_string(b) + ", " + std::to_string(l) +
+                               "]: expected [B, L, D] with B = " + std::to_string(b) +
+                               " and L = max-length = " + std::to_string(l));
+    stats.forward_calls++;
+    stats.encoded += static_cast<uint64_t>(b);
+    return y.to(device, dtype).contiguous();
+  }
+
+  static std::string shape_text(const at::Tensor &t) {
+    std::string s = "[";
+    for (int64_t i = 0; i < t.dim(); i++) s += (i ? ", " : "") + std::to_string(t.size(i));
+    return s + "]";
+  }
+
+  void remember(const std::string &caption, at::Tensor embeds, at::Tensor mask) {
+    if (opts.cache_entries == 0) return;
+    lru.emplace_front(caption, std::make_pair(std::move(embeds), std::move(mask)));
+    index[caption] = lru.begin();
+    while (lru.size() > opts.cache_entries) {
+      index.erase(lru.back().first);
+      lru.pop_back();
+    }
+  }
+
+  const std::pair<at::Tensor, at::Tensor> *recall(const std::string &caption) {
+    auto it = index.find(caption);
+    if (it == index.end()) return nullptr;
+    lru.splice(lru.begin(), lru, it->second);
+    return &it->second->second;
+  }
+
+  at::Tensor mask_of(const std::string &caption) const {
+    TokenizedCaption t = tokenizer->encode(caption, static_cast<size_t>(opts.max_length));
+    return torch::tensor(t.mask, torch::kLong).to(device);
+  }
+};
+
+TextEncoderEngine::TextEncoderEngine() : im_(new Impl) {}
+TextEncoderEngine::~TextEncoderEngine() = default;
+
+std::unique_ptr<TextEncoderEngine> TextEncoderEngine::create(const TextEncoderOptions &opts, std::string *error) {
+  auto fail = [&](const std::string &why) -> std::unique_ptr<TextEncoderEngine> {
+    if (error) *error = why;
+    return nullptr;
+  };
+  if (opts.max_length < 1) return fail("max-length must be at least 1");
+  if (opts.batch_size < 1) return fail("batch-size must be at least 1");
+  if (!(opts.caption_dropout >= 0.0 && opts.caption_dropout <= 1.0))
+    return fail("caption-dropout must be within [0, 1]");
+  if (opts.model.empty()) return fail("no text encoder: set the model property (a TorchScript file)");
+  std::unique_ptr<TextEncoderEngine> e(new TextEncoderEngine());
+  Impl &im = *e->im_;
+  im.opts = opts;
+  const bool cuda = torch::cuda::is_available();
+  try {
+    if (opts.device.empty())
+      im.device = cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(dist_env_from_environment().local_rank %
+                                                                               std::max<int>(1, torch::cuda::device_count())))
+                       : c10::Device(c10::kCPU);
+    else
+      im.device = c10::Device(opts.device);
+  } catch (const std::exception &) {
+    return fail("device '" + opts.device + "' is not a device name (cpu, cuda, cuda:N)");
+  }
+  if (im.device.is_cuda() && !cuda) return fail("device '" + opts.device + "': this LibTorch sees no CUDA device");
+  if (opts.dtype.empty()) {
+    im.dtype = im.device.is_cuda() ? c10::kBFloat16 : c10::kFloat;
+  } else {
+    auto t = dtype_from_name(opts.dtype);
+    if (!t) return fail("dtype '" + opts.dtype + "' is not one of float32, bfloat16, float16");
+    im.dtype = *t;
+  }
+  try {
+    im.tokenizer = std::make_unique<T5Tokenizer>(opts.tokenizer);
+  } catch (const std::exception &ex) {
+    return fail(ex.what());
+  }
+  try {
+    im.module = jit_load(opts.model, im.device);
+  } catch (const std::exception &ex) {
+    return fail("cannot load TorchScript text encoder '" + opts.model + "' (property model): " + first_line(ex.what()));
+  }
+  if (!im.module.find_method("forward"))
+    return fail("TorchScript text encoder '" + opts.model +
+                "' has no forward(input_ids: Tensor[B, L], attention_mask: Tensor[B, L]) -> Tensor[B, L, D]");
+  im.module.eval();
+  try {
+    const std::string empty;
+    at::Tensor y = im.forward({&empty});
+    im.dim = y.size(2);
+    im.remember(empty, y[0], im.mask_of(empty));
+    im.stats = TextEncoderStats{};
+  } catch (const std::exception &ex) {
+    return fail(ex.what());
+  }
+  return e;
+}
+
+bool TextEncoderEngine::drops(uint64_t sample_id, uint32_t epoch) const {
+  const double p = im_->opts.caption_dropout;
+  if (p <= 0.0) return false;
+  if (p >= 1.0) return true;
+  const uint64_t key[3] = {im_->opts.seed, sample_id, epoch};
+  uint64_t h = content_digest(key, sizeof key);
+  h ^= h >> 31;  // FNV's high bits mix poorly over a few bytes
+  h *= 0x9e3779b97f4a7c15ull;
+  h ^= h >> 29;
+  return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0) < p;
+}
+
+std::vector<TextEmbedding> TextEncoderEngine::encode(const std::vector<TextRequest> &requests) {
+  Impl &im = *im_;
+  std::vector<TextEmbedding> out(requests.size());
+  std::vector<const std::string *> effective(requests.size());
+  static const std::string kEmpty;
+  for (size_t i = 0; i < requests.size(); i++) {
+    out[i].dropped = drops(requests[i].sample_id, requests[i].epoch);
+    effective[i] = out[i].dropped ? &kEmpty : &requests[i].caption;
+  }
+  // Each distinct caption once: from the cache, or encoded batch_size at a time (first-seen order).
+  std::map<std::string, std::pair<at::Tensor, at::Tensor>> found;
+  std::vector<const std::string *> todo;
+  for (const std::string *c : effective) {
+    if (found.count(*c)) continue;
+    if (const auto *hit = im.recall(*c))
+      found[*c] = *hit;
+    else {
+      found[*c];
+      todo.push_back(c);
+    }
+  }
+  for (size_t at = 0; at < todo.size(); at += static_cast<size_t>(im.opts.batch_size)) {
+    std::vector<const std::string *> batch(todo.begin() + at,
+                                           todo.begin() + std::min(todo.size(), at + im.opts.batch_size));
+    at::Tensor y = im.forward(batch);
+    for (size_t j = 0; j < batch.size(); j++) {
+      auto &f = found[*batch[j]];
+      f = {y[static_cast<int64_t>(j)].clone(), im.mask_of(*batch[j])};  // not a view that pins the batch
+      im.remember(*batch[j], f.first, f.second);
+    }
+  }
+  for (size_t i = 0; i < requests.size(); i++) {
+    const auto &f = found.at(*effective[i]);
+    out[i].embeds = f.first;
+    out[i].mask = f.second;
+    im.stats.captions++;
+    im.stats.dropped += out[i].dropped ? 1 : 0;
+  }
+  return out;
+}
+
+int64_t TextEncoderEngine::embed_dim() const { return im_->dim; }
+std::string TextEncoderEngine::dtype_name() const { return videotrain::dtype_name(im_->dtype); }
+std::string TextEncoderEngine::device_name() const { return videotrain::device_name(im_->device); }
+TextEncoderStats TextEncoderEngine::stats() const { return im_->stats; }
+
+}  // namespace videotrain::text

@@ -1,0 +1,72 @@
+/* textencoder's engine: captions in, [L, D] embeddings and [L] masks out, from a SentencePiece
+ * tokenizer (T5 rules) and a TorchScript text encoder
+ *   forward(input_ids: Tensor[B, L] int64, attention_mask: Tensor[B, L] int64) -> Tensor[B, L, D]
+ * (or a tuple whose first element is that, as a traced transformers T5EncoderModel returns).
+ * Each distinct caption is encoded once while it stays in the bounded in-memory cache; uncached
+ * captions of one call are encoded batch_size at a time. No GStreamer here. */
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace videotrain::text {
+
+struct TextEncoderOptions {
+  std::string tokenizer;         // spiece.model
+  std::string model;             // TorchScript text encoder
+  int max_length = 226;          // tokens, EOS included (CogVideoX: 226)
+  std::string device;            // "" = cuda:LOCAL_RANK when CUDA is available, else cpu
+  std::string dtype;             // "" = bfloat16 on CUDA, float32 on CPU; float32|bfloat16|float16
+  int batch_size = 8;            // captions per forward call
+  double caption_dropout = 0.0;  // probability of the empty caption, drawn from seed, sample id, epoch
+  uint64_t seed = 0;
+  size_t cache_entries = 4096;   // distinct captions kept in memory
+};
+
+struct TextRequest {
+  std::string caption;
+  uint64_t sample_id = 0;
+  uint32_t epoch = 0;
+};
+
+struct TextEmbedding {
+  at::Tensor embeds;  // [L, D] in the engine's dtype, on its device
+  at::Tensor mask;    // [L] int64, on its device
+  bool dropped = false;  // caption dropout replaced the caption by ""
+};
+
+struct TextEncoderStats {
+  uint64_t captions = 0;       // requests answered
+  uint64_t encoded = 0;        // captions run through the model
+  uint64_t forward_calls = 0;  // model calls (batches)
+  uint64_t dropped = 0;        // requests given the empty caption by caption dropout
+};
+
+class TextEncoderEngine {
+ public:
+  // Loads tokenizer and model and checks the model on one caption. Null with *error (naming
+  // the property and the file) when anything does not fit.
+  static std::unique_ptr<TextEncoderEngine> create(const TextEncoderOptions &opts, std::string *error);
+  ~TextEncoderEngine();
+
+  // One embedding per request, in order. Throws std::runtime_error when the model fails.
+  std::vector<TextEmbedding> encode(const std::vector<TextRequest> &requests);
+
+  // Whether caption dropout gives this sample the empty caption in this epoch.
+  bool drops(uint64_t sample_id, uint32_t epoch) const;
+  int64_t embed_dim() const;
+  std::string dtype_name() const;
+  std::string device_name() const;
+  TextEncoderStats stats() const;
+
+ private:
+  TextEncoderEngine();
+  struct Impl;
+  std::unique_ptr<Impl> im_;
+};
+
+}  // namespace videotrain::text
