@@ -55,7 +55,11 @@ struct TextEncoderEngine::Impl {
       throw std::runtime_error("the text encoder '" + opts.model + "' returned shape " + shape_text(y) +
                                " for input_ids [" + std::to_string(b) + ", " + std::to_string(l) +
                                "]: expected [B, L, D] with B = " + std::to_string(b) +
-                               " and L = max-length = " + std::to_string(l));
+                               " and L = max-length = " + std::to_string(l) +
+                               (y.dim() == 3 && y.size(1) < l
+                                    ? " (padded positions dropped: nn.TransformerEncoder does that in eval mode "
+                                      "unless built with enable_nested_tensor=False)"
+                                    : ""));
     stats.forward_calls++;
     stats.encoded += static_cast<uint64_t>(b);
     return y.to(device, dtype).contiguous();
