@@ -36,3 +36,6 @@
   "over the validation set), samples (guint64), seconds (double).\n"                                           \
   "  ddpvalsink-skipped (element message, skip-if-busy=true): step (guint64), text (string).\n"                \
   "Warnings: a pass with no samples, training waiting for validation, metrics-file problems."
+
+#define VIDEOTRAIN_DOC_TEXTENCODER_MESSAGES                                                                    \
+  "\n\nBus messages: none of its own (a warning when latents carry no sample meta, errors)."

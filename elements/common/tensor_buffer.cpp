@@ -131,52 +131,88 @@ std::string device_name(const c10::Device &d) {
 
 bool is_tensor_memory(GstMemory *mem) { return mem && gst_memory_is_type(mem, kMemType); }
 
-GstBuffer *buffer_from_tensor(const at::Tensor &t) {
-  at::Tensor c = t.contiguous();
+namespace {
+
+GstMemory *wrap_tensor(const at::Tensor &c) {
   auto *tm = static_cast<TensorMemory *>(g_slice_alloc(sizeof(TensorMemory)));
   new (tm) TensorMemory();
   tm->tensor = c;
   gsize size = c.numel() * c.element_size();
   gst_memory_init(&tm->mem, GST_MEMORY_FLAG_NO_SHARE, tensor_allocator(), nullptr, size, 0, 0, size);
-  GstBuffer *buf = gst_buffer_new();
-  gst_buffer_append_memory(buf, &tm->mem);
-  add_tensor_meta(buf, dtype_name(c.scalar_type()), device_name(c.device()), c.sizes().vec());
-  return buf;
+  return &tm->mem;
 }
 
-std::optional<at::Tensor> tensor_from_buffer(GstBuffer *buf, std::string *why) {
-  auto *meta = gst_buffer_get_videotrain_tensor_meta(buf);
-  if (gst_buffer_n_memory(buf) == 1) {
-    GstMemory *mem = gst_buffer_peek_memory(buf, 0);
-    if (is_tensor_memory(mem)) {
+// The tensor a meta describes: the wrapped tensor when a memory of ours starts at its offset
+// and holds its elements, else a CPU tensor rebuilt from the bytes there.
+std::optional<at::Tensor> tensor_at(GstBuffer *buf, const GstVideoTrainTensorMeta *meta, std::string *why) {
+  auto shape = tensor_meta_shape(meta);
+  gsize start = 0;
+  for (guint i = 0, n = gst_buffer_n_memory(buf); i < n; i++) {
+    GstMemory *mem = gst_buffer_peek_memory(buf, i);
+    if (start == meta->offset && is_tensor_memory(mem)) {
       at::Tensor t = reinterpret_cast<TensorMemory *>(mem)->tensor;
-      if (meta) {
-        auto shape = tensor_meta_shape(meta);
-        if (t.numel() == c10::multiply_integers(shape)) return t.view(shape);
-      }
-      return t;
+      if (t.numel() == c10::multiply_integers(shape)) return t.view(shape);
+      if (n == 1 && meta->name[0] == '\0') return t;
     }
-  }
-  if (!meta) {
-    if (why) *why = "buffer has neither tensor memory nor a tensor meta (shape and dtype unknown)";
-    return std::nullopt;
+    start += mem->size;
   }
   auto dt = dtype_from_name(meta->dtype);
+  if (!dt && std::string(meta->dtype) == "int64") dt = at::kLong;
   if (!dt) {
     if (why) *why = std::string("unknown dtype '") + meta->dtype + "' in tensor meta";
     return std::nullopt;
   }
-  auto shape = tensor_meta_shape(meta);
   at::Tensor t = at::empty(shape, at::TensorOptions().dtype(*dt));
   gsize need = t.numel() * t.element_size();
-  if (gst_buffer_get_size(buf) != need) {
+  const gsize size = gst_buffer_get_size(buf);
+  const bool alone = meta->name[0] == '\0' && tensor_names(buf).empty();
+  if (alone ? size != need : size < meta->offset + need) {
     if (why)
-      *why = "buffer holds " + std::to_string(gst_buffer_get_size(buf)) + " bytes, tensor meta needs " +
-             std::to_string(need);
+      *why = "buffer holds " + std::to_string(size) + " bytes, tensor meta" +
+             (meta->name[0] ? std::string(" '") + meta->name + "'" : std::string()) + " needs " +
+             std::to_string(need) + (meta->offset ? " at offset " + std::to_string(meta->offset) : std::string());
     return std::nullopt;
   }
-  gst_buffer_extract(buf, 0, t.data_ptr(), need);
+  gst_buffer_extract(buf, meta->offset, t.data_ptr(), need);
   return t;
+}
+
+}  // namespace
+
+GstBuffer *buffer_from_tensor(const at::Tensor &t) {
+  at::Tensor c = t.contiguous();
+  GstBuffer *buf = gst_buffer_new();
+  gst_buffer_append_memory(buf, wrap_tensor(c));
+  add_tensor_meta(buf, dtype_name(c.scalar_type()), device_name(c.device()), c.sizes().vec());
+  return buf;
+}
+
+void buffer_append_tensor(GstBuffer *buf, const std::string &name, const at::Tensor &t) {
+  at::Tensor c = t.contiguous();
+  const gsize offset = gst_buffer_get_size(buf);
+  gst_buffer_append_memory(buf, wrap_tensor(c));
+  add_tensor_meta(buf, c.scalar_type() == at::kLong ? "int64" : dtype_name(c.scalar_type()), device_name(c.device()),
+                  c.sizes().vec(), name, offset);
+}
+
+std::optional<at::Tensor> tensor_from_buffer(GstBuffer *buf, std::string *why) {
+  auto *meta = find_tensor_meta(buf, "");
+  if (!meta) {
+    if (gst_buffer_n_memory(buf) == 1 && is_tensor_memory(gst_buffer_peek_memory(buf, 0)))
+      return reinterpret_cast<TensorMemory *>(gst_buffer_peek_memory(buf, 0))->tensor;
+    if (why) *why = "buffer has neither tensor memory nor a tensor meta (shape and dtype unknown)";
+    return std::nullopt;
+  }
+  return tensor_at(buf, meta, why);
+}
+
+std::optional<at::Tensor> named_tensor_from_buffer(GstBuffer *buf, const std::string &name, std::string *why) {
+  auto *meta = find_tensor_meta(buf, name);
+  if (!meta) {
+    if (why) *why = "buffer has no tensor named '" + name + "'";
+    return std::nullopt;
+  }
+  return tensor_at(buf, meta, why);
 }
 
 }  // namespace videotrain

@@ -19,9 +19,15 @@ std::string device_name(const c10::Device &d);                   // "cpu", "cuda
 // read-only through a host copy made at map time.
 GstBuffer *buffer_from_tensor(const at::Tensor &t);
 
-// The tensor a buffer holds: the wrapped tensor itself when the memory is ours,
+// Appends a named tensor (text_embeds, text_mask) after the buffer's tensors: one more memory
+// and a tensor meta with its name and byte offset. int64 tensors are named "int64" in the meta.
+void buffer_append_tensor(GstBuffer *buf, const std::string &name, const at::Tensor &t);
+
+// The main tensor a buffer holds: the wrapped tensor itself when the memory is ours,
 // else a CPU tensor rebuilt from the mapped bytes and the tensor meta.
 std::optional<at::Tensor> tensor_from_buffer(GstBuffer *buf, std::string *why);
+// A named tensor, the same way.
+std::optional<at::Tensor> named_tensor_from_buffer(GstBuffer *buf, const std::string &name, std::string *why);
 
 bool is_tensor_memory(GstMemory *mem);
 

@@ -1,5 +1,6 @@
 #include "tensor_caps.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace {
@@ -8,8 +9,9 @@ const gchar *no_tags[] = {nullptr};
 
 gboolean tensor_meta_init(GstMeta *meta, gpointer, GstBuffer *) {
   auto *m = reinterpret_cast<GstVideoTrainTensorMeta *>(meta);
-  m->dtype[0] = m->device[0] = '\0';
+  m->dtype[0] = m->device[0] = m->name[0] = '\0';
   m->ndim = 0;
+  m->offset = 0;
   return TRUE;
 }
 
@@ -17,7 +19,7 @@ gboolean tensor_meta_transform(GstBuffer *dest, GstMeta *meta, GstBuffer *, GQua
   // Only a whole copy keeps the shape meaningful.
   if (!GST_META_TRANSFORM_IS_COPY(type)) return FALSE;
   auto *s = reinterpret_cast<GstVideoTrainTensorMeta *>(meta);
-  if (gst_buffer_get_videotrain_tensor_meta(dest)) return TRUE;
+  if (videotrain::find_tensor_meta(dest, s->name)) return TRUE;
   auto *d = reinterpret_cast<GstVideoTrainTensorMeta *>(
       gst_buffer_add_meta(dest, gst_videotrain_tensor_meta_get_info(), nullptr));
   if (!d) return FALSE;
@@ -25,6 +27,8 @@ gboolean tensor_meta_transform(GstBuffer *dest, GstMeta *meta, GstBuffer *, GQua
   std::memcpy(d->device, s->device, sizeof d->device);
   d->ndim = s->ndim;
   std::memcpy(d->shape, s->shape, sizeof d->shape);
+  std::memcpy(d->name, s->name, sizeof d->name);
+  d->offset = s->offset;
   return TRUE;
 }
 
@@ -60,7 +64,8 @@ const GstMetaInfo *gst_videotrain_tensor_meta_get_info(void) {
 namespace videotrain {
 
 GstVideoTrainTensorMeta *add_tensor_meta(GstBuffer *buffer, const std::string &dtype, const std::string &device,
-                                         const std::vector<int64_t> &shape) {
+                                         const std::vector<int64_t> &shape, const std::string &name,
+                                         uint64_t offset) {
   if (shape.size() > VIDEOTRAIN_TENSOR_MAX_DIMS) return nullptr;
   auto *m = reinterpret_cast<GstVideoTrainTensorMeta *>(
       gst_buffer_add_meta(buffer, gst_videotrain_tensor_meta_get_info(), nullptr));
@@ -69,7 +74,31 @@ GstVideoTrainTensorMeta *add_tensor_meta(GstBuffer *buffer, const std::string &d
   g_strlcpy(m->device, device.c_str(), sizeof m->device);
   m->ndim = static_cast<guint>(shape.size());
   for (size_t i = 0; i < shape.size(); i++) m->shape[i] = shape[i];
+  g_strlcpy(m->name, name.c_str(), sizeof m->name);
+  m->offset = offset;
   return m;
+}
+
+GstVideoTrainTensorMeta *find_tensor_meta(GstBuffer *buffer, const std::string &name) {
+  gpointer state = nullptr;
+  while (GstMeta *m = gst_buffer_iterate_meta_filtered(buffer, &state, GST_VIDEOTRAIN_TENSOR_META_API_TYPE)) {
+    auto *t = reinterpret_cast<GstVideoTrainTensorMeta *>(m);
+    if (name == t->name) return t;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> tensor_names(GstBuffer *buffer) {
+  std::vector<std::pair<guint64, std::string>> found;
+  gpointer state = nullptr;
+  while (GstMeta *m = gst_buffer_iterate_meta_filtered(buffer, &state, GST_VIDEOTRAIN_TENSOR_META_API_TYPE)) {
+    auto *t = reinterpret_cast<GstVideoTrainTensorMeta *>(m);
+    if (t->name[0]) found.emplace_back(t->offset, t->name);
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto &f : found) out.push_back(f.second);
+  return out;
 }
 
 std::vector<int64_t> tensor_meta_shape(const GstVideoTrainTensorMeta *meta) {

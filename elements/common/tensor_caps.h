@@ -12,14 +12,18 @@
 
 G_BEGIN_DECLS
 
-/* Shape and dtype of the tensor a buffer holds, so that the shape survives elements
- * that copy memory (the buffer's memory may then be plain system memory). */
+/* Shape and dtype of a tensor a buffer holds, so that the shape survives elements that copy
+ * memory (the buffer's memory may then be plain system memory). A buffer holds its main tensor
+ * (latents, micro-batch; name "") first, and may hold named ones after it (text_embeds,
+ * text_mask): one memory and one meta each, the meta giving the tensor's byte offset. */
 typedef struct {
   GstMeta meta;
   gchar dtype[16];
   gchar device[24];
   guint ndim;
   gint64 shape[VIDEOTRAIN_TENSOR_MAX_DIMS];
+  gchar name[32];  // "" for the main tensor
+  guint64 offset;  // bytes from the start of the buffer
 } GstVideoTrainTensorMeta;
 
 GType gst_videotrain_tensor_meta_api_get_type(void);
@@ -33,7 +37,12 @@ G_END_DECLS
 namespace videotrain {
 
 GstVideoTrainTensorMeta *add_tensor_meta(GstBuffer *buffer, const std::string &dtype, const std::string &device,
-                                         const std::vector<int64_t> &shape);
+                                         const std::vector<int64_t> &shape, const std::string &name = "",
+                                         uint64_t offset = 0);
+// The meta of the tensor called `name` ("" for the main one); null when there is none.
+GstVideoTrainTensorMeta *find_tensor_meta(GstBuffer *buffer, const std::string &name);
+// Names of the named tensors after the main one, in buffer order.
+std::vector<std::string> tensor_names(GstBuffer *buffer);
 std::vector<int64_t> tensor_meta_shape(const GstVideoTrainTensorMeta *meta);
 
 struct TensorCapsInfo {

@@ -8,6 +8,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "text_options.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,17 +17,6 @@
 
 namespace videotrain::text {
 
-struct TextEncoderOptions {
-  std::string tokenizer;         // spiece.model
-  std::string model;             // TorchScript text encoder
-  int max_length = 226;          // tokens, EOS included (CogVideoX: 226)
-  std::string device;            // "" = cuda:LOCAL_RANK when CUDA is available, else cpu
-  std::string dtype;             // "" = bfloat16 on CUDA, float32 on CPU; float32|bfloat16|float16
-  int batch_size = 8;            // captions per forward call
-  double caption_dropout = 0.0;  // probability of the empty caption, drawn from seed, sample id, epoch
-  uint64_t seed = 0;
-  size_t cache_entries = 4096;   // distinct captions kept in memory
-};
 
 struct TextRequest {
   std::string caption;
@@ -39,12 +30,6 @@ struct TextEmbedding {
   bool dropped = false;  // caption dropout replaced the caption by ""
 };
 
-struct TextEncoderStats {
-  uint64_t captions = 0;       // requests answered
-  uint64_t encoded = 0;        // captions run through the model
-  uint64_t forward_calls = 0;  // model calls (batches)
-  uint64_t dropped = 0;        // requests given the empty caption by caption dropout
-};
 
 class TextEncoderEngine {
  public:

@@ -7,6 +7,7 @@ static gboolean plugin_init(GstPlugin *plugin) {
   gboolean ok = TRUE;
   ok &= GST_ELEMENT_REGISTER(csvvideosrc, plugin);
   ok &= GST_ELEMENT_REGISTER(vaeencoder, plugin);
+  ok &= GST_ELEMENT_REGISTER(textencoder, plugin);
   ok &= GST_ELEMENT_REGISTER(microbatcher, plugin);
   ok &= GST_ELEMENT_REGISTER(ddptrainsink, plugin);
   ok &= GST_ELEMENT_REGISTER(ddpvalsink, plugin);

@@ -6,7 +6,7 @@
 #include "test_util.h"
 
 namespace {
-const char *kElements[] = {"csvvideosrc", "vaeencoder", "microbatcher", "ddptrainsink", "ddpvalsink"};
+const char *kElements[] = {"csvvideosrc", "vaeencoder", "textencoder", "microbatcher", "ddptrainsink", "ddpvalsink"};
 }
 
 TEST(Plugin, LoadsFromTheBuildTreeWithEveryElement) {

@@ -1,0 +1,335 @@
+/* textencoder: the GObject face of TextEncoderEngine (through TextBuffers).
+ *
+ * Latent buffers (one per clip, with a sample meta) in; the same buffers out with the
+ * caption's embedding and mask added as the named tensors text_embeds [L, D] and text_mask [L].
+ * Up to batch-size buffers are held so that their captions are encoded in one call; a
+ * serialized event (the epoch event, EOS, a segment) sends the held ones first. */
+#include "gsttextencoder.h"
+#include "bus_messages_doc.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor_caps.h"
+#include "text_buffers.h"
+
+GST_DEBUG_CATEGORY_STATIC(textencoder_debug);
+#define GST_CAT_DEFAULT textencoder_debug
+
+using namespace videotrain;
+using namespace videotrain::text;
+
+namespace {
+
+const TextEncoderOptions kDefaults;
+
+// Streaming state (stream lock), and after the pads are deactivated, state changes.
+struct State {
+  std::unique_ptr<TextBuffers> encoder;
+  std::vector<GstBuffer *> held;
+  size_t warned_without_meta = 0;
+  GstClockTime sample_duration = GST_CLOCK_TIME_NONE;
+
+  void drop_held() {
+    for (GstBuffer *b : held) gst_buffer_unref(b);
+    held.clear();
+  }
+};
+
+}  // namespace
+
+struct _GstTextEncoder {
+  GstElement parent;
+  GstPad *sinkpad, *srcpad;
+  TextEncoderOptions *settings;  // object lock
+  State *state;
+};
+
+G_DEFINE_TYPE(GstTextEncoder, gst_text_encoder, GST_TYPE_ELEMENT);
+GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(textencoder, "textencoder", GST_RANK_NONE, GST_TYPE_TEXT_ENCODER,
+                                      GST_DEBUG_CATEGORY_INIT(textencoder_debug, "textencoder", 0,
+                                                              "Caption embeddings from a TorchScript text encoder"));
+
+enum {
+  PROP_0,
+  PROP_TOKENIZER,
+  PROP_MODEL,
+  PROP_MAX_LENGTH,
+  PROP_DEVICE,
+  PROP_DTYPE,
+  PROP_BATCH_SIZE,
+  PROP_CAPTION_DROPOUT,
+  PROP_SEED,
+  PROP_CACHE_ENTRIES,
+  PROP_CAPTIONS_ENCODED,
+};
+
+static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
+    "sink", GST_PAD_SINK, GST_PAD_ALWAYS, GST_STATIC_CAPS(VIDEOTRAIN_TENSOR_MEDIA_TYPE ", content=(string)latents"));
+static GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
+    "src", GST_PAD_SRC, GST_PAD_ALWAYS,
+    GST_STATIC_CAPS(VIDEOTRAIN_TENSOR_MEDIA_TYPE ", content=(string)latents, tensors=(string)\"text_embeds,text_mask\""));
+
+// Encodes and pushes the held buffers.
+static GstFlowReturn push_held(GstTextEncoder *self) {
+  State &st = *self->state;
+  if (st.held.empty()) return GST_FLOW_OK;
+  if (!st.encoder) {
+    st.drop_held();
+    return GST_FLOW_FLUSHING;
+  }
+  size_t without_meta = 0;
+  std::string err;
+  if (!st.encoder->attach(st.held, &without_meta, &err)) {
+    st.drop_held();
+    GST_ELEMENT_ERROR(self, STREAM, FAILED, ("Text encoding failed: %s", err.c_str()),
+                      ("check that property model is a text encoder taking input_ids and attention_mask"));
+    return GST_FLOW_ERROR;
+  }
+  if (without_meta > 0 && st.warned_without_meta == 0)
+    GST_ELEMENT_WARNING(self, STREAM, FORMAT, ("Latents without a sample meta: encoding the empty caption for them"),
+                        ("put textencoder after vaeencoder (its output carries each clip's caption)"));
+  st.warned_without_meta += without_meta;
+  GstFlowReturn ret = GST_FLOW_OK;
+  std::vector<GstBuffer *> out;
+  out.swap(st.held);
+  for (size_t i = 0; i < out.size(); i++) {
+    if (ret != GST_FLOW_OK) {
+      gst_buffer_unref(out[i]);
+      continue;
+    }
+    ret = gst_pad_push(self->srcpad, out[i]);
+  }
+  return ret;
+}
+
+static GstFlowReturn gst_text_encoder_chain(GstPad *, GstObject *parent, GstBuffer *buf) {
+  auto *self = GST_TEXT_ENCODER(parent);
+  State &st = *self->state;
+  if (GST_BUFFER_DURATION_IS_VALID(buf)) st.sample_duration = GST_BUFFER_DURATION(buf);
+  st.held.push_back(buf);
+  GST_OBJECT_LOCK(self);
+  const size_t batch = static_cast<size_t>(self->settings->batch_size);
+  GST_OBJECT_UNLOCK(self);
+  return st.held.size() >= batch ? push_held(self) : GST_FLOW_OK;
+}
+
+static gboolean gst_text_encoder_sink_event(GstPad *pad, GstObject *parent, GstEvent *event) {
+  auto *self = GST_TEXT_ENCODER(parent);
+  switch (GST_EVENT_TYPE(event)) {
+    case GST_EVENT_CAPS: {
+      GstCaps *caps;
+      gst_event_parse_caps(event, &caps);
+      GstCaps *out = gst_caps_copy(caps);
+      gst_caps_set_simple(out, "tensors", G_TYPE_STRING, "text_embeds,text_mask", nullptr);
+      gst_event_unref(event);
+      gboolean ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(out));
+      gst_caps_unref(out);
+      return ok;
+    }
+    case GST_EVENT_FLUSH_STOP:
+      self->state->drop_held();
+      break;
+    default:
+      if (GST_EVENT_IS_SERIALIZED(event) && push_held(self) == GST_FLOW_ERROR) {
+        gst_event_unref(event);
+        return FALSE;
+      }
+      break;
+  }
+  return gst_pad_event_default(pad, parent, event);
+}
+
+static gboolean gst_text_encoder_src_query(GstPad *pad, GstObject *parent, GstQuery *query) {
+  auto *self = GST_TEXT_ENCODER(parent);
+  if (GST_QUERY_TYPE(query) == GST_QUERY_LATENCY) {
+    // A buffer can wait for batch-size - 1 later ones.
+    if (!gst_pad_peer_query(self->sinkpad, query)) return FALSE;
+    gboolean live;
+    GstClockTime min, max;
+    gst_query_parse_latency(query, &live, &min, &max);
+    GST_OBJECT_LOCK(self);
+    const guint held = static_cast<guint>(self->settings->batch_size - 1);
+    GST_OBJECT_UNLOCK(self);
+    const GstClockTime dur = self->state->sample_duration;
+    if (GST_CLOCK_TIME_IS_VALID(dur)) {
+      min += dur * held;
+      if (GST_CLOCK_TIME_IS_VALID(max)) max += dur * held;
+    } else if (held > 0) {
+      max = GST_CLOCK_TIME_NONE;
+    }
+    gst_query_set_latency(query, live, min, max);
+    return TRUE;
+  }
+  return gst_pad_query_default(pad, parent, query);
+}
+
+static GstStateChangeReturn gst_text_encoder_change_state(GstElement *element, GstStateChange transition) {
+  auto *self = GST_TEXT_ENCODER(element);
+  if (transition == GST_STATE_CHANGE_READY_TO_PAUSED) {
+    GST_OBJECT_LOCK(self);
+    TextEncoderOptions opts = *self->settings;
+    GST_OBJECT_UNLOCK(self);
+    std::string err;
+    auto enc = TextBuffers::create(opts, &err);
+    if (!enc) {
+      GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Cannot start the text encoder: %s", err.c_str()),
+                        ("tokenizer=%s model=%s", opts.tokenizer.c_str(), opts.model.c_str()));
+      return GST_STATE_CHANGE_FAILURE;
+    }
+    GST_INFO_OBJECT(self, "text encoder on %s, %s, embeddings [%d, %" G_GINT64_FORMAT "]", enc->device_name().c_str(),
+                    enc->dtype_name().c_str(), opts.max_length, enc->embed_dim());
+    self->state->encoder = std::move(enc);
+  }
+  GstStateChangeReturn ret = GST_ELEMENT_CLASS(gst_text_encoder_parent_class)->change_state(element, transition);
+  if (transition == GST_STATE_CHANGE_PAUSED_TO_READY) {
+    self->state->drop_held();
+    if (self->state->encoder) {
+      TextEncoderStats s = self->state->encoder->stats();
+      GST_INFO_OBJECT(self, "%" G_GUINT64_FORMAT " captions, %" G_GUINT64_FORMAT " encoded in %" G_GUINT64_FORMAT
+                      " calls, %" G_GUINT64_FORMAT " dropped", s.captions, s.encoded, s.forward_calls, s.dropped);
+    }
+    self->state->encoder.reset();
+  }
+  return ret;
+}
+
+static void gst_text_encoder_set_property(GObject *object, guint id, const GValue *value, GParamSpec *pspec) {
+  auto *self = GST_TEXT_ENCODER(object);
+  GST_OBJECT_LOCK(self);
+  TextEncoderOptions &s = *self->settings;
+  switch (id) {
+    case PROP_TOKENIZER: s.tokenizer = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_MODEL: s.model = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_MAX_LENGTH: s.max_length = static_cast<int>(g_value_get_uint(value)); break;
+    case PROP_DEVICE: s.device = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_DTYPE: s.dtype = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_BATCH_SIZE: s.batch_size = static_cast<int>(g_value_get_uint(value)); break;
+    case PROP_CAPTION_DROPOUT: s.caption_dropout = g_value_get_double(value); break;
+    case PROP_SEED: s.seed = g_value_get_uint64(value); break;
+    case PROP_CACHE_ENTRIES: s.cache_entries = g_value_get_uint(value); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+static void gst_text_encoder_get_property(GObject *object, guint id, GValue *value, GParamSpec *pspec) {
+  auto *self = GST_TEXT_ENCODER(object);
+  if (id == PROP_CAPTIONS_ENCODED) {
+    // Streaming thread owns the encoder; stats() is a copy of counters (a racy read is harmless).
+    g_value_set_uint64(value, self->state->encoder ? self->state->encoder->stats().encoded : 0);
+    return;
+  }
+  GST_OBJECT_LOCK(self);
+  const TextEncoderOptions &s = *self->settings;
+  switch (id) {
+    case PROP_TOKENIZER: g_value_set_string(value, s.tokenizer.c_str()); break;
+    case PROP_MODEL: g_value_set_string(value, s.model.c_str()); break;
+    case PROP_MAX_LENGTH: g_value_set_uint(value, static_cast<guint>(s.max_length)); break;
+    case PROP_DEVICE: g_value_set_string(value, s.device.c_str()); break;
+    case PROP_DTYPE: g_value_set_string(value, s.dtype.c_str()); break;
+    case PROP_BATCH_SIZE: g_value_set_uint(value, static_cast<guint>(s.batch_size)); break;
+    case PROP_CAPTION_DROPOUT: g_value_set_double(value, s.caption_dropout); break;
+    case PROP_SEED: g_value_set_uint64(value, s.seed); break;
+    case PROP_CACHE_ENTRIES: g_value_set_uint(value, static_cast<guint>(s.cache_entries)); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+static void gst_text_encoder_init(GstTextEncoder *self) {
+  self->settings = new TextEncoderOptions(kDefaults);
+  self->state = new State();
+  self->sinkpad = gst_pad_new_from_static_template(&sink_template, "sink");
+  gst_pad_set_chain_function(self->sinkpad, gst_text_encoder_chain);
+  gst_pad_set_event_function(self->sinkpad, gst_text_encoder_sink_event);
+  GST_PAD_SET_PROXY_CAPS(self->sinkpad);
+  GST_PAD_SET_PROXY_ALLOCATION(self->sinkpad);
+  gst_element_add_pad(GST_ELEMENT(self), self->sinkpad);
+  self->srcpad = gst_pad_new_from_static_template(&src_template, "src");
+  gst_pad_set_query_function(self->srcpad, gst_text_encoder_src_query);
+  gst_element_add_pad(GST_ELEMENT(self), self->srcpad);
+}
+
+static void gst_text_encoder_finalize(GObject *object) {
+  auto *self = GST_TEXT_ENCODER(object);
+  self->state->drop_held();
+  delete self->state;
+  delete self->settings;
+  G_OBJECT_CLASS(gst_text_encoder_parent_class)->finalize(object);
+}
+
+static void gst_text_encoder_class_init(GstTextEncoderClass *klass) {
+  auto *oc = G_OBJECT_CLASS(klass);
+  auto *ec = GST_ELEMENT_CLASS(klass);
+  oc->set_property = gst_text_encoder_set_property;
+  oc->get_property = gst_text_encoder_get_property;
+  oc->finalize = gst_text_encoder_finalize;
+  ec->change_state = gst_text_encoder_change_state;
+  const auto rw = static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  const auto ro = static_cast<GParamFlags>(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+  g_object_class_install_property(
+      oc, PROP_TOKENIZER,
+      g_param_spec_string("tokenizer", "Tokenizer",
+                          "SentencePiece model of the text encoder's tokenizer (a T5 tokenizer folder's spiece.model). "
+                          "Captions become pieces, then the model's EOS id, truncated so that EOS stays last within "
+                          "max-length, padded with its pad id",
+                          "", rw));
+  g_object_class_install_property(
+      oc, PROP_MODEL,
+      g_param_spec_string("model", "Model",
+                          "TorchScript text encoder: forward(input_ids: Tensor[B, L] int64, attention_mask: Tensor[B, "
+                          "L] int64) -> Tensor[B, L, D] (or a tuple starting with it, as a traced transformers "
+                          "T5EncoderModel returns)",
+                          "", rw));
+  g_object_class_install_property(
+      oc, PROP_MAX_LENGTH,
+      g_param_spec_uint("max-length", "Max length", "Tokens per caption, EOS included (CogVideoX: 226)", 1, 4096,
+                        kDefaults.max_length, rw));
+  g_object_class_install_property(
+      oc, PROP_DEVICE,
+      g_param_spec_string("device", "Device",
+                          "Device of the text encoder: cpu, cuda or cuda:N; empty: cuda:LOCAL_RANK when CUDA is "
+                          "available, else cpu",
+                          "", rw));
+  g_object_class_install_property(
+      oc, PROP_DTYPE,
+      g_param_spec_string("dtype", "Dtype",
+                          "dtype of the embeddings: float32, bfloat16 or float16; empty: bfloat16 on CUDA, float32 on "
+                          "CPU",
+                          "", rw));
+  g_object_class_install_property(
+      oc, PROP_BATCH_SIZE,
+      g_param_spec_uint("batch-size", "Batch size",
+                        "Latent buffers held so that their captions are encoded in one call (distinct uncached "
+                        "captions only); 1: each buffer goes out at once",
+                        1, 1024, kDefaults.batch_size, rw));
+  g_object_class_install_property(
+      oc, PROP_CAPTION_DROPOUT,
+      g_param_spec_double("caption-dropout", "Caption dropout",
+                          "Probability that a sample gets the empty caption instead of its own (classifier-free "
+                          "guidance training), drawn from seed, sample id and epoch, so a resumed run draws the same",
+                          0.0, 1.0, kDefaults.caption_dropout, rw));
+  g_object_class_install_property(
+      oc, PROP_SEED,
+      g_param_spec_uint64("seed", "Seed", "Seed of the caption dropout draws", 0, G_MAXUINT64, kDefaults.seed, rw));
+  g_object_class_install_property(
+      oc, PROP_CACHE_ENTRIES,
+      g_param_spec_uint("cache-entries", "Cache entries",
+                        "Distinct captions whose embeddings are kept in memory (each is encoded once while it stays); "
+                        "0: no cache",
+                        0, 10000000, static_cast<guint>(kDefaults.cache_entries), rw));
+  g_object_class_install_property(
+      oc, PROP_CAPTIONS_ENCODED,
+      g_param_spec_uint64("captions-encoded", "Captions encoded",
+                          "Captions run through the text encoder so far (cache misses)", 0, G_MAXUINT64, 0, ro));
+  gst_element_class_set_static_metadata(
+      ec, "Text encoder", "Filter/Encoder/Text",
+      "Adds to each latent buffer its caption's embedding [L, D] and mask [L] (the named tensors text_embeds and "
+      "text_mask), from a SentencePiece tokenizer (T5 rules) and a TorchScript text encoder, once per distinct caption "
+      "(cached)" VIDEOTRAIN_DOC_TEXTENCODER_MESSAGES,
+      "gst-videotrain");
+  gst_element_class_add_static_pad_template(ec, &sink_template);
+  gst_element_class_add_static_pad_template(ec, &src_template);
+}

@@ -1,0 +1,29 @@
+/* textencoder's settings, without torch: the GObject face fills them. */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace videotrain::text {
+
+struct TextEncoderOptions {
+  std::string tokenizer;         // spiece.model
+  std::string model;             // TorchScript text encoder
+  int max_length = 226;          // tokens, EOS included (CogVideoX: 226)
+  std::string device;            // "" = cuda:LOCAL_RANK when CUDA is available, else cpu
+  std::string dtype;             // "" = bfloat16 on CUDA, float32 on CPU; float32|bfloat16|float16
+  int batch_size = 8;            // captions per forward call
+  double caption_dropout = 0.0;  // probability of the empty caption, drawn from seed, sample id, epoch
+  uint64_t seed = 0;
+  size_t cache_entries = 4096;   // distinct captions kept in memory
+};
+
+struct TextEncoderStats {
+  uint64_t captions = 0;       // requests answered
+  uint64_t encoded = 0;        // captions run through the model
+  uint64_t forward_calls = 0;  // model calls (batches)
+  uint64_t dropped = 0;        // requests given the empty caption by caption dropout
+};
+
+}  // namespace videotrain::text
