@@ -45,6 +45,7 @@ def write(name, data):
 
 frames = "videotestsrc num-buffers=1 ! video/x-raw,format=RGB,width=16,height=16,framerate=8/1 ! "
 tensors = "appsrc caps=application/x-videotrain-tensor,content=micro-batch,dtype=float32,device=cpu ! "
+latents = "appsrc caps=application/x-videotrain-tensor,content=latents,dtype=float32,device=cpu ! "
 no_block_channels = vae_folder("no-block-out-channels", lambda c: c.pop("block_out_channels"))
 header = json.dumps({"w": {"dtype": "F32", "shape": [2**32, 2**32], "data_offsets": [0, 0]}}).encode()
 broken_safetensors = vae_folder("broken-safetensors", safetensors=struct.pack("<Q", len(header)) + header)
@@ -86,6 +87,11 @@ cases = [
      tensors + f"ddptrainsink name=ddptrainsink rank=0 world-size=1 model={not_torchscript}"),
     ("ddpvalsink with a trainer that does not exist", "ddpvalsink", "no-such-trainer",
      tensors + "ddpvalsink name=ddpvalsink trainer=no-such-trainer"),
+    # SentencePiece parses the file in its own module (its protobuf beside torch's libprotobuf).
+    ("textencoder with a tokenizer that is not a SentencePiece model", "textencoder", "not-torchscript.pt",
+     latents + f"textencoder name=textencoder tokenizer={not_torchscript} model={image_encoder} ! fakesink"),
+    ("textencoder with a missing tokenizer", "textencoder", "/nonexistent/spiece.model",
+     latents + f"textencoder name=textencoder tokenizer=/nonexistent/spiece.model model={image_encoder} ! fakesink"),
 ]
 
 failures = 0
