@@ -110,9 +110,11 @@ bool is_known_content(const std::string &c) { return c == "latents" || c == "mic
 bool is_known_dtype(const std::string &d) { return d == "float32" || d == "bfloat16" || d == "float16"; }
 
 GstCaps *tensor_caps_new(const TensorCapsInfo &info) {
-  return gst_caps_new_simple(VIDEOTRAIN_TENSOR_MEDIA_TYPE, "content", G_TYPE_STRING, info.content.c_str(),
-                             "dtype", G_TYPE_STRING, info.dtype.c_str(), "device", G_TYPE_STRING,
-                             info.device.c_str(), nullptr);
+  GstCaps *caps = gst_caps_new_simple(VIDEOTRAIN_TENSOR_MEDIA_TYPE, "content", G_TYPE_STRING, info.content.c_str(),
+                                      "dtype", G_TYPE_STRING, info.dtype.c_str(), "device", G_TYPE_STRING,
+                                      info.device.c_str(), nullptr);
+  if (!info.tensors.empty()) gst_caps_set_simple(caps, "tensors", G_TYPE_STRING, info.tensors.c_str(), nullptr);
+  return caps;
 }
 
 GstCaps *tensor_caps_template(const char *content) {
@@ -151,6 +153,8 @@ bool tensor_caps_parse(const GstCaps *caps, TensorCapsInfo *out, std::string *wh
   out->content = c;
   out->dtype = d;
   out->device = dev ? dev : "cpu";
+  const char *t = gst_structure_get_string(s, "tensors");
+  out->tensors = t ? t : "";
   return true;
 }
 

@@ -49,6 +49,7 @@ struct TensorCapsInfo {
   std::string content;  // latents | micro-batch
   std::string dtype;    // float32 | bfloat16 | float16
   std::string device;   // cpu | cuda:N
+  std::string tensors;  // named tensors after the main one, comma-separated ("text_embeds,text_mask"); "" = none
 };
 
 bool is_known_content(const std::string &content);

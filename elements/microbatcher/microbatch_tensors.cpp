@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <exception>
+#include <memory>
 
 #include "microbatcher_engine.h"
 #include "tensor_buffer.h"
@@ -11,6 +12,7 @@ namespace videotrain {
 
 struct HeldTensor {
   at::Tensor tensor;
+  std::vector<std::pair<std::string, at::Tensor>> named;  // text_embeds, text_mask: stacked alike
 };
 
 HeldTensor *hold_tensor(GstBuffer *buf, const TensorCapsInfo &caps, std::string *why) {
@@ -28,14 +30,26 @@ HeldTensor *hold_tensor(GstBuffer *buf, const TensorCapsInfo &caps, std::string 
     if (why) *why = std::string("tensor dtype is ") + dtype_name(t->scalar_type()) + ", caps say " + caps.dtype;
     return nullptr;
   }
+  auto held = std::make_unique<HeldTensor>();
+  for (const std::string &name : tensor_names(buf)) {
+    auto n = named_tensor_from_buffer(buf, name, &reason);
+    if (!n) {
+      if (why) *why = reason;
+      return nullptr;
+    }
+    held->named.emplace_back(name, *n);
+  }
   try {
     c10::Device dev(caps.device);
     if (t->device() != dev) *t = t->to(dev);
+    for (auto &n : held->named)
+      if (n.second.device() != dev) n.second = n.second.to(dev);
   } catch (const std::exception &e) {
     if (why) *why = "cannot put the tensor on device '" + caps.device + "': " + e.what();
     return nullptr;
   }
-  return new HeldTensor{*t};
+  held->tensor = *t;
+  return held.release();
 }
 
 std::vector<int64_t> held_shape(const HeldTensor *t) { return t->tensor.sizes().vec(); }
@@ -51,7 +65,21 @@ GstBuffer *stack_tensors(const std::vector<const HeldTensor *> &tensors, std::st
     std::vector<at::Tensor> list;
     list.reserve(tensors.size());
     for (const auto *h : tensors) list.push_back(h->tensor);
-    return buffer_from_tensor(at::stack(list, 0));
+    GstBuffer *buf = buffer_from_tensor(at::stack(list, 0));
+    const auto &first = tensors.front()->named;
+    for (size_t k = 0; k < first.size(); k++) {
+      std::vector<at::Tensor> parts;
+      for (const auto *h : tensors) {
+        if (h->named.size() != first.size() || h->named[k].first != first[k].first) {
+          gst_buffer_unref(buf);
+          if (why) *why = "samples of one micro-batch carry different tensors (" + first[k].first + ")";
+          return nullptr;
+        }
+        parts.push_back(h->named[k].second);
+      }
+      buffer_append_tensor(buf, first[k].first, at::stack(parts, 0));
+    }
+    return buf;
   } catch (const std::exception &e) {
     if (why) *why = e.what();
     return nullptr;

@@ -552,3 +552,40 @@ TEST_F(MicroBatcherElement, PipelineWithBlockingSinkReachesEos) {
   gst_object_unref(sink);
   gst_object_unref(pipe);
 }
+
+// textencoder's named tensors (text_embeds [L, D], text_mask [L]) are stacked like the latents,
+// row for row, and the caps keep naming them.
+TEST_F(MicroBatcherElement, StacksNamedTextTensorsRowForRow) {
+  Harness h(make_batcher(3, 3),
+            "application/x-videotrain-tensor, content=(string)latents, dtype=(string)float32, device=(string)cpu, "
+            "tensors=(string)\"text_embeds,text_mask\"");
+  for (uint64_t id = 0; id < 3; id++) {
+    GstBuffer *buf = latent({id}, id * kDur);
+    buffer_append_tensor(buf, "text_embeds", at::full({5, 6}, 10.0 + id));
+    buffer_append_tensor(buf, "text_mask", at::arange(5, at::kLong).lt(static_cast<int64_t>(id) + 1).to(at::kLong));
+    ASSERT_EQ(gst_harness_push(h.h, buf), GST_FLOW_OK);
+  }
+  auto out = h.pull_all();
+  ASSERT_EQ(out.size(), 1u);
+  std::string why;
+  auto emb = named_tensor_from_buffer(out[0], "text_embeds", &why);
+  ASSERT_TRUE(emb) << why;
+  EXPECT_EQ(emb->sizes(), (std::vector<int64_t>{3, 5, 6}));
+  auto mask = named_tensor_from_buffer(out[0], "text_mask", &why);
+  ASSERT_TRUE(mask) << why;
+  EXPECT_EQ(mask->sizes(), (std::vector<int64_t>{3, 5}));
+  auto lat = tensor_from_buffer(out[0], &why);
+  ASSERT_TRUE(lat) << why;
+  for (int64_t i = 0; i < 3; i++) {
+    const double id = (*lat)[i].flatten()[0].item<double>();
+    EXPECT_EQ((*emb)[i][0][0].item<double>(), 10.0 + id) << "row " << i << ": text of another sample";
+    EXPECT_EQ((*mask)[i].sum().item<int64_t>(), static_cast<int64_t>(id) + 1);
+  }
+  GstCaps *caps = gst_pad_get_current_caps(h.h->sinkpad);
+  ASSERT_NE(caps, nullptr);
+  const GstStructure *s = gst_caps_get_structure(caps, 0);
+  EXPECT_STREQ(gst_structure_get_string(s, "content"), "micro-batch");
+  EXPECT_STREQ(gst_structure_get_string(s, "tensors"), "text_embeds,text_mask");
+  gst_caps_unref(caps);
+  for (GstBuffer *b : out) gst_buffer_unref(b);
+}
