@@ -1,0 +1,164 @@
+#include "wan_config.h"
+
+#include <nlohmann/json.hpp>
+
+namespace videotrain::vae {
+
+using json = nlohmann::json;
+
+std::vector<int> WanConfig::dims() const {
+  std::vector<int> d{base_dim};
+  for (int m : dim_mult) d.push_back(base_dim * m);
+  return d;
+}
+
+int WanConfig::spatial_compression() const { return patch_size * (1 << (levels() - 1)); }
+
+int WanConfig::temporal_compression() const {
+  int n = 0;
+  for (int i = 0; i + 1 < levels() && i < static_cast<int>(temperal_downsample.size()); i++) n += temperal_downsample[i];
+  return 1 << n;
+}
+
+std::string config_class_name(const std::string &json_text) {
+  json j = json::parse(json_text, nullptr, false);
+  if (j.is_object() && j.contains("_class_name") && j["_class_name"].is_string())
+    return j["_class_name"].get<std::string>();
+  return "";
+}
+
+namespace {
+
+// Integers given as JSON numbers: whole, within [lo, hi].
+bool get_int(const json &j, const char *key, int lo, int hi, int *out, std::string *error) {
+  if (!j.contains(key) || !j[key].is_number()) {
+    *error = std::string("'") + key + "' is missing or not a number";
+    return false;
+  }
+  const double v = j[key].get<double>();
+  if (!(v >= lo && v <= hi) || v != static_cast<double>(static_cast<int64_t>(v))) {
+    *error = std::string("'") + key + "' is " + j[key].dump() + ", expected a whole number in [" + std::to_string(lo) +
+             ", " + std::to_string(hi) + "]";
+    return false;
+  }
+  *out = static_cast<int>(v);
+  return true;
+}
+
+}  // namespace
+
+bool parse_wan_config(const std::string &json_text, WanConfig *out, std::string *error) {
+  std::string err;
+  json j = json::parse(json_text, nullptr, false);
+  auto fail = [&](const std::string &why) {
+    if (error) *error = why;
+    return false;
+  };
+  if (!j.is_object()) return fail("config.json is not a JSON object");
+  WanConfig c;
+  if (!get_int(j, "base_dim", 1, 65536, &c.base_dim, &err) || !get_int(j, "z_dim", 1, 4096, &c.z_dim, &err) ||
+      !get_int(j, "num_res_blocks", 1, 64, &c.num_res_blocks, &err))
+    return fail(err);
+  if (!j.contains("dim_mult") || !j["dim_mult"].is_array() || j["dim_mult"].empty() || j["dim_mult"].size() > 8)
+    return fail("'dim_mult' is missing or not a list of 1 to 8 numbers");
+  c.dim_mult.clear();
+  for (const auto &m : j["dim_mult"]) {
+    if (!m.is_number_integer() || m.get<int64_t>() < 1 || m.get<int64_t>() * c.base_dim > 65536)
+      return fail("'dim_mult' holds " + m.dump() + ": expected whole numbers >= 1 (channels up to 65536)");
+    c.dim_mult.push_back(static_cast<int>(m.get<int64_t>()));
+  }
+  c.temperal_downsample.clear();
+  if (!j.contains("temperal_downsample") || !j["temperal_downsample"].is_array())
+    return fail("'temperal_downsample' is missing or not a list of booleans");
+  for (const auto &t : j["temperal_downsample"]) {
+    if (!t.is_boolean()) return fail("'temperal_downsample' holds " + t.dump() + ": expected booleans");
+    c.temperal_downsample.push_back(t.get<bool>());
+  }
+  if (c.temperal_downsample.size() + 1 < c.dim_mult.size())
+    return fail("'temperal_downsample' has " + std::to_string(c.temperal_downsample.size()) +
+                " entries; 'dim_mult' needs " + std::to_string(c.dim_mult.size() - 1));
+  if (j.contains("attn_scales") && j["attn_scales"].is_array() && !j["attn_scales"].empty())
+    return fail("'attn_scales' is not empty: attention inside the down blocks is not supported (Wan's VAEs have "
+                "none; diffusers' encoder cannot run it either)");
+  if (j.contains("is_residual") && !j["is_residual"].is_null()) {
+    if (!j["is_residual"].is_boolean()) return fail("'is_residual' is " + j["is_residual"].dump() + ", expected a boolean");
+    c.is_residual = j["is_residual"].get<bool>();
+  }
+  if (j.contains("patch_size") && !j["patch_size"].is_null()) {
+    if (!get_int(j, "patch_size", 1, 16, &c.patch_size, &err)) return fail(err);
+  }
+  c.in_channels = 3 * c.patch_size * c.patch_size;
+  if (j.contains("in_channels") && !j["in_channels"].is_null()) {
+    int in = 0;
+    if (!get_int(j, "in_channels", 1, 4096, &in, &err)) return fail(err);
+    if (in != c.in_channels)
+      return fail("'in_channels' is " + std::to_string(in) + "; RGB frames in patches of " +
+                  std::to_string(c.patch_size) + "x" + std::to_string(c.patch_size) + " give " +
+                  std::to_string(c.in_channels));
+  }
+  for (const char *key : {"latents_mean", "latents_std"}) {
+    if (!j.contains(key) || !j[key].is_array() || j[key].size() != static_cast<size_t>(c.z_dim))
+      return fail(std::string("'") + key + "' is missing or does not hold z_dim = " + std::to_string(c.z_dim) +
+                  " numbers");
+    auto &dst = std::string(key) == "latents_mean" ? c.latents_mean : c.latents_std;
+    for (const auto &v : j[key]) {
+      if (!v.is_number()) return fail(std::string("'") + key + "' holds " + v.dump());
+      dst.push_back(v.get<double>());
+    }
+  }
+  for (double s : c.latents_std)
+    if (!(s > 0)) return fail("'latents_std' holds " + std::to_string(s) + ": every entry must be > 0");
+  *out = c;
+  return true;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> wan_encoder_tensor_table(const WanConfig &cfg) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> t;
+  auto conv = [&](const std::string &p, int64_t out, int64_t in, std::vector<int64_t> k) {
+    std::vector<int64_t> shape{out, in};
+    shape.insert(shape.end(), k.begin(), k.end());
+    t.push_back({p + ".weight", shape});
+    t.push_back({p + ".bias", {out}});
+  };
+  auto resnet = [&](const std::string &p, int64_t in, int64_t out) {
+    t.push_back({p + ".norm1.gamma", {in, 1, 1, 1}});
+    conv(p + ".conv1", out, in, {3, 3, 3});
+    t.push_back({p + ".norm2.gamma", {out, 1, 1, 1}});
+    conv(p + ".conv2", out, out, {3, 3, 3});
+    if (in != out) conv(p + ".conv_shortcut", out, in, {1, 1, 1});
+  };
+  auto resample = [&](const std::string &p, int64_t dim, bool time) {
+    conv(p + ".resample.1", dim, dim, {3, 3});
+    if (time) conv(p + ".time_conv", dim, dim, {3, 1, 1});
+  };
+  const auto d = cfg.dims();
+  conv("encoder.conv_in", d[0], cfg.in_channels, {3, 3, 3});
+  int flat = 0;
+  for (int i = 0; i < cfg.levels(); i++) {
+    const bool down = i != cfg.levels() - 1;
+    const bool time = down && cfg.temperal_downsample[i];
+    int64_t in = d[i];
+    for (int r = 0; r < cfg.num_res_blocks; r++) {
+      const std::string p = cfg.is_residual ? "encoder.down_blocks." + std::to_string(i) + ".resnets." + std::to_string(r)
+                                            : "encoder.down_blocks." + std::to_string(flat++);
+      resnet(p, in, d[i + 1]);
+      in = d[i + 1];
+    }
+    if (down)
+      resample(cfg.is_residual ? "encoder.down_blocks." + std::to_string(i) + ".downsampler"
+                               : "encoder.down_blocks." + std::to_string(flat++),
+               d[i + 1], time);
+  }
+  const int64_t top = d.back();
+  resnet("encoder.mid_block.resnets.0", top, top);
+  t.push_back({"encoder.mid_block.attentions.0.norm.gamma", {top, 1, 1}});
+  conv("encoder.mid_block.attentions.0.to_qkv", 3 * top, top, {1, 1});
+  conv("encoder.mid_block.attentions.0.proj", top, top, {1, 1});
+  resnet("encoder.mid_block.resnets.1", top, top);
+  t.push_back({"encoder.norm_out.gamma", {top, 1, 1, 1}});
+  conv("encoder.conv_out", 2 * cfg.z_dim, top, {3, 3, 3});
+  conv("quant_conv", 2 * cfg.z_dim, 2 * cfg.z_dim, {1, 1, 1});
+  return t;
+}
+
+}  // namespace videotrain::vae

@@ -1,0 +1,38 @@
+/* The Wan 2.1 / 2.2 VAE configuration (diffusers AutoencoderKLWan config.json) and the encoder
+ * tensor table it implies. No torch. */
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace videotrain::vae {
+
+struct WanConfig {
+  int base_dim = 96;
+  int z_dim = 16;
+  std::vector<int> dim_mult{1, 2, 4, 4};
+  int num_res_blocks = 2;
+  std::vector<bool> temperal_downsample{false, true, true};  // diffusers' spelling
+  bool is_residual = false;    // Wan 2.2: residual down blocks with AvgDown3D shortcuts
+  int in_channels = 3;         // 3 * patch_size^2 with pixel patches
+  int patch_size = 1;          // Wan 2.2: 2 (pixel patches folded into channels)
+  std::vector<double> latents_mean, latents_std;  // z_dim each
+
+  std::vector<int> dims() const;  // base_dim * [1] + dim_mult
+  int levels() const { return static_cast<int>(dim_mult.size()); }
+  int spatial_compression() const;   // patch_size * 2^(levels - 1)
+  int temporal_compression() const;  // 2^(temporal downsamples)
+};
+
+// Whether config.json text names AutoencoderKLWan (the class decides the family).
+std::string config_class_name(const std::string &json_text);
+
+// Parses config.json text. False with a reason naming the key for missing or unusable values.
+bool parse_wan_config(const std::string &json_text, WanConfig *out, std::string *error);
+
+// Every encoder tensor (diffusers names) with its shape, in the order the encoder uses them.
+std::vector<std::pair<std::string, std::vector<int64_t>>> wan_encoder_tensor_table(const WanConfig &cfg);
+
+}  // namespace videotrain::vae
