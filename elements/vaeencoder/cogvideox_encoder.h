@@ -36,6 +36,14 @@ class CogVideoXEncoder {
   // Returns the moments [B, 2*latent_channels, t', H/s, W/s]; `cache` is read and updated.
   at::Tensor forward(const at::Tensor &x, ConvCache &cache) const;
 
+  // norm-scope=clip: the moments of a whole clip given as its temporal chunks (the same chunks
+  // forward() would get), with every GroupNorm using the statistics of all the clip's frames, as
+  // a single pass computes them, while convolutions still run chunk by chunk. One streaming pass
+  // per GroupNorm: each reads the previous pass's chunks (spilled to a temporary file with
+  // spill_to_file, else kept in memory), normalises with the finished statistics, and gathers
+  // the next norm's statistics (float64) while writing its own output.
+  at::Tensor forward_clip_scope(const std::vector<at::Tensor> &chunks, bool spill_to_file) const;
+
   struct Conv {
     at::Tensor w, b;
   };
