@@ -30,6 +30,10 @@ struct State {
   std::vector<GstBuffer *> held;
   size_t warned_without_meta = 0;
   GstClockTime sample_duration = GST_CLOCK_TIME_NONE;
+  // Downstream's last answer (EOS after ddptrainsink's max-steps, flushing, not-linked): held
+  // buffers pushed by an event get it too, and every later buffer returns it upstream, so
+  // that the source stops even when no batch ever fills between two epoch events.
+  GstFlowReturn downstream = GST_FLOW_OK;
 
   void drop_held() {
     for (GstBuffer *b : held) gst_buffer_unref(b);
@@ -101,12 +105,17 @@ static GstFlowReturn push_held(GstTextEncoder *self) {
     }
     ret = gst_pad_push(self->srcpad, out[i]);
   }
+  st.downstream = ret;
   return ret;
 }
 
 static GstFlowReturn gst_text_encoder_chain(GstPad *, GstObject *parent, GstBuffer *buf) {
   auto *self = GST_TEXT_ENCODER(parent);
   State &st = *self->state;
+  if (st.downstream != GST_FLOW_OK) {
+    gst_buffer_unref(buf);
+    return st.downstream;
+  }
   if (GST_BUFFER_DURATION_IS_VALID(buf)) st.sample_duration = GST_BUFFER_DURATION(buf);
   st.held.push_back(buf);
   GST_OBJECT_LOCK(self);
@@ -130,6 +139,15 @@ static gboolean gst_text_encoder_sink_event(GstPad *pad, GstObject *parent, GstE
     }
     case GST_EVENT_FLUSH_STOP:
       self->state->drop_held();
+      self->state->downstream = GST_FLOW_OK;
+      break;
+    case GST_EVENT_STREAM_START:
+    case GST_EVENT_SEGMENT:  // a new stream or segment may flow again (as queue does)
+      if (push_held(self) == GST_FLOW_ERROR) {
+        gst_event_unref(event);
+        return FALSE;
+      }
+      self->state->downstream = GST_FLOW_OK;
       break;
     default:
       if (GST_EVENT_IS_SERIALIZED(event) && push_held(self) == GST_FLOW_ERROR) {
@@ -185,6 +203,7 @@ static GstStateChangeReturn gst_text_encoder_change_state(GstElement *element, G
   GstStateChangeReturn ret = GST_ELEMENT_CLASS(gst_text_encoder_parent_class)->change_state(element, transition);
   if (transition == GST_STATE_CHANGE_PAUSED_TO_READY) {
     self->state->drop_held();
+    self->state->downstream = GST_FLOW_OK;
     if (self->state->encoder) {
       TextEncoderStats s = self->state->encoder->stats();
       GST_INFO_OBJECT(self, "%" G_GUINT64_FORMAT " captions, %" G_GUINT64_FORMAT " encoded in %" G_GUINT64_FORMAT
