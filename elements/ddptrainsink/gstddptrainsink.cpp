@@ -203,6 +203,13 @@ static gboolean gst_ddp_train_sink_set_caps(GstBaseSink *sink, GstCaps *caps) {
     GST_ELEMENT_ERROR(sink, STREAM, WRONG_TYPE, ("Cannot train on %s", why.c_str()), ("caps %" GST_PTR_FORMAT, caps));
     return FALSE;
   }
+  // A model that takes the other conditioning (captions vs a textencoder's embeddings) is an
+  // error here, before the first micro-batch.
+  auto engine = get_engine(GST_DDP_TRAIN_SINK(sink));
+  if (engine && !engine->set_stream_text(info.tensors.find("text_embeds") != std::string::npos)) {
+    GST_ELEMENT_ERROR(sink, LIBRARY, SETTINGS, ("%s", engine->error().c_str()), ("caps %" GST_PTR_FORMAT, caps));
+    return FALSE;
+  }
   return TRUE;
 }
 
@@ -399,8 +406,10 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
   auto install = [oc](guint id, GParamSpec *p) { g_object_class_install_property(oc, id, p); };
   install(PROP_MODEL, g_param_spec_string("model", "Model",
                                           "TorchScript file whose module has training_step(latents: Tensor, "
-                                          "captions: List[str]) -> Tensor (scalar loss), or builtin:tiny-unet3d / "
-                                          "builtin:linear-test",
+                                          "captions: List[str]) -> Tensor (scalar loss), or, for streams with a "
+                                          "textencoder, training_step(latents: Tensor, text_embeds: Tensor, "
+                                          "text_mask: Tensor) -> Tensor; or builtin:tiny-unet3d (captions) / "
+                                          "builtin:tiny-t2v (text embeddings) / builtin:linear-test",
                                           "", rw));
   install(PROP_LATENT_CHANNELS,
           g_param_spec_uint("latent-channels", "Latent channels",

@@ -4,6 +4,8 @@
  *                      levels, residual blocks conditioned by FiLM on a timestep and a
  *                      caption embedding), trained with a flow-matching loss (noise and
  *                      timesteps from torch's default generator, which the trainer seeds).
+ * builtin:tiny-t2v     a small text-conditioned transformer (cross-attention to a textencoder's
+ *                      embeddings), the same loss.
  * builtin:linear-test  a deterministic model for tests: a 1x1x1 conv plus a caption bias
  *                      regressed onto a fixed function of the input (no noise). */
 #include "train_model.h"
@@ -31,6 +33,13 @@ constexpr int64_t kCaptionBuckets = 4096;
 
 /* ---- TorchScript ---- */
 
+// TorchScript's list of strings from the captions.
+c10::List<std::string> caption_list(const std::vector<std::string> &captions) {
+  c10::List<std::string> caps;
+  for (const auto &c : captions) caps.push_back(c);
+  return caps;
+}
+
 class ScriptModel : public TrainModel {
  public:
   ScriptModel(const std::string &path, const c10::Device &device) : path_(path) {
@@ -42,12 +51,20 @@ class ScriptModel : public TrainModel {
     }
     if (!module_.find_method("training_step"))
       throw std::runtime_error("TorchScript model '" + path +
-                               "' has no method training_step(latents: Tensor, captions: List[str]) -> Tensor "
+                               "' has no method training_step(latents: Tensor, captions: List[str]) -> Tensor or "
+                               "training_step(latents: Tensor, text_embeds: Tensor, text_mask: Tensor) -> Tensor "
                                "(export it with @torch.jit.export)");
+    text_ = second_argument_is_tensor("training_step");
+    has_validation_ = module_.find_method("validation_step").has_value();
+    if (has_validation_ && second_argument_is_tensor("validation_step") != text_)
+      throw std::runtime_error("TorchScript model '" + path + "': training_step takes " +
+                               (text_ ? "text embeddings" : "captions") + " but validation_step takes " +
+                               (text_ ? "captions" : "text embeddings") + "; give both the same conditioning");
     module_.to(device);
     module_.train(true);
   }
   std::string spec() const override { return path_; }
+  bool takes_text() const override { return text_; }
   NamedTensors named_parameters() override {
     NamedTensors out;
     for (const auto &p : module_.named_parameters(true)) out.emplace_back(p.name, p.value);
@@ -58,24 +75,23 @@ class ScriptModel : public TrainModel {
     for (const auto &b : module_.named_buffers(true)) out.emplace_back(b.name, b.value);
     return out;
   }
-  at::Tensor training_step(const at::Tensor &latents, const std::vector<std::string> &captions) override {
-    c10::List<std::string> caps;
-    for (const auto &c : captions) caps.push_back(c);
-    auto out = module_.get_method("training_step")({latents, caps});
+  at::Tensor training_step(const ModelInputs &in) override {
+    auto out = module_.get_method("training_step")(arguments(in));
     if (!out.isTensor()) throw std::runtime_error("training_step of '" + path_ + "' did not return a Tensor");
     return out.toTensor();
   }
   void train(bool on) override { module_.train(on); }
-  // validation_step(latents, captions, seeds: Tensor[m] int64) -> Tensor ([m] or scalar mean), if exported.
-  at::Tensor validation_step(const at::Tensor &latents, const std::vector<std::string> &captions,
-                             const std::vector<int64_t> &seeds) override {
-    if (!module_.find_method("validation_step")) return at::Tensor();
-    c10::List<std::string> caps;
-    for (const auto &c : captions) caps.push_back(c);
-    auto out = module_.get_method("validation_step")({latents, caps, torch::tensor(seeds, torch::kLong)});
+  // validation_step(latents, captions | text_embeds, text_mask, seeds: Tensor[m] int64) -> Tensor
+  // ([m] or scalar mean), if exported.
+  at::Tensor validation_step(const ModelInputs &in, const std::vector<int64_t> &seeds) override {
+    if (!has_validation_) return at::Tensor();
+    auto args = arguments(in);
+    args.emplace_back(torch::tensor(seeds, torch::kLong));
+    auto out = module_.get_method("validation_step")(std::move(args));
     if (!out.isTensor()) throw std::runtime_error("validation_step of '" + path_ + "' did not return a Tensor");
     auto t = out.toTensor().to(torch::kFloat);
-    if (t.numel() == 1 && latents.size(0) != 1) return t.reshape({1}).expand({latents.size(0)}).clone();
+    const int64_t m = in.latents.size(0);
+    if (t.numel() == 1 && m != 1) return t.reshape({1}).expand({m}).clone();
     return t.reshape({-1});
   }
   std::string save(const std::string &dir) override {
@@ -102,8 +118,19 @@ class ScriptModel : public TrainModel {
   }
 
  private:
+  // The conditioning a method takes: (self, latents, Tensor, ...) is the text form.
+  bool second_argument_is_tensor(const char *method) {
+    const auto &args = module_.get_method(method).function().getSchema().arguments();
+    return args.size() > 2 && args[2].type()->kind() == c10::TypeKind::TensorType;
+  }
+  std::vector<c10::IValue> arguments(const ModelInputs &in) const {
+    if (text_) return {in.latents, in.text_embeds, in.text_mask};
+    return {in.latents, caption_list(in.captions)};
+  }
+
   std::string path_;
   torch::jit::Module module_;
+  bool text_ = false, has_validation_ = false;
 };
 
 /* ---- built-in models ---- */
@@ -140,6 +167,34 @@ at::Tensor conv(const torch::nn::Conv3d &m, const at::Tensor &x) {
   return conv3d_fast(x, m->weight, m->bias, m->options.stride(), padding);
 }
 
+// Rectified flow: x_t = (1 - t) x0 + t n, predict v = n - x0; t logit-normal. Noise and t come
+// from torch's default generator, which the trainer seeds per step.
+template <typename F>
+at::Tensor flow_loss(const at::Tensor &x0, F &&predict) {
+  auto noise = torch::randn_like(x0);
+  auto t = torch::sigmoid(torch::randn({x0.size(0)}, x0.options()));
+  auto tb = t.view({-1, 1, 1, 1, 1});
+  auto pred = predict((1 - tb) * x0 + tb * noise, t);
+  return torch::mse_loss(pred.to(torch::kFloat), (noise - x0).to(torch::kFloat));
+}
+
+// The same loss per sample, noise and t from a CPU generator per seed (same numbers on any device).
+template <typename F>
+at::Tensor flow_losses_seeded(const at::Tensor &x0, const std::vector<int64_t> &seeds, F &&predict) {
+  std::vector<at::Tensor> ns, ts;
+  const auto cpu = torch::TensorOptions().dtype(torch::kFloat);
+  for (int64_t i = 0; i < x0.size(0); i++) {
+    auto g = at::detail::createCPUGenerator(static_cast<uint64_t>(seeds.at(i)));
+    ns.push_back(at::randn(x0[i].sizes(), g, cpu));
+    ts.push_back(at::randn({1}, g, cpu));
+  }
+  auto noise = torch::stack(ns).to(x0.device(), x0.scalar_type());
+  auto t = torch::sigmoid(torch::cat(ts)).to(x0.device(), x0.scalar_type());
+  auto tb = t.view({-1, 1, 1, 1, 1});
+  auto pred = predict((1 - tb) * x0 + tb * noise, t);
+  return (pred.to(torch::kFloat) - (noise - x0).to(torch::kFloat)).pow(2).mean({1, 2, 3, 4});
+}
+
 struct ResBlockImpl : torch::nn::Module {
   ResBlockImpl(int64_t ch, int64_t cond_dim)
       : n1(torch::nn::GroupNormOptions(std::min<int64_t>(8, ch), ch)),
@@ -167,6 +222,8 @@ TORCH_MODULE(ResBlock);
 
 struct TinyUNet3DImpl : torch::nn::Module {
   static constexpr int64_t kCh = 32, kCond = 128, kTime = 64;
+  static constexpr bool kTakesText = false;
+  explicit TinyUNet3DImpl(const ModelDims &dims) : TinyUNet3DImpl(dims.latent_channels) {}
   explicit TinyUNet3DImpl(int64_t c)
       : in_conv(torch::nn::Conv3dOptions(c, kCh, 3).padding(1)),
         r1(kCh, kCond),
@@ -206,30 +263,12 @@ struct TinyUNet3DImpl : torch::nn::Module {
     h = r3(conv(up, h) + h0, cond);
     return conv(out_conv, torch::silu(out_norm(h)));
   }
-  // Rectified flow: x_t = (1 - t) x0 + t n, predict v = n - x0; t logit-normal.
-  at::Tensor training_step(const at::Tensor &x0, const std::vector<std::string> &captions) {
-    auto noise = torch::randn_like(x0);
-    auto t = torch::sigmoid(torch::randn({x0.size(0)}, x0.options()));
-    auto tb = t.view({-1, 1, 1, 1, 1});
-    auto xt = (1 - tb) * x0 + tb * noise;
-    auto pred = forward(xt, t, captions);
-    return torch::mse_loss(pred.to(torch::kFloat), (noise - x0).to(torch::kFloat));
+  at::Tensor training_step(const ModelInputs &in) {
+    return flow_loss(in.latents, [&](const at::Tensor &xt, const at::Tensor &t) { return forward(xt, t, in.captions); });
   }
-  // Same loss per sample, noise and t from a CPU generator per seed (same numbers on any device).
-  at::Tensor validation_step(const at::Tensor &x0, const std::vector<std::string> &captions,
-                             const std::vector<int64_t> &seeds) {
-    std::vector<at::Tensor> ns, ts;
-    const auto cpu = torch::TensorOptions().dtype(torch::kFloat);
-    for (int64_t i = 0; i < x0.size(0); i++) {
-      auto g = at::detail::createCPUGenerator(static_cast<uint64_t>(seeds.at(i)));
-      ns.push_back(at::randn(x0[i].sizes(), g, cpu));
-      ts.push_back(at::randn({1}, g, cpu));
-    }
-    auto noise = torch::stack(ns).to(x0.device(), x0.scalar_type());
-    auto t = torch::sigmoid(torch::cat(ts)).to(x0.device(), x0.scalar_type());
-    auto tb = t.view({-1, 1, 1, 1, 1});
-    auto pred = forward((1 - tb) * x0 + tb * noise, t, captions);
-    return (pred.to(torch::kFloat) - (noise - x0).to(torch::kFloat)).pow(2).mean({1, 2, 3, 4});
+  at::Tensor validation_step(const ModelInputs &in, const std::vector<int64_t> &seeds) {
+    return flow_losses_seeded(in.latents, seeds,
+                              [&](const at::Tensor &xt, const at::Tensor &t) { return forward(xt, t, in.captions); });
   }
   torch::nn::Conv3d in_conv;
   ResBlock r1;
@@ -245,18 +284,17 @@ struct TinyUNet3DImpl : torch::nn::Module {
 TORCH_MODULE(TinyUNet3D);
 
 struct LinearTestImpl : torch::nn::Module {
+  static constexpr bool kTakesText = false;
+  explicit LinearTestImpl(const ModelDims &dims) : LinearTestImpl(dims.latent_channels) {}
   explicit LinearTestImpl(int64_t c)
       : proj(torch::nn::Conv3dOptions(c, c, 1)),
         caption(torch::nn::EmbeddingBagOptions(kCaptionBuckets, c).mode(torch::kMean)) {
     register_module("proj", proj);
     register_module("caption", caption);
   }
-  at::Tensor training_step(const at::Tensor &x, const std::vector<std::string> &captions) {
-    return per_sample_error(x, captions).mean();
-  }
-  at::Tensor validation_step(const at::Tensor &x, const std::vector<std::string> &captions,
-                             const std::vector<int64_t> &) {
-    return per_sample_error(x, captions);
+  at::Tensor training_step(const ModelInputs &in) { return per_sample_error(in.latents, in.captions).mean(); }
+  at::Tensor validation_step(const ModelInputs &in, const std::vector<int64_t> &) {
+    return per_sample_error(in.latents, in.captions);
   }
   // Squared error against a fixed target, averaged per sample; draws no noise.
   at::Tensor per_sample_error(const at::Tensor &x, const std::vector<std::string> &captions) {
@@ -269,11 +307,121 @@ struct LinearTestImpl : torch::nn::Module {
 };
 TORCH_MODULE(LinearTest);
 
+/* builtin:tiny-t2v: a small text-conditioned latent video transformer. Latents are cut into
+ * 1x2x2 patches (odd sizes padded), each block runs self-attention over the patches,
+ * cross-attention to the text embeddings (masked by text_mask) and an MLP, modulated by the
+ * timestep; trained with the same rectified-flow loss as tiny-unet3d. */
+
+// Multi-head attention of q [B, Lq, D] over k, v [B, Lk, D]; `keep` [B, Lk] (bool) masks keys.
+at::Tensor attend(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t heads,
+                  const at::Tensor &keep = at::Tensor()) {
+  const int64_t B = q.size(0), D = q.size(2), dh = D / heads;
+  auto split = [&](const at::Tensor &x) { return x.view({B, x.size(1), heads, dh}).transpose(1, 2); };
+  auto scores = torch::matmul(split(q), split(k).transpose(-2, -1)) / std::sqrt(static_cast<double>(dh));
+  // A finite fill: a sample whose keys are all masked attends evenly instead of giving NaN.
+  if (keep.defined()) scores = scores.masked_fill(keep.logical_not().view({B, 1, 1, -1}), -1e4);
+  auto out = torch::matmul(torch::softmax(scores, -1), split(v));
+  return out.transpose(1, 2).reshape({B, q.size(1), D});
+}
+
+struct T2VBlockImpl : torch::nn::Module {
+  T2VBlockImpl(int64_t dim, int64_t heads)
+      : heads(heads),
+        n1(torch::nn::LayerNormOptions({dim}).elementwise_affine(false)),
+        n2(torch::nn::LayerNormOptions({dim})),
+        n3(torch::nn::LayerNormOptions({dim}).elementwise_affine(false)),
+        qkv(dim, 3 * dim),
+        proj(dim, dim),
+        q(dim, dim),
+        kv(dim, 2 * dim),
+        cross_out(dim, dim),
+        fc1(dim, 4 * dim),
+        fc2(4 * dim, dim),
+        mod(dim, 4 * dim) {
+    register_module("n1", n1);
+    register_module("n2", n2);
+    register_module("n3", n3);
+    register_module("qkv", qkv);
+    register_module("proj", proj);
+    register_module("q", q);
+    register_module("kv", kv);
+    register_module("cross_out", cross_out);
+    register_module("fc1", fc1);
+    register_module("fc2", fc2);
+    register_module("mod", mod);
+  }
+  // x [B, N, D] patches, text [B, L, D], keep [B, L], cond [B, D] (timestep).
+  at::Tensor forward(at::Tensor x, const at::Tensor &text, const at::Tensor &keep, const at::Tensor &cond) {
+    auto m = mod(torch::silu(cond)).unsqueeze(1).chunk(4, -1);  // scale/shift of self-attention and MLP
+    auto h = n1(x) * (1 + m[0]) + m[1];
+    auto s = qkv(h).chunk(3, -1);
+    x = x + proj(attend(s[0], s[1], s[2], heads));
+    auto c = kv(text).chunk(2, -1);
+    x = x + cross_out(attend(q(n2(x)), c[0], c[1], heads, keep));
+    h = n3(x) * (1 + m[2]) + m[3];
+    return x + fc2(torch::gelu(fc1(h)));
+  }
+  int64_t heads;
+  torch::nn::LayerNorm n1, n2, n3;
+  torch::nn::Linear qkv, proj, q, kv, cross_out, fc1, fc2, mod;
+};
+TORCH_MODULE(T2VBlock);
+
+struct TinyT2VImpl : torch::nn::Module {
+  static constexpr int64_t kDim = 64, kHeads = 4, kTime = 64, kBlocks = 2;
+  static constexpr bool kTakesText = true;
+  explicit TinyT2VImpl(const ModelDims &dims)
+      : patch_in(torch::nn::Conv3dOptions(dims.latent_channels, kDim, {1, 2, 2}).stride({1, 2, 2})),
+        patch_out(torch::nn::ConvTranspose3dOptions(kDim, dims.latent_channels, {1, 2, 2}).stride({1, 2, 2})),
+        text_in(dims.text_dim, kDim),
+        t1(kTime, kDim),
+        t2(kDim, kDim),
+        norm_out(torch::nn::LayerNormOptions({kDim})) {
+    register_module("patch_in", patch_in);
+    register_module("patch_out", patch_out);
+    register_module("text_in", text_in);
+    register_module("t1", t1);
+    register_module("t2", t2);
+    register_module("norm_out", norm_out);
+    for (int64_t i = 0; i < kBlocks; i++) blocks.push_back(register_module("block" + std::to_string(i), T2VBlock(kDim, kHeads)));
+  }
+  at::Tensor forward(const at::Tensor &x, const at::Tensor &t, const at::Tensor &text_embeds, const at::Tensor &text_mask) {
+    const int64_t H = x.size(3), W = x.size(4);
+    auto xp = torch::constant_pad_nd(x, {0, W % 2, 0, H % 2});
+    auto p = patch_in(xp);  // [B, D, t, H', W']
+    const auto grid = p.sizes().vec();
+    auto tokens = p.flatten(2).transpose(1, 2);  // [B, N, D]
+    auto cond = t2(torch::silu(t1(timestep_embedding(t, kTime))));
+    tokens = tokens + cond.unsqueeze(1);
+    auto text = text_in(text_embeds.to(x.scalar_type()));
+    auto keep = text_mask.to(x.device()) > 0;
+    for (auto &b : blocks) tokens = b->forward(tokens, text, keep, cond);
+    auto out = norm_out(tokens).transpose(1, 2).reshape(grid);
+    return patch_out(out).narrow(3, 0, H).narrow(4, 0, W);
+  }
+  at::Tensor training_step(const ModelInputs &in) {
+    return flow_loss(in.latents, [&](const at::Tensor &xt, const at::Tensor &t) {
+      return forward(xt, t, in.text_embeds, in.text_mask);
+    });
+  }
+  at::Tensor validation_step(const ModelInputs &in, const std::vector<int64_t> &seeds) {
+    return flow_losses_seeded(in.latents, seeds, [&](const at::Tensor &xt, const at::Tensor &t) {
+      return forward(xt, t, in.text_embeds, in.text_mask);
+    });
+  }
+  torch::nn::Conv3d patch_in;
+  torch::nn::ConvTranspose3d patch_out;
+  torch::nn::Linear text_in, t1, t2;
+  torch::nn::LayerNorm norm_out;
+  std::vector<T2VBlock> blocks;
+};
+TORCH_MODULE(TinyT2V);
+
 template <typename M>
 class BuiltinModel : public TrainModel {
  public:
-  BuiltinModel(std::string name, int channels, const c10::Device &device)
-      : name_(std::move(name)), channels_(channels), net_(channels) {
+  BuiltinModel(std::string name, const ModelDims &dims, const c10::Device &device)
+      : name_(std::move(name)), dims_(dims), net_(dims) {
     net_->to(device);
     net_->train(true);
   }
@@ -288,12 +436,10 @@ class BuiltinModel : public TrainModel {
     for (const auto &b : net_->named_buffers(true)) out.emplace_back(b.key(), b.value());
     return out;
   }
-  at::Tensor training_step(const at::Tensor &latents, const std::vector<std::string> &captions) override {
-    return net_->training_step(latents, captions);
-  }
-  at::Tensor validation_step(const at::Tensor &latents, const std::vector<std::string> &captions,
-                             const std::vector<int64_t> &seeds) override {
-    return net_->validation_step(latents, captions, seeds);
+  bool takes_text() const override { return M::ContainedType::kTakesText; }
+  at::Tensor training_step(const ModelInputs &in) override { return net_->training_step(in); }
+  at::Tensor validation_step(const ModelInputs &in, const std::vector<int64_t> &seeds) override {
+    return net_->validation_step(in, seeds);
   }
   void train(bool on) override { net_->train(on); }
   std::string save(const std::string &dir) override {
@@ -313,7 +459,9 @@ class BuiltinModel : public TrainModel {
     add(named_parameters());
     add(named_buffers());
     std::string err;
-    std::map<std::string, std::string> meta{{"model", spec()}, {"latent_channels", std::to_string(channels_)}};
+    std::map<std::string, std::string> meta{{"model", spec()},
+                                            {"latent_channels", std::to_string(dims_.latent_channels)},
+                                            {"text_dim", std::to_string(dims_.text_dim)}};
     if (!write_safetensors(dir + "/model.safetensors", out, meta, &err)) throw std::runtime_error(err);
     return "model.safetensors";
   }
@@ -337,7 +485,7 @@ class BuiltinModel : public TrainModel {
 
  private:
   std::string name_;
-  int channels_;
+  ModelDims dims_;
   M net_;
 };
 
@@ -365,7 +513,34 @@ std::string first_non_finite(TrainModel &model) {
   return first_non_finite(all);
 }
 
-std::vector<std::string> builtin_model_names() { return {"tiny-unet3d", "linear-test"}; }
+ModelInputs ModelInputs::narrow(int64_t start, int64_t n) const {
+  ModelInputs out;
+  out.latents = latents.narrow(0, start, n);
+  for (int64_t i = start; i < start + n && i < static_cast<int64_t>(captions.size()); i++) out.captions.push_back(captions[i]);
+  if (text_embeds.defined()) out.text_embeds = text_embeds.narrow(0, start, n);
+  if (text_mask.defined()) out.text_mask = text_mask.narrow(0, start, n);
+  return out;
+}
+
+std::string check_model_inputs(const TrainModel &model, bool stream_has_text) {
+  if (model.takes_text() == stream_has_text) return "";
+  if (stream_has_text)
+    return "model " + model.spec() +
+           " takes captions (training_step(latents, captions)) but the stream carries text embeddings from a "
+           "textencoder: use a model with training_step(latents, text_embeds, text_mask) (e.g. builtin:tiny-t2v), "
+           "or remove the textencoder";
+  return "model " + model.spec() +
+         " takes text embeddings (training_step(latents, text_embeds, text_mask)) but the stream carries none: put a "
+         "textencoder after vaeencoder (tokenizer=..., model=...)";
+}
+
+std::vector<std::string> builtin_model_names() { return {"tiny-unet3d", "tiny-t2v", "linear-test"}; }
+
+bool model_dims_known(const std::string &spec, const ModelDims &dims) {
+  if (!is_builtin_spec(spec)) return true;
+  if (dims.latent_channels <= 0) return false;
+  return spec != std::string(kBuiltinPrefix) + "tiny-t2v" || dims.text_dim > 0;
+}
 
 bool is_builtin_spec(const std::string &spec) { return spec.rfind(kBuiltinPrefix, 0) == 0; }
 
@@ -392,13 +567,18 @@ std::vector<int64_t> caption_token_ids(const std::string &caption, int64_t bucke
   return ids;
 }
 
-std::unique_ptr<TrainModel> make_model(const std::string &spec, int latent_channels, const c10::Device &device) {
+std::unique_ptr<TrainModel> make_model(const std::string &spec, const ModelDims &dims, const c10::Device &device) {
   if (!is_builtin_spec(spec)) return std::make_unique<ScriptModel>(spec, device);
   const std::string name = spec.substr(std::string(kBuiltinPrefix).size());
-  if (latent_channels <= 0)
+  if (dims.latent_channels <= 0)
     throw std::runtime_error("model " + spec + " needs the latent channel count (property latent-channels)");
-  if (name == "tiny-unet3d") return std::make_unique<BuiltinModel<TinyUNet3D>>(name, latent_channels, device);
-  if (name == "linear-test") return std::make_unique<BuiltinModel<LinearTest>>(name, latent_channels, device);
+  if (name == "tiny-unet3d") return std::make_unique<BuiltinModel<TinyUNet3D>>(name, dims, device);
+  if (name == "linear-test") return std::make_unique<BuiltinModel<LinearTest>>(name, dims, device);
+  if (name == "tiny-t2v") {
+    if (dims.text_dim <= 0)
+      throw std::runtime_error("model " + spec + " needs text embeddings: put a textencoder after vaeencoder");
+    return std::make_unique<BuiltinModel<TinyT2V>>(name, dims, device);
+  }
   std::string known;
   for (const auto &n : builtin_model_names()) known += (known.empty() ? "" : ", ") + std::string(kBuiltinPrefix) + n;
   throw std::runtime_error("unknown built-in model '" + spec + "' (property model; known: " + known +

@@ -1,5 +1,6 @@
-/* What the trainer trains: a TorchScript module with training_step(latents, captions)
- * or one of the models built into the project (builtin:NAME). Torch TUs only. */
+/* What the trainer trains: a TorchScript module with training_step(latents, captions), or
+ * training_step(latents, text_embeds, text_mask) for streams that carry a textencoder's
+ * embeddings, or one of the models built into the project (builtin:NAME). Torch TUs only. */
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,23 +15,42 @@ namespace videotrain {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+// What one forward gets for m samples: latents [m, C, t, h, w] and each sample's caption or,
+// after a textencoder, its embedding [m, L, D] and mask [m, L] (int64, 1 on tokens).
+struct ModelInputs {
+  at::Tensor latents;
+  std::vector<std::string> captions;
+  at::Tensor text_embeds, text_mask;  // undefined without a textencoder
+  bool has_text() const { return text_embeds.defined(); }
+  // Samples [start, start + n) (validation's per-sample fallback).
+  ModelInputs narrow(int64_t start, int64_t n) const;
+};
+
+// The sizes a built-in model is built for (read from the first micro-batch, or a checkpoint).
+struct ModelDims {
+  int latent_channels = 0;
+  int text_dim = 0;  // D of text_embeds; only text-conditioned built-ins need it
+};
+
 class TrainModel {
  public:
   virtual ~TrainModel() = default;
   virtual std::string spec() const = 0;  // the `model` property value
   virtual NamedTensors named_parameters() = 0;
   virtual NamedTensors named_buffers() = 0;
-  // Scalar loss, mean over the samples of `latents` [m, C, t, h, w].
-  virtual at::Tensor training_step(const at::Tensor &latents, const std::vector<std::string> &captions) = 0;
+  // True when the model conditions on text embeddings (training_step(latents, text_embeds,
+  // text_mask)), false when it takes captions.
+  virtual bool takes_text() const = 0;
+  // Scalar loss, mean over the samples of `in.latents` [m, C, t, h, w].
+  virtual at::Tensor training_step(const ModelInputs &in) = 0;
   virtual void train(bool on) = 0;
   // Validation loss of each sample, [m] float, with noise and timesteps drawn from
   // generators seeded by seeds[i] (not the default generator, which the trainer's
   // thread seeds and draws from), so that a sample's loss depends only on the weights,
   // the sample and its seed. Undefined tensor: the model has no such method (ddpvalsink
   // then falls back to training_step under a seeded default generator).
-  virtual at::Tensor validation_step(const at::Tensor &latents, const std::vector<std::string> &captions,
-                                     const std::vector<int64_t> &seeds) {
-    (void)latents, (void)captions, (void)seeds;
+  virtual at::Tensor validation_step(const ModelInputs &in, const std::vector<int64_t> &seeds) {
+    (void)in, (void)seeds;
     return at::Tensor();
   }
   // Weights in a form Python reads (TorchScript: torch.jit.load; builtin: safetensors).
@@ -46,13 +66,19 @@ std::string first_non_finite(const NamedTensors &tensors);
 // The same over the model's parameters and buffers.
 std::string first_non_finite(TrainModel &model);
 
+// "" when the model takes the inputs a stream carries (embeddings or captions), else what to change.
+std::string check_model_inputs(const TrainModel &model, bool stream_has_text);
+
 // Builtin names (without the "builtin:" prefix).
 std::vector<std::string> builtin_model_names();
 bool is_builtin_spec(const std::string &spec);
+// Whether make_model() can build `spec` with these dims (TorchScript: always; builtins need the
+// latent channels, text-conditioned ones the text dim too).
+bool model_dims_known(const std::string &spec, const ModelDims &dims);
 
-// Loads a TorchScript file or builds a builtin model on `device`. Builtin models need
-// `latent_channels` > 0. Throws std::runtime_error naming the file / name.
-std::unique_ptr<TrainModel> make_model(const std::string &spec, int latent_channels, const c10::Device &device);
+// Loads a TorchScript file or builds a builtin model on `device` (see model_dims_known).
+// Throws std::runtime_error naming the file / name.
+std::unique_ptr<TrainModel> make_model(const std::string &spec, const ModelDims &dims, const c10::Device &device);
 
 // Hashes caption words into `buckets` ids (builtin models' caption embedding).
 std::vector<int64_t> caption_token_ids(const std::string &caption, int64_t buckets);

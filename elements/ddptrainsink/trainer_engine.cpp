@@ -27,6 +27,7 @@
 #include "dist_group.h"
 #include "metas.h"
 #include "tensor_buffer.h"
+#include "tensor_caps.h"
 #include "tfevents.h"
 #include "train_model.h"
 #include "trainer_snapshot.h"
@@ -115,7 +116,10 @@ struct TrainerEngine::Impl {
   std::string backend = "gloo";
   std::unique_ptr<DistGroup> group;
   std::unique_ptr<TrainModel> model;
-  int channels = 0;
+  ModelDims dims;  // what the model was built for
+  // The stream's conditioning from its caps (set_stream_text), checked against the model
+  // when both are known: -1 unknown, 0 captions, 1 text embeddings.
+  int stream_text = -1;
   std::vector<at::Tensor> params;
   std::unique_ptr<torch::optim::AdamW> opt;
   std::unique_ptr<BucketReducer> reducer;
@@ -182,8 +186,12 @@ struct TrainerEngine::Impl {
   std::vector<std::string> param_names;  // of params
   // The model and optimizer on this rank (no collective); build_model() then broadcasts
   // rank 0's weights and sets up the reducer.
-  void construct_model(int ch);
-  void build_model(int ch);
+  void construct_model(const ModelDims &d);
+  void build_model(const ModelDims &d);
+  // "" when the model takes what the stream carries (or either is not known yet).
+  std::string inputs_mismatch() const {
+    return model && stream_text >= 0 ? check_model_inputs(*model, stream_text == 1) : "";
+  }
   double lr_at(uint64_t step) const;
   double grad_norm() const;
   // Reduces, steps the optimizer, reports; false when no rank had samples (no step).
@@ -289,11 +297,11 @@ double TrainerEngine::Impl::lr_at(uint64_t step) const {
   return base * (1.0 - p);
 }
 
-void TrainerEngine::Impl::construct_model(int ch) {
-  channels = ch;
+void TrainerEngine::Impl::construct_model(const ModelDims &d) {
+  dims = d;
   std::unique_lock<std::mutex> rng(default_rng_mutex());  // see default_rng.h
   torch::manual_seed(cfg.seed);  // the same initial weights on every rank (and broadcast anyway)
-  auto m = make_model(cfg.model, ch, device);
+  auto m = make_model(cfg.model, d, device);
   rng.unlock();
   std::vector<at::Tensor> ps;
   std::vector<std::string> names;
@@ -314,9 +322,9 @@ void TrainerEngine::Impl::construct_model(int ch) {
   opt = std::make_unique<torch::optim::AdamW>(params, o);
 }
 
-void TrainerEngine::Impl::build_model(int ch) {
+void TrainerEngine::Impl::build_model(const ModelDims &d) {
   // A resumed model was built and loaded by find_checkpoint().
-  if (!model) construct_model(ch);
+  if (!model) construct_model(d);
   if (group) {
     // Rank 0's weights everywhere (TorchScript files may differ per host; random inits).
     torch::NoGradGuard ng;
@@ -340,9 +348,11 @@ void TrainerEngine::Impl::build_model(int ch) {
 
 std::string TrainerEngine::Impl::load_checkpoint(const FoundCheckpoint &c) {
   // Local only (no collective): ranks agree on the step found afterwards.
-  const int ch = cfg.latent_channels > 0 ? cfg.latent_channels : c.state.value("latent_channels", 0);
+  ModelDims d;
+  d.latent_channels = cfg.latent_channels > 0 ? cfg.latent_channels : c.state.value("latent_channels", 0);
+  d.text_dim = c.state.value("text_dim", 0);
   try {
-    if (!model || ch != channels) construct_model(ch);
+    if (!model || d.latent_channels != dims.latent_channels || d.text_dim != dims.text_dim) construct_model(d);
     std::lock_guard<std::mutex> lock(state_mu);
     model->load(c.dir);
     torch::load(*opt, c.dir + "/optimizer.pt", device);
@@ -720,7 +730,8 @@ std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
   json state = {{"format", 1},
                 {"model", cfg.model},
                 {"model_file", model_file},
-                {"latent_channels", channels},
+                {"latent_channels", dims.latent_channels},
+                {"text_dim", dims.text_dim},
                 {"step", steps_done},
                 {"lr", lr_at(steps_done ? steps_done - 1 : 0)},
                 {"lr_schedule", cfg.lr_schedule},
@@ -846,7 +857,10 @@ bool TrainerEngine::start() {
       // Before any model collective: a rank that resumes builds its model now.
       if (im.group) im.agree_resume_step();
     }
-    if (!is_builtin_spec(im.cfg.model) || im.cfg.latent_channels > 0) im.build_model(im.cfg.latent_channels);
+    // Built-in models whose sizes are not known yet are built at the first micro-batch.
+    const ModelDims known = im.model ? im.dims : ModelDims{im.cfg.latent_channels, 0};
+    if (im.model || model_dims_known(im.cfg.model, known)) im.build_model(known);
+    if (std::string m = im.inputs_mismatch(); !m.empty()) return im.fail(m);
     if (!im.cfg.tensorboard_dir.empty() && im.rank == 0) {
       std::string err;
       if (im.tb.open(im.cfg.tensorboard_dir, "", &err))
@@ -866,8 +880,16 @@ bool TrainerEngine::resumed() const { return impl_->resumed; }
 ResumePoint TrainerEngine::resume_point() const { return impl_->rp; }
 
 ProcessResult TrainerEngine::process_tensor(const at::Tensor &batch, const MicroBatchInfo &info) {
+  ModelInputs in;
+  in.latents = batch;
+  in.captions = info.captions;
+  return process_inputs(in, info);
+}
+
+ProcessResult TrainerEngine::process_inputs(const ModelInputs &in, const MicroBatchInfo &info) {
   auto &im = *impl_;
   if (im.cfg.max_steps > 0 && im.steps_done >= im.cfg.max_steps) return ProcessResult::kDone;
+  const at::Tensor &batch = in.latents;
   try {
     if (batch.dim() != 5 || !batch.is_floating_point() || batch.size(0) < 1) {
       std::ostringstream s;
@@ -876,10 +898,33 @@ ProcessResult TrainerEngine::process_tensor(const at::Tensor &batch, const Micro
       im.error = s.str();
       return ProcessResult::kError;
     }
-    if (!im.model) im.build_model(static_cast<int>(batch.size(1)));
-    if (is_builtin_spec(im.cfg.model) && batch.size(1) != im.channels) {
-      im.error = "micro-batch has " + std::to_string(batch.size(1)) + " latent channels, the model was built for " +
-                 std::to_string(im.channels) + " (property latent-channels / checkpoint)";
+    if (in.has_text() && (in.text_embeds.dim() != 3 || !in.text_mask.defined() || in.text_mask.dim() != 2 ||
+                          in.text_embeds.size(0) != batch.size(0) || in.text_mask.size(0) != batch.size(0) ||
+                          in.text_mask.size(1) != in.text_embeds.size(1))) {
+      std::ostringstream s;
+      s << "micro-batch text tensors have shapes " << in.text_embeds.sizes() << " (text_embeds) and "
+        << (in.text_mask.defined() ? in.text_mask.sizes() : c10::IntArrayRef{}) << " (text_mask) for "
+        << batch.size(0) << " samples; expected [m, L, D] and [m, L]";
+      im.error = s.str();
+      return ProcessResult::kError;
+    }
+    const ModelDims seen{static_cast<int>(batch.size(1)), in.has_text() ? static_cast<int>(in.text_embeds.size(2)) : 0};
+    if (!im.model) im.build_model(seen);
+    im.stream_text = in.has_text() ? 1 : 0;
+    if (std::string m = im.inputs_mismatch(); !m.empty()) {
+      im.error = m;
+      return ProcessResult::kError;
+    }
+    if (is_builtin_spec(im.cfg.model) && seen.latent_channels != im.dims.latent_channels) {
+      im.error = "micro-batch has " + std::to_string(seen.latent_channels) +
+                 " latent channels, the model was built for " + std::to_string(im.dims.latent_channels) +
+                 " (property latent-channels / checkpoint)";
+      return ProcessResult::kError;
+    }
+    if (is_builtin_spec(im.cfg.model) && im.dims.text_dim > 0 && seen.text_dim != im.dims.text_dim) {
+      im.error = "micro-batch text embeddings have " + std::to_string(seen.text_dim) +
+                 " dimensions, the model was built for " + std::to_string(im.dims.text_dim) +
+                 " (textencoder model / checkpoint)";
       return ProcessResult::kError;
     }
     const int64_t m = batch.size(0);
@@ -904,12 +949,17 @@ ProcessResult TrainerEngine::process_tensor(const at::Tensor &batch, const Micro
     im.next_clip = info.next_clip;
     const bool reduce = info.sync && im.reducer;
     if (im.reducer) im.reducer->prepare(reduce, im.steps_done);
-    auto x = batch.to(im.device, torch::kFloat, /*non_blocking=*/true);
+    ModelInputs x = in;
+    x.latents = batch.to(im.device, torch::kFloat, /*non_blocking=*/true);
+    if (x.has_text()) {
+      x.text_embeds = in.text_embeds.to(im.device, torch::kFloat, /*non_blocking=*/true);
+      x.text_mask = in.text_mask.to(im.device, torch::kLong, /*non_blocking=*/true);
+    }
     at::Tensor loss;
     {
       std::lock_guard<std::mutex> rng(default_rng_mutex());  // the step's noise is drawn here
       AutocastGuard ac(im.bf16, im.device.is_cuda());
-      loss = im.model->training_step(x, info.captions);
+      loss = im.model->training_step(x);
     }
     if (!loss.defined() || loss.numel() != 1)
       throw std::runtime_error("training_step of model " + im.cfg.model + " returned a non-scalar loss");
@@ -951,6 +1001,17 @@ ProcessResult TrainerEngine::process_buffer(GstBuffer *buf) {
     impl_->error = "buffer holds no tensor: " + why;
     return ProcessResult::kError;
   }
+  ModelInputs in;
+  in.latents = *t;
+  for (const std::string &name : tensor_names(buf)) {
+    auto n = named_tensor_from_buffer(buf, name, &why);
+    if (!n) {
+      impl_->error = "micro-batch tensor '" + name + "' cannot be read: " + why;
+      return ProcessResult::kError;
+    }
+    if (name == "text_embeds") in.text_embeds = *n;
+    if (name == "text_mask") in.text_mask = *n;
+  }
   MicroBatchInfo info;
   const GstVideoTrainBatchMeta *meta = gst_buffer_get_videotrain_batch_meta(buf);
   if (meta) {
@@ -972,7 +1033,15 @@ ProcessResult TrainerEngine::process_buffer(GstBuffer *buf) {
     // No batch meta: each buffer is a whole step on its own.
     info.step_samples = t->dim() > 0 ? static_cast<unsigned>(t->size(0)) : 0;
   }
-  return process_tensor(*t, info);
+  in.captions = info.captions;
+  return process_inputs(in, info);
+}
+
+bool TrainerEngine::set_stream_text(bool has_text) {
+  auto &im = *impl_;
+  im.stream_text = has_text ? 1 : 0;
+  if (std::string m = im.inputs_mismatch(); !m.empty()) return im.fail(m);
+  return true;
 }
 
 void TrainerEngine::add_wait_time(double seconds) {
@@ -1072,7 +1141,7 @@ std::shared_ptr<const ParamSnapshot> TrainerEngine::snapshot_state() const {
   torch::NoGradGuard ng;
   s->step = im.steps_done;
   s->model = im.cfg.model;
-  s->latent_channels = im.channels;
+  s->dims = im.dims;
   for (auto &[n, p] : im.model->named_parameters()) s->parameters.emplace_back(n, p.detach().clone());
   for (auto &[n, b] : im.model->named_buffers()) s->buffers.emplace_back(n, b.detach().clone());
   return s;

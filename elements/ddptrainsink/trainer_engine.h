@@ -107,6 +107,8 @@ struct ReducerInfo {
 
 // Copy of the trained state at a step boundary (torch types: see trainer_snapshot.h).
 struct ParamSnapshot;
+// Latents with captions or text embeddings (torch types: see train_model.h).
+struct ModelInputs;
 
 enum class ProcessResult { kOk, kDone /* max-steps reached: EOS */, kError };
 
@@ -125,8 +127,14 @@ class TrainerEngine {
   bool resumed() const;
   ResumePoint resume_point() const;
 
-  // One micro-batch: tensor [m, C, t, h, w] (any device/float dtype).
+  // One micro-batch: tensor [m, C, t, h, w] (any device/float dtype) with info.captions.
   ProcessResult process_tensor(const at::Tensor &batch, const MicroBatchInfo &info);
+  // The same with text embeddings [m, L, D] and mask [m, L] when `in` has them (a textencoder).
+  ProcessResult process_inputs(const ModelInputs &in, const MicroBatchInfo &info);
+  // The stream's caps say whether micro-batches carry text embeddings: false with error() when
+  // the model (if built) takes the other conditioning, so that the mismatch is an error before
+  // the first micro-batch. process_inputs() checks it again for models built later.
+  bool set_stream_text(bool has_text);
   // Same from a GstBuffer holding a tensor and a GstVideoTrainBatchMeta.
   ProcessResult process_buffer(GstBuffer *buf);
   // Time the caller spent waiting for this micro-batch (for the data-wait fraction).

@@ -12,7 +12,7 @@ namespace videotrain {
 struct ParamSnapshot {
   uint64_t step = 0;        // optimizer steps done when the copy was taken
   std::string model;        // the model property (TorchScript path or builtin:NAME)
-  int latent_channels = 0;  // channels the model was built for
+  ModelDims dims;           // what the model was built for
   NamedTensors parameters;  // detached copies on the training device
   NamedTensors buffers;
 };

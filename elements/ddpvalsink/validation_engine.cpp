@@ -26,6 +26,7 @@
 #include "first_line.h"
 #include "metas.h"
 #include "tensor_buffer.h"
+#include "tensor_caps.h"
 
 namespace videotrain {
 
@@ -321,7 +322,7 @@ struct ValidationEngine::Impl {
   c10::Device device{c10::kCPU};
   std::unique_ptr<TrainModel> model;
   std::string model_spec;
-  int model_channels = -1;
+  ModelDims model_dims;
   bool warned_fallback = false;
   std::vector<Message> messages;
 
@@ -332,6 +333,7 @@ struct ValidationEngine::Impl {
   double pass_sum = 0;
   uint64_t pass_count = 0;
   std::vector<at::Tensor> batch;
+  std::vector<at::Tensor> batch_embeds, batch_masks;  // with a textencoder, per sample
   std::vector<ValSample> batch_samples;
 
   uint64_t passes = 0, evaluated = 0;
@@ -348,13 +350,14 @@ struct ValidationEngine::Impl {
   Hub::Slot &slot() { return hub->slots[cfg.shard_index]; }
 
   void load(const ParamSnapshot &snap) {
-    if (!model || model_spec != snap.model || model_channels != snap.latent_channels) {
+    if (!model || model_spec != snap.model || model_dims.latent_channels != snap.dims.latent_channels ||
+        model_dims.text_dim != snap.dims.text_dim) {
       // Building draws initial weights (overwritten below) from torch's default generator,
       // which the trainer may be using: borrowed, and put back as it was.
       BorrowedDefaultRng rng(device);
-      model = make_model(snap.model, snap.latent_channels, device);
+      model = make_model(snap.model, snap.dims, device);
       model_spec = snap.model;
-      model_channels = snap.latent_channels;
+      model_dims = snap.dims;
     }
     torch::NoGradGuard ng;
     auto copy = [&](NamedTensors dst, const NamedTensors &src) {
@@ -416,14 +419,20 @@ struct ValidationEngine::Impl {
   void evaluate_batch() {
     if (batch.empty()) return;
     torch::NoGradGuard ng;
-    auto x = torch::stack(batch).to(device, torch::kFloat);
-    std::vector<std::string> caps;
+    ModelInputs in;
+    in.latents = torch::stack(batch).to(device, torch::kFloat);
+    if (!batch_embeds.empty()) {
+      in.text_embeds = torch::stack(batch_embeds).to(device, torch::kFloat);
+      in.text_mask = torch::stack(batch_masks).to(device, torch::kLong);
+    }
+    if (std::string m = check_model_inputs(*model, in.has_text()); !m.empty()) throw std::runtime_error(m);
+    const auto &x = in.latents;
     std::vector<int64_t> seeds;
     for (const auto &s : batch_samples) {
-      caps.push_back(s.caption);
+      in.captions.push_back(s.caption);
       seeds.push_back(validation_seed(s.sample_id));
     }
-    at::Tensor losses = model->validation_step(x, caps, seeds);
+    at::Tensor losses = model->validation_step(in, seeds);
     if (!losses.defined()) {
       // No validation_step: training_step per sample under a generator seeded from its id.
       if (!warned_fallback) {
@@ -431,7 +440,8 @@ struct ValidationEngine::Impl {
         Message m;
         m.name = "warning";
         m.strings["text"] = "model '" + model_spec +
-                            "' has no validation_step(latents, captions, seeds): using training_step with torch's "
+                            "' has no validation_step(latents, captions | text_embeds, text_mask, seeds): using "
+                            "training_step with torch's "
                             "default generator seeded per sample, which makes its forwards take turns with the "
                             "trainer's";
         messages.push_back(m);
@@ -440,7 +450,7 @@ struct ValidationEngine::Impl {
       for (int64_t i = 0; i < x.size(0); i++) {
         BorrowedDefaultRng rng(device);
         rng.seed(static_cast<uint64_t>(seeds[i]));
-        ls.push_back(model->training_step(x.narrow(0, i, 1), {caps[i]}).reshape({1}).to(torch::kFloat));
+        ls.push_back(model->training_step(in.narrow(i, 1)).reshape({1}).to(torch::kFloat));
       }
       losses = torch::cat(ls);
     }
@@ -457,11 +467,13 @@ struct ValidationEngine::Impl {
       hub->progress++;
     }
     batch.clear();
+    batch_embeds.clear();
+    batch_masks.clear();
     batch_samples.clear();
   }
 
   Result finish_pass();
-  Result take(const at::Tensor &x, const ValSample &s);
+  Result take(const at::Tensor &x, const at::Tensor &embeds, const at::Tensor &mask, const ValSample &s);
 };
 
 ValidationEngine::Result ValidationEngine::Impl::finish_pass() {
@@ -545,7 +557,8 @@ ValidationEngine::Result ValidationEngine::Impl::finish_pass() {
   return Result::kOk;
 }
 
-ValidationEngine::Result ValidationEngine::Impl::take(const at::Tensor &x, const ValSample &s) {
+ValidationEngine::Result ValidationEngine::Impl::take(const at::Tensor &x, const at::Tensor &embeds,
+                                                     const at::Tensor &mask, const ValSample &s) {
   for (;;) {
     if (!active) {
       Result r = start_pass(s.epoch);
@@ -558,8 +571,14 @@ ValidationEngine::Result ValidationEngine::Impl::take(const at::Tensor &x, const
   }
   if (s.padding || s.clip_index % cfg.num_shards != cfg.shard_index) return Result::kOk;
   try {
-    if (!batch.empty() && batch.front().sizes() != x.sizes()) evaluate_batch();
+    if (!batch.empty() && (batch.front().sizes() != x.sizes() || batch_embeds.empty() != !embeds.defined() ||
+                           (embeds.defined() && batch_embeds.front().sizes() != embeds.sizes())))
+      evaluate_batch();
     batch.push_back(x);
+    if (embeds.defined()) {
+      batch_embeds.push_back(embeds);
+      batch_masks.push_back(mask);
+    }
     batch_samples.push_back(s);
     if (batch.size() >= std::max(1u, cfg.batch_size)) evaluate_batch();
   } catch (const std::exception &e) {
@@ -666,19 +685,34 @@ void ValidationEngine::detach() {
   im.hub.reset();
   im.active = false;
   im.batch.clear();
+  im.batch_embeds.clear();
+  im.batch_masks.clear();
   im.batch_samples.clear();
 }
 
-ValidationEngine::Result ValidationEngine::push(const at::Tensor &tensor, const std::vector<ValSample> &samples) {
+ValidationEngine::Result ValidationEngine::push(const at::Tensor &tensor, const std::vector<ValSample> &samples,
+                                                const at::Tensor *text_embeds, const at::Tensor *text_mask) {
   auto &im = *impl_;
   if (!im.hub) return im.fail("not attached to a trainer");
   at::Tensor t = tensor;
-  if (t.dim() == 4) t = t.unsqueeze(0);
+  const bool one = t.dim() == 4;
+  if (one) t = t.unsqueeze(0);
   if (t.dim() != 5 || !t.is_floating_point() || t.size(0) != static_cast<int64_t>(samples.size())) {
     std::ostringstream s;
     s << "validation buffer holds a tensor of shape " << tensor.sizes() << " for " << samples.size()
       << " sample(s); expected float latents [C, t, h, w] or a micro-batch [m, C, t, h, w]";
     return im.fail(s.str());
+  }
+  at::Tensor e, m;  // [n, L, D] and [n, L]
+  if (text_embeds && text_mask) {
+    e = one ? text_embeds->unsqueeze(0) : *text_embeds;
+    m = one ? text_mask->unsqueeze(0) : *text_mask;
+    if (e.dim() != 3 || m.dim() != 2 || e.size(0) != t.size(0) || m.size(0) != t.size(0) || m.size(1) != e.size(1)) {
+      std::ostringstream s;
+      s << "validation buffer's text tensors have shapes " << text_embeds->sizes() << " and " << text_mask->sizes()
+        << " for " << samples.size() << " sample(s); expected [L, D] and [L] per sample";
+      return im.fail(s.str());
+    }
   }
   try {
     im.hub->maybe_at_start();
@@ -686,7 +720,8 @@ ValidationEngine::Result ValidationEngine::push(const at::Tensor &tensor, const 
     return im.fail("at-start validation: " + first_line(e.what()));
   }
   for (size_t i = 0; i < samples.size(); i++) {
-    Result r = im.take(t[static_cast<int64_t>(i)], samples[i]);
+    const auto k = static_cast<int64_t>(i);
+    Result r = im.take(t[k], e.defined() ? e[k] : at::Tensor(), m.defined() ? m[k] : at::Tensor(), samples[i]);
     if (r != Result::kOk) return r;
   }
   return Result::kOk;
@@ -733,7 +768,16 @@ ValidationEngine::Result ValidationEngine::push_buffer(GstBuffer *buf) {
     return im.fail("validation buffer has neither a sample meta (latents from vaeencoder) nor a batch meta "
                    "(micro-batch): the sample ids and clip indices that shards and passes need are missing");
   }
-  return push(*t, samples);
+  std::optional<at::Tensor> embeds, mask;
+  for (const std::string &name : tensor_names(buf)) {
+    auto n = named_tensor_from_buffer(buf, name, &why);
+    if (!n) return im.fail("validation buffer's tensor '" + name + "' cannot be read: " + why);
+    if (name == "text_embeds") embeds = n;
+    if (name == "text_mask") mask = n;
+  }
+  if (embeds.has_value() != mask.has_value())
+    return im.fail("validation buffer carries only one of text_embeds and text_mask");
+  return push(*t, samples, embeds ? &*embeds : nullptr, mask ? &*mask : nullptr);
 }
 
 ValidationEngine::Result ValidationEngine::end_of_epoch(unsigned epoch) {

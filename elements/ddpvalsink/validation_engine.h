@@ -68,8 +68,10 @@ class ValidationEngine {
   void detach();
 
   enum class Result { kOk, kFlushing, kEos /* trainer done, everything validated */, kError };
-  // latents [C, t, h, w] with one sample, or [m, C, t, h, w] with samples.size() == m.
-  Result push(const at::Tensor &tensor, const std::vector<ValSample> &samples);
+  // latents [C, t, h, w] with one sample, or [m, C, t, h, w] with samples.size() == m; with a
+  // textencoder also their text embeddings ([L, D] or [m, L, D]) and masks ([L] or [m, L]).
+  Result push(const at::Tensor &tensor, const std::vector<ValSample> &samples,
+              const at::Tensor *text_embeds = nullptr, const at::Tensor *text_mask = nullptr);
   // Same from a buffer with a sample meta (latents) or a batch meta (micro-batch).
   Result push_buffer(GstBuffer *buf);
   // csvvideosrc-epoch (a serialized event after an epoch's last clip): completes the pass
