@@ -24,10 +24,9 @@
 #include <string>
 #include <vector>
 
-namespace videotrain {
+#include "crc32.h"
 
-// CRC-32 of zlib/gzip (Python's zlib.crc32), continuing from `crc` (0 to start).
-uint32_t crc32_update(uint32_t crc, const void *data, size_t n);
+namespace videotrain {
 
 std::string step_dir_name(uint64_t step);
 
