@@ -215,4 +215,38 @@ std::optional<at::Tensor> named_tensor_from_buffer(GstBuffer *buf, const std::st
   return tensor_at(buf, meta, why);
 }
 
+CachedTensor cached_tensor_of(const std::string &name, const at::Tensor &t) {
+  const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+  CachedTensor out;
+  out.name = name;
+  out.dtype = c.scalar_type() == at::kLong ? "int64" : dtype_name(c.scalar_type());
+  out.shape = c.sizes().vec();
+  out.bytes.assign(static_cast<const char *>(c.data_ptr()), c.numel() * c.element_size());
+  return out;
+}
+
+std::optional<at::Tensor> tensor_of_cached(const CachedTensor &c, std::string *why) {
+  const auto type = c.dtype == "int64" ? std::optional<c10::ScalarType>(at::kLong) : dtype_from_name(c.dtype);
+  if (!type) {
+    *why = "tensor " + c.name + " has dtype '" + c.dtype + "'";
+    return std::nullopt;
+  }
+  int64_t n = 1;
+  for (int64_t d : c.shape) {
+    if (d < 0 || (d > 0 && n > INT64_MAX / d)) {
+      *why = "tensor " + c.name + " has a bad shape";
+      return std::nullopt;
+    }
+    n *= d;
+  }
+  at::Tensor t = at::empty(c.shape, at::TensorOptions().dtype(*type));
+  if (static_cast<uint64_t>(n) * t.element_size() != c.bytes.size()) {
+    *why = "tensor " + c.name + " holds " + std::to_string(c.bytes.size()) + " bytes for its shape's " +
+           std::to_string(n * t.element_size());
+    return std::nullopt;
+  }
+  std::memcpy(t.data_ptr(), c.bytes.data(), c.bytes.size());
+  return t;
+}
+
 }  // namespace videotrain

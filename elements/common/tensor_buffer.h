@@ -8,6 +8,8 @@
 #include <optional>
 #include <string>
 
+#include "latent_store.h"
+
 namespace videotrain {
 
 const char *dtype_name(c10::ScalarType t);                       // "float32", ...
@@ -30,5 +32,10 @@ std::optional<at::Tensor> tensor_from_buffer(GstBuffer *buf, std::string *why);
 std::optional<at::Tensor> named_tensor_from_buffer(GstBuffer *buf, const std::string &name, std::string *why);
 
 bool is_tensor_memory(GstMemory *mem);
+
+// A tensor as a latent cache entry holds it (contiguous CPU bytes), and back (CPU; null with a
+// reason when the entry's dtype, shape and size do not agree).
+CachedTensor cached_tensor_of(const std::string &name, const at::Tensor &t);
+std::optional<at::Tensor> tensor_of_cached(const CachedTensor &c, std::string *why);
 
 }  // namespace videotrain

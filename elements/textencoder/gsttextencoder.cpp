@@ -66,6 +66,7 @@ enum {
   PROP_CAPTION_DROPOUT,
   PROP_SEED,
   PROP_CACHE_ENTRIES,
+  PROP_CACHE_DIR,
   PROP_CAPTIONS_ENCODED,
 };
 
@@ -85,7 +86,10 @@ static GstFlowReturn push_held(GstTextEncoder *self) {
   }
   size_t without_meta = 0;
   std::string err;
-  if (!st.encoder->attach(st.held, &without_meta, &err)) {
+  const bool attached = st.encoder->attach(st.held, &without_meta, &err);
+  if (std::string w = st.encoder->take_warning(); !w.empty())
+    GST_ELEMENT_WARNING(self, RESOURCE, WRITE, ("%s", w.c_str()), ("property cache-dir"));
+  if (!attached) {
     st.drop_held();
     GST_ELEMENT_ERROR(self, STREAM, FAILED, ("Text encoding failed: %s", err.c_str()),
                       ("check that property model is a text encoder taking input_ids and attention_mask"));
@@ -228,6 +232,7 @@ static void gst_text_encoder_set_property(GObject *object, guint id, const GValu
     case PROP_CAPTION_DROPOUT: s.caption_dropout = g_value_get_double(value); break;
     case PROP_SEED: s.seed = g_value_get_uint64(value); break;
     case PROP_CACHE_ENTRIES: s.cache_entries = g_value_get_uint(value); break;
+    case PROP_CACHE_DIR: s.cache_dir = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -252,6 +257,7 @@ static void gst_text_encoder_get_property(GObject *object, guint id, GValue *val
     case PROP_CAPTION_DROPOUT: g_value_set_double(value, s.caption_dropout); break;
     case PROP_SEED: g_value_set_uint64(value, s.seed); break;
     case PROP_CACHE_ENTRIES: g_value_set_uint(value, static_cast<guint>(s.cache_entries)); break;
+    case PROP_CACHE_DIR: g_value_set_string(value, s.cache_dir.c_str()); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -339,6 +345,13 @@ static void gst_text_encoder_class_init(GstTextEncoderClass *klass) {
                         "Distinct captions whose embeddings are kept in memory (each is encoded once while it stays); "
                         "0: no cache",
                         0, 10000000, static_cast<guint>(kDefaults.cache_entries), rw));
+  g_object_class_install_property(
+      oc, PROP_CACHE_DIR,
+      g_param_spec_string("cache-dir", "Cache folder",
+                          "Latent cache folder (the same as vaeencoder's cache-dir may be used) where embeddings are kept "
+                          "across runs, keyed by caption, tokenizer and model content, max-length, dtype and device "
+                          "type; \"\": memory only",
+                          "", rw));
   g_object_class_install_property(
       oc, PROP_CAPTIONS_ENCODED,
       g_param_spec_uint64("captions-encoded", "Captions encoded",

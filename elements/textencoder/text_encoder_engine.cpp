@@ -12,6 +12,7 @@
 #include "dist_env.h"
 #include "first_line.h"
 #include "jit_load.h"
+#include "latent_store.h"
 #include "t5_tokenizer.h"
 #include "tensor_buffer.h"
 
@@ -29,6 +30,44 @@ struct TextEncoderEngine::Impl {
   using Entry = std::pair<std::string, std::pair<at::Tensor, at::Tensor>>;
   std::list<Entry> lru;
   std::unordered_map<std::string, std::list<Entry>::iterator> index;
+  // cache-dir: the latent cache's store; an entry's key is the caption under key_prefix.
+  std::unique_ptr<LatentStore> store;
+  std::string key_prefix;
+  std::string store_warning;  // the first failed read or write, for the face
+
+  std::string store_key(const std::string &caption) const { return sha256_hex(key_prefix + caption); }
+
+  // Embedding and mask of a caption from cache-dir; false on a miss (or an unusable entry).
+  bool load_stored(const std::string &caption, std::pair<at::Tensor, at::Tensor> *out) {
+    if (!store) return false;
+    CacheEntry e;
+    std::string why;
+    const auto r = store->get(store_key(caption), &e, &why);
+    if (r == LatentStore::Lookup::kMiss) return false;
+    const CachedTensor *emb = e.find("text_embeds"), *mask = e.find("text_mask");
+    std::optional<at::Tensor> te, tm;
+    if (r == LatentStore::Lookup::kHit && emb && mask && (te = tensor_of_cached(*emb, &why)) &&
+        (tm = tensor_of_cached(*mask, &why)) && te->dim() == 2 && te->size(0) == opts.max_length &&
+        te->size(1) == dim) {
+      *out = {te->to(device, dtype), tm->to(device)};
+      stats.cache_reads++;
+      return true;
+    }
+    if (store_warning.empty()) store_warning = "unusable text cache entry, encoding again: " + why;
+    return false;
+  }
+
+  void save_stored(const std::string &caption, const at::Tensor &embeds, const at::Tensor &mask) {
+    if (!store || !store->writable()) return;
+    CacheEntry e;
+    e.tensors = {cached_tensor_of("text_embeds", embeds), cached_tensor_of("text_mask", mask)};
+    e.info = "textencoder caption";
+    std::string why;
+    if (store->put(store_key(caption), e, &why))
+      stats.cache_writes++;
+    else if (store_warning.empty())
+      store_warning = "cannot write to cache-dir: " + why;
+  }
 
   // input_ids/attention_mask [B, L] -> [B, L, D] in dtype on device.
   at::Tensor forward(const std::vector<const std::string *> &captions) {
@@ -152,6 +191,17 @@ std::unique_ptr<TextEncoderEngine> TextEncoderEngine::create(const TextEncoderOp
   } catch (const std::exception &ex) {
     return fail(ex.what());
   }
+  if (!opts.cache_dir.empty()) {
+    std::string why, model_digest;
+    im.store = LatentStore::open(opts.cache_dir, true, &why);
+    if (!im.store) return fail(why);
+    if (!sha256_file(opts.model, &model_digest, &why)) return fail(why);
+    // Everything that changes an embedding: tokenizer and model content, length, dtype, device type.
+    im.key_prefix = "videotrain-text v1\ntokenizer " + std::to_string(im.tokenizer->digest()) + "\nmodel " +
+                    model_digest + "\nmax-length " + std::to_string(opts.max_length) + "\ndtype " +
+                    videotrain::dtype_name(im.dtype) + "\ndevice " + (im.device.is_cuda() ? "cuda" : "cpu") +
+                    "\ncaption ";
+  }
   return e;
 }
 
@@ -181,9 +231,12 @@ std::vector<TextEmbedding> TextEncoderEngine::encode(const std::vector<TextReque
   std::vector<const std::string *> todo;
   for (const std::string *c : effective) {
     if (found.count(*c)) continue;
-    if (const auto *hit = im.recall(*c))
+    if (const auto *hit = im.recall(*c)) {
       found[*c] = *hit;
-    else {
+    } else if (std::pair<at::Tensor, at::Tensor> stored; im.load_stored(*c, &stored)) {
+      found[*c] = stored;
+      im.remember(*c, stored.first, stored.second);
+    } else {
       found[*c];
       todo.push_back(c);
     }
@@ -196,6 +249,7 @@ std::vector<TextEmbedding> TextEncoderEngine::encode(const std::vector<TextReque
       auto &f = found[*batch[j]];
       f = {y[static_cast<int64_t>(j)].clone(), im.mask_of(*batch[j])};  // not a view that pins the batch
       im.remember(*batch[j], f.first, f.second);
+      im.save_stored(*batch[j], f.first, f.second);
     }
   }
   for (size_t i = 0; i < requests.size(); i++) {
@@ -212,5 +266,10 @@ int64_t TextEncoderEngine::embed_dim() const { return im_->dim; }
 std::string TextEncoderEngine::dtype_name() const { return videotrain::dtype_name(im_->dtype); }
 std::string TextEncoderEngine::device_name() const { return videotrain::device_name(im_->device); }
 TextEncoderStats TextEncoderEngine::stats() const { return im_->stats; }
+std::string TextEncoderEngine::take_warning() {
+  std::string w;
+  w.swap(im_->store_warning);
+  return w;
+}
 
 }  // namespace videotrain::text

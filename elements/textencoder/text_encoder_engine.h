@@ -2,7 +2,9 @@
  * tokenizer (T5 rules) and a TorchScript text encoder
  *   forward(input_ids: Tensor[B, L] int64, attention_mask: Tensor[B, L] int64) -> Tensor[B, L, D]
  * (or a tuple whose first element is that, as a traced transformers T5EncoderModel returns).
- * Each distinct caption is encoded once while it stays in the bounded in-memory cache; uncached
+ * Each distinct caption is encoded once while it stays in the bounded in-memory cache (and, with
+ * cache_dir, once for every run: embeddings are kept in the latent cache's store under a key of the
+ * caption, the tokenizer's and model's content, max-length, dtype and device type); uncached
  * captions of one call are encoded batch_size at a time. No GStreamer here. */
 #pragma once
 
@@ -47,6 +49,8 @@ class TextEncoderEngine {
   std::string dtype_name() const;
   std::string device_name() const;
   TextEncoderStats stats() const;
+  // A cache-dir problem to report once (an unusable entry, a failed write); "" when none.
+  std::string take_warning();
 
  private:
   TextEncoderEngine();

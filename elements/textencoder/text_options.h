@@ -17,6 +17,7 @@ struct TextEncoderOptions {
   double caption_dropout = 0.0;  // probability of the empty caption, drawn from seed, sample id, epoch
   uint64_t seed = 0;
   size_t cache_entries = 4096;   // distinct captions kept in memory
+  std::string cache_dir;         // "" = none; else embeddings also kept in this latent cache folder
 };
 
 struct TextEncoderStats {
@@ -24,6 +25,8 @@ struct TextEncoderStats {
   uint64_t encoded = 0;        // captions run through the model
   uint64_t forward_calls = 0;  // model calls (batches)
   uint64_t dropped = 0;        // requests given the empty caption by caption dropout
+  uint64_t cache_reads = 0;    // captions read from cache-dir instead of encoded
+  uint64_t cache_writes = 0;   // captions written to cache-dir
 };
 
 }  // namespace videotrain::text

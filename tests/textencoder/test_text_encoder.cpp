@@ -10,6 +10,7 @@
 #include <cstring>
 #include <set>
 
+#include "latent_store.h"
 #include "safetensors.h"
 #include "test_util.h"
 #include "textencoder/t5_tokenizer.h"
@@ -157,6 +158,47 @@ TEST(TextEncoderEngine, EachDistinctCaptionIsEncodedOnceInBatches) {
   auto b = small->encode(requests(caps));
   EXPECT_GT(small->stats().encoded, 7u);
   for (size_t i = 0; i < caps.size(); i++) EXPECT_TRUE(torch::equal(a[i].embeds, b[i].embeds)) << i;
+}
+
+// cache-dir: a second run reads every caption from the folder (no forward call) and gets the
+// same bytes; another max-length misses; a damaged entry is a warning and is encoded again.
+TEST(TextEncoderEngine, CacheDirKeepsEmbeddingsAcrossRuns) {
+  const Refs &r = refs();
+  ASSERT_TRUE(r.file);
+  vttest::TempDir cache;
+  TextEncoderOptions o = r.options();
+  o.cache_dir = cache.file("c");
+  std::vector<std::string> caps(r.captions.begin(), r.captions.begin() + 5);
+  std::string err;
+  auto first = TextEncoderEngine::create(o, &err);
+  ASSERT_TRUE(first) << err;
+  auto a = first->encode(requests(caps));
+  const uint64_t written = first->stats().cache_writes;
+  EXPECT_GE(written, 4u);  // the distinct captions encoded (the empty one may come from start-up)
+  auto second = TextEncoderEngine::create(o, &err);
+  ASSERT_TRUE(second) << err;
+  auto b = second->encode(requests(caps));
+  EXPECT_EQ(second->stats().encoded, 0u) << "cached captions were encoded again";
+  EXPECT_EQ(second->stats().cache_reads, written);
+  for (size_t i = 0; i < caps.size(); i++) {
+    EXPECT_TRUE(torch::equal(a[i].embeds, b[i].embeds)) << i;
+    EXPECT_TRUE(torch::equal(a[i].mask, b[i].mask)) << i;
+  }
+  TextEncoderOptions shorter = o;
+  shorter.max_length = o.max_length - 1;
+  auto other = TextEncoderEngine::create(shorter, &err);
+  ASSERT_TRUE(other) << err;
+  other->encode(requests(caps));
+  EXPECT_EQ(other->stats().cache_reads, 0u);
+  EXPECT_GE(other->stats().encoded, 4u);
+  // Damage every entry: read as unusable, with one warning, and encoded again to the same values.
+  for (const auto &f : LatentStore::open(o.cache_dir, false, &err)->list()) vttest::write_file(f.path, "damaged");
+  auto third = TextEncoderEngine::create(o, &err);
+  ASSERT_TRUE(third) << err;
+  auto c = third->encode(requests(caps));
+  EXPECT_EQ(third->stats().cache_reads, 0u);
+  EXPECT_NE(third->take_warning().find("unusable text cache entry"), std::string::npos);
+  for (size_t i = 0; i < caps.size(); i++) EXPECT_TRUE(torch::equal(a[i].embeds, c[i].embeds)) << i;
 }
 
 TEST(TextEncoderEngine, CaptionDropoutIsSeededBySampleAndEpoch) {
