@@ -371,6 +371,14 @@ DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *o
     fps_d = c.fps_d;
     colour = c.colour;
   }
+  // Which stream was taken, for the clip's log and its error messages.
+  auto stream_text = [&] {
+    std::lock_guard<std::mutex> g(c.lock);
+    return "video stream " + std::to_string(req.video_stream) +
+           (c.no_more_pads ? " of " + std::to_string(c.video_pads) : std::string()) + ", " + std::to_string(c.width) +
+           "x" + std::to_string(c.height) + ", " + colour.describe();
+  };
+  if (fps_n <= 0 && req.source_fps > 0) gst_util_double_to_fraction(req.source_fps, &fps_n, &fps_d);
   const bool fps_known = fps_n > 0;
   if (!fps_known) fps_n = 25, fps_d = 1;  // variable rate: frame numbers are only indicative
   gint64 duration = -1;
@@ -394,7 +402,8 @@ DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *o
     if (duration > 0) {
       if (GstClockTime(duration) <= span_t && !req.pad_short) {
         *reason = "too short: video lasts " + std::to_string(duration / 1e9) + " s, clip needs " +
-                  std::to_string(span_t / 1e9) + " s (num-frames at fps=" + std::to_string(req.fps) + ")";
+                  std::to_string(span_t / 1e9) + " s (num-frames at fps=" + std::to_string(req.fps) + "; " +
+                  stream_text() + ")";
         return DecodeStatus::Short;
       }
       GstClockTime room = GstClockTime(duration) > span_t ? GstClockTime(duration) - span_t - 1 : 0;
@@ -405,7 +414,7 @@ DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *o
   } else if (out->total_frames >= 0) {
     if (out->total_frames + 2 < span && !req.pad_short) {
       *reason = "too few frames: video has " + std::to_string(out->total_frames) + ", clip needs " +
-                std::to_string(span) + " (num-frames x frame-stride)";
+                std::to_string(span) + " (num-frames x frame-stride; " + stream_text() + ")";
       return DecodeStatus::Short;
     }
     int64_t room = std::max<int64_t>(0, out->total_frames - span);
@@ -474,7 +483,8 @@ DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *o
       if (cancelled()) return DecodeStatus::Cancelled;
       std::string err = bus_error(c.pipeline);
       if (!err.empty()) {
-        *reason = "decoding error after " + std::to_string(out->frames.size()) + " frames: " + err;
+        *reason = "decoding error after " + std::to_string(out->frames.size()) + " frames of " + stream_text() +
+                  ": " + err;
         return DecodeStatus::Failed;
       }
       if (timed_out()) {
@@ -567,17 +577,12 @@ DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *o
   }
   out->frames_decoded = c.decoded.load();
   if (by_time) out->start_time = t_start;
-  {
-    std::lock_guard<std::mutex> g(c.lock);  // all streams are known by now
-    out->stream = "video stream " + std::to_string(req.video_stream) +
-                  (c.no_more_pads ? " of " + std::to_string(c.video_pads) : std::string()) + ", " +
-                  std::to_string(c.width) + "x" + std::to_string(c.height) + ", " + colour.describe();
-  }
+  out->stream = stream_text();  // all streams are known by now
 
   if ((int)out->frames.size() < req.num_frames) {
     if (!req.pad_short || out->frames.empty()) {
       *reason = "too few frames: got " + std::to_string(out->frames.size()) + " of " + std::to_string(req.num_frames) +
-                (eos ? " before the end of the stream" : "");
+                (eos ? " before the end of the stream" : "") + " (" + out->stream + ")";
       out->clear();
       return DecodeStatus::Short;
     }
@@ -586,7 +591,7 @@ DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *o
       out->source_frames.push_back(out->source_frames.back());
     }
   }
-  GST_DEBUG("%s: %zu frames from %" G_GINT64_FORMAT " (decoded %" G_GUINT64_FORMAT ", total %" G_GINT64_FORMAT
+  GST_INFO("%s: %zu frames from %" G_GINT64_FORMAT " (decoded %" G_GUINT64_FORMAT ", total %" G_GINT64_FORMAT
             "; %s)",
             req.path.c_str(), out->frames.size(), start, out->frames_decoded, out->total_frames, out->stream.c_str());
   return DecodeStatus::Ok;

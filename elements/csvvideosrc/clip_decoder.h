@@ -23,6 +23,7 @@ struct ClipRequest {
   int stride = 1;           // every stride-th decoded frame (when fps is 0)
   double fps = 0;           // > 0: frames at this rate of source time, chosen by timestamps
   int video_stream = 0;     // index among the file's video streams
+  double source_fps = 0;    // the video's rate where the stream gives none (manifest's fps column)
   ClipStart start = ClipStart::Random;
   uint64_t random_key = 0;  // seeds the random start
   int width = 720, height = 480;
