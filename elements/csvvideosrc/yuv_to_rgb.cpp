@@ -42,6 +42,7 @@ Colour resolve_colour(const char *decoded, const char *container) {
                                                            : GST_VIDEO_COLOR_MATRIX_BT601;
   GstVideoColorRange r = d.range != GST_VIDEO_COLOR_RANGE_UNKNOWN ? d.range : c.range;
   out.full_range = r == GST_VIDEO_COLOR_RANGE_0_255;
+  out.range_tagged = r != GST_VIDEO_COLOR_RANGE_UNKNOWN;
   return out;
 }
 
@@ -77,10 +78,12 @@ bool YuvToRgb::configure(const GstVideoInfo &in, const Colour &colour, std::stri
     kr = 0.299, kb = 0.114;
   }
   const double kg = 1 - kr - kb;
+  // Untagged grey is full range, as swscale takes it.
+  const bool full = colour.full_range || (grey_ && !colour.range_tagged);
   const int n = 1 << depth;
   const double s = double(n) / 256, m = n - 1, half = n / 2;
-  auto luma = [&](int v) { return colour.full_range ? v / m : (v - 16 * s) / (219 * s); };
-  auto chroma = [&](int v) { return colour.full_range ? (v - half) / m : (v - 128 * s) / (224 * s); };
+  auto luma = [&](int v) { return full ? v / m : (v - 16 * s) / (219 * s); };
+  auto chroma = [&](int v) { return full ? (v - half) / m : (v - 128 * s) / (224 * s); };
   auto fixed = [](double x) { return int32_t(std::lround(x * 255 * 65536)); };
   y_.resize(n), rv_.resize(n), gu_.resize(n), gv_.resize(n), bu_.resize(n);
   for (int v = 0; v < n; v++) {

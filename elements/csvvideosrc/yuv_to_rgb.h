@@ -15,6 +15,7 @@ namespace videotrain {
 struct Colour {
   GstVideoColorMatrix matrix = GST_VIDEO_COLOR_MATRIX_BT601;
   bool full_range = false;
+  bool range_tagged = false;  // false: full_range is the fallback
   std::string describe() const;  // "BT.709 full range"
 };
 

@@ -74,17 +74,18 @@ const char *kReference = R"(
 import sys, numpy as np
 yuv, out, W, H, bits, matrix, rng, frame = sys.argv[1:9]
 W, H, bits, frame = int(W), int(H), int(bits), int(frame)
-n = W * H * 3 // 2
+grey = matrix == 'grey'  # one plane; chroma neutral
+n = W * H if grey else W * H * 3 // 2
 a = np.fromfile(yuv, dtype=np.uint16 if bits > 8 else np.uint8)[frame * n:(frame + 1) * n].astype(np.float64)
 Y = a[:W * H].reshape(H, W)
-U = a[W * H:W * H * 5 // 4].reshape(H // 2, W // 2)
-V = a[W * H * 5 // 4:].reshape(H // 2, W // 2)
+U = np.full((H // 2, W // 2), 2.0 ** (bits - 1)) if grey else a[W * H:W * H * 5 // 4].reshape(H // 2, W // 2)
+V = np.full((H // 2, W // 2), 2.0 ** (bits - 1)) if grey else a[W * H * 5 // 4:].reshape(H // 2, W // 2)
 lo, hi = int(Y.min()), int(Y.max())
 if len(sys.argv) > 9:  # planes halved (means of 2x2 samples) before the equations
     half = lambda p: p.reshape(p.shape[0] // 2, 2, p.shape[1] // 2, 2).mean((1, 3))
     Y, U, V = half(Y), half(U), half(V)
 U, V = U.repeat(2, 0).repeat(2, 1), V.repeat(2, 0).repeat(2, 1)
-kr, kb = {'601': (0.299, 0.114), '709': (0.2126, 0.0722), '2020': (0.2627, 0.0593)}[matrix]
+kr, kb = {'grey': (0.299, 0.114), '601': (0.299, 0.114), '709': (0.2126, 0.0722), '2020': (0.2627, 0.0593)}[matrix]
 s = 2 ** (bits - 8)
 if rng == 'full':
     m = 2 ** bits - 1
@@ -176,12 +177,16 @@ TEST_F(DecodeReferenceTest, ColourFollowsTheStreamsMatrixAndRange) {
       {"h264-10bit-709-full", "libx264", "yuv420p10le", "pc", "bt709", "709", "mp4", 10},
       {"hevc-10bit-709-full", "libx265", "yuv420p10le", "pc", "bt709", "709", "mp4", 10},
       {"hevc-10bit-2020-limited", "libx265", "yuv420p10le", "tv", "bt2020nc", "2020", "mkv", 10},
+      {"mjpeg-601-full", "mjpeg", "yuvj420p", "pc", "bt470bg", "601", "avi", 8},
+      {"vp8-untagged", "libvpx", "yuv420p", nullptr, nullptr, "601", "webm", 8},
+      {"av1-709-full", "libaom-av1", "yuv420p", "pc", "bt709", "709", "mkv", 8},
+      {"h264-grey-untagged", "libx264", "gray", nullptr, nullptr, "grey", "mkv", 8},  // full range, as swscale
   };
   const int w = 128, h = 96;
   for (const ColourCase &k : cases) {
     SCOPED_TRACE(k.name);
     const std::string v = dir.file(std::string(k.name) + "." + k.container);
-    const bool full = k.range && std::strcmp(k.range, "pc") == 0;
+    const bool full = (k.range && std::strcmp(k.range, "pc") == 0) || std::strcmp(k.matrix, "grey") == 0;
     std::string tags;
     if (k.range)
       tags = std::string(" -color_range ") + k.range + " -colorspace " + k.colorspace + " -color_primaries " +
@@ -194,7 +199,9 @@ TEST_F(DecodeReferenceTest, ColourFollowsTheStreamsMatrixAndRange) {
                               (k.colorspace && std::strcmp(k.colorspace, "bt709") == 0 ? "bt709" : "bt601");
     ASSERT_TRUE(sh(ffmpeg() + "-f lavfi -i testsrc2=size=" + std::to_string(w) + "x" + std::to_string(h) +
                    ":rate=10 -frames:v 6 -vf " + scale + ",format=" + k.pix_fmt + " -c:v " + k.codec +
-                   (std::strcmp(k.codec, "libx265") == 0 ? " -x265-params log-level=error" : "") + tags + " " + v));
+                   (std::strcmp(k.codec, "libx265") == 0      ? " -x265-params log-level=error"
+                    : std::strcmp(k.codec, "libaom-av1") == 0 ? " -cpu-used 8"
+                                                              : "") + tags + " " + v));
     std::pair<int, int> luma;
     std::string want = expected(v, k.pix_fmt, w, h, k.bits, k.matrix, full ? "full" : "limited", 3, false, &luma);
     ASSERT_FALSE(want.empty());
