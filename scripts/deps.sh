@@ -9,8 +9,9 @@ pkgs=(g++ pkg-config meson ninja-build openmpi-bin python3-gi gir1.2-gstreamer-1
       libopenblas0-pthread)  # libtorch-dev alone computes with the reference BLAS
 pkgs+=(googletest)  # its sources: tests/subprojects builds the gtest wrap offline from them
 pkgs+=(libsentencepiece-dev python3-sentencepiece)  # textencoder's tokenizer; the tests' reference
+pkgs+=(ffmpeg python3-numpy)  # csvvideosrc's decode-reference test makes its videos and references with them
 if [[ "${1:-}" == "--bench" ]]; then
-  pkgs+=(ffmpeg python3-torchvision python3-av time)
+  pkgs+=(python3-torchvision python3-av time)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

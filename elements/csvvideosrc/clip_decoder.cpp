@@ -1,5 +1,7 @@
 #include "clip_decoder.h"
 
+#include "yuv_to_rgb.h"
+
 #include <gst/app/gstappsink.h>
 #include <gst/video/video.h>
 
@@ -8,6 +10,9 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <system_error>
@@ -48,6 +53,10 @@ struct Chain {
   bool linked = false;
   bool no_more_pads = false;
   int fps_n = 0, fps_d = 1;
+  int video_pads = 0;                            // video streams decodebin exposed so far
+  int width = 0, height = 0;                     // of the chosen stream
+  Colour colour;                                 // of the chosen stream
+  std::map<std::string, std::string> container;  // stream-id -> the demuxer's colorimetry
   std::atomic<uint64_t> decoded{0};
   std::atomic<gint64> last_read{0};  // monotonic time of the last read from the file
 
@@ -96,6 +105,40 @@ GstPadProbeReturn count_frames(GstPad *, GstPadProbeInfo *info, gpointer data) {
   return GST_PAD_PROBE_OK;
 }
 
+std::string stream_id(GstPad *pad) {
+  gchar *id = gst_pad_get_stream_id(pad);
+  std::string out = id ? id : "";
+  g_free(id);
+  return out;
+}
+
+// On the sink of a video parser, or of a decoder fed straight from the demuxer: the
+// colorimetry a container gives is put aside and taken out of the caps, so that the parser
+// and decoder report the bitstream's own (as ffmpeg prefers it). A container's is wrong at
+// times: GStreamer 1.22's qtdemux reads an MP4 'colr' box of a full-range video as limited.
+GstPadProbeReturn strip_container_colour(GstPad *pad, GstPadProbeInfo *info, gpointer data) {
+  GstEvent *ev = GST_PAD_PROBE_INFO_EVENT(info);
+  if (GST_EVENT_TYPE(ev) != GST_EVENT_CAPS) return GST_PAD_PROBE_OK;
+  GstCaps *caps;
+  gst_event_parse_caps(ev, &caps);
+  const GstStructure *st = gst_caps_get_structure(caps, 0);
+  const char *colour = st ? gst_structure_get_string(st, "colorimetry") : nullptr;
+  gboolean parsed = FALSE;
+  if (!colour || (gst_structure_get_boolean(st, "parsed", &parsed) && parsed)) return GST_PAD_PROBE_OK;
+  auto *c = static_cast<Chain *>(data);
+  {
+    std::lock_guard<std::mutex> g(c->lock);
+    c->container.emplace(stream_id(pad), colour);  // the first seen is the container's
+  }
+  GstCaps *bare = gst_caps_copy(caps);
+  gst_structure_remove_field(gst_caps_get_structure(bare, 0), "colorimetry");
+  GstEvent *out = gst_event_new_caps(bare);
+  gst_caps_unref(bare);
+  gst_event_unref(ev);
+  GST_PAD_PROBE_INFO_DATA(info) = out;
+  return GST_PAD_PROBE_OK;
+}
+
 void on_pad_added(GstElement *, GstPad *pad, gpointer data) {
   auto *c = static_cast<Chain *>(data);
   GstCaps *caps = gst_pad_get_current_caps(pad);
@@ -103,11 +146,23 @@ void on_pad_added(GstElement *, GstPad *pad, gpointer data) {
   GstVideoInfo vi;
   bool is_video = caps && g_str_has_prefix(gst_structure_get_name(gst_caps_get_structure(caps, 0)), "video/x-raw") &&
                   gst_video_info_from_caps(&vi, caps);
+  std::string decoded_colour;
+  if (is_video) {
+    const char *s = gst_structure_get_string(gst_caps_get_structure(caps, 0), "colorimetry");
+    if (s) decoded_colour = s;
+  }
   if (caps) gst_caps_unref(caps);
   std::lock_guard<std::mutex> g(c->lock);
-  if (!is_video || c->linked) return;  // first video stream only; audio is left unlinked
+  if (!is_video) return;  // audio is left unlinked
+  // decodebin exposes the video streams in the file's order; the others are left unlinked.
+  if (c->video_pads++ != c->req->video_stream) return;
   c->fps_n = vi.fps_n;
   c->fps_d = vi.fps_d > 0 ? vi.fps_d : 1;
+  c->width = vi.width;
+  c->height = vi.height;
+  auto it = c->container.find(stream_id(pad));
+  c->colour = resolve_colour(decoded_colour.empty() ? nullptr : decoded_colour.c_str(),
+                             it == c->container.end() ? nullptr : it->second.c_str());
   if (c->req->resize == ResizeMode::Crop) set_crop(c->crop, vi, c->req->width, c->req->height);
   GstPad *sinkpad = gst_element_get_static_pad(c->crop, "sink");
   if (gst_pad_link(pad, sinkpad) == GST_PAD_LINK_OK) {
@@ -124,10 +179,19 @@ void on_no_more_pads(GstElement *, gpointer data) {
 }
 
 // Threads per decoder: gst-libav decoders have max-threads (0 = auto).
+// Video parsers and decoders: the container's colorimetry is put aside on their input.
 void on_element_added(GstBin *, GstBin *, GstElement *element, gpointer data) {
   auto *c = static_cast<Chain *>(data);
   if (g_object_class_find_property(G_OBJECT_GET_CLASS(element), "max-threads"))
     g_object_set(element, "max-threads", c->req->decode_threads, nullptr);
+  GstElementFactory *f = gst_element_get_factory(element);
+  const char *klass = f ? gst_element_factory_get_metadata(f, GST_ELEMENT_METADATA_KLASS) : nullptr;
+  if (klass && strstr(klass, "Video") && (strstr(klass, "Parser") || strstr(klass, "Decoder"))) {
+    if (GstPad *sink = gst_element_get_static_pad(element, "sink")) {
+      gst_pad_add_probe(sink, GST_PAD_PROBE_TYPE_EVENT_DOWNSTREAM, strip_container_colour, c, nullptr);
+      gst_object_unref(sink);
+    }
+  }
 }
 
 GstElement *make(const char *factory, GstElement *bin) {
@@ -163,6 +227,8 @@ DecodedClip &DecodedClip::operator=(DecodedClip &&o) noexcept {
     source_frames = std::move(o.source_frames);
     frames_decoded = o.frames_decoded;
     total_frames = o.total_frames;
+    stream = std::move(o.stream);
+    start_time = o.start_time;
     o.frames.clear();
   }
   return *this;
@@ -220,26 +286,30 @@ DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *o
   GstElement *scale = make("videoscale", c.pipeline);
   GstElement *sizecaps = make("capsfilter", c.pipeline);
   GstElement *convert = make("videoconvert", c.pipeline);
-  GstElement *rgbcaps = make("capsfilter", c.pipeline);
+  GstElement *fmtcaps = make("capsfilter", c.pipeline);
   c.sink = make("appsink", c.pipeline);
-  if (!src || !dec || !c.crop || !scale || !sizecaps || !convert || !rgbcaps || !c.sink) {
+  if (!src || !dec || !c.crop || !scale || !sizecaps || !convert || !fmtcaps || !c.sink) {
     *reason = "missing GStreamer elements (need filesrc, decodebin, videocrop, videoscale, videoconvert, appsink: "
               "install gstreamer1.0-plugins-base and -good)";
     return DecodeStatus::Failed;
   }
   g_object_set(src, "location", req.path.c_str(), nullptr);
-  // Scale in the decoder's format first (cheaper), then convert the small frame to RGB.
+  // Scale in the decoder's format first (cheaper), then convert the small frame to RGB
+  // (YuvToRgb). videoconvert only repacks what YuvToRgb does not read (NV12 to I420, P010
+  // to I420_10LE, BGRx to RGB): no matrix, no dithering.
   g_object_set(scale, "add-borders", req.resize == ResizeMode::Pad, nullptr);
   GstCaps *size = gst_caps_new_simple("video/x-raw", "width", G_TYPE_INT, req.width, "height", G_TYPE_INT,
                                       req.height, "pixel-aspect-ratio", GST_TYPE_FRACTION, 1, 1, nullptr);
   g_object_set(sizecaps, "caps", size, nullptr);
   gst_caps_unref(size);
-  GstCaps *rgb = gst_caps_new_simple("video/x-raw", "format", G_TYPE_STRING, "RGB", nullptr);
-  g_object_set(rgbcaps, "caps", rgb, nullptr);
-  gst_caps_unref(rgb);
+  gst_util_set_object_arg(G_OBJECT(convert), "matrix-mode", "none");
+  gst_util_set_object_arg(G_OBJECT(convert), "dither", "none");
+  GstCaps *formats = yuv_to_rgb_input_caps();
+  g_object_set(fmtcaps, "caps", formats, nullptr);
+  gst_caps_unref(formats);
   // Bounded: the decoder stops when we stop pulling.
   g_object_set(c.sink, "sync", FALSE, "max-buffers", 2, "drop", FALSE, "enable-last-sample", FALSE, nullptr);
-  if (!gst_element_link(src, dec) || !gst_element_link_many(c.crop, scale, sizecaps, convert, rgbcaps, c.sink, nullptr)) {
+  if (!gst_element_link(src, dec) || !gst_element_link_many(c.crop, scale, sizecaps, convert, fmtcaps, c.sink, nullptr)) {
     *reason = "could not link the decoding chain";
     return DecodeStatus::Failed;
   }
@@ -274,7 +344,9 @@ DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *o
     {
       std::lock_guard<std::mutex> g(c.lock);
       if (c.no_more_pads && !c.linked) {
-        *reason = "no video stream";
+        *reason = c.video_pads == 0 ? std::string("no video stream")
+                                    : "video-stream=" + std::to_string(req.video_stream) + " but the file has " +
+                                          std::to_string(c.video_pads) + " video stream(s)";
         return DecodeStatus::Failed;
       }
       if (!c.linked && g_get_monotonic_time() - c.last_read > kStallUs && !read_may_block(c)) {
@@ -292,51 +364,127 @@ DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *o
   }
 
   int fps_n, fps_d;
+  Colour colour;
   {
     std::lock_guard<std::mutex> g(c.lock);
     fps_n = c.fps_n;
     fps_d = c.fps_d;
+    colour = c.colour;
   }
+  // Which stream was taken, for the clip's log and its error messages.
+  auto stream_text = [&] {
+    std::lock_guard<std::mutex> g(c.lock);
+    return "video stream " + std::to_string(req.video_stream) +
+           (c.no_more_pads ? " of " + std::to_string(c.video_pads) : std::string()) + ", " + std::to_string(c.width) +
+           "x" + std::to_string(c.height) + ", " + colour.describe();
+  };
+  if (fps_n <= 0 && req.source_fps > 0) gst_util_double_to_fraction(req.source_fps, &fps_n, &fps_d);
   const bool fps_known = fps_n > 0;
   if (!fps_known) fps_n = 25, fps_d = 1;  // variable rate: frame numbers are only indicative
   gint64 duration = -1;
-  if (gst_element_query_duration(c.pipeline, GST_FORMAT_TIME, &duration) && duration > 0 && fps_known)
+  if (!gst_element_query_duration(c.pipeline, GST_FORMAT_TIME, &duration)) duration = -1;
+  if (duration > 0 && fps_known)
     out->total_frames = gst_util_uint64_scale_round(duration, fps_n, GST_SECOND * (guint64)fps_d);
 
+  // fps > 0: sample k is the frame shown at t_start + k / fps, timestamps rounded to the
+  // nearest 1 / fps (as ffmpeg's fps filter does): the last frame whose time is before
+  // t_start + (k + 1/2) / fps.
+  const bool by_time = req.fps > 0;
+  auto tick = [&](GstClockTime t0, double k) {
+    return t0 + GstClockTime(std::llround(k * double(GST_SECOND) / req.fps));
+  };
+  const GstClockTime span_t = by_time ? tick(0, req.num_frames - 1) : 0;
   const int64_t span = int64_t(req.num_frames - 1) * req.stride + 1;
-  int64_t start = 0;
-  if (out->total_frames >= 0) {
+  int64_t start = 0;           // frame-stride: the clip's first frame
+  GstClockTime t_start = 0;    // fps: the time of the first sample
+  bool t_start_known = false;  // clip-start=start: the first frame's time
+  if (by_time) {
+    if (duration > 0) {
+      if (GstClockTime(duration) <= span_t && !req.pad_short) {
+        *reason = "too short: video lasts " + std::to_string(duration / 1e9) + " s, clip needs " +
+                  std::to_string(span_t / 1e9) + " s (num-frames at fps=" + std::to_string(req.fps) + "; " +
+                  stream_text() + ")";
+        return DecodeStatus::Short;
+      }
+      GstClockTime room = GstClockTime(duration) > span_t ? GstClockTime(duration) - span_t - 1 : 0;
+      if (req.start == ClipStart::Center) t_start = room / 2;
+      if (req.start == ClipStart::Random) t_start = (req.random_key % (room / GST_USECOND + 1)) * GST_USECOND;
+      t_start_known = req.start != ClipStart::Start;
+    }
+  } else if (out->total_frames >= 0) {
     if (out->total_frames + 2 < span && !req.pad_short) {
       *reason = "too few frames: video has " + std::to_string(out->total_frames) + ", clip needs " +
-                std::to_string(span) + " (num-frames x frame-stride)";
+                std::to_string(span) + " (num-frames x frame-stride; " + stream_text() + ")";
       return DecodeStatus::Short;
     }
     int64_t room = std::max<int64_t>(0, out->total_frames - span);
     if (req.start == ClipStart::Center) start = room / 2;
     if (req.start == ClipStart::Random) start = int64_t(req.random_key % uint64_t(room + 1));
   }
+  auto frame_number = [&](GstClockTime pts) {
+    return gst_util_uint64_scale_round(pts, fps_n, GST_SECOND * (guint64)fps_d);
+  };
+
+  YuvToRgb conv;
+  GstCaps *conv_caps = nullptr;
+  // fps: the last frame seen (the candidate for the next sample) and its RGB, made once.
+  GstBuffer *prev = nullptr, *prev_rgb = nullptr;
+  GstClockTime prev_pts = 0, prev_end = 0;
+  auto drop_prev = [&] {
+    if (prev) gst_buffer_unref(prev);
+    if (prev_rgb) gst_buffer_unref(prev_rgb);
+    prev = prev_rgb = nullptr;
+  };
+  struct Cleanup {
+    std::function<void()> f;
+    ~Cleanup() { f(); }
+  } cleanup{[&] {
+    drop_prev();
+    if (conv_caps) gst_caps_unref(conv_caps);
+  }};
+  std::string convert_error;
+  auto to_rgb = [&](GstBuffer *b) {
+    GstBuffer *rgb = conv.convert(b);
+    if (!rgb) convert_error = "cannot map a decoded frame for the RGB conversion";
+    return rgb;
+  };
+  auto emit_prev = [&] {
+    if (!prev_rgb) prev_rgb = to_rgb(prev);
+    if (!prev_rgb) return false;
+    out->frames.push_back(gst_buffer_ref(prev_rgb));
+    out->source_frames.push_back(frame_number(prev_pts));
+    return true;
+  };
+
   // Frame counts from the duration can be off by a frame or two: when a clip placed near the
   // end meets the end of the stream, it is placed earlier once and decoded again.
   bool eos = false;
   for (int attempt = 0; attempt < 2; attempt++) {
-    if (start > 0 || attempt > 0) {
-      GstClockTime t = gst_util_uint64_scale(start, GST_SECOND * (guint64)fps_d, fps_n);
-      if (!gst_element_seek(c.pipeline, 1.0, GST_FORMAT_TIME,
-                            GstSeekFlags(GST_SEEK_FLAG_FLUSH | GST_SEEK_FLAG_ACCURATE), GST_SEEK_TYPE_SET, t,
-                            GST_SEEK_TYPE_NONE, -1)) {
-        *reason = "seek to frame " + std::to_string(start) + " failed";
-        return DecodeStatus::Failed;
-      }
+    GstClockTime seek_to = GST_CLOCK_TIME_NONE;
+    if (!by_time && (start > 0 || attempt > 0))
+      seek_to = gst_util_uint64_scale(start, GST_SECOND * (guint64)fps_d, fps_n);
+    // A second early: the frame shown at t_start may begin well before it (variable rate).
+    if (by_time && t_start_known && (t_start > 0 || attempt > 0))
+      seek_to = t_start > GST_SECOND ? t_start - GST_SECOND : 0;
+    if (seek_to != GST_CLOCK_TIME_NONE &&
+        !gst_element_seek(c.pipeline, 1.0, GST_FORMAT_TIME, GstSeekFlags(GST_SEEK_FLAG_FLUSH | GST_SEEK_FLAG_ACCURATE),
+                          GST_SEEK_TYPE_SET, seek_to, GST_SEEK_TYPE_NONE, -1)) {
+      *reason = by_time ? "seek to " + std::to_string(seek_to / 1e9) + " s failed"
+                        : "seek to frame " + std::to_string(start) + " failed";
+      return DecodeStatus::Failed;
     }
     gst_element_set_state(c.pipeline, GST_STATE_PLAYING);
     out->clear();
+    drop_prev();
     eos = false;
-    int64_t seen = 0;
+    int64_t seen = 0, k = 0;
+    GstClockTime last_pts = GST_CLOCK_TIME_NONE;
     while ((int)out->frames.size() < req.num_frames) {
       if (cancelled()) return DecodeStatus::Cancelled;
       std::string err = bus_error(c.pipeline);
       if (!err.empty()) {
-        *reason = "decoding error after " + std::to_string(out->frames.size()) + " frames: " + err;
+        *reason = "decoding error after " + std::to_string(out->frames.size()) + " frames of " + stream_text() +
+                  ": " + err;
         return DecodeStatus::Failed;
       }
       if (timed_out()) {
@@ -352,30 +500,89 @@ DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *o
         }
         continue;
       }
-      GstBuffer *buf = gst_sample_get_buffer(sample);
-      uint64_t src_frame = GST_BUFFER_PTS_IS_VALID(buf)
-                               ? gst_util_uint64_scale_round(GST_BUFFER_PTS(buf), fps_n, GST_SECOND * (guint64)fps_d)
-                               : uint64_t(start + seen);
-      if ((int64_t)src_frame < start) {  // a frame before the clip that an inexact seek let through
-        gst_sample_unref(sample);
-        continue;
+      GstCaps *caps = gst_sample_get_caps(sample);
+      if (caps && (!conv_caps || !gst_caps_is_equal(caps, conv_caps))) {
+        if (prev && !prev_rgb) prev_rgb = to_rgb(prev);  // made in the format it came in
+        GstVideoInfo vi;
+        std::string why;
+        if (!gst_video_info_from_caps(&vi, caps) || !conv.configure(vi, colour, &why)) {
+          gst_sample_unref(sample);
+          *reason = why.empty() ? "unreadable caps from the decoder" : why;
+          return DecodeStatus::Failed;
+        }
+        gst_caps_replace(&conv_caps, caps);
       }
-      if (seen++ % req.stride == 0) {
-        out->frames.push_back(gst_buffer_ref(buf));
-        out->source_frames.push_back(src_frame);
+      GstBuffer *buf = gst_sample_get_buffer(sample);
+      // The time in the stream (what seeks and the clip refer to): an MP4's edit list can
+      // shift timestamps by the decoder's delay.
+      GstClockTime stream_pts = GST_CLOCK_TIME_NONE;
+      if (GST_BUFFER_PTS_IS_VALID(buf)) {
+        const GstSegment *seg = gst_sample_get_segment(sample);
+        stream_pts = seg && seg->format == GST_FORMAT_TIME
+                         ? gst_segment_to_stream_time(seg, GST_FORMAT_TIME, GST_BUFFER_PTS(buf))
+                         : GST_BUFFER_PTS(buf);
+      }
+      if (by_time) {
+        // Without a timestamp, a frame follows the last one by the stream's frame duration.
+        GstClockTime pts = stream_pts != GST_CLOCK_TIME_NONE ? stream_pts
+                           : last_pts == GST_CLOCK_TIME_NONE
+                               ? 0
+                               : last_pts + gst_util_uint64_scale(GST_SECOND, fps_d, fps_n);
+        last_pts = pts;
+        if (!t_start_known) t_start = pts, t_start_known = true;
+        while (prev && (int)out->frames.size() < req.num_frames && pts >= tick(t_start, k + 0.5)) {
+          if (!emit_prev()) break;
+          k++;
+        }
+        drop_prev();
+        prev = gst_buffer_ref(buf);
+        prev_pts = pts;
+        prev_end = pts + (GST_BUFFER_DURATION_IS_VALID(buf) ? GST_BUFFER_DURATION(buf)
+                                                             : gst_util_uint64_scale(GST_SECOND, fps_d, fps_n));
+      } else {
+        uint64_t src_frame = stream_pts != GST_CLOCK_TIME_NONE ? frame_number(stream_pts) : uint64_t(start + seen);
+        if ((int64_t)src_frame < start) {  // a frame before the clip that an inexact seek let through
+          gst_sample_unref(sample);
+          continue;
+        }
+        if (seen++ % req.stride == 0) {
+          if (GstBuffer *rgb = to_rgb(buf)) {
+            out->frames.push_back(rgb);
+            out->source_frames.push_back(src_frame);
+          }
+        }
       }
       gst_sample_unref(sample);
+      if (!convert_error.empty()) break;
+    }
+    // The last frame is shown until its end.
+    while (by_time && eos && prev && (int)out->frames.size() < req.num_frames && tick(t_start, k) < prev_end) {
+      if (!emit_prev()) break;
+      k++;
+    }
+    if (!convert_error.empty()) {
+      *reason = convert_error;
+      return DecodeStatus::Failed;
     }
     const int64_t missing = req.num_frames - (int64_t)out->frames.size();
-    if (missing == 0 || !eos || start == 0) break;
-    start = std::max<int64_t>(0, start - missing * req.stride);
+    if (by_time) {
+      if (missing == 0 || !eos || t_start == 0) break;
+      GstClockTime back = tick(0, double(missing));
+      t_start = t_start > back ? t_start - back : 0;
+      t_start_known = true;
+    } else {
+      if (missing == 0 || !eos || start == 0) break;
+      start = std::max<int64_t>(0, start - missing * req.stride);
+    }
   }
   out->frames_decoded = c.decoded.load();
+  if (by_time) out->start_time = t_start;
+  out->stream = stream_text();  // all streams are known by now
 
   if ((int)out->frames.size() < req.num_frames) {
     if (!req.pad_short || out->frames.empty()) {
       *reason = "too few frames: got " + std::to_string(out->frames.size()) + " of " + std::to_string(req.num_frames) +
-                (eos ? " before the end of the stream" : "");
+                (eos ? " before the end of the stream" : "") + " (" + out->stream + ")";
       out->clear();
       return DecodeStatus::Short;
     }
@@ -384,8 +591,9 @@ DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *o
       out->source_frames.push_back(out->source_frames.back());
     }
   }
-  GST_DEBUG("%s: %zu frames from %" G_GINT64_FORMAT " (decoded %" G_GUINT64_FORMAT ", total %" G_GINT64_FORMAT ")",
-            req.path.c_str(), out->frames.size(), start, out->frames_decoded, out->total_frames);
+  GST_INFO("%s: %zu frames from %" G_GINT64_FORMAT " (decoded %" G_GUINT64_FORMAT ", total %" G_GINT64_FORMAT
+            "; %s)",
+            req.path.c_str(), out->frames.size(), start, out->frames_decoded, out->total_frames, out->stream.c_str());
   return DecodeStatus::Ok;
 }
 

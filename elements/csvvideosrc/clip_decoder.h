@@ -1,7 +1,8 @@
 /* Decodes the frames of one clip from one video file with its own GStreamer chain
- * (filesrc ! decodebin ! videocrop ! videoscale ! videoconvert ! appsink): seeks to the
- * keyframe before the clip (accurate seek), decodes to the clip's last frame, stops. The
- * chain runs on a thread of its own so that a read that blocks cannot hold up the caller. */
+ * (filesrc ! decodebin ! videocrop ! videoscale ! videoconvert (repacking only) ! appsink,
+ * then YuvToRgb in the stream's own colour): seeks to the keyframe before the clip
+ * (accurate seek), decodes to the clip's last frame, stops. The chain runs on a thread of
+ * its own so that a read that blocks cannot hold up the caller. */
 #pragma once
 
 #include <gst/gst.h>
@@ -19,7 +20,10 @@ enum class ResizeMode { Crop, Pad, Stretch };
 struct ClipRequest {
   std::string path;
   int num_frames = 49;
-  int stride = 1;
+  int stride = 1;           // every stride-th decoded frame (when fps is 0)
+  double fps = 0;           // > 0: frames at this rate of source time, chosen by timestamps
+  int video_stream = 0;     // index among the file's video streams
+  double source_fps = 0;    // the video's rate where the stream gives none (manifest's fps column)
   ClipStart start = ClipStart::Random;
   uint64_t random_key = 0;  // seeds the random start
   int width = 720, height = 480;
@@ -36,6 +40,8 @@ struct DecodedClip {
   std::vector<uint64_t> source_frames;  // frame number in the source of each frame
   uint64_t frames_decoded = 0;          // frames that left the decoder (incl. those skipped)
   int64_t total_frames = -1;            // estimated frames in the video, -1 unknown
+  std::string stream;                   // "video stream 0 of 2, 320x180, BT.709 limited range"
+  uint64_t start_time = 0;              // fps > 0: time of the first sample in the source, ns
   DecodedClip() = default;
   DecodedClip(const DecodedClip &) = delete;
   DecodedClip &operator=(const DecodedClip &) = delete;

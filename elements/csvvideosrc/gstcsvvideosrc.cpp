@@ -24,7 +24,8 @@ struct _GstCsvVideoSrc {
   GstPushSrc parent;
   // Properties (guarded by the object lock).
   gchar *location, *root, *path_column, *caption_column, *split;
-  gint num_frames, frame_stride, width, height, rank, world_size, prefetch, decode_threads;
+  gint num_frames, frame_stride, width, height, rank, world_size, prefetch, decode_threads, video_stream;
+  gdouble fps;
   ClipStart clip_start;
   ResizeMode resize_mode;
   ShortClips short_clips;
@@ -57,6 +58,8 @@ enum {
   PROP_SPLIT,
   PROP_NUM_FRAMES,
   PROP_FRAME_STRIDE,
+  PROP_FPS,
+  PROP_VIDEO_STREAM,
   PROP_CLIP_START,
   PROP_WIDTH,
   PROP_HEIGHT,
@@ -129,6 +132,8 @@ static void gst_csv_video_src_set_property(GObject *object, guint id, const GVal
     case PROP_SPLIT: set_string(&self->split, v); break;
     case PROP_NUM_FRAMES: self->num_frames = g_value_get_int(v); break;
     case PROP_FRAME_STRIDE: self->frame_stride = g_value_get_int(v); break;
+    case PROP_FPS: self->fps = g_value_get_double(v); break;
+    case PROP_VIDEO_STREAM: self->video_stream = g_value_get_int(v); break;
     case PROP_CLIP_START: self->clip_start = (ClipStart)g_value_get_enum(v); break;
     case PROP_WIDTH: self->width = g_value_get_int(v); break;
     case PROP_HEIGHT: self->height = g_value_get_int(v); break;
@@ -165,6 +170,8 @@ static void gst_csv_video_src_get_property(GObject *object, guint id, GValue *v,
     case PROP_SPLIT: g_value_set_string(v, self->split); break;
     case PROP_NUM_FRAMES: g_value_set_int(v, self->num_frames); break;
     case PROP_FRAME_STRIDE: g_value_set_int(v, self->frame_stride); break;
+    case PROP_FPS: g_value_set_double(v, self->fps); break;
+    case PROP_VIDEO_STREAM: g_value_set_int(v, self->video_stream); break;
     case PROP_CLIP_START: g_value_set_enum(v, (gint)self->clip_start); break;
     case PROP_WIDTH: g_value_set_int(v, self->width); break;
     case PROP_HEIGHT: g_value_set_int(v, self->height); break;
@@ -209,6 +216,8 @@ static SourceConfig config_from_properties(GstCsvVideoSrc *self) {
   c.manifest.split = self->split ? self->split : "";
   c.num_frames = self->num_frames;
   c.frame_stride = self->frame_stride;
+  c.fps = self->fps;
+  c.video_stream = self->video_stream;
   c.clip_start = self->clip_start;
   c.width = self->width;
   c.height = self->height;
@@ -415,6 +424,8 @@ static void gst_csv_video_src_init(GstCsvVideoSrc *self) {
   self->location = self->root = self->path_column = self->caption_column = self->split = nullptr;
   self->num_frames = 49;
   self->frame_stride = 1;
+  self->fps = 0;
+  self->video_stream = 0;
   self->clip_start = ClipStart::Random;
   self->width = 720;
   self->height = 480;
@@ -480,6 +491,19 @@ static void gst_csv_video_src_class_init(GstCsvVideoSrcClass *klass) {
       oc, PROP_FRAME_STRIDE,
       g_param_spec_int("frame-stride", "Frame stride", "Take every n-th decoded frame (1: consecutive frames)", 1,
                        1000, 1, rw));
+  g_object_class_install_property(
+      oc, PROP_FPS,
+      g_param_spec_double("fps", "Sampling rate",
+                          "Take clips at this many frames per second of source time, each the frame shown at its "
+                          "time by the timestamps (safe for variable frame rate); 0: every frame-stride-th decoded "
+                          "frame",
+                          0.0, 1000.0, 0.0, rw));
+  g_object_class_install_property(
+      oc, PROP_VIDEO_STREAM,
+      g_param_spec_int("video-stream", "Video stream",
+                       "Which of a file's video streams to decode, counted from 0 in the file's order (ffmpeg "
+                       "picks the largest by default; this picks the first)",
+                       0, 255, 0, rw));
   g_object_class_install_property(
       oc, PROP_CLIP_START,
       g_param_spec_enum("clip-start", "Clip start", "Where in the video a clip starts", clip_start_get_type(),

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 
 namespace videotrain {
@@ -272,6 +273,7 @@ bool Manifest::open_csv(const ManifestOptions &opts, std::string *error) {
       if ((caption_col_ = find(c)) >= 0) break;
   }
   split_col_ = find("split");
+  fps_col_ = find("fps");
   if (!opts.split.empty() && split_col_ < 0) {
     *error = "manifest " + loc + " has no 'split' column, but split=" + opts.split + " was asked for; header has: " +
              header_list;
@@ -467,6 +469,13 @@ ManifestRow Manifest::row(size_t index) const {
     path = trim(f[size_t(path_col_)]);
     if (caption_col_ >= 0 && int(f.size()) > caption_col_) r.caption = std::move(f[size_t(caption_col_)]);
     if (split_col_ >= 0 && int(f.size()) > split_col_) r.split = trim(f[size_t(split_col_)]);
+    if (fps_col_ >= 0 && int(f.size()) > fps_col_) {
+      // Metadata, not a requirement: a value that is not a usable rate is ignored.
+      const std::string v = trim(f[size_t(fps_col_)]);
+      char *end = nullptr;
+      double fps = g_ascii_strtod(v.c_str(), &end);
+      if (!v.empty() && end && *end == '\0' && std::isfinite(fps) && fps > 0 && fps <= 1000) r.fps = fps;
+    }
   } else {
     path = trim(f[0]);
     if (!read_record(prompts_fd_, prompt_offsets_[index], false, &f, &r.error)) return r;

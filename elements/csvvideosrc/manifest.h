@@ -28,6 +28,7 @@ struct ManifestRow {
   std::string path;     // resolved against root
   std::string caption;
   std::string split;
+  double fps = 0;       // the video's frame rate from an `fps` column (Open-Sora); 0 = none
   std::string error;    // non-empty: row unusable (missing path, bad UTF-8, ...)
 };
 
@@ -54,7 +55,7 @@ class Manifest {
   bool csv_ = true;
   int fd_ = -1, prompts_fd_ = -1;
   std::string base_;                // folder relative paths resolve against
-  int path_col_ = -1, caption_col_ = -1, split_col_ = -1;
+  int path_col_ = -1, caption_col_ = -1, split_col_ = -1, fps_col_ = -1;
   std::vector<uint64_t> offsets_;   // record starts (CSV or videos.txt)
   std::vector<uint64_t> prompt_offsets_;  // prompts.txt line starts (folder layout)
   std::vector<uint32_t> row_numbers_;     // only when a split filter dropped rows

@@ -217,6 +217,9 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
       req.path = row.path;
       req.num_frames = cfg_.num_frames;
       req.stride = cfg_.frame_stride;
+      req.fps = cfg_.fps;
+      req.video_stream = cfg_.video_stream;
+      req.source_fps = row.fps;
       req.start = cfg_.clip_start;
       req.random_key = hash_combine(hash_combine(cfg_.seed, pos.epoch), row.row);
       req.width = cfg_.width;

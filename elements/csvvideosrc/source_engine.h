@@ -31,6 +31,8 @@ struct SourceConfig {
   ManifestOptions manifest;
   int num_frames = 49;
   int frame_stride = 1;
+  double fps = 0;        // > 0: sample clips at this rate of source time
+  int video_stream = 0;  // index among a file's video streams
   ClipStart clip_start = ClipStart::Random;
   int width = 720, height = 480;
   ResizeMode resize = ResizeMode::Crop;

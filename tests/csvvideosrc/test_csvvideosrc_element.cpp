@@ -361,3 +361,33 @@ TEST_F(CsvVideoSrcElement, GoingToNullDoesNotWaitForAReadThatBlocks) {
   fifo.release();
   EXPECT_TRUE(log.has("has stopped", 20));
 }
+
+// fps=5 on 10 fps videos takes every other frame by time; video-stream past a file's video
+// streams makes every row bad, with a reason that names the property.
+TEST_F(CsvVideoSrcElement, FpsAndVideoStreamProperties) {
+  GstElement *p = launch(src("clip-start=start shuffle=false fps=5") + " ! appsink name=out sync=false");
+  gst_element_set_state(p, GST_STATE_PLAYING);
+  GstElement *sink = gst_bin_get_by_name(GST_BIN(p), "out");
+  for (guint64 want : {0u, 2u, 4u}) {
+    GstSample *s = gst_app_sink_try_pull_sample(GST_APP_SINK(sink), 30 * GST_SECOND);
+    ASSERT_NE(s, nullptr);
+    auto *m = gst_buffer_get_videotrain_clip_meta(gst_sample_get_buffer(s));
+    ASSERT_NE(m, nullptr);
+    EXPECT_EQ(m->source_frame, want);
+    gst_sample_unref(s);
+  }
+  gst_object_unref(sink);
+  gst_element_set_state(p, GST_STATE_NULL);
+  gst_object_unref(p);
+  double fps = 0;
+  gint stream = -1;
+  GstElement *e = gst_element_factory_make("csvvideosrc", nullptr);
+  ASSERT_NE(e, nullptr);
+  g_object_get(e, "fps", &fps, "video-stream", &stream, nullptr);
+  EXPECT_EQ(fps, 0.0);
+  EXPECT_EQ(stream, 0);
+  gst_object_unref(e);
+
+  std::string err = vttest::run_pipeline(src("video-stream=1 on-error=fail") + " ! fakesink", 60);
+  EXPECT_NE(err.find("video-stream=1 but the file has 1 video stream(s)"), std::string::npos) << err;
+}

@@ -67,7 +67,7 @@ TEST_F(ManifestTest, OpenSoraColumnsWithQuotedCaptionsAndCrlf) {
       "path,text,num_frames,height,width,aspect_ratio,resolution,fps\r\n"
       "a.mp4,\"A dog, running\",49,480,720,0.67,480p,24\r\n"
       "/abs/b.mp4,\"line one\r\nline \"\"two\"\"\",49,480,720,0.67,480p,24\r\n"
-      "c.mp4,plain caption,49,480,720,0.67,480p,24\r\n");
+      "c.mp4,plain caption,49,480,720,0.67,480p,29.97\r\n");
   ASSERT_NE(m, nullptr);
   ASSERT_EQ(m->size(), 3u);
   auto r0 = m->row(0), r1 = m->row(1), r2 = m->row(2);
@@ -79,6 +79,8 @@ TEST_F(ManifestTest, OpenSoraColumnsWithQuotedCaptionsAndCrlf) {
   EXPECT_EQ(r1.row, 1u);
   EXPECT_EQ(r2.caption, "plain caption") << "the CR of CRLF is not part of the last field";
   EXPECT_EQ(r2.row, 2u);
+  EXPECT_EQ(r0.fps, 24.0) << "the fps column is the video's rate";
+  EXPECT_EQ(r2.fps, 29.97);
   EXPECT_TRUE(contains(m->description(), "3 rows")) << m->description();
   EXPECT_TRUE(contains(m->description(), "path column 'path'")) << m->description();
 }
