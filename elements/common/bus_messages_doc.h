@@ -7,10 +7,13 @@
 #define VIDEOTRAIN_DOC_CSVVIDEOSRC_MESSAGES                                                                   \
   "\n\nBus messages:\n"                                                                                        \
   "  csvvideosrc-epoch (element message, after an epoch's last frame): epoch (uint), clips (guint64), "       \
-  "replaced (guint64).\n"                                                                                      \
+  "replaced (guint64), decoded (guint64: clips decoded), cached (guint64: clips a vaeencoder cache held, "     \
+  "sent without decoding).\n"                                                                                  \
   "  csvvideosrc-replaced (the details structure of a warning, once per bad row and epoch): row (guint64), "   \
   "path (string), reason (string), epoch (uint), clip (guint64).\n"                                             \
-  "Downstream events: csvvideosrc-epoch (serialized custom event, same fields) after an epoch's last frame."
+  "Downstream events: csvvideosrc-epoch (serialized custom event, same fields) after an epoch's last frame; " \
+  "videotrain-cached-clip (serialized custom event) in place of the frames of a clip that vaeencoder's cache " \
+  "holds."
 
 #define VIDEOTRAIN_DOC_VAEENCODER_MESSAGES                                                                     \
   "\n\nBus messages:\n"                                                                                        \

@@ -14,6 +14,10 @@
 
 namespace videotrain {
 
+// Part of every latent cache key: change it whenever decoding, colour conversion or resizing
+// changes the pixels a clip gets, so that caches filled before miss.
+constexpr const char *kDecodeVersion = "decode-2";
+
 enum class ClipStart { Random, Start, Center };
 enum class ResizeMode { Crop, Pad, Stretch };
 

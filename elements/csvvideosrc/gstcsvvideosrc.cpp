@@ -24,7 +24,7 @@ struct _GstCsvVideoSrc {
   GstPushSrc parent;
   // Properties (guarded by the object lock).
   gchar *location, *root, *path_column, *caption_column, *split;
-  gint num_frames, frame_stride, width, height, rank, world_size, prefetch, decode_threads, video_stream;
+  gint num_frames, frame_stride, width, height, rank, world_size, prefetch, decode_threads, video_stream, clip_windows;
   gdouble fps;
   ClipStart clip_start;
   ResizeMode resize_mode;
@@ -61,6 +61,7 @@ enum {
   PROP_FPS,
   PROP_VIDEO_STREAM,
   PROP_CLIP_START,
+  PROP_CLIP_WINDOWS,
   PROP_WIDTH,
   PROP_HEIGHT,
   PROP_RESIZE_MODE,
@@ -135,6 +136,7 @@ static void gst_csv_video_src_set_property(GObject *object, guint id, const GVal
     case PROP_FPS: self->fps = g_value_get_double(v); break;
     case PROP_VIDEO_STREAM: self->video_stream = g_value_get_int(v); break;
     case PROP_CLIP_START: self->clip_start = (ClipStart)g_value_get_enum(v); break;
+    case PROP_CLIP_WINDOWS: self->clip_windows = g_value_get_int(v); break;
     case PROP_WIDTH: self->width = g_value_get_int(v); break;
     case PROP_HEIGHT: self->height = g_value_get_int(v); break;
     case PROP_RESIZE_MODE: self->resize_mode = (ResizeMode)g_value_get_enum(v); break;
@@ -173,6 +175,7 @@ static void gst_csv_video_src_get_property(GObject *object, guint id, GValue *v,
     case PROP_FPS: g_value_set_double(v, self->fps); break;
     case PROP_VIDEO_STREAM: g_value_set_int(v, self->video_stream); break;
     case PROP_CLIP_START: g_value_set_enum(v, (gint)self->clip_start); break;
+    case PROP_CLIP_WINDOWS: g_value_set_int(v, self->clip_windows); break;
     case PROP_WIDTH: g_value_set_int(v, self->width); break;
     case PROP_HEIGHT: g_value_set_int(v, self->height); break;
     case PROP_RESIZE_MODE: g_value_set_enum(v, (gint)self->resize_mode); break;
@@ -219,6 +222,7 @@ static SourceConfig config_from_properties(GstCsvVideoSrc *self) {
   c.fps = self->fps;
   c.video_stream = self->video_stream;
   c.clip_start = self->clip_start;
+  c.clip_windows = self->clip_windows;
   c.width = self->width;
   c.height = self->height;
   c.resize = self->resize_mode;
@@ -261,15 +265,26 @@ static gboolean gst_csv_video_src_start(GstBaseSrc *src) {
     g_error_free(err);
     g_free(text);
   };
-  cb.epoch_done = [self](uint32_t epoch, uint64_t clips, uint64_t replaced) {
-    GST_INFO_OBJECT(self, "epoch %u done: %" G_GUINT64_FORMAT " clips, %" G_GUINT64_FORMAT " replaced", epoch, clips,
-                    replaced);
+  cb.epoch_done = [self](uint32_t epoch, uint64_t clips, uint64_t replaced, uint64_t decoded, uint64_t cached) {
+    GST_INFO_OBJECT(self,
+                    "epoch %u done: %" G_GUINT64_FORMAT " clips (%" G_GUINT64_FORMAT " decoded, %" G_GUINT64_FORMAT
+                    " from the latent cache), %" G_GUINT64_FORMAT " replaced",
+                    epoch, clips, decoded, cached, replaced);
     GstStructure *s = gst_structure_new(GST_VIDEOTRAIN_EPOCH_EVENT, "epoch", G_TYPE_UINT, epoch, "clips", G_TYPE_UINT64,
-                                        clips, "replaced", G_TYPE_UINT64, replaced, NULL);
+                                        clips, "replaced", G_TYPE_UINT64, replaced, "decoded", G_TYPE_UINT64, decoded,
+                                        "cached", G_TYPE_UINT64, cached, NULL);
     gst_mini_object_replace(reinterpret_cast<GstMiniObject **>(&self->epoch_event),
                             GST_MINI_OBJECT_CAST(gst_event_new_custom(GST_EVENT_CUSTOM_DOWNSTREAM,
                                                                       gst_structure_copy(s))));
     gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), s));
+  };
+  // A vaeencoder with a latent cache downstream answers, before each clip is decoded, whether it
+  // holds the clip; without one nobody answers and every clip is decoded.
+  cb.cached = [self](const ClipIdentity &clip) {
+    GstQuery *q = cache_query_new(clip);
+    const bool held = gst_pad_peer_query(GST_BASE_SRC_PAD(self), q) && cache_query_cached(q);
+    gst_query_unref(q);
+    return held;
   };
   // A trainer downstream that resumes from a checkpoint says where this rank's data stopped.
   GstQuery *q = videotrain_resume_query_new();
@@ -384,9 +399,22 @@ static GstFlowReturn gst_csv_video_src_create(GstPushSrc *src, GstBuffer **buf) 
   if (!e) return GST_FLOW_FLUSHING;
   std::string err;
   GstBuffer *frame = nullptr;
-  push_epoch_event(self);
-  switch (e->next(&frame, &err)) {
+  ClipIdentity cached;
+  GstClockTime dur = frame_duration(self);
+  // A clip that downstream holds goes as one event in place of its frames, with their span.
+  SourceEngine::Pull pulled;
+  while (push_epoch_event(self), (pulled = e->next(&frame, &cached, &err)) == SourceEngine::Pull::Cached) {
+    if (GST_CLOCK_TIME_IS_VALID(dur)) {
+      cached.pts = self->frames_out * dur;
+      cached.duration = cached.num_frames * dur;
+    }
+    self->frames_out += cached.num_frames;
+    if (!gst_pad_push_event(GST_BASE_SRC_PAD(self), cached_clip_event_new(cached)))
+      GST_DEBUG_OBJECT(self, "cached clip %" G_GUINT64_FORMAT " not taken downstream", cached.clip_index);
+  }
+  switch (pulled) {
     case SourceEngine::Pull::Frame: break;
+    case SourceEngine::Pull::Cached: break;  // not reached: the loop above takes them
     case SourceEngine::Pull::Eos:
       push_epoch_event(self);  // the last epoch ended with the frame before
       return GST_FLOW_EOS;
@@ -397,7 +425,6 @@ static GstFlowReturn gst_csv_video_src_create(GstPushSrc *src, GstBuffer **buf) 
       return GST_FLOW_ERROR;
   }
   frame = gst_buffer_make_writable(frame);  // sole owner: no copy
-  GstClockTime dur = frame_duration(self);
   if (GST_CLOCK_TIME_IS_VALID(dur)) {
     GST_BUFFER_PTS(frame) = self->frames_out * dur;
     GST_BUFFER_DURATION(frame) = dur;
@@ -427,6 +454,7 @@ static void gst_csv_video_src_init(GstCsvVideoSrc *self) {
   self->fps = 0;
   self->video_stream = 0;
   self->clip_start = ClipStart::Random;
+  self->clip_windows = 0;
   self->width = 720;
   self->height = 480;
   self->resize_mode = ResizeMode::Crop;
@@ -508,6 +536,13 @@ static void gst_csv_video_src_class_init(GstCsvVideoSrcClass *klass) {
       oc, PROP_CLIP_START,
       g_param_spec_enum("clip-start", "Clip start", "Where in the video a clip starts", clip_start_get_type(),
                         (gint)ClipStart::Random, rw));
+  g_object_class_install_property(
+      oc, PROP_CLIP_WINDOWS,
+      g_param_spec_int("clip-windows", "Clip windows",
+                       "With clip-start=random: each video has this many clip windows, fixed by seed and row, and "
+                       "each epoch uses one of them, so that vaeencoder's latent cache fills within about as many "
+                       "epochs while windows still vary; 0: a fresh window every epoch",
+                       0, 1000000, 0, rw));
   g_object_class_install_property(
       oc, PROP_WIDTH, g_param_spec_int("width", "Width", "Output frame width in pixels", 1, 16384, 720, rw));
   g_object_class_install_property(

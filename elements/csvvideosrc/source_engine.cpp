@@ -1,7 +1,11 @@
 #include "source_engine.h"
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <limits>
+
+#include "latent_store.h"
 
 #include "metas.h"
 
@@ -188,6 +192,45 @@ void SourceEngine::report_bad(const Position &pos, uint64_t index, const Manifes
   if (cb_.replaced) cb_.replaced(ReplacedEvent{pos.epoch, pos.clip, row.row, row.path, reason});
 }
 
+uint64_t SourceEngine::random_key(uint32_t epoch, uint64_t row) const {
+  const uint64_t fresh = hash_combine(hash_combine(cfg_.seed, epoch), row);
+  if (cfg_.clip_windows <= 0) return fresh;
+  // One of the row's K windows, the same K for every epoch.
+  const uint64_t w = fresh % static_cast<uint64_t>(cfg_.clip_windows);
+  return hash_combine(hash_combine(cfg_.seed ^ 0x9e3779b97f4a7c15ull, w), row);
+}
+
+std::string SourceEngine::source_key(const ManifestRow &row, uint64_t random_key) {
+  struct stat st {};
+  if (::stat(row.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
+  const std::string id = row.path + "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtim.tv_sec) + "." +
+                         std::to_string(st.st_mtim.tv_nsec) + "|" + std::to_string(st.st_ino);
+  std::string digest;
+  {
+    std::lock_guard<std::mutex> g(digest_lock_);
+    auto it = digests_.find(id);
+    if (it != digests_.end()) digest = it->second;
+  }
+  if (digest.empty()) {
+    std::string why;
+    if (!sha256_file(row.path, &digest, &why)) return "";
+    std::lock_guard<std::mutex> g(digest_lock_);
+    digests_[id] = digest;
+  }
+  // Everything that chooses and shapes the frames; the random window only when it is used.
+  static const char *starts[] = {"random", "start", "center"};
+  static const char *fits[] = {"crop", "pad", "stretch"};
+  std::string k = "csvvideosrc " + std::string(kDecodeVersion) + "\ncontent " + digest + "\nframes " +
+                  std::to_string(cfg_.num_frames) + " stride " + std::to_string(cfg_.frame_stride) + " fps " +
+                  std::to_string(cfg_.fps) + " source-fps " + std::to_string(cfg_.fps > 0 ? row.fps : 0.0) +
+                  " stream " + std::to_string(cfg_.video_stream) + " start " +
+                  starts[static_cast<int>(cfg_.clip_start)];
+  if (cfg_.clip_start == ClipStart::Random) k += " window " + std::to_string(random_key);
+  k += "\nsize " + std::to_string(cfg_.width) + "x" + std::to_string(cfg_.height) + " " +
+       fits[static_cast<int>(cfg_.resize)] + (cfg_.short_clips == ShortClips::Pad ? " pad-short" : "");
+  return k;
+}
+
 // The clip's own row, else the first row in the schedule's walk that is good: rows known to
 // be bad are passed over without decoding, which gives the choice decoding them would, so
 // the order stays independent of timing, prefetch and what an earlier run found.
@@ -221,13 +264,31 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
       req.video_stream = cfg_.video_stream;
       req.source_fps = row.fps;
       req.start = cfg_.clip_start;
-      req.random_key = hash_combine(hash_combine(cfg_.seed, pos.epoch), row.row);
+      req.random_key = random_key(pos.epoch, row.row);
       req.width = cfg_.width;
       req.height = cfg_.height;
       req.resize = cfg_.resize;
       req.pad_short = cfg_.short_clips == ShortClips::Pad;
       req.decode_threads = cfg_.decode_threads;
       req.timeout_s = cfg_.decode_timeout_s;
+      if (cb_.cached) {
+        ClipIdentity id;
+        id.source_key = source_key(row, req.random_key);
+        id.sample_id = row.row;
+        id.epoch = pos.epoch;
+        id.clip_index = pos.clip;
+        id.num_frames = static_cast<unsigned>(cfg_.num_frames);
+        id.padding = slot.padding || k > 0;
+        id.caption = row.caption;
+        id.path = row.path;
+        id.split = row.split;
+        if (!id.source_key.empty() && cb_.cached(id)) {
+          release(cand.index, "", pos.epoch);
+          r.cached = true;
+          r.identity = std::move(id);
+          return r;
+        }
+      }
       DecodeStatus st = decode_clip(req, cancel, &r.clip, &reason);
       stat_decoded_ += r.clip.frames_decoded;
       if (st == DecodeStatus::Cancelled) {
@@ -259,34 +320,51 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
   return r;
 }
 
-SourceEngine::Pull SourceEngine::next(GstBuffer **frame, std::string *error) {
+void SourceEngine::clip_done(std::unique_lock<std::mutex> &lk, bool cached) {
+  const Position pos = position(next_consume_);
+  have_current_ = false;
+  current_ = Result();
+  next_consume_++;
+  stat_clips_++;
+  epoch_clips_++;
+  epoch_cached_ += cached ? 1 : 0;
+  work_cv_.notify_all();
+  if (pos.clip + 1 != schedule_->clips_per_epoch()) return;
+  const uint64_t clips = epoch_clips_, in_cache = epoch_cached_;
+  epoch_clips_ = epoch_cached_ = 0;
+  if (!cb_.epoch_done) return;
+  uint64_t replaced;
+  {
+    std::lock_guard<std::mutex> g(bad_lock_);
+    auto it = reported_.find(pos.epoch);
+    replaced = it == reported_.end() ? 0 : it->second.size();
+    reported_.erase(reported_.begin(), reported_.upper_bound(pos.epoch));
+  }
+  lk.unlock();
+  cb_.epoch_done(pos.epoch, schedule_->clips_per_epoch(), replaced, clips - in_cache, in_cache);
+}
+
+SourceEngine::Pull SourceEngine::next(GstBuffer **frame, std::string *error) { return next(frame, nullptr, error); }
+
+SourceEngine::Pull SourceEngine::next(GstBuffer **frame, ClipIdentity *cached, std::string *error) {
   std::unique_lock<std::mutex> lk(lock_);
   for (;;) {
     if (flushing_) return Pull::Flushing;
     if (have_current_) {
+      if (current_.cached) {
+        if (!cached) {
+          *error = "internal: a cached clip where frames were expected";
+          return Pull::Error;
+        }
+        *cached = current_.identity;
+        clip_done(lk, true);
+        return Pull::Cached;
+      }
       auto &frames = current_.clip.frames;
       *frame = frames[current_pos_];  // ownership moves to the caller
       frames[current_pos_++] = nullptr;
       stat_frames_++;
-      if (current_pos_ == frames.size()) {
-        const Position pos = position(next_consume_);
-        have_current_ = false;
-        current_ = Result();
-        next_consume_++;
-        stat_clips_++;
-        work_cv_.notify_all();
-        if (pos.clip + 1 == schedule_->clips_per_epoch() && cb_.epoch_done) {
-          uint64_t replaced;
-          {
-            std::lock_guard<std::mutex> g(bad_lock_);
-            auto it = reported_.find(pos.epoch);
-            replaced = it == reported_.end() ? 0 : it->second.size();
-            reported_.erase(reported_.begin(), reported_.upper_bound(pos.epoch));
-          }
-          lk.unlock();
-          cb_.epoch_done(pos.epoch, schedule_->clips_per_epoch(), replaced);
-        }
-      }
+      if (current_pos_ == frames.size()) clip_done(lk, false);
       return Pull::Frame;
     }
     if (next_consume_ >= total_) return Pull::Eos;
@@ -299,7 +377,7 @@ SourceEngine::Pull SourceEngine::next(GstBuffer **frame, std::string *error) {
       current_ = std::move(it->second);
       ready_.erase(it);
       current_pos_ = 0;
-      have_current_ = !current_.clip.frames.empty();
+      have_current_ = current_.cached || !current_.clip.frames.empty();
       if (!have_current_) {
         *error = "internal: empty clip at position " + std::to_string(next_consume_);
         return Pull::Error;

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cache_protocol.h"
 #include "clip_decoder.h"
 #include "manifest.h"
 #include "schedule.h"
@@ -31,6 +32,10 @@ struct SourceConfig {
   ManifestOptions manifest;
   int num_frames = 49;
   int frame_stride = 1;
+  // > 0: each video has this many clip windows, fixed by seed and row, and each epoch uses one
+  // of them (clip-start=random), so that a latent cache fills within about K epochs; 0: a fresh
+  // window every epoch.
+  int clip_windows = 0;
   double fps = 0;        // > 0: sample clips at this rate of source time
   int video_stream = 0;  // index among a file's video streams
   ClipStart clip_start = ClipStart::Random;
@@ -61,7 +66,12 @@ struct ReplacedEvent {
 struct SourceCallbacks {
   // Both may be called from worker threads or the streaming thread.
   std::function<void(const ReplacedEvent &)> replaced;
-  std::function<void(uint32_t epoch, uint64_t clips, uint64_t replaced)> epoch_done;
+  // decoded + cached = clips: how many were decoded, and how many a latent cache downstream held.
+  std::function<void(uint32_t epoch, uint64_t clips, uint64_t replaced, uint64_t decoded, uint64_t cached)>
+      epoch_done;
+  // Set when downstream may hold clips (a latent cache): asked, on a worker thread, before a clip
+  // is decoded; true: the clip is not decoded and next() hands out its identity instead.
+  std::function<bool(const ClipIdentity &)> cached;
 };
 
 struct SourceStats {
@@ -73,7 +83,7 @@ struct SourceStats {
 
 class SourceEngine {
  public:
-  enum class Pull { Frame, Eos, Flushing, Error };
+  enum class Pull { Frame, Cached, Eos, Flushing, Error };
 
   SourceEngine(SourceConfig config, SourceCallbacks callbacks);
   ~SourceEngine();
@@ -86,6 +96,8 @@ class SourceEngine {
 
   // Next frame in order (a new ref, with its clip meta). Blocks until one is decoded.
   Pull next(GstBuffer **frame, std::string *error);
+  // The same, where a clip that downstream holds comes out whole as Cached with its identity.
+  Pull next(GstBuffer **frame, ClipIdentity *cached, std::string *error);
 
   // Unblocks next() (returns Flushing) and cancels decoding while set.
   void set_flushing(bool flushing);
@@ -103,6 +115,8 @@ class SourceEngine {
   struct Result {
     DecodedClip clip;
     std::string fatal;  // non-empty: stop the stream with this error
+    bool cached = false;  // downstream holds the clip: `identity` instead of frames
+    ClipIdentity identity;
   };
   struct Position {
     uint32_t epoch;
@@ -122,6 +136,12 @@ class SourceEngine {
   void release(uint64_t index, const std::string &bad_reason, uint32_t epoch);  // reason empty: not bad
   void report_bad(const Position &pos, uint64_t index, const ManifestRow &row, const std::string &reason);
   void attach_metas(DecodedClip &clip, const ManifestRow &row, const Position &pos, bool padding);
+  uint64_t random_key(uint32_t epoch, uint64_t row) const;
+  // The source's part of a clip's cache key: the video's content and everything that picks and
+  // shapes its frames. "" when the video cannot be read (it is decoded, and fails, as usual).
+  std::string source_key(const ManifestRow &row, uint64_t random_key);
+  // lock_ held: the clip at next_consume_ was handed out completely.
+  void clip_done(std::unique_lock<std::mutex> &lk, bool cached);
   void halt_workers();
   void drop_prefetched();  // lock_ held: forget prefetched clips, start a new generation
   void start_workers();
@@ -154,6 +174,10 @@ class SourceEngine {
   std::map<uint32_t, std::set<uint64_t>> reported_;  // epoch -> manifest indices reported (its replaced count)
 
   std::atomic<uint64_t> stat_clips_{0}, stat_frames_{0}, stat_replaced_{0}, stat_decoded_{0};
+  uint64_t epoch_cached_ = 0, epoch_clips_ = 0;  // lock_: clips of the current epoch handed out, and cached
+  // Content digests by (path, size, mtime, inode): each video is read once per run for its key.
+  std::mutex digest_lock_;
+  std::unordered_map<std::string, std::string> digests_;
 };
 
 }  // namespace videotrain

@@ -155,7 +155,9 @@ TEST_F(SourceEngineTest, BadVideosAreReplacedAndReported) {
     std::lock_guard<std::mutex> g(m);
     events.push_back(e);
   };
-  cb.epoch_done = [&](uint32_t, uint64_t clips, uint64_t replaced) {
+  cb.epoch_done = [&](uint32_t, uint64_t clips, uint64_t replaced, uint64_t decoded, uint64_t cached) {
+    EXPECT_EQ(decoded, clips);
+    EXPECT_EQ(cached, 0u);
     EXPECT_EQ(clips, 5u);
     epoch_replaced.push_back(replaced);
   };
@@ -376,7 +378,7 @@ TEST_F(SourceEngineTest, BadRowsAreReportedOncePerEpochAndNeverReplaceOthers) {
     Replacements rep;
     SourceCallbacks cb = rep.callbacks();
     std::vector<uint64_t> per_epoch;
-    cb.epoch_done = [&](uint32_t, uint64_t, uint64_t replaced) { per_epoch.push_back(replaced); };
+    cb.epoch_done = [&](uint32_t, uint64_t, uint64_t replaced, uint64_t, uint64_t) { per_epoch.push_back(replaced); };
     SourceEngine e(c, cb);
     std::string err;
     ASSERT_TRUE(e.start(&err)) << err;
