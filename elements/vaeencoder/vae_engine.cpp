@@ -331,13 +331,11 @@ struct VaeEngine::Impl {
     if (!native)
       throw OutOfMemoryFatal("out of memory encoding " + clip_name(c) +
                                " (tiles apply to CogVideoX VAE folders only): " + what);
-    if (wan)  // Wan's tiles keep diffusers' numbers: the user picks them
-      throw OutOfMemoryFatal("out of memory encoding " + clip_name(c) + " with the Wan VAE and " +
-                             c.plan.describe() + " (no automatic retry for Wan): " + what);
     if (!frames_there)
       throw OutOfMemoryFatal("out of memory encoding " + clip_name(c) + " with " + c.plan.describe() +
                                " after its first frames were released (retain-frames is off): " + what);
-    if (!shrink_tiles(c, &next))
+    WanTiles next_wan;
+    if (wan ? !shrink_wan_tiles(c, &next, &next_wan) : !shrink_tiles(c, &next))
       throw OutOfMemoryFatal("out of memory encoding " + clip_name(c) + " even with the smallest tiles (" +
                                c.plan.describe() + "): " + what);
     oom_retries++;
@@ -345,6 +343,7 @@ struct VaeEngine::Impl {
       warn("out of memory encoding " + clip_name(c) + " with " + c.plan.describe() + "; retrying with " +
            next.describe());
     c.plan = next;
+    c.wan_tiles = next_wan;
     c.reset_tiles();
   }
 
@@ -427,12 +426,33 @@ struct VaeEngine::Impl {
     wt->stride_h = th ? stride(wt->tile_h, opts.tile_overlap_height) : wt->tile_h;
     wt->stride_w = tw ? stride(wt->tile_w, opts.tile_overlap_width) : wt->tile_w;
     if (!((th && H > wt->tile_h) || (tw && W > wt->tile_w))) return p;
-    WanEncoder::TileGrid g = wan->tile_grid(H, W, wt->tile_h, wt->tile_w, wt->stride_h, wt->stride_w);
-    p.tiled = true;
+    p = wan_plan(H, W, *wt);
+    p.tiled = true;  // one tile still crops and blends as diffusers does
+    return p;
+  }
+
+  // Wan's tile plan for given diffusers numbers (tiled whenever a tile is smaller than the frame).
+  TilePlan wan_plan(int H, int W, const WanTiles &wt) const {
+    WanEncoder::TileGrid g = wan->tile_grid(H, W, wt.tile_h, wt.tile_w, wt.stride_h, wt.stride_w);
+    TilePlan p;
+    p.tiled = g.ys.size() * g.xs.size() > 1;
     p.th = static_cast<int>(g.tile_h), p.tw = static_cast<int>(g.tile_w);
     p.ys.assign(g.ys.begin(), g.ys.end());
     p.xs.assign(g.xs.begin(), g.xs.end());
     return p;
+  }
+
+  // Wan after running out of memory: tiles of half the size, in whole latent pixels and at
+  // least 4 of them, overlapping by a quarter, so that their strides keep the untiled shape.
+  bool shrink_wan_tiles(const Clip &c, TilePlan *next, WanTiles *wt) const {
+    const int patch = wan->config().patch_size, per = scomp / patch, Hp = c.H / patch, Wp = c.W / patch;
+    const int cur_h = c.plan.tiled ? c.wan_tiles.tile_h : Hp, cur_w = c.plan.tiled ? c.wan_tiles.tile_w : Wp;
+    auto half = [&](int v) { return std::min(v, std::max(4 * per, v / 2 / per * per)); };
+    const int nh = std::min(half(cur_h), Hp), nw = std::min(half(cur_w), Wp);
+    if (nh >= cur_h && nw >= cur_w) return false;
+    *wt = WanTiles{nh, nw, nh < Hp ? nh - nh / 4 / per * per : nh, nw < Wp ? nw - nw / 4 / per * per : nw};
+    *next = wan_plan(c.H, c.W, *wt);
+    return next->tiled;
   }
 
   at::Tensor blend_wan_tiles(const Clip &c, std::vector<at::Tensor> tiles) const {

@@ -1,6 +1,6 @@
 // The VAE engine with Wan 2.1/2.2 folders: the family from config.json's _class_name, the
 // reference inputs streamed as they arrive against diffusers' AutoencoderKLWan, uint8 frames
-// pushed one by one, clip checks and errors.
+// pushed one by one, clip checks, errors and the out-of-memory retry.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -196,4 +196,38 @@ TEST(WanEngineClips, TheFamilyComesFromTheConfigsClassName) {
   EXPECT_EQ(cog->spatial_compression(), 8);
   // A Wan folder says so: the CogVideoX loader does not see it.
   EXPECT_TRUE(vaetest::make_engine(wan_options("tiny_wan22", LatentKind::Mode)));
+}
+
+TEST(WanEngineClips, OutOfMemoryRetriesWithSmallerTilesThenGivesUp) {
+  for (const char *name : {"tiny_wan21", "tiny_wan22"}) {
+    vaetest::WanCases cases(name);
+    ASSERT_TRUE(cases.ok());
+    at::Tensor u8 = vaetest::quantize(cases.get("input.T5"));
+    EngineOptions o = wan_options(name, LatentKind::Moments);
+    auto whole = vaetest::make_engine(o);
+    ASSERT_TRUE(whole);
+    at::Tensor untiled = stream(*whole, u8, 0);
+    o.fake_oom_pixels = 64 * 96 - 1;  // the whole frame "does not fit"; smaller tiles do
+    auto e = vaetest::make_engine(o);
+    ASSERT_TRUE(e);
+    std::vector<std::string> warnings;
+    e->set_warning_callback([&](const std::string &w) { warnings.push_back(w); });
+    at::Tensor retried = stream(*e, u8, 0);
+    ASSERT_TRUE(retried.defined()) << name;
+    EXPECT_GE(e->oom_retries(), 1) << name;
+    ASSERT_FALSE(warnings.empty());
+    EXPECT_NE(warnings[0].find("retrying with"), std::string::npos) << warnings[0];
+    EXPECT_EQ(retried.sizes(), untiled.sizes()) << name << ": smaller tiles keep the latent's shape";
+    EXPECT_TRUE(at::isfinite(retried).all().item<bool>());
+    // Smaller than the smallest tile: the failure is fatal, not a dropped clip.
+    o.fake_oom_pixels = 16;
+    auto tiny = vaetest::make_engine(o);
+    ASSERT_TRUE(tiny);
+    std::string why;
+    ASSERT_TRUE(tiny->begin_clip(0, 5, 96, 64, &why)) << why;
+    at::Tensor f = u8[0].contiguous();
+    EXPECT_FALSE(tiny->push_frame(f.data_ptr<uint8_t>(), 96 * 3, &why));
+    EXPECT_TRUE(tiny->failure_is_fatal()) << why;
+    EXPECT_NE(why.find("smallest tiles"), std::string::npos) << why;
+  }
 }
