@@ -615,7 +615,7 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
   std::unique_ptr<VaeEngine> eng(new VaeEngine());
   Impl &im = *eng->impl_;
   im.opts = opts;
-  if (opts.model.empty()) return fail("property 'model' is not set (a CogVideoX VAE folder or a TorchScript file)");
+  if (opts.model.empty()) return fail("property 'model' is not set (a CogVideoX or Wan VAE folder or a TorchScript file)");
   if (opts.chunk_frames < 1) return fail("chunk-frames must be at least 1");
   if (opts.micro_batch_size < 1) return fail("micro-batch-size must be at least 1");
   if (opts.tile_height < 0 || opts.tile_width < 0) return fail("tile-height and tile-width must not be negative");
