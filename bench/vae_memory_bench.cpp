@@ -1,13 +1,16 @@
 /* vae-memory-bench: peak memory of the VAE encoder against clip length, chunked streaming
  * versus one whole-clip pass, and CPU throughput.
  *
- *   vae-memory-bench [--model DIR] [--size 256] [--frames 17,49,97] [--threads N]
- *                    [--device cpu|cuda:N] [--dtype float32|bfloat16|float16]
+ *   vae-memory-bench [--model DIR | --family cogvideox|wan21|wan22] [--size 256] [--frames 17,49,97]
+ *                    [--threads N] [--device cpu|cuda:N] [--dtype float32|bfloat16|float16]
  *
  * Each case runs in a fresh process (fork) and reports its peak resident set (VmHWM), or
  * on CUDA the caching allocator's allocated bytes (current after loading, peak), so
  * cases do not see each other's allocations. Without --model, a seeded random tiny
- * CogVideoX-architecture VAE is written to a temporary folder (no downloads).
+ * CogVideoX-architecture VAE is written to a temporary folder (no downloads); --family wan21|wan22
+ * takes the tiny Wan VAEs of ../shared/reference/wan_vae (VIDEOTRAIN_REFERENCE_DIR). The Wan
+ * encoder always streams frame 0 then groups of 4, so its "single" case is the whole clip held as
+ * one float tensor (as diffusers' encode gets it) against frames pushed one by one.
  * Target: the chunked peak grows by no more than the encoder output (within 10%) from the
  * shortest to the longest clip; the single pass grows with T. */
 #include <ATen/ATen.h>
@@ -143,7 +146,7 @@ Result in_child(const std::string &model, int size, int T, bool chunked, int thr
 
 int main(int argc, char **argv) {
   gst_init(&argc, &argv);
-  std::string model;
+  std::string model, family = "cogvideox";
   int size = 256, threads = 2;
   std::string device = "cpu", dtype = "float32";
   std::vector<int> lengths{17, 49, 97};
@@ -151,6 +154,8 @@ int main(int argc, char **argv) {
     std::string a = argv[i];
     if (a == "--model" && i + 1 < argc) {
       model = argv[++i];
+    } else if (a == "--family" && i + 1 < argc) {
+      family = argv[++i];
     } else if (a == "--size" && i + 1 < argc) {
       size = std::atoi(argv[++i]);
     } else if (a == "--threads" && i + 1 < argc) {
@@ -164,13 +169,20 @@ int main(int argc, char **argv) {
       for (char *s = strtok(argv[++i], ","); s; s = strtok(nullptr, ",")) lengths.push_back(std::atoi(s));
     } else {
       fprintf(stderr,
-              "usage: %s [--model DIR] [--size 256] [--frames 17,49,97] [--threads N] [--device cpu|cuda:N] "
+              "usage: %s [--model DIR | --family cogvideox|wan21|wan22] [--size 256] [--frames 17,49,97] [--threads N] [--device cpu|cuda:N] "
               "[--dtype float32|bfloat16|float16]\n",
               argv[0]);
       return 2;
     }
   }
   std::string tmp;
+  if (model.empty() && (family == "wan21" || family == "wan22")) {
+    const char *ref = std::getenv("VIDEOTRAIN_REFERENCE_DIR");
+    model = std::string(ref ? ref : "../shared/reference") + "/wan_vae/tiny_" + family;
+  } else if (model.empty() && family != "cogvideox") {
+    fprintf(stderr, "vae-memory-bench: --family is cogvideox, wan21 or wan22, not '%s'\n", family.c_str());
+    return 2;
+  }
   if (model.empty()) {
     char tmpl[] = "/tmp/vae-bench-XXXXXX";
     if (!mkdtemp(tmpl)) return 1;
@@ -220,5 +232,7 @@ int main(int argc, char **argv) {
          static_cast<double>(s1.peak_kb) / std::max(1L, c1.peak_kb));
   printf("  chunked throughput at %d frames: %.1f frames/s; single pass %.1f frames/s\n", lengths.back(),
          lengths.back() / c1.seconds, lengths.back() / s1.seconds);
+  printf("  chunked encode time per frame: %.1f ms at %d frames, %.1f ms at %d frames\n",
+         1000.0 * c0.seconds / lengths.front(), lengths.front(), 1000.0 * c1.seconds / lengths.back(), lengths.back());
   return 0;
 }

@@ -522,8 +522,9 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
   g_object_class_install_property(
       gobject_class, PROP_MODEL,
       g_param_spec_string("model", "Model",
-                          "A diffusers CogVideoX VAE folder (config.json + diffusion_pytorch_model.safetensors), or "
-                          "a TorchScript file whose module has an encode method",
+                          "A diffusers VAE folder (config.json + diffusion_pytorch_model.safetensors) of class "
+                          "AutoencoderKLCogVideoX or AutoencoderKLWan (Wan 2.1/2.2), or a TorchScript file whose "
+                          "module has an encode method",
                           nullptr, rw));
   g_object_class_install_property(
       gobject_class, PROP_PER_FRAME,
@@ -539,14 +540,19 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
       gobject_class, PROP_CHUNK_FRAMES,
       g_param_spec_uint("chunk-frames", "Chunk frames",
                         "Frames per temporal chunk (k; chunk 0 also takes the T mod k extra frames); memory is set "
-                        "by the chunk. Must be a multiple of the VAE's temporal compression",
+                        "by the chunk. Must be a multiple of the VAE's temporal compression. The Wan VAE always takes frame 0, "
+                        "then 4 frames at a time",
                         1, 4096, 8, rw));
   g_object_class_install_property(
       gobject_class, PROP_TILE_HEIGHT,
-      g_param_spec_uint("tile-height", "Tile height", "Spatial tile height in pixels (0: no tiles)", 0, 16384, 0, rw));
+      g_param_spec_uint("tile-height", "Tile height",
+                        "Spatial tile height in pixels (0: no tiles); for Wan, pixels of the encoder's input as in "
+                        "diffusers (Wan 2.2: 2x2-pixel patches)",
+                        0, 16384, 0, rw));
   g_object_class_install_property(
       gobject_class, PROP_TILE_WIDTH,
-      g_param_spec_uint("tile-width", "Tile width", "Spatial tile width in pixels (0: no tiles)", 0, 16384, 0, rw));
+      g_param_spec_uint("tile-width", "Tile width",
+                        "Spatial tile width in pixels (0: no tiles); for Wan as tile-height", 0, 16384, 0, rw));
   g_object_class_install_property(
       gobject_class, PROP_TILE_OVERLAP_HEIGHT,
       g_param_spec_double("tile-overlap-height", "Tile overlap height",
@@ -586,9 +592,10 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
 
   gst_element_class_set_static_metadata(
       element_class, "VAE encoder", "Filter/Encoder/Video",
-      "Encodes each clip of RGB frames into one latent tensor with a CogVideoX causal 3D VAE (temporal chunks "
-      "with a causal-convolution cache, optional spatial tiles) or a TorchScript encoder. With a CogVideoX VAE, "
-      "clips need 1 + 4n frames (temporal compression 4) and frame sizes divisible by 8, else the element errors "
+      "Encodes each clip of RGB frames into one latent tensor with a CogVideoX or Wan 2.1/2.2 causal 3D VAE "
+      "(temporal chunks with a causal-convolution cache, optional spatial tiles) or a TorchScript encoder. With "
+      "these VAEs clips need 1 + 4n frames (temporal compression 4) and frame sizes divisible by the spatial "
+      "compression (8; 16 for Wan 2.2), else the element errors "
       "naming the setting; a clip that cannot be encoded for its own reasons is dropped with a vaeencoder-dropped "
       "message" VIDEOTRAIN_DOC_VAEENCODER_MESSAGES,
       "gst-videotrain");

@@ -8,6 +8,8 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 
 #include "cogvideox_encoder.h"
@@ -18,6 +20,8 @@
 #include "metas.h"
 #include "tensor_buffer.h"
 #include "vae_engine_tensors.h"
+#include "wan_config.h"
+#include "wan_encoder.h"
 
 #ifdef VIDEOTRAIN_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -177,6 +181,22 @@ void blend_h(const at::Tensor &a, at::Tensor &b, int extent) {
                          b.select(4, x) * (static_cast<double>(x) / extent));
 }
 
+// ---------------------------------------------------------------- Wan
+
+// Wan's chunks as diffusers makes them: frame 0 alone, then 4 frames at a time (frames after
+// the last whole group are not encoded, as in diffusers).
+std::vector<std::pair<int, int>> wan_chunk_schedule(int T) {
+  std::vector<std::pair<int, int>> out{{0, 1}};
+  for (int s = 1; s + 4 <= T; s += 4) out.emplace_back(s, s + 4);
+  return out;
+}
+
+// Wan's tiles in diffusers' numbers: tile sizes and strides in pixels of the encoder's input
+// (tile_sample_min_* and tile_sample_stride_*), which for Wan 2.2 is the 2x2-patch frame.
+struct WanTiles {
+  int tile_h = 0, tile_w = 0, stride_h = 0, stride_w = 0;
+};
+
 // Out of memory with no smaller tiles left: the element stops rather than drop every clip.
 struct OutOfMemoryFatal : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -209,12 +229,15 @@ struct Clip {
   std::vector<at::Tensor> frames;  // uint8 [H, W, 3] each; undefined once released
   at::Tensor video;                // whole-clip float input (tensor API)
   TilePlan plan;
+  WanTiles wan_tiles;  // diffusers' tile numbers behind `plan` (Wan VAE)
   std::vector<ConvCache> caches;                 // one per tile
+  std::vector<WanCache> wan_caches;              // one per tile (Wan VAE)
   std::vector<std::vector<at::Tensor>> outs;     // per tile, per chunk
 
   void reset_tiles() {
     size_t n = plan.ys.size() * plan.xs.size();
     caches.assign(n, ConvCache{});
+    wan_caches.assign(n, WanCache{});
     outs.assign(n, {});
     next_chunk = 0;
   }
@@ -225,6 +248,7 @@ struct VaeEngine::Impl {
   c10::Device device{c10::kCPU};
   c10::ScalarType dtype = at::kFloat;
   std::unique_ptr<Backend> backend;
+  std::unique_ptr<WanEncoder> wan;  // set for a Wan folder (backend then unset)
   bool native = false;
   int tcomp = 1, scomp = 1;
   double scaling = 1.0;
@@ -279,7 +303,7 @@ struct VaeEngine::Impl {
                                   "CUDA out of memory (test hook: a " + std::to_string(region.size(4)) + "x" +
                                       std::to_string(region.size(3)) + " tile is over the fake limit of " +
                                       std::to_string(opts.fake_oom_pixels) + " pixels)");
-    return backend->encode_chunk(region, c.caches[t]);
+    return wan ? wan->forward(region, c.wan_caches[t]) : backend->encode_chunk(region, c.caches[t]);
   }
 
   // A smaller tile plan after an out-of-memory failure; false when tiles cannot shrink further.
@@ -310,7 +334,8 @@ struct VaeEngine::Impl {
     if (!frames_there)
       throw OutOfMemoryFatal("out of memory encoding " + clip_name(c) + " with " + c.plan.describe() +
                                " after its first frames were released (retain-frames is off): " + what);
-    if (!shrink_tiles(c, &next))
+    WanTiles next_wan;
+    if (wan ? !shrink_wan_tiles(c, &next, &next_wan) : !shrink_tiles(c, &next))
       throw OutOfMemoryFatal("out of memory encoding " + clip_name(c) + " even with the smallest tiles (" +
                                c.plan.describe() + "): " + what);
     oom_retries++;
@@ -318,6 +343,7 @@ struct VaeEngine::Impl {
       warn("out of memory encoding " + clip_name(c) + " with " + c.plan.describe() + "; retrying with " +
            next.describe());
     c.plan = next;
+    c.wan_tiles = next_wan;
     c.reset_tiles();
   }
 
@@ -350,6 +376,7 @@ struct VaeEngine::Impl {
     for (auto &o : c.outs) tiles.push_back(o.size() == 1 ? o[0] : at::cat(o, 2));
     const TilePlan &p = c.plan;
     if (!p.tiled) return tiles[0];
+    if (wan) return blend_wan_tiles(c, std::move(tiles));
     size_t nr = p.ys.size(), nc = p.xs.size();
     std::vector<at::Tensor> rows;
     for (size_t i = 0; i < nr; i++) {
@@ -370,15 +397,91 @@ struct VaeEngine::Impl {
     c.active = true;
     c.sample_id = sample_id;
     c.T = T, c.H = H, c.W = W;
-    c.chunks = chunk_schedule(T, chunk_frames);
-    c.plan = plan_tiles(H, W, opts.tile_height, opts.tile_width, opts.tile_overlap_height, opts.tile_overlap_width,
-                        scomp);
+    c.chunks = wan ? wan_chunk_schedule(T) : chunk_schedule(T, chunk_frames);
+    c.plan = wan ? plan_tiles_wan(H, W, &c.wan_tiles)
+                 : plan_tiles(H, W, opts.tile_height, opts.tile_width, opts.tile_overlap_height,
+                              opts.tile_overlap_width, scomp);
     c.reset_tiles();
+  }
+
+  // The posterior noise of a clip: drawn on the CPU from the seed and the sample id, so a clip
+  // gets the same latent on any device and in any run.
+  at::Tensor posterior_noise(at::IntArrayRef sizes, uint64_t sample_id) const {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(mix64(opts.seed ^ mix64(sample_id)));
+    return at::randn(sizes, gen, at::TensorOptions().dtype(at::kFloat));
+  }
+
+  // Wan: diffusers' tiles (see WanTiles). A dimension left at 0 spans the frame; the frame is
+  // tiled when it is larger than the tile number, compared as diffusers compares them.
+  TilePlan plan_tiles_wan(int H, int W, WanTiles *wt) const {
+    *wt = WanTiles{};
+    TilePlan p;
+    if (opts.tile_height <= 0 && opts.tile_width <= 0) return p;
+    const int patch = wan->config().patch_size;
+    const bool th = opts.tile_height > 0, tw = opts.tile_width > 0;
+    wt->tile_h = th ? opts.tile_height : H / patch;
+    wt->tile_w = tw ? opts.tile_width : W / patch;
+    // (+1e-6: an overlap of 1/3 on 48 pixels is a stride of 32, not 31.99...)
+    auto stride = [](int tile, double overlap) { return std::max(1, static_cast<int>(tile * (1 - overlap) + 1e-6)); };
+    wt->stride_h = th ? stride(wt->tile_h, opts.tile_overlap_height) : wt->tile_h;
+    wt->stride_w = tw ? stride(wt->tile_w, opts.tile_overlap_width) : wt->tile_w;
+    if (!((th && H > wt->tile_h) || (tw && W > wt->tile_w))) return p;
+    p = wan_plan(H, W, *wt);
+    p.tiled = true;  // one tile still crops and blends as diffusers does
+    return p;
+  }
+
+  // Wan's tile plan for given diffusers numbers (tiled whenever a tile is smaller than the frame).
+  TilePlan wan_plan(int H, int W, const WanTiles &wt) const {
+    WanEncoder::TileGrid g = wan->tile_grid(H, W, wt.tile_h, wt.tile_w, wt.stride_h, wt.stride_w);
+    TilePlan p;
+    p.tiled = g.ys.size() * g.xs.size() > 1;
+    p.th = static_cast<int>(g.tile_h), p.tw = static_cast<int>(g.tile_w);
+    p.ys.assign(g.ys.begin(), g.ys.end());
+    p.xs.assign(g.xs.begin(), g.xs.end());
+    return p;
+  }
+
+  // Wan after running out of memory: tiles of half the size, in whole latent pixels and at
+  // least 4 of them, overlapping by a quarter, so that their strides keep the untiled shape.
+  bool shrink_wan_tiles(const Clip &c, TilePlan *next, WanTiles *wt) const {
+    const int patch = wan->config().patch_size, per = scomp / patch, Hp = c.H / patch, Wp = c.W / patch;
+    const int cur_h = c.plan.tiled ? c.wan_tiles.tile_h : Hp, cur_w = c.plan.tiled ? c.wan_tiles.tile_w : Wp;
+    auto half = [&](int v) { return std::min(v, std::max(4 * per, v / 2 / per * per)); };
+    const int nh = std::min(half(cur_h), Hp), nw = std::min(half(cur_w), Wp);
+    if (nh >= cur_h && nw >= cur_w) return false;
+    *wt = WanTiles{nh, nw, nh < Hp ? nh - nh / 4 / per * per : nh, nw < Wp ? nw - nw / 4 / per * per : nw};
+    *next = wan_plan(c.H, c.W, *wt);
+    return next->tiled;
+  }
+
+  at::Tensor blend_wan_tiles(const Clip &c, std::vector<at::Tensor> tiles) const {
+    const WanTiles &wt = c.wan_tiles;
+    std::vector<std::vector<at::Tensor>> rows(c.plan.ys.size());
+    for (size_t t = 0; t < tiles.size(); t++) rows[t / c.plan.xs.size()].push_back(std::move(tiles[t]));
+    return wan->blend_tiles(std::move(rows), c.H, c.W, wt.tile_h, wt.tile_w, wt.stride_h, wt.stride_w);
+  }
+
+  // Wan: the raw moments, or (z - latents_mean) / latents_std with z the mode or a sample.
+  at::Tensor latent_wan(const at::Tensor &raw, uint64_t sample_id, const at::Tensor &noise_in) const {
+    at::Tensor out;
+    switch (opts.latent) {
+      case LatentKind::Moments: out = raw; break;
+      case LatentKind::Mode: out = wan->normalized_latent(raw); break;
+      case LatentKind::Sample: {
+        const int64_t z = wan->config().z_dim;
+        at::Tensor noise = noise_in.defined() ? noise_in : posterior_noise(raw.narrow(1, 0, z).sizes(), sample_id);
+        out = wan->normalized_latent(raw, noise);
+        break;
+      }
+    }
+    return out.select(0, 0);
   }
 
   at::Tensor latent(const at::Tensor &raw_in, uint64_t sample_id, const at::Tensor &noise_in) {
     at::Tensor raw = raw_in.to(at::kFloat);
     if (!native) return raw.select(0, 0);
+    if (wan) return latent_wan(raw, sample_id, noise_in);
     int64_t C = raw.size(1) / 2;
     at::Tensor mean = raw.narrow(1, 0, C);
     at::Tensor logvar = raw.narrow(1, C, C).clamp(-30.0, 20.0);
@@ -388,10 +491,7 @@ struct VaeEngine::Impl {
       case LatentKind::Mode: out = mean * scaling; break;
       case LatentKind::Sample: {
         at::Tensor noise = noise_in;
-        if (!noise.defined()) {
-          auto gen = at::make_generator<at::CPUGeneratorImpl>(mix64(opts.seed ^ mix64(sample_id)));
-          noise = at::randn(mean.sizes(), gen, at::TensorOptions().dtype(at::kFloat));
-        }
+        if (!noise.defined()) noise = posterior_noise(mean.sizes(), sample_id);
         out = (mean + at::exp(0.5 * logvar) * noise.to(mean.device(), at::kFloat)) * scaling;
         break;
       }
@@ -414,7 +514,7 @@ at::Tensor encode_raw(VaeEngine &engine, const at::Tensor &video, int chunk_fram
   im->start(c, 0, T, static_cast<int>(video.size(3)), static_cast<int>(video.size(4)),
             chunk_frames > 0 ? chunk_frames : im->opts.chunk_frames);
   c.video = video;
-  im->advance(c, T);
+  for (int t = 1; t <= T; t++) im->advance(c, t);  // as the frames would arrive
   return im->assemble(c).to(at::kCPU, at::kFloat);
 }
 
@@ -424,6 +524,85 @@ at::Tensor latent_from_raw(VaeEngine &engine, const at::Tensor &raw, uint64_t sa
 }
 
 // ---------------------------------------------------------------- VaeEngine
+
+// ---------------------------------------------------------------- families
+
+namespace {
+
+enum class Family { CogVideoX, Wan, Other };
+
+// A diffusers folder's VAE family, from config.json's _class_name; a config without one is
+// read as CogVideoX (as before the Wan family came), and an unreadable one is left to the
+// CogVideoX loader, which names the file.
+Family folder_family(const std::string &dir, std::string *class_name) {
+  std::ifstream in(dir + "/config.json");
+  if (!in) return Family::CogVideoX;
+  std::stringstream text;
+  text << in.rdbuf();
+  *class_name = config_class_name(text.str());
+  if (class_name->empty() || *class_name == "AutoencoderKLCogVideoX") return Family::CogVideoX;
+  if (*class_name == "AutoencoderKLWan") return Family::Wan;
+  return Family::Other;
+}
+
+}  // namespace
+
+// Loads a Wan 2.1/2.2 folder into the engine: "" or why not (the file, key or tensor).
+static std::string load_wan(VaeEngine::Impl &im) {
+  try {
+    im.wan = WanEncoder::load(im.opts.model, im.device, im.dtype);
+  } catch (const std::exception &e) {
+    return e.what();
+  }
+  const WanConfig &cfg = im.wan->config();
+  im.native = true;
+  im.tcomp = cfg.temporal_compression();
+  im.scomp = cfg.spatial_compression();
+  const int per_pixel = im.scomp / cfg.patch_size;  // compression of the encoder's input pixels
+  for (auto [t, name] : {std::pair{im.opts.tile_height, "tile-height"}, std::pair{im.opts.tile_width, "tile-width"}})
+    if (t > 0 && t < per_pixel)
+      return std::string(name) + "=" + std::to_string(t) + " is smaller than " + std::to_string(per_pixel) +
+             ", what the Wan VAE compresses into one latent pixel (Wan tiles count pixels of the encoder's input, "
+             "as diffusers' tile_sample_min_height/width do)";
+  return "";
+}
+
+// check_clip() for the Wan family.
+static std::string check_clip_wan(const VaeEngine::Impl &im, int T, int W, int H) {
+  if (!im.opts.allow_any_length && (T - 1) % 4 != 0) {
+    const int below = T - (T - 1) % 4;
+    return "num-frames=" + std::to_string(T) + " gives clips of " + std::to_string(T) +
+           " frames; the Wan VAE (frame 0, then groups of 4 frames) needs 1 + 4n frames: use " +
+           std::to_string(below) + " or " + std::to_string(below + 4);
+  }
+  if (W % im.scomp != 0 || H % im.scomp != 0)
+    return "frames are " + std::to_string(W) + "x" + std::to_string(H) + "; the Wan VAE needs width and height " +
+           "divisible by its spatial compression " + std::to_string(im.scomp) + " (set the source's width and height)";
+  WanTiles wt;
+  TilePlan p = im.plan_tiles_wan(H, W, &wt);
+  if (!p.tiled) return "";
+  // Every tile must reach a latent pixel, and what the tiles keep (stride / compression each)
+  // must cover the latent, else the result would not have the untiled shape.
+  const int patch = im.wan->config().patch_size, per_pixel = im.scomp / patch;
+  int levels = 0;
+  while ((1 << levels) < per_pixel) levels++;
+  auto covers = [&](const std::vector<int> &origins, int tile, int total, int stride) {
+    int sum = 0;
+    for (int o : origins) {
+      int l = latent_extent((std::min(o + tile, total) - o) / patch, levels);
+      if (l < 1) return false;
+      sum += std::min(stride / per_pixel, l);
+    }
+    return sum >= total / im.scomp;
+  };
+  if (covers(p.ys, p.th, H, wt.stride_h) && covers(p.xs, p.tw, W, wt.stride_w)) return "";
+  return "tile-height=" + std::to_string(im.opts.tile_height) + ", tile-width=" + std::to_string(im.opts.tile_width) +
+         " with overlaps " + std::to_string(im.opts.tile_overlap_height) + ", " +
+         std::to_string(im.opts.tile_overlap_width) + " do not tile " + std::to_string(W) + "x" + std::to_string(H) +
+         " frames into a " + std::to_string(W / im.scomp) + "x" + std::to_string(H / im.scomp) +
+         " latent with the Wan VAE (tiles and their strides tile * (1 - overlap) count pixels of the encoder's "
+         "input; use multiples of " + std::to_string(per_pixel) + ")";
+}
 
 VaeEngine::VaeEngine() : impl_(std::make_unique<Impl>()) {}
 VaeEngine::~VaeEngine() = default;
@@ -436,7 +615,7 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
   std::unique_ptr<VaeEngine> eng(new VaeEngine());
   Impl &im = *eng->impl_;
   im.opts = opts;
-  if (opts.model.empty()) return fail("property 'model' is not set (a CogVideoX VAE folder or a TorchScript file)");
+  if (opts.model.empty()) return fail("property 'model' is not set (a CogVideoX or Wan VAE folder or a TorchScript file)");
   if (opts.chunk_frames < 1) return fail("chunk-frames must be at least 1");
   if (opts.micro_batch_size < 1) return fail("micro-batch-size must be at least 1");
   if (opts.tile_height < 0 || opts.tile_width < 0) return fail("tile-height and tile-width must not be negative");
@@ -476,6 +655,18 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
   if (S_ISDIR(st.st_mode)) {
     if (opts.per_frame) return fail("per-frame=true needs a TorchScript image encoder, but model '" + opts.model +
                                     "' is a VAE folder");
+    std::string cls;
+    switch (folder_family(opts.model, &cls)) {
+      case Family::Other:
+        return fail("model '" + opts.model + "': config.json names the class '" + cls +
+                    "'; vaeencoder reads AutoencoderKLCogVideoX and AutoencoderKLWan folders");
+      case Family::Wan: {
+        std::string why = load_wan(im);
+        if (!why.empty()) return fail(why);
+        return eng;
+      }
+      case Family::CogVideoX: break;
+    }
     auto nb = std::make_unique<NativeBackend>();
     try {
       nb->enc = CogVideoXEncoder::load(opts.model, im.device, im.dtype);
@@ -542,6 +733,7 @@ std::string VaeEngine::check_clip(int T, int W, int H) const {
     return "clips of " + std::to_string(T) + " frames are longer than the " +
            std::to_string(GST_VIDEOTRAIN_MAX_CLIP_FRAMES) + " the encoder takes";
   if (W < 1 || H < 1) return "frames are empty";
+  if (im.wan) return check_clip_wan(im, T, W, H);
   if (im.native) {
     if (!im.opts.allow_any_length && (T - 1) % im.tcomp != 0) {
       const int tc = im.tcomp, below = T - (T - 1) % tc;

@@ -204,7 +204,8 @@ at::Tensor WanEncoder::blend_tiles(std::vector<std::vector<at::Tensor>> rows, in
   const int64_t s = cfg_.spatial_compression() / cfg_.patch_size;  // per patchified pixel
   const int64_t bh = tile_h / s - stride_h / s, bw = tile_w / s - stride_w / s;
   const int64_t sh = stride_h / s, sw = stride_w / s;
-  // In place, as diffusers does: a tile blends with its upper neighbour as already blended.
+  // In place, as diffusers does: a tile blends with its upper neighbour as already blended, over
+  // as many rows as both have (an edge tile may have fewer than the blend).
   std::vector<at::Tensor> out_rows;
   for (size_t i = 0; i < rows.size(); i++) {
     std::vector<at::Tensor> out_row;
@@ -214,16 +215,16 @@ at::Tensor WanEncoder::blend_tiles(std::vector<std::vector<at::Tensor>> rows, in
         const at::Tensor &a = rows[i - 1][j];
         const int64_t n = std::min({a.size(3), tile.size(3), bh});
         for (int64_t y = 0; y < n; y++) {
-          const double f = static_cast<double>(y) / static_cast<double>(bh);
-          tile.select(3, y).copy_(a.select(3, a.size(3) - bh + y) * (1 - f) + tile.select(3, y) * f);
+          const double f = static_cast<double>(y) / static_cast<double>(n);
+          tile.select(3, y).copy_(a.select(3, a.size(3) - n + y) * (1 - f) + tile.select(3, y) * f);
         }
       }
       if (j > 0) {
         const at::Tensor &a = rows[i][j - 1];
         const int64_t n = std::min({a.size(4), tile.size(4), bw});
         for (int64_t x = 0; x < n; x++) {
-          const double f = static_cast<double>(x) / static_cast<double>(bw);
-          tile.select(4, x).copy_(a.select(4, a.size(4) - bw + x) * (1 - f) + tile.select(4, x) * f);
+          const double f = static_cast<double>(x) / static_cast<double>(n);
+          tile.select(4, x).copy_(a.select(4, a.size(4) - n + x) * (1 - f) + tile.select(4, x) * f);
         }
       }
       out_row.push_back(tile.narrow(3, 0, std::min(sh, tile.size(3))).narrow(4, 0, std::min(sw, tile.size(4))));

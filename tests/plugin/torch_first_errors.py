@@ -22,16 +22,16 @@ tmp = tempfile.mkdtemp(prefix="torch-first-")
 ref = os.path.join(os.environ["VIDEOTRAIN_REFERENCE_DIR"], "cogvideox_vae", "tiny_a")
 
 
-def vae_folder(name, edit_config=None, safetensors=None):
+def vae_folder(name, edit_config=None, safetensors=None, source=ref):
     d = os.path.join(tmp, name)
     os.makedirs(d)
-    cfg = json.load(open(os.path.join(ref, "config.json")))
+    cfg = json.load(open(os.path.join(source, "config.json")))
     if edit_config:
         edit_config(cfg)
     json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
     st = os.path.join(d, "diffusion_pytorch_model.safetensors")
     if safetensors is None:
-        shutil.copy(os.path.join(ref, "diffusion_pytorch_model.safetensors"), st)
+        shutil.copy(os.path.join(source, "diffusion_pytorch_model.safetensors"), st)
     else:
         open(st, "wb").write(safetensors)
     return d
@@ -47,6 +47,9 @@ frames = "videotestsrc num-buffers=1 ! video/x-raw,format=RGB,width=16,height=16
 tensors = "appsrc caps=application/x-videotrain-tensor,content=micro-batch,dtype=float32,device=cpu ! "
 latents = "appsrc caps=application/x-videotrain-tensor,content=latents,dtype=float32,device=cpu ! "
 no_block_channels = vae_folder("no-block-out-channels", lambda c: c.pop("block_out_channels"))
+wan = os.path.join(os.environ["VIDEOTRAIN_REFERENCE_DIR"], "wan_vae", "tiny_wan22")
+wan_no_z = vae_folder("wan-no-z-dim", lambda c: c.pop("z_dim"), source=wan)
+foreign_class = vae_folder("foreign-class", lambda c: c.update(_class_name="AutoencoderKLMochi"), source=wan)
 header = json.dumps({"w": {"dtype": "F32", "shape": [2**32, 2**32], "data_offsets": [0, 0]}}).encode()
 broken_safetensors = vae_folder("broken-safetensors", safetensors=struct.pack("<Q", len(header)) + header)
 not_torchscript = write("not-torchscript.pt", b"PK\x03\x04 this is no zip archive")
@@ -70,6 +73,10 @@ manifest = write("videos.csv", b"path,text\na.webm,test pattern\n")
 cases = [
     ("vaeencoder without block_out_channels", "vaeencoder", "block_out_channels",
      frames + f"vaeencoder name=vaeencoder model={no_block_channels} ! fakesink"),
+    ("vaeencoder with a Wan config without z_dim", "vaeencoder", "'z_dim'",
+     frames + f"vaeencoder name=vaeencoder model={wan_no_z} ! fakesink"),
+    ("vaeencoder with a VAE class it does not read", "vaeencoder", "'AutoencoderKLMochi'",
+     frames + f"vaeencoder name=vaeencoder model={foreign_class} ! fakesink"),
     ("vaeencoder with a broken safetensors", "vaeencoder", "needs more than 2^64",
      frames + f"vaeencoder name=vaeencoder model={broken_safetensors} ! fakesink"),
     ("vaeencoder with a file that is not TorchScript", "vaeencoder", "not-torchscript.pt",

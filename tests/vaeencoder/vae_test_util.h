@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "safetensors.h"
 #include "test_util.h"
@@ -37,6 +38,47 @@ class Cases {
     return t;
   }
   std::string meta(const std::string &k) const { return file_->metadata().at(k); }
+
+ private:
+  std::unique_ptr<videotrain::SafetensorsFile> file_;
+};
+
+inline std::string wan_dir(const std::string &name) { return vttest::reference_dir() + "/wan_vae/" + name; }
+
+// diffusers' AutoencoderKLWan outputs (../shared/reference/wan_vae/NAME/cases.safetensors).
+class WanCases {
+ public:
+  explicit WanCases(const std::string &name) {
+    std::string err;
+    file_ = videotrain::SafetensorsFile::open(wan_dir(name) + "/cases.safetensors", &err);
+    if (!file_) ADD_FAILURE() << err;
+  }
+  bool ok() const { return file_ != nullptr; }
+  at::Tensor get(const std::string &key) const {
+    const auto *e = file_->find(key);
+    if (!e || e->dtype != "F32") {
+      ADD_FAILURE() << "no F32 tensor " << key;
+      return at::Tensor();
+    }
+    at::Tensor t = at::empty(e->shape, at::kFloat);
+    memcpy(t.data_ptr(), e->data, e->nbytes);
+    return t;
+  }
+  // A metadata list of whole numbers ("[1, 5, 13]").
+  std::vector<int> ints(const std::string &key) const {
+    std::vector<int> out;
+    std::string v = file_->metadata().at(key);
+    for (size_t i = 0; i < v.size();) {
+      if (isdigit(static_cast<unsigned char>(v[i]))) {
+        size_t used = 0;
+        out.push_back(std::stoi(v.substr(i), &used));
+        i += used;
+      } else {
+        i++;
+      }
+    }
+    return out;
+  }
 
  private:
   std::unique_ptr<videotrain::SafetensorsFile> file_;

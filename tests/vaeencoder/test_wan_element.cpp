@@ -1,0 +1,209 @@
+// vaeencoder with Wan 2.1/2.2 folders in pipelines: csvvideosrc reading a lossless video made of
+// the reference input frames (FFV1 in Matroska, written by ffmpeg) gives those exact frames, and
+// vaeencoder's latents equal the engine's on them; a foreign VAE class and unusable clip lengths
+// are element errors naming them.
+#include <ATen/ATen.h>
+#include <gst/app/gstappsink.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "metas.h"
+#include "tensor_buffer.h"
+#include "vae_test_util.h"
+
+using namespace videotrain;
+using namespace videotrain::vae;
+using vaetest::rel_l2;
+using vaetest::wan_dir;
+
+namespace {
+
+struct Pulled {
+  std::vector<GstBuffer *> buffers;
+  std::string error;
+  ~Pulled() {
+    for (GstBuffer *b : buffers) gst_buffer_unref(b);
+  }
+};
+
+// Every buffer the appsink named "sink" gets, to EOS (or the first error).
+void pull(const std::string &desc, Pulled *out) {
+  GError *err = nullptr;
+  GstElement *pipe = gst_parse_launch(desc.c_str(), &err);
+  if (!pipe) {
+    out->error = err ? err->message : "parse failed";
+    g_clear_error(&err);
+    return;
+  }
+  GstElement *sink = gst_bin_get_by_name(GST_BIN(pipe), "sink");
+  GstBus *bus = gst_element_get_bus(pipe);
+  gst_element_set_state(pipe, GST_STATE_PLAYING);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  for (;;) {
+    if (GstSample *s = gst_app_sink_try_pull_sample(GST_APP_SINK(sink), GST_SECOND / 10)) {
+      out->buffers.push_back(gst_buffer_ref(gst_sample_get_buffer(s)));
+      gst_sample_unref(s);
+      continue;
+    }
+    if (gst_app_sink_is_eos(GST_APP_SINK(sink))) break;
+    if (GstMessage *m = gst_bus_pop_filtered(bus, GST_MESSAGE_ERROR)) {
+      GError *e = nullptr;
+      gchar *dbg = nullptr;
+      gst_message_parse_error(m, &e, &dbg);
+      out->error = std::string(e->message) + " (" + (dbg ? dbg : "") + ")";
+      g_clear_error(&e);
+      g_free(dbg);
+      gst_message_unref(m);
+      break;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      out->error = "timeout";
+      break;
+    }
+  }
+  gst_element_set_state(pipe, GST_STATE_NULL);
+  gst_object_unref(bus);
+  gst_object_unref(sink);
+  gst_object_unref(pipe);
+}
+
+// A lossless video of uint8 frames [T, H, W, 3] and a one-row manifest naming it.
+std::string lossless_manifest(const vttest::TempDir &d, const at::Tensor &u8) {
+  const int H = u8.size(1), W = u8.size(2);
+  at::Tensor c = u8.contiguous();
+  vttest::write_file(d.file("frames.rgb"), std::string(static_cast<const char *>(c.data_ptr()), c.numel()));
+  std::string cmd = "ffmpeg -loglevel error -y -f rawvideo -pix_fmt rgb24 -s " + std::to_string(W) + "x" +
+                    std::to_string(H) + " -r 8 -i " + d.file("frames.rgb") + " -c:v ffv1 -pix_fmt bgr0 " +
+                    d.file("clip.mkv");
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  vttest::write_file(d.file("m.csv"), "path,text\n" + d.file("clip.mkv") + ",reference frames\n");
+  return d.file("m.csv");
+}
+
+std::string source(const std::string &manifest, int T, int W, int H) {
+  return "csvvideosrc location=" + manifest + " num-frames=" + std::to_string(T) + " clip-start=start width=" +
+         std::to_string(W) + " height=" + std::to_string(H) + " num-epochs=1 shuffle=false ! ";
+}
+
+// The engine's latent for uint8 frames pushed one by one.
+at::Tensor engine_latent(const EngineOptions &o, const at::Tensor &u8, uint64_t sample_id) {
+  auto e = vaetest::make_engine(o);
+  if (!e) return at::Tensor();
+  std::string why;
+  const int T = u8.size(0), H = u8.size(1), W = u8.size(2);
+  EXPECT_TRUE(e->begin_clip(sample_id, T, W, H, &why)) << why;
+  for (int t = 0; t < T; t++) {
+    at::Tensor f = u8[t].contiguous();
+    EXPECT_TRUE(e->push_frame(f.data_ptr<uint8_t>(), W * 3, &why)) << why;
+  }
+  GstBuffer *buf = e->finish_clip(&why);
+  EXPECT_NE(buf, nullptr) << why;
+  if (!buf) return at::Tensor();
+  auto t = tensor_from_buffer(buf, &why);
+  gst_buffer_unref(buf);
+  return t ? t->clone() : at::Tensor();
+}
+
+class WanElement : public ::testing::TestWithParam<const char *> {};
+
+}  // namespace
+
+TEST_P(WanElement, CsvVideoSrcFromALosslessVideoMatchesTheEngine) {
+  const std::string name = GetParam();
+  vaetest::WanCases cases(name);
+  ASSERT_TRUE(cases.ok());
+  const std::vector<int> tile = cases.ints("tile");
+  at::Tensor u8 = vaetest::quantize(cases.get("input.T13"));
+  const int T = u8.size(0), H = u8.size(1), W = u8.size(2);
+  vttest::TempDir d;
+  const std::string manifest = lossless_manifest(d, u8);
+
+  // The source gives back the exact frames.
+  {
+    Pulled frames;
+    pull(source(manifest, T, W, H) + "appsink name=sink sync=false", &frames);
+    ASSERT_EQ(frames.error, "");
+    ASSERT_EQ(frames.buffers.size(), static_cast<size_t>(T));
+    for (int t = 0; t < T; t++) {
+      at::Tensor want = u8[t].contiguous();
+      ASSERT_EQ(gst_buffer_get_size(frames.buffers[t]), static_cast<gsize>(want.numel()));
+      std::vector<uint8_t> got(want.numel());
+      gst_buffer_extract(frames.buffers[t], 0, got.data(), got.size());
+      ASSERT_EQ(memcmp(got.data(), want.data_ptr(), got.size()), 0) << "frame " << t << " is not the one written";
+    }
+  }
+
+  struct Case {
+    LatentKind kind;
+    bool tiled;
+  };
+  for (Case c : {Case{LatentKind::Moments, false}, Case{LatentKind::Moments, true}, Case{LatentKind::Mode, false},
+                 Case{LatentKind::Sample, false}, Case{LatentKind::Sample, true}}) {
+    EngineOptions o;
+    o.model = wan_dir(name);
+    o.device = "cpu";
+    o.dtype = "float32";
+    o.latent = c.kind;
+    o.seed = 5;
+    std::string props = std::string(" latent=") + latent_kind_name(c.kind) + " seed=5";
+    if (c.tiled) {
+      o.tile_height = tile[0];
+      o.tile_width = tile[1];
+      o.tile_overlap_height = 1 - static_cast<double>(tile[2]) / tile[0];
+      o.tile_overlap_width = 1 - static_cast<double>(tile[3]) / tile[1];
+      props += " tile-height=" + std::to_string(o.tile_height) + " tile-width=" + std::to_string(o.tile_width) +
+               " tile-overlap-height=" + std::to_string(o.tile_overlap_height) +
+               " tile-overlap-width=" + std::to_string(o.tile_overlap_width);
+    }
+    Pulled latents;
+    pull(source(manifest, T, W, H) + "vaeencoder model=" + o.model + " device=cpu dtype=float32" + props +
+             " ! appsink name=sink sync=false",
+         &latents);
+    ASSERT_EQ(latents.error, "") << props;
+    ASSERT_EQ(latents.buffers.size(), 1u) << props;
+    auto *sm = gst_buffer_get_videotrain_sample_meta(latents.buffers[0]);
+    ASSERT_NE(sm, nullptr);
+    std::string why;
+    auto got = tensor_from_buffer(latents.buffers[0], &why);
+    ASSERT_TRUE(got.has_value()) << why;
+    at::Tensor want = engine_latent(o, u8, sm->sample_id);
+    ASSERT_TRUE(want.defined());
+    EXPECT_EQ(got->sizes(), want.sizes()) << props;
+    EXPECT_LT(rel_l2(*got, want), 1e-6) << name << props;
+    if (c.kind == LatentKind::Moments && !c.tiled) {  // and, quantisation aside, diffusers' moments
+      EXPECT_LT(rel_l2(*got, cases.get("moments.T13")[0]), 2e-2) << name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Wan, WanElement, ::testing::Values("tiny_wan21", "tiny_wan22"));
+
+TEST(WanElementErrors, AForeignVaeClassIsAnElementErrorNamingIt) {
+  vttest::TempDir d;
+  std::ifstream in(wan_dir("tiny_wan21") + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["_class_name"] = "AutoencoderKLMochi";
+  vttest::write_file(d.file("config.json"), j.dump());
+  vttest::write_file(d.file("diffusion_pytorch_model.safetensors"),
+                     vttest::read_file(wan_dir("tiny_wan21") + "/diffusion_pytorch_model.safetensors"));
+  std::string err = vttest::run_pipeline(
+      "videotestsrc num-buffers=1 ! video/x-raw,format=RGB,width=96,height=64 ! vaeencoder model=" + d.path() +
+      " device=cpu ! fakesink");
+  EXPECT_NE(err.find("'AutoencoderKLMochi'"), std::string::npos) << err;
+  EXPECT_NE(err.find("AutoencoderKLWan"), std::string::npos) << err;
+}
+
+TEST(WanElementErrors, AClipLengthTheWanVaeCannotUseIsAnErrorNamingNumFrames) {
+  vaetest::WanCases cases("tiny_wan22");
+  ASSERT_TRUE(cases.ok());
+  vttest::TempDir d;
+  const std::string manifest = lossless_manifest(d, vaetest::quantize(cases.get("input.T13")));
+  std::string err = vttest::run_pipeline(source(manifest, 6, 96, 64) + "vaeencoder model=" + wan_dir("tiny_wan22") +
+                                         " device=cpu ! fakesink");
+  EXPECT_NE(err.find("num-frames=6"), std::string::npos) << err;
+  EXPECT_NE(err.find("1 + 4n"), std::string::npos) << err;
+}
