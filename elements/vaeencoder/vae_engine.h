@@ -4,6 +4,8 @@
  * diffusers' chunked encode makes them (chunk 0: frames [0, k + r), chunk i:
  * [k*i + r, k*(i+1) + r), r = T mod k), each chunk as soon as its frames are in, with the
  * causal-convolution cache carried over, so memory is set by the chunk and not the clip.
+ * With norm-scope=clip the uint8 frames are kept until the clip's last one is in, then the clip
+ * goes through CogVideoXEncoder::forward_clip_scope (same chunks, whole-clip statistics).
  * No torch in this header: the GObject face includes it. */
 #pragma once
 
@@ -18,6 +20,15 @@ namespace videotrain::vae {
 
 enum class LatentKind { Sample, Mode, Moments };
 
+// GroupNorm statistics per temporal chunk (diffusers' chunked encode) or over the whole clip
+// (a single pass, SAT's context-parallel encoder).
+enum class NormScope { Chunk, Clip };
+
+// norm-scope=clip: where activations wait between passes. Auto: an unlinked temporary file on
+// CPU (resident memory stays bounded by the chunk), host memory on CUDA (device memory stays
+// bounded). Memory: host memory (faster on CPU while the clip's activations fit in RAM).
+enum class ClipSpill { Auto, Memory, File };
+
 struct EngineOptions {
   std::string model;            // CogVideoX VAE folder, or a TorchScript file with an `encode` method
   bool per_frame = false;       // TorchScript image encoder: [N,3,H,W] -> [N,C,h,w]
@@ -26,6 +37,8 @@ struct EngineOptions {
   int tile_height = 0, tile_width = 0;             // pixels; 0 = no tiles
   double tile_overlap_height = 1.0 / 6, tile_overlap_width = 1.0 / 5;  // fractions of a tile
   LatentKind latent = LatentKind::Sample;
+  NormScope norm_scope = NormScope::Chunk;
+  ClipSpill clip_spill = ClipSpill::Auto;
   uint64_t seed = 0;
   std::string device;           // "" = cuda:LOCAL_RANK when CUDA is available, else cpu
   std::string dtype;            // "" = bfloat16 on CUDA, float32 on CPU
@@ -95,5 +108,6 @@ class VaeEngine {
 };
 
 const char *latent_kind_name(LatentKind k);
+const char *norm_scope_name(NormScope s);
 
 }  // namespace videotrain::vae
