@@ -39,7 +39,7 @@ struct _GstVaeEncoder {
   gboolean per_frame, tune_malloc;
   guint micro_batch_size, chunk_frames, tile_height, tile_width;
   gdouble tile_overlap_height, tile_overlap_width;
-  gint latent;
+  gint latent, norm_scope;
   guint64 seed;
   // Streaming state (stream lock).
   std::unique_ptr<VaeEngine> *engine;
@@ -51,7 +51,6 @@ struct _GstVaeEncoder {
   guint64 skip_sample, skip_clip_index;
   GstClockTime last_clip_duration;
   guint64 clips_encoded, clips_dropped;
-  gint norm_scope;  // property (object lock)
 };
 
 G_DEFINE_TYPE(GstVaeEncoder, gst_vae_encoder, GST_TYPE_ELEMENT);
@@ -591,8 +590,8 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
           "over the whole clip and frame, as a single pass or SAT's context-parallel encoder computes them (the "
           "latents CogVideoX was trained on). clip keeps the clip's uint8 frames until its last frame is in, "
           "then streams the clip once per GroupNorm with the activations in an unlinked temporary file on CPU "
-          "(host memory on CUDA): memory stays bounded by the chunk, time is about 1.x the chunked encode. "
-          "CogVideoX VAE folders only",
+          "(host memory on CUDA): memory stays bounded by the chunk (plus the frames), time 1.0-1.5x the chunked "
+          "encode on CPU. CogVideoX VAE folders only",
           gst_vae_encoder_norm_scope_get_type(), (gint)NormScope::Chunk, rw));
   g_object_class_install_property(
       gobject_class, PROP_SEED,

@@ -38,8 +38,6 @@ const char *latent_kind_name(LatentKind k) {
   return "?";
 }
 
-const char *norm_scope_name(NormScope s) { return s == NormScope::Clip ? "clip" : "chunk"; }
-
 namespace {
 
 // ---------------------------------------------------------------- backends

@@ -108,6 +108,5 @@ class VaeEngine {
 };
 
 const char *latent_kind_name(LatentKind k);
-const char *norm_scope_name(NormScope s);
 
 }  // namespace videotrain::vae
