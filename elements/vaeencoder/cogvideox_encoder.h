@@ -6,6 +6,8 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include <array>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +21,24 @@ namespace videotrain::vae {
 // causal convolution, in call order; empty before the first chunk.
 struct ConvCache {
   std::vector<at::Tensor> entries;
+};
+
+// Where forward_clip_scope keeps each level of activations between its passes: as computed (on
+// the device), in host memory, or in an unlinked temporary file (resident memory stays bounded
+// by the chunk; the page cache holds what fits).
+enum class SpillTo { Device, Host, File };
+
+// A clip for forward_clip_scope: `tiles` spatial regions (1 untiled), each cut into the same
+// `chunks` temporal chunks that forward() would get.
+struct ClipScopeInput {
+  size_t tiles = 1, chunks = 0;
+  // Tile t's chunk c, [1, 3, n, h, w]. Called once per (tile, chunk), in the first pass only, so
+  // a caller can convert its frames one chunk at a time.
+  std::function<at::Tensor(size_t tile, size_t chunk)> chunk;
+  // The rows [0, 1) and columns [2, 3) (half-open) of tile t's activations of size h x w at
+  // downscale d (1, 2, 4, ...) that count towards the statistics, so that overlapping tiles
+  // count each position of the frame once. Unset: every position.
+  std::function<std::array<int64_t, 4>(size_t tile, int64_t d, int64_t h, int64_t w)> owned;
 };
 
 class CogVideoXEncoder {
@@ -37,12 +57,15 @@ class CogVideoXEncoder {
   at::Tensor forward(const at::Tensor &x, ConvCache &cache) const;
 
   // norm-scope=clip: the moments of a whole clip given as its temporal chunks (the same chunks
-  // forward() would get), with every GroupNorm using the statistics of all the clip's frames, as
-  // a single pass computes them, while convolutions still run chunk by chunk. One streaming pass
-  // per GroupNorm: each reads the previous pass's chunks (spilled to a temporary file with
-  // spill_to_file, else kept in memory), normalises with the finished statistics, and gathers
-  // the next norm's statistics (float64) while writing its own output.
-  at::Tensor forward_clip_scope(const std::vector<at::Tensor> &chunks, bool spill_to_file) const;
+  // forward() would get), with every GroupNorm using the statistics of all the clip's frames
+  // (and of every tile's owned positions), as a single pass computes them, while convolutions
+  // still run chunk by chunk with the causal cache. One streaming pass per GroupNorm: each reads
+  // the previous pass's chunks (kept where `spill` says), normalises with the finished
+  // statistics, and gathers the next norm's statistics (float32 per chunk, merged in float64)
+  // while writing its own output. Returns each tile's moments [1, 2C, t, h', w'].
+  std::vector<at::Tensor> forward_clip_scope(const ClipScopeInput &in, SpillTo spill) const;
+  // Untiled: the chunks given at once.
+  at::Tensor forward_clip_scope(const std::vector<at::Tensor> &chunks, SpillTo spill) const;
 
   struct Conv {
     at::Tensor w, b;

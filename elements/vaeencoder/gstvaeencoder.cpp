@@ -28,6 +28,7 @@ GST_DEBUG_CATEGORY_STATIC(vaeencoder_debug);
 
 using namespace videotrain;
 using videotrain::vae::LatentKind;
+using videotrain::vae::NormScope;
 using videotrain::vae::VaeEngine;
 
 struct _GstVaeEncoder {
@@ -38,7 +39,7 @@ struct _GstVaeEncoder {
   gboolean per_frame, tune_malloc;
   guint micro_batch_size, chunk_frames, tile_height, tile_width;
   gdouble tile_overlap_height, tile_overlap_width;
-  gint latent;
+  gint latent, norm_scope;
   guint64 seed;
   // Streaming state (stream lock).
   std::unique_ptr<VaeEngine> *engine;
@@ -74,6 +75,7 @@ enum {
   PROP_TUNE_MALLOC,
   PROP_CLIPS_ENCODED,
   PROP_CLIPS_DROPPED,
+  PROP_NORM_SCOPE,
 };
 
 static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
@@ -90,6 +92,19 @@ static GType gst_vae_encoder_latent_get_type(void) {
       {0, nullptr, nullptr}};
   if (g_once_init_enter(&type)) {
     GType t = g_enum_register_static("GstVaeEncoderLatent", values);
+    g_once_init_leave(&type, t);
+  }
+  return type;
+}
+
+static GType gst_vae_encoder_norm_scope_get_type(void) {
+  static GType type = 0;
+  static const GEnumValue values[] = {
+      {(gint)NormScope::Chunk, "GroupNorm statistics per temporal chunk, as diffusers' chunked encode", "chunk"},
+      {(gint)NormScope::Clip, "GroupNorm statistics over the whole clip (and frame), as a single pass", "clip"},
+      {0, nullptr, nullptr}};
+  if (g_once_init_enter(&type)) {
+    GType t = g_enum_register_static("GstVaeEncoderNormScope", values);
     g_once_init_leave(&type, t);
   }
   return type;
@@ -138,12 +153,21 @@ static GstVideoTrainClipMeta *holder_meta(GstVaeEncoder *self) {
   return self->clip_holder ? gst_buffer_get_videotrain_clip_meta(self->clip_holder) : nullptr;
 }
 
+// Out of memory even with the smallest tiles: later clips would fail the same way.
+static GstFlowReturn out_of_memory_error(GstVaeEncoder *self, const std::string &why) {
+  GST_ELEMENT_ERROR(self, RESOURCE, NO_SPACE_LEFT, ("VAE encoder ran out of memory"),
+                    ("%s; lower chunk-frames, set smaller tile-height/tile-width or use smaller frames", why.c_str()));
+  clear_clip(self);
+  return GST_FLOW_ERROR;
+}
+
 static GstFlowReturn finish_clip(GstVaeEncoder *self) {
   VaeEngine *eng = engine_of(self);
   std::string why;
   GstBuffer *out = eng->finish_clip(&why);
   GstVideoTrainClipMeta *meta = holder_meta(self);
   if (!out && eng->failure_is_settings()) return settings_error(self, why);
+  if (!out && eng->failure_is_fatal()) return out_of_memory_error(self, why);
   if (!out) {
     drop_clip(self, meta, why);
     return GST_FLOW_OK;
@@ -238,13 +262,7 @@ static GstFlowReturn chain(GstVaeEncoder *self, GstBuffer *buf) {
   if (GST_CLOCK_TIME_IS_VALID(pts)) self->clip_end = pts + (GST_CLOCK_TIME_IS_VALID(dur) ? dur : 0);
   gst_buffer_unref(buf);
   if (!ok && eng->failure_is_settings()) return settings_error(self, why);
-  if (!ok && eng->failure_is_fatal()) {
-    GST_ELEMENT_ERROR(self, RESOURCE, NO_SPACE_LEFT, ("VAE encoder ran out of memory"),
-                      ("%s; lower chunk-frames, set smaller tile-height/tile-width or use smaller frames",
-                       why.c_str()));
-    clear_clip(self);
-    return GST_FLOW_ERROR;
-  }
+  if (!ok && eng->failure_is_fatal()) return out_of_memory_error(self, why);
   if (!ok) {
     drop_clip(self, holder_meta(self), why);
     return GST_FLOW_OK;
@@ -392,6 +410,7 @@ static gboolean load_engine(GstVaeEncoder *self) {
   o.tile_overlap_height = self->tile_overlap_height;
   o.tile_overlap_width = self->tile_overlap_width;
   o.latent = latent_kind(self->latent);
+  o.norm_scope = static_cast<NormScope>(self->norm_scope);
   o.seed = self->seed;
   o.device = self->device ? self->device : "";
   o.dtype = self->dtype ? self->dtype : "";
@@ -466,6 +485,7 @@ static void gst_vae_encoder_set_property(GObject *object, guint id, const GValue
     case PROP_TILE_OVERLAP_HEIGHT: self->tile_overlap_height = g_value_get_double(value); break;
     case PROP_TILE_OVERLAP_WIDTH: self->tile_overlap_width = g_value_get_double(value); break;
     case PROP_LATENT: self->latent = g_value_get_enum(value); break;
+    case PROP_NORM_SCOPE: self->norm_scope = g_value_get_enum(value); break;
     case PROP_SEED: self->seed = g_value_get_uint64(value); break;
     case PROP_DEVICE: g_free(self->device); self->device = g_value_dup_string(value); break;
     case PROP_DTYPE: g_free(self->dtype); self->dtype = g_value_dup_string(value); break;
@@ -488,6 +508,7 @@ static void gst_vae_encoder_get_property(GObject *object, guint id, GValue *valu
     case PROP_TILE_OVERLAP_HEIGHT: g_value_set_double(value, self->tile_overlap_height); break;
     case PROP_TILE_OVERLAP_WIDTH: g_value_set_double(value, self->tile_overlap_width); break;
     case PROP_LATENT: g_value_set_enum(value, self->latent); break;
+    case PROP_NORM_SCOPE: g_value_set_enum(value, self->norm_scope); break;
     case PROP_SEED: g_value_set_uint64(value, self->seed); break;
     case PROP_DEVICE: g_value_set_string(value, self->device); break;
     case PROP_DTYPE: g_value_set_string(value, self->dtype); break;
@@ -568,6 +589,17 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
       g_param_spec_enum("latent", "Latent", "What goes out per clip (TorchScript encoders: their output as is)",
                         gst_vae_encoder_latent_get_type(), (gint)LatentKind::Sample, rw));
   g_object_class_install_property(
+      gobject_class, PROP_NORM_SCOPE,
+      g_param_spec_enum(
+          "norm-scope", "Norm scope",
+          "Statistics of the encoder's GroupNorms: chunk = per temporal chunk (diffusers' chunked encode); clip = "
+          "over the whole clip and frame, as a single pass or SAT's context-parallel encoder computes them (the "
+          "latents CogVideoX was trained on). clip keeps the clip's uint8 frames until its last frame is in, "
+          "then streams the clip once per GroupNorm with the activations in an unlinked temporary file on CPU "
+          "(host memory on CUDA): memory stays bounded by the chunk (plus the frames), time 1.0-1.5x the chunked "
+          "encode on CPU. CogVideoX VAE folders only",
+          gst_vae_encoder_norm_scope_get_type(), (gint)NormScope::Chunk, rw));
+  g_object_class_install_property(
       gobject_class, PROP_SEED,
       g_param_spec_uint64("seed", "Seed", "Seed of the posterior noise (mixed with each clip's sample id)", 0,
                           G_MAXUINT64, 0, rw));
@@ -604,6 +636,7 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
   gst_element_class_add_pad_template(element_class, gst_pad_template_new("src", GST_PAD_SRC, GST_PAD_ALWAYS, src_caps));
   gst_caps_unref(src_caps);
   gst_type_mark_as_plugin_api(gst_vae_encoder_latent_get_type(), GstPluginAPIFlags(0));
+  gst_type_mark_as_plugin_api(gst_vae_encoder_norm_scope_get_type(), GstPluginAPIFlags(0));
 }
 
 static void gst_vae_encoder_init(GstVaeEncoder *self) {
@@ -624,6 +657,7 @@ static void gst_vae_encoder_init(GstVaeEncoder *self) {
   self->tile_overlap_height = 1.0 / 6;
   self->tile_overlap_width = 1.0 / 5;
   self->latent = (gint)LatentKind::Sample;
+  self->norm_scope = (gint)NormScope::Chunk;
   self->engine = new std::unique_ptr<VaeEngine>();
   self->clip_pts = self->clip_end = GST_CLOCK_TIME_NONE;
   self->last_clip_duration = GST_CLOCK_TIME_NONE;

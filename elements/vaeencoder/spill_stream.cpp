@@ -10,8 +10,8 @@
 
 namespace videotrain::vae {
 
-SpillStream::SpillStream(bool to_file) {
-  if (!to_file) return;
+SpillStream::SpillStream(SpillTo where) : where_(where) {
+  if (where != SpillTo::File) return;
   file_ = std::tmpfile();  // unlinked: nothing is left behind, whatever happens
   if (!file_) throw std::runtime_error(std::string("cannot create a spill file in TMPDIR: ") + std::strerror(errno));
 }
@@ -25,7 +25,7 @@ void SpillStream::push(const at::Tensor &t) {
   e.shape = t.sizes().vec();
   e.dtype = t.scalar_type();
   if (!file_) {
-    e.held = t;
+    e.held = where_ == SpillTo::Host ? t.to(at::kCPU) : t;
     entries_.push_back(std::move(e));
     return;
   }

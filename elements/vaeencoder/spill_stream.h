@@ -1,6 +1,6 @@
-/* A sequence of tensors (one per temporal chunk of a clip) kept for a later pass: in host
- * memory, or appended to an unlinked temporary file so that resident memory does not grow with
- * the clip (the page cache holds what fits). Torch TUs only. */
+/* A sequence of tensors (one per temporal chunk of a clip) kept for a later pass: as they are
+ * (on their device), in host memory, or appended to an unlinked temporary file so that resident
+ * memory does not grow with the clip (the page cache holds what fits). Torch TUs only. */
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -9,11 +9,13 @@
 #include <cstdio>
 #include <vector>
 
+#include "cogvideox_encoder.h"
+
 namespace videotrain::vae {
 
 class SpillStream {
  public:
-  explicit SpillStream(bool to_file);
+  explicit SpillStream(SpillTo where);
   ~SpillStream();
   SpillStream(const SpillStream &) = delete;
   SpillStream &operator=(const SpillStream &) = delete;
@@ -30,6 +32,7 @@ class SpillStream {
     std::vector<int64_t> shape;
     c10::ScalarType dtype = c10::kFloat;
   };
+  SpillTo where_;
   std::FILE *file_ = nullptr;
   uint64_t end_ = 0;
   std::vector<Entry> entries_;

@@ -8,6 +8,7 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -214,6 +215,40 @@ uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// "" when norm-scope=clip can run on this model, else why not (naming the property).
+std::string clip_scope_unsupported(const std::string &model, bool dir) {
+  if (!dir)
+    return "norm-scope=clip sets the statistics of a CogVideoX VAE's GroupNorms, but model '" + model +
+           "' is a TorchScript file whose normalisation the encoder cannot reach: use norm-scope=chunk";
+  std::ifstream f(model + "/config.json");
+  std::stringstream text;
+  text << f.rdbuf();
+  if (f && config_class_name(text.str()) == "AutoencoderKLWan")
+    return "norm-scope=clip applies to CogVideoX VAEs (GroupNorm); model '" + model +
+           "' is a Wan VAE (AutoencoderKLWan), whose RMS norms use no statistics across frames, so its chunked "
+           "encode already equals a single pass: use norm-scope=chunk";
+  return "";
+}
+
+// The positions of tile t that count towards norm-scope=clip statistics at downscale d (rows
+// [0, 1), columns [2, 3) of its h x w activations): from the middle of its overlap with the
+// previous tile to the middle of its overlap with the next, so that the tiles' shares
+// partition the frame as a single untiled pass sees it.
+std::array<int64_t, 4> owned_share(const TilePlan &p, int H, int W, size_t t, int64_t d, int64_t h, int64_t w) {
+  auto share = [d](const std::vector<int> &o, size_t k, int tile, int total, int64_t extent) {
+    auto bound = [&](size_t m) -> int64_t {
+      if (m == 0) return 0;
+      if (m >= o.size()) return total;
+      return (o[m] + std::min(o[m - 1] + tile, total)) / 2;
+    };
+    const int64_t origin = o[k] / d;
+    const int64_t a = std::clamp<int64_t>(bound(k) / d - origin, 0, extent);
+    return std::pair<int64_t, int64_t>{a, std::clamp<int64_t>(bound(k + 1) / d - origin, a, extent)};
+  };
+  auto rows = share(p.ys, t / p.xs.size(), p.th, H, h), cols = share(p.xs, t % p.xs.size(), p.tw, W, w);
+  return {rows.first, rows.second, cols.first, cols.second};
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- engine state
@@ -297,13 +332,78 @@ struct VaeEngine::Impl {
       int y = p.ys[i], x0 = p.xs[j];
       region = x.slice(3, y, std::min(y + p.th, c.H)).slice(4, x0, std::min(x0 + p.tw, c.W));
     }
+    fake_oom_check(region);
+    return wan ? wan->forward(region, c.wan_caches[t]) : backend->encode_chunk(region, c.caches[t]);
+  }
+
+  void fake_oom_check(const at::Tensor &region) const {
     if (opts.fake_oom_pixels > 0 && region.size(3) * region.size(4) > opts.fake_oom_pixels)
       // (SourceLocation, msg): the one constructor that LibTorch 1.13 and every 2.x share.
       throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
                                   "CUDA out of memory (test hook: a " + std::to_string(region.size(4)) + "x" +
                                       std::to_string(region.size(3)) + " tile is over the fake limit of " +
                                       std::to_string(opts.fake_oom_pixels) + " pixels)");
-    return wan ? wan->forward(region, c.wan_caches[t]) : backend->encode_chunk(region, c.caches[t]);
+  }
+
+  // ------------------------------------------------ norm-scope=clip
+
+  bool clip_scope() const { return opts.norm_scope == NormScope::Clip; }
+
+  SpillTo spill_to() const {
+    if (opts.clip_spill == ClipSpill::File || (opts.clip_spill == ClipSpill::Auto && device.is_cpu()))
+      return SpillTo::File;
+    return SpillTo::Host;  // never the device: device memory would grow with the clip
+  }
+
+  // Tile t of frames [s, e) as [1, 3, n, h, w] on the device in the compute dtype; only the
+  // tile's region of the uint8 frames is converted, one chunk at a time.
+  at::Tensor tile_input(Clip &c, int s, int e, size_t t) {
+    const TilePlan &p = c.plan;
+    int y0 = 0, y1 = c.H, x0 = 0, x1 = c.W;
+    if (p.tiled) {
+      y0 = p.ys[t / p.xs.size()], x0 = p.xs[t % p.xs.size()];
+      y1 = std::min(y0 + p.th, c.H), x1 = std::min(x0 + p.tw, c.W);
+    }
+    at::Tensor x;
+    if (c.video.defined()) {
+      x = c.video.narrow(2, s, e - s).slice(3, y0, y1).slice(4, x0, x1);
+    } else {
+      std::vector<at::Tensor> fr;
+      for (int f = s; f < e; f++) fr.push_back(c.frames[f].slice(0, y0, y1).slice(1, x0, x1));
+      x = dequantize_frames(at::stack(fr).to(device));
+    }
+    fake_oom_check(x);
+    return x.to(device, dtype);
+  }
+
+  // The whole clip (all its frames in) through forward_clip_scope, filling c.outs with each
+  // tile's moments as advance() would. Held meanwhile: the uint8 frames, one chunk of one
+  // tile as float, the encoder's working set for that chunk, and the levels where spill_to()
+  // puts them. Out of memory: smaller tiles, the clip again from its frames.
+  void encode_clip_scope(Clip &c) {
+    auto *nb = dynamic_cast<NativeBackend *>(backend.get());
+    if (!nb) throw std::runtime_error("norm-scope=clip needs a CogVideoX VAE folder");
+    for (;;) {
+      ClipScopeInput in;
+      in.tiles = c.outs.size();
+      in.chunks = c.chunks.size();
+      in.chunk = [&](size_t t, size_t k) { return tile_input(c, c.chunks[k].first, c.chunks[k].second, t); };
+      if (c.plan.tiled)
+        in.owned = [p = c.plan, H = c.H, W = c.W](size_t t, int64_t d, int64_t h, int64_t w) {
+          return owned_share(p, H, W, t, d, h, w);
+        };
+      try {
+        std::vector<at::Tensor> tiles = nb->enc->forward_clip_scope(in, spill_to());
+        for (size_t t = 0; t < tiles.size(); t++) c.outs[t] = {tiles[t]};
+      } catch (const c10::Error &err) {
+        if (!is_oom(err)) throw;
+        handle_oom(c, err);
+        continue;
+      }
+      chunks_encoded += static_cast<int64_t>(c.chunks.size());
+      c.next_chunk = c.chunks.size();
+      return;
+    }
   }
 
   // A smaller tile plan after an out-of-memory failure; false when tiles cannot shrink further.
@@ -347,8 +447,9 @@ struct VaeEngine::Impl {
     c.reset_tiles();
   }
 
-  // Encodes every chunk whose frames are all in.
+  // Encodes every chunk whose frames are all in (norm-scope=clip: nothing before the clip's end).
   void advance(Clip &c, int available) {
+    if (clip_scope()) return;
     while (c.next_chunk < c.chunks.size()) {
       auto [s, e] = c.chunks[c.next_chunk];
       if (available < e) return;
@@ -515,6 +616,7 @@ at::Tensor encode_raw(VaeEngine &engine, const at::Tensor &video, int chunk_fram
             chunk_frames > 0 ? chunk_frames : im->opts.chunk_frames);
   c.video = video;
   for (int t = 1; t <= T; t++) im->advance(c, t);  // as the frames would arrive
+  if (im->clip_scope()) im->encode_clip_scope(c);
   return im->assemble(c).to(at::kCPU, at::kFloat);
 }
 
@@ -651,6 +753,10 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
 
   struct stat st;
   if (stat(opts.model.c_str(), &st) != 0) return fail("model '" + opts.model + "' does not exist");
+  if (opts.norm_scope == NormScope::Clip) {
+    std::string bad = clip_scope_unsupported(opts.model, S_ISDIR(st.st_mode));
+    if (!bad.empty()) return fail(bad);
+  }
   c10::InferenceMode guard;
   if (S_ISDIR(st.st_mode)) {
     if (opts.per_frame) return fail("per-frame=true needs a TorchScript image encoder, but model '" + opts.model +
@@ -818,7 +924,7 @@ GstBuffer *VaeEngine::finish_clip(std::string *why) {
   Impl &im = *impl_;
   im.settings_failure = false;
   Clip &c = im.clip;
-  if (!c.active || c.received != c.T || c.next_chunk != c.chunks.size()) {
+  if (!c.active || c.received != c.T || (!im.clip_scope() && c.next_chunk != c.chunks.size())) {
     if (why) *why = "clip is incomplete (" + std::to_string(c.received) + " of " + std::to_string(c.T) + " frames)";
     abort_clip();
     return nullptr;
@@ -828,6 +934,7 @@ GstBuffer *VaeEngine::finish_clip(std::string *why) {
     at::Tensor raw;
     {
       c10::InferenceMode guard;
+      if (im.clip_scope()) im.encode_clip_scope(c);
       raw = im.assemble(c);
     }
     // Outside inference mode so that downstream autograd may use the latent as an input.
@@ -835,6 +942,9 @@ GstBuffer *VaeEngine::finish_clip(std::string *why) {
     at::Tensor lat = im.latent(raw, c.sample_id, at::Tensor()).to(im.dtype).contiguous();
     buf = buffer_from_tensor(lat);
     im.clips_done++;
+  } catch (const OutOfMemoryFatal &e) {
+    im.fatal = true;
+    if (why) *why = e.what();
   } catch (const std::exception &e) {
     if (why) *why = im.encode_failure("finishing " + im.clip_name(c), e);
   }

@@ -6,6 +6,8 @@
  * causal-convolution cache carried over, so memory is set by the chunk and not the clip. A Wan
  * 2.1/2.2 folder (config.json's _class_name AutoencoderKLWan) streams as diffusers' Wan encode
  * does: frame 0 alone, then groups of 4 frames, each spatial tile its own stream.
+ * With norm-scope=clip (CogVideoX) the uint8 frames are kept until the clip's last one is in, then
+ * the clip goes through CogVideoXEncoder::forward_clip_scope (same chunks, whole-clip statistics).
  * No torch in this header: the GObject face includes it. */
 #pragma once
 
@@ -20,6 +22,15 @@ namespace videotrain::vae {
 
 enum class LatentKind { Sample, Mode, Moments };
 
+// GroupNorm statistics per temporal chunk (diffusers' chunked encode) or over the whole clip
+// (a single pass, SAT's context-parallel encoder).
+enum class NormScope { Chunk, Clip };
+
+// norm-scope=clip: where activations wait between passes. Auto: an unlinked temporary file on
+// CPU (resident memory stays bounded by the chunk), host memory on CUDA (device memory stays
+// bounded). Memory: host memory (faster on CPU while the clip's activations fit in RAM).
+enum class ClipSpill { Auto, Memory, File };
+
 struct EngineOptions {
   std::string model;            // CogVideoX or Wan VAE folder, or a TorchScript file with an `encode` method
   bool per_frame = false;       // TorchScript image encoder: [N,3,H,W] -> [N,C,h,w]
@@ -28,6 +39,8 @@ struct EngineOptions {
   int tile_height = 0, tile_width = 0;             // pixels (Wan: of the encoder's input); 0 = no tiles
   double tile_overlap_height = 1.0 / 6, tile_overlap_width = 1.0 / 5;  // fractions of a tile
   LatentKind latent = LatentKind::Sample;
+  NormScope norm_scope = NormScope::Chunk;
+  ClipSpill clip_spill = ClipSpill::Auto;
   uint64_t seed = 0;
   std::string device;           // "" = cuda:LOCAL_RANK when CUDA is available, else cpu
   std::string dtype;            // "" = bfloat16 on CUDA, float32 on CPU

@@ -1,7 +1,8 @@
 /* The CUDA paths, run where LibTorch sees a CUDA device (elsewhere each test skips with
  * the reason: CUDA behaviour cannot be exercised on a CPU-only machine, whose paths have
  * their own tests). Tolerances allow for TF32 convolutions (cuDNN's default) and bf16.
- *  - vaeencoder on cuda:0 matches diffusers' reference cases in float32 and bfloat16;
+ *  - vaeencoder on cuda:0 matches diffusers' reference cases in float32 and bfloat16, also
+ *    with norm-scope=clip (the single pass);
  *  - ddptrainsink defaults to cuda:LOCAL_RANK (bf16 there); its fp32 steps on cuda:0
  *    give the CPU engine's weights; bf16 autocast trains tiny-unet3d (the loss falls). */
 #include <ATen/ATen.h>
@@ -84,6 +85,25 @@ TEST(CudaVae, EncodeMatchesDiffusersInFloat32AndBfloat16) {
       at::Tensor ref = cases.get("chunked" + s);
       ASSERT_EQ(raw.sizes(), ref.sizes()) << dtype << s;
       EXPECT_LT(vaetest::rel_l2(raw, ref), tol) << dtype << s;
+    }
+  }
+}
+
+// norm-scope=clip on cuda:0: whole-clip statistics (accumulated in float32 from bf16 activations),
+// levels in host memory, against diffusers' single pass.
+TEST(CudaVae, ClipScopeMatchesDiffusersSinglePassInFloat32AndBfloat16) {
+  REQUIRE_CUDA();
+  vaetest::Cases cases;
+  ASSERT_TRUE(cases.ok());
+  for (auto [dtype, tol] : {std::pair<std::string, double>{"float32", 1e-2}, {"bfloat16", 5e-2}}) {
+    EngineOptions o = vae_options("cuda:0", dtype);
+    o.norm_scope = NormScope::Clip;
+    auto eng = vaetest::make_engine(o);
+    ASSERT_TRUE(eng);
+    for (int T : {9, 25}) {
+      const std::string s = ".T" + std::to_string(T);
+      at::Tensor raw = encode_raw(*eng, cases.get("input" + s)).to(at::kCPU, at::kFloat);
+      EXPECT_LT(vaetest::rel_l2(raw, cases.get("single_pass" + s)), tol) << dtype << s;
     }
   }
 }

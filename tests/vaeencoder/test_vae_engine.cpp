@@ -25,31 +25,7 @@ EngineOptions tiny_a_options() {
   return o;
 }
 
-// Streams uint8 frames [T, H, W, 3] through the engine; the latent it emits.
-at::Tensor stream(VaeEngine &e, const at::Tensor &u8, uint64_t sample_id, std::string *why = nullptr) {
-  std::string w;
-  int T = u8.size(0), H = u8.size(1), W = u8.size(2);
-  if (!e.begin_clip(sample_id, T, W, H, &w)) {
-    if (why) *why = w;
-    return at::Tensor();
-  }
-  for (int t = 0; t < T; t++) {
-    at::Tensor f = u8[t].contiguous();
-    if (!e.push_frame(f.data_ptr<uint8_t>(), W * 3, &w)) {
-      if (why) *why = w;
-      return at::Tensor();
-    }
-  }
-  EXPECT_TRUE(e.clip_complete());
-  GstBuffer *buf = e.finish_clip(&w);
-  if (!buf) {
-    if (why) *why = w;
-    return at::Tensor();
-  }
-  auto t = tensor_from_buffer(buf, &w);
-  gst_buffer_unref(buf);
-  return t ? t->clone() : at::Tensor();
-}
+using vaetest::stream;
 
 // A small random CogVideoX VAE shared by the streaming tests.
 class TinyVae : public ::testing::Test {

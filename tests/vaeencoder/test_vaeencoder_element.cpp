@@ -233,6 +233,44 @@ TEST(VaeEncoderElement, SampleAndTiledMatchEngine) {
   EXPECT_EQ(r.out[0].latent.sizes(), (c10::IntArrayRef{8, 3, 8, 12}));
 }
 
+// norm-scope=clip: the element gives the clip-scope engine's latents (whole-clip GroupNorm
+// statistics), not the chunked ones; a TorchScript model is refused naming the property.
+TEST(VaeEncoderElement, NormScopeClip) {
+  vaetest::Cases cases;
+  ASSERT_TRUE(cases.ok());
+  std::string model = vaetest::tiny_a_dir();
+  std::vector<ClipIn> clips{{11, vaetest::quantize(cases.get("input.T25"))}, {12, vaetest::quantize(cases.get("input.T9"))}};
+  auto r = run("model=" + model + " latent=mode norm-scope=clip device=cpu", 96, 64, clips);
+  ASSERT_EQ(r.error, "");
+  ASSERT_EQ(r.out.size(), 2u);
+  auto o = engine_options(model, LatentKind::Mode);
+  o.norm_scope = NormScope::Clip;
+  auto eng = vaetest::make_engine(o);
+  ASSERT_TRUE(eng);
+  for (size_t i = 0; i < clips.size(); i++) {
+    const std::string t = ".T" + std::to_string(clips[i].u8.size(0));
+    at::Tensor want = latent_from_raw(*eng, encode_raw(*eng, dequantize_frames(clips[i].u8)), clips[i].sample);
+    EXPECT_LT(rel_l2(r.out[i].latent, want), 1e-5) << t;
+    at::Tensor single = cases.get("single_pass" + t);
+    at::Tensor single_mode = single.narrow(1, 0, single.size(1) / 2)[0] * std::stod(cases.meta("scaling_factor"));
+    EXPECT_LT(rel_l2(r.out[i].latent, single_mode), 0.05) << "the single pass's mode, 8-bit input aside" << t;
+    EXPECT_EQ(r.out[i].sample, clips[i].sample);
+  }
+  EXPECT_GT(rel_l2(r.out[0].latent, cases.get("latent_mode.T25")[0]), 0.05) << "not the chunked latent";
+
+  vttest::TempDir d;
+  vttest::write_file(d.file("encoder.pt"), "TorchScript or not, clip scope cannot reach its norms");
+  r = run("model=" + d.file("encoder.pt") + " norm-scope=clip", 16, 16, {{1, at::zeros({1, 16, 16, 3}, at::kByte)}});
+  EXPECT_NE(r.error.find("norm-scope=clip"), std::string::npos) << r.error;
+
+  GstElement *e = gst_element_factory_make("vaeencoder", nullptr);
+  ASSERT_NE(e, nullptr);
+  gint scope = -1;
+  g_object_get(e, "norm-scope", &scope, nullptr);
+  EXPECT_EQ(scope, static_cast<gint>(NormScope::Chunk)) << "diffusers' chunked statistics by default";
+  gst_object_unref(e);
+}
+
 // ---------------------------------------------------------------- bad input
 
 class VaeEncoderBadInput : public ::testing::Test {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "safetensors.h"
+#include "tensor_buffer.h"
 #include "test_util.h"
 #include "vaeencoder/vae_engine.h"
 #include "vaeencoder/vae_engine_tensors.h"
@@ -98,6 +99,33 @@ inline std::unique_ptr<videotrain::vae::VaeEngine> make_engine(const videotrain:
   auto e = videotrain::vae::VaeEngine::create(o, &err);
   EXPECT_TRUE(e) << err;
   return e;
+}
+
+// Streams uint8 frames [T, H, W, 3] through the engine; the latent it emits.
+inline at::Tensor stream(videotrain::vae::VaeEngine &e, const at::Tensor &u8, uint64_t sample_id,
+                         std::string *why = nullptr) {
+  std::string w;
+  int T = u8.size(0), H = u8.size(1), W = u8.size(2);
+  if (!e.begin_clip(sample_id, T, W, H, &w)) {
+    if (why) *why = w;
+    return at::Tensor();
+  }
+  for (int t = 0; t < T; t++) {
+    at::Tensor f = u8[t].contiguous();
+    if (!e.push_frame(f.data_ptr<uint8_t>(), W * 3, &w)) {
+      if (why) *why = w;
+      return at::Tensor();
+    }
+  }
+  EXPECT_TRUE(e.clip_complete());
+  GstBuffer *buf = e.finish_clip(&w);
+  if (!buf) {
+    if (why) *why = w;
+    return at::Tensor();
+  }
+  auto t = videotrain::tensor_from_buffer(buf, &w);
+  gst_buffer_unref(buf);
+  return t ? t->clone() : at::Tensor();
 }
 
 }  // namespace vaetest
