@@ -327,10 +327,20 @@ DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *o
 
   // Preroll: learn the frame rate and the duration.
   gst_element_set_state(c.pipeline, GST_STATE_PAUSED);
+  // All streams are exposed and none is ours: said first, as decodebin then fails with a
+  // "not linked" flow error of its own.
+  auto stream_missing = [&]() -> std::string {
+    std::lock_guard<std::mutex> g(c.lock);
+    if (!c.no_more_pads || c.linked) return "";
+    return c.video_pads == 0 ? std::string("no video stream")
+                             : "video-stream=" + std::to_string(req.video_stream) + " but the file has " +
+                                   std::to_string(c.video_pads) + " video stream(s)";
+  };
   for (;;) {
     std::string err = bus_error(c.pipeline);
     if (!err.empty()) {
-      *reason = "cannot decode: " + err;
+      std::string missing = stream_missing();
+      *reason = missing.empty() ? "cannot decode: " + err : missing;
       return DecodeStatus::Failed;
     }
     GstState state;
@@ -338,17 +348,18 @@ DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *o
     if (r == GST_STATE_CHANGE_SUCCESS && state == GST_STATE_PAUSED) break;
     if (r == GST_STATE_CHANGE_FAILURE) {
       err = bus_error(c.pipeline);
-      *reason = "cannot decode: " + (err.empty() ? std::string("state change failed") : err);
+      std::string missing = stream_missing();
+      *reason = !missing.empty() ? missing
+                : "cannot decode: " + (err.empty() ? std::string("state change failed") : err);
+      return DecodeStatus::Failed;
+    }
+    std::string missing = stream_missing();
+    if (!missing.empty()) {
+      *reason = missing;
       return DecodeStatus::Failed;
     }
     {
       std::lock_guard<std::mutex> g(c.lock);
-      if (c.no_more_pads && !c.linked) {
-        *reason = c.video_pads == 0 ? std::string("no video stream")
-                                    : "video-stream=" + std::to_string(req.video_stream) + " but the file has " +
-                                          std::to_string(c.video_pads) + " video stream(s)";
-        return DecodeStatus::Failed;
-      }
       if (!c.linked && g_get_monotonic_time() - c.last_read > kStallUs && !read_may_block(c)) {
         *reason = "cannot decode: no playable stream found and the file is no longer read (truncated or corrupt)";
         return DecodeStatus::Failed;

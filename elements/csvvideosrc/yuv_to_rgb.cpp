@@ -36,7 +36,6 @@ std::string Colour::describe() const {
 Colour resolve_colour(const char *decoded, const char *container) {
   GstVideoColorimetry d = parse(decoded), c = parse(container);
   Colour out;
-  // RGB as a YUV matrix is the identity (GBR planes); it is kept, the converter sees GBR.
   out.matrix = d.matrix != GST_VIDEO_COLOR_MATRIX_UNKNOWN ? d.matrix
                : c.matrix != GST_VIDEO_COLOR_MATRIX_UNKNOWN ? c.matrix
                                                            : GST_VIDEO_COLOR_MATRIX_BT601;
@@ -71,12 +70,11 @@ bool YuvToRgb::configure(const GstVideoInfo &in, const Colour &colour, std::stri
     *error = std::string("cannot convert ") + gst_video_format_to_string(GST_VIDEO_INFO_FORMAT(&in)) + " to RGB";
     return false;
   }
+  // GBR planes come as GBR formats (videoconvert repacks them); an identity matrix on YUV
+  // planes would be a mislabelled stream, read as BT.601 like an untagged one.
   double kr = 0.299, kb = 0.114;
-  if (colour.matrix == GST_VIDEO_COLOR_MATRIX_RGB) {
-    kr = kb = 0;  // unused: GBR planes are RGB formats, never sent here
-  } else if (!gst_video_color_matrix_get_Kr_Kb(colour.matrix, &kr, &kb)) {
+  if (colour.matrix == GST_VIDEO_COLOR_MATRIX_RGB || !gst_video_color_matrix_get_Kr_Kb(colour.matrix, &kr, &kb))
     kr = 0.299, kb = 0.114;
-  }
   const double kg = 1 - kr - kb;
   // Untagged grey is full range, as swscale takes it.
   const bool full = colour.full_range || (grey_ && !colour.range_tagged);
@@ -91,8 +89,8 @@ bool YuvToRgb::configure(const GstVideoInfo &in, const Colour &colour, std::stri
     y_[v] = fixed(luma(v));
     rv_[v] = fixed(2 * (1 - kr) * c);
     bu_[v] = fixed(2 * (1 - kb) * c);
-    gu_[v] = kg > 0 ? fixed(-2 * kb * (1 - kb) / kg * c) : 0;
-    gv_[v] = kg > 0 ? fixed(-2 * kr * (1 - kr) / kg * c) : 0;
+    gu_[v] = fixed(-2 * kb * (1 - kb) / kg * c);
+    gv_[v] = fixed(-2 * kr * (1 - kr) / kg * c);
   }
   return true;
 }

@@ -67,24 +67,26 @@ std::string read_npy_rgb(const std::string &path, int *h, int *w) {
   return data.size() == size_t(*h) * *w * 3 ? data : "";
 }
 
-// numpy: the textbook (ITU-T H.273) YUV -> RGB equations on planar 4:2:0 samples, each chroma
-// sample covering its 2x2 pixels, optionally on planes halved first; prints the frame's
-// lowest and highest luma sample.
+// numpy: the textbook (ITU-T H.273) YUV -> RGB equations on planar 4:2:0, 4:2:2 or 4:4:4
+// samples, each chroma sample covering its pixels, optionally on planes halved first; prints
+// the frame's lowest and highest luma sample.
 const char *kReference = R"(
 import sys, numpy as np
-yuv, out, W, H, bits, matrix, rng, frame = sys.argv[1:9]
+yuv, out, W, H, bits, matrix, rng, frame, sub = sys.argv[1:10]
 W, H, bits, frame = int(W), int(H), int(bits), int(frame)
+sx, sy = {'420': (2, 2), '422': (2, 1), '444': (1, 1)}[sub]  # chroma subsampling
 grey = matrix == 'grey'  # one plane; chroma neutral
-n = W * H if grey else W * H * 3 // 2
+cw, ch = W // sx, H // sy
+n = W * H if grey else W * H + 2 * cw * ch
 a = np.fromfile(yuv, dtype=np.uint16 if bits > 8 else np.uint8)[frame * n:(frame + 1) * n].astype(np.float64)
 Y = a[:W * H].reshape(H, W)
-U = np.full((H // 2, W // 2), 2.0 ** (bits - 1)) if grey else a[W * H:W * H * 5 // 4].reshape(H // 2, W // 2)
-V = np.full((H // 2, W // 2), 2.0 ** (bits - 1)) if grey else a[W * H * 5 // 4:].reshape(H // 2, W // 2)
+U = np.full((ch, cw), 2.0 ** (bits - 1)) if grey else a[W * H:W * H + cw * ch].reshape(ch, cw)
+V = np.full((ch, cw), 2.0 ** (bits - 1)) if grey else a[W * H + cw * ch:].reshape(ch, cw)
 lo, hi = int(Y.min()), int(Y.max())
-if len(sys.argv) > 9:  # planes halved (means of 2x2 samples) before the equations
+if len(sys.argv) > 10:  # 4:2:0 planes halved (means of 2x2 samples) before the equations
     half = lambda p: p.reshape(p.shape[0] // 2, 2, p.shape[1] // 2, 2).mean((1, 3))
     Y, U, V = half(Y), half(U), half(V)
-U, V = U.repeat(2, 0).repeat(2, 1), V.repeat(2, 0).repeat(2, 1)
+U, V = U.repeat(sy, 0).repeat(sx, 1), V.repeat(sy, 0).repeat(sx, 1)
 kr, kb = {'grey': (0.299, 0.114), '601': (0.299, 0.114), '709': (0.2126, 0.0722), '2020': (0.2627, 0.0593)}[matrix]
 s = 2 ** (bits - 8)
 if rng == 'full':
@@ -115,7 +117,8 @@ class DecodeReferenceTest : public ::testing::Test {
     if (!sh(ffmpeg() + "-i " + video + " -pix_fmt " + pix_fmt + " -f rawvideo " + yuv)) return "";
     std::ostringstream cmd;
     cmd << vttest::env_or("PYTHON", "/usr/bin/python3") << " " << dir.file("reference.py") << " " << yuv << " " << rgb
-        << " " << w << " " << h << " " << bits << " " << matrix << " " << range << " " << frame
+        << " " << w << " " << h << " " << bits << " " << matrix << " " << range << " " << frame << " "
+        << (std::strstr(pix_fmt, "444") ? "444" : std::strstr(pix_fmt, "422") ? "422" : "420")
         << (halve ? " halve" : "") << " > " << minmax;
     if (!sh(cmd.str())) return "";
     if (luma) std::istringstream(vttest::read_file(minmax)) >> luma->first >> luma->second;
@@ -181,6 +184,9 @@ TEST_F(DecodeReferenceTest, ColourFollowsTheStreamsMatrixAndRange) {
       {"vp8-untagged", "libvpx", "yuv420p", nullptr, nullptr, "601", "webm", 8},
       {"av1-709-full", "libaom-av1", "yuv420p", "pc", "bt709", "709", "mkv", 8},
       {"h264-grey-untagged", "libx264", "gray", nullptr, nullptr, "grey", "mkv", 8},  // full range, as swscale
+      {"h264-444-709-full", "libx264", "yuvj444p", "pc", "bt709", "709", "mkv", 8},
+      {"h264-422-10bit-709-limited", "libx264", "yuv422p10le", "tv", "bt709", "709", "mp4", 10},
+      {"hevc-444-10bit-709-full", "libx265", "yuv444p10le", "pc", "bt709", "709", "mp4", 10},
   };
   const int w = 128, h = 96;
   for (const ColourCase &k : cases) {
