@@ -409,8 +409,12 @@ static GstFlowReturn gst_csv_video_src_create(GstPushSrc *src, GstBuffer **buf) 
       cached.duration = cached.num_frames * dur;
     }
     self->frames_out += cached.num_frames;
-    if (!gst_pad_push_event(GST_BASE_SRC_PAD(self), cached_clip_event_new(cached)))
-      GST_DEBUG_OBJECT(self, "cached clip %" G_GUINT64_FORMAT " not taken downstream", cached.clip_index);
+    // Refused: downstream's flow stopped (EOS at the trainer's max-steps, a flush), as a frame's
+    // push would have said.
+    if (!gst_pad_push_event(GST_BASE_SRC_PAD(self), cached_clip_event_new(cached))) {
+      GST_DEBUG_OBJECT(self, "cached clip %" G_GUINT64_FORMAT " refused downstream", cached.clip_index);
+      return GST_PAD_IS_FLUSHING(GST_BASE_SRC_PAD(self)) ? GST_FLOW_FLUSHING : GST_FLOW_EOS;
+    }
   }
   switch (pulled) {
     case SourceEngine::Pull::Frame: break;

@@ -21,12 +21,16 @@
 #include "first_line.h"
 #include "metas.h"
 #include "tensor_caps.h"
+#include "cache_protocol.h"
+#include "latent_cache.h"
 #include "vae_engine.h"
 
 GST_DEBUG_CATEGORY_STATIC(vaeencoder_debug);
 #define GST_CAT_DEFAULT vaeencoder_debug
 
 using namespace videotrain;
+using videotrain::vae::CacheMode;
+using videotrain::vae::LatentCache;
 using videotrain::vae::LatentKind;
 using videotrain::vae::NormScope;
 using videotrain::vae::VaeEngine;
@@ -39,10 +43,12 @@ struct _GstVaeEncoder {
   gboolean per_frame, tune_malloc;
   guint micro_batch_size, chunk_frames, tile_height, tile_width;
   gdouble tile_overlap_height, tile_overlap_width;
-  gint latent, norm_scope;
+  gint latent, norm_scope, cache_mode;
   guint64 seed;
+  gchar *cache_dir;
   // Streaming state (stream lock).
   std::unique_ptr<VaeEngine> *engine;
+  std::unique_ptr<LatentCache> *cache;  // set from READY with cache-dir; its own lock
   GstVideoInfo vinfo;
   gboolean have_info;
   GstBuffer *clip_holder;      // empty buffer carrying the current clip's clip meta
@@ -76,6 +82,10 @@ enum {
   PROP_CLIPS_ENCODED,
   PROP_CLIPS_DROPPED,
   PROP_NORM_SCOPE,
+  PROP_CACHE_DIR,
+  PROP_CACHE_MODE,
+  PROP_CACHE_HITS,
+  PROP_CACHE_MISSES,
 };
 
 static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
@@ -110,7 +120,22 @@ static GType gst_vae_encoder_norm_scope_get_type(void) {
   return type;
 }
 
+static GType gst_vae_encoder_cache_mode_get_type(void) {
+  static GType type = 0;
+  static const GEnumValue values[] = {
+      {(gint)CacheMode::ReadWrite, "Use cached clips and store the ones encoded", "readwrite"},
+      {(gint)CacheMode::Read, "Use cached clips, store nothing (a read-only cache)", "read"},
+      {(gint)CacheMode::Write, "Encode every clip and store it (refill)", "write"},
+      {0, nullptr, nullptr}};
+  if (g_once_init_enter(&type)) {
+    GType t = g_enum_register_static("GstVaeEncoderCacheMode", values);
+    g_once_init_leave(&type, t);
+  }
+  return type;
+}
+
 static VaeEngine *engine_of(GstVaeEncoder *self) { return self->engine ? self->engine->get() : nullptr; }
+static LatentCache *cache_of(GstVaeEncoder *self) { return self->cache ? self->cache->get() : nullptr; }
 
 static void clear_clip(GstVaeEncoder *self) {
   if (VaeEngine *e = engine_of(self)) e->abort_clip();
@@ -173,6 +198,12 @@ static GstFlowReturn finish_clip(GstVaeEncoder *self) {
     return GST_FLOW_OK;
   }
   if (meta) gst_buffer_add_videotrain_sample_meta_from_clip(out, meta);
+  if (LatentCache *cache = cache_of(self); cache && meta) {
+    CacheEntry entry;
+    std::string err;
+    if (eng->last_moments(&entry) && !cache->store(meta->sample_id, meta->epoch, meta->clip_index, entry, &err))
+      GST_ELEMENT_WARNING(self, RESOURCE, WRITE, ("Cannot write to the latent cache"), ("%s (property cache-dir)", err.c_str()));
+  }
   GST_BUFFER_PTS(out) = self->clip_pts;
   GST_BUFFER_DTS(out) = GST_CLOCK_TIME_NONE;
   if (GST_CLOCK_TIME_IS_VALID(self->clip_pts) && GST_CLOCK_TIME_IS_VALID(self->clip_end) &&
@@ -216,7 +247,7 @@ static GstFlowReturn chain(GstVaeEncoder *self, GstBuffer *buf) {
     }
     std::string why;
     int w = GST_VIDEO_INFO_WIDTH(&self->vinfo), h = GST_VIDEO_INFO_HEIGHT(&self->vinfo);
-    if (!eng->begin_clip(meta->sample_id, static_cast<int>(meta->num_frames), w, h, &why)) {
+    if (!eng->begin_clip(meta->sample_id, static_cast<int>(meta->num_frames), w, h, &why, meta->epoch)) {
       gst_buffer_unref(buf);
       if (eng->failure_is_settings()) return settings_error(self, why);
       drop_clip(self, meta, why);
@@ -311,8 +342,49 @@ static gboolean set_sink_caps(GstVaeEncoder *self, GstCaps *caps) {
   return ok;
 }
 
+// A clip that the cache holds, in its place in the stream: its latent from the cached moments.
+// FALSE when downstream refused it (EOS after max-steps, flushing): the source stops there.
+static gboolean push_cached_clip(GstVaeEncoder *self, const ClipIdentity &clip) {
+  VaeEngine *eng = engine_of(self);
+  LatentCache *cache = cache_of(self);
+  CacheEntry entry;
+  std::string why = "its cache entry was dropped (a flush between lookup and playback)";
+  GstBuffer *out = nullptr;
+  if (eng && cache && cache->take(clip, &entry)) out = eng->latent_from_moments(entry, clip.sample_id, clip.epoch, &why);
+  if (!out) {
+    GST_ELEMENT_WARNING(self, STREAM, DECODE, ("Dropped the cached clip of sample %" G_GUINT64_FORMAT, clip.sample_id),
+                        ("%s", why.c_str()));
+    return TRUE;
+  }
+  GstVideoTrainSampleMeta *m = gst_buffer_add_videotrain_sample_meta(out, clip.caption.c_str(), clip.path.c_str());
+  m->sample_id = clip.sample_id;
+  m->epoch = clip.epoch;
+  m->clip_index = clip.clip_index;
+  m->padding = clip.padding;
+  GST_BUFFER_PTS(out) = clip.pts;
+  GST_BUFFER_DURATION(out) = clip.duration;
+  // GstBaseSrc sends its segment with its first buffer; a stream that starts with cached clips
+  // has had none yet: the time segment from 0 that it will send.
+  if (GstEvent *seg = gst_pad_get_sticky_event(self->srcpad, GST_EVENT_SEGMENT, 0)) {
+    gst_event_unref(seg);
+  } else {
+    GstSegment segment;
+    gst_segment_init(&segment, GST_FORMAT_TIME);
+    gst_pad_push_event(self->srcpad, gst_event_new_segment(&segment));
+  }
+  if (GST_CLOCK_TIME_IS_VALID(clip.duration)) self->last_clip_duration = clip.duration;
+  const GstFlowReturn r = gst_pad_push(self->srcpad, out);
+  if (r != GST_FLOW_OK) GST_DEBUG_OBJECT(self, "cached clip pushed: %s", gst_flow_get_name(r));
+  return r == GST_FLOW_OK;
+}
+
 static gboolean gst_vae_encoder_sink_event(GstPad *pad, GstObject *parent, GstEvent *event) {
   auto *self = GST_VAE_ENCODER(parent);
+  ClipIdentity cached;
+  if (parse_cached_clip_event(event, &cached)) {
+    gst_event_unref(event);
+    return push_cached_clip(self, cached);
+  }
   switch (GST_EVENT_TYPE(event)) {
     case GST_EVENT_CAPS: {
       GstCaps *caps;
@@ -324,6 +396,7 @@ static gboolean gst_vae_encoder_sink_event(GstPad *pad, GstObject *parent, GstEv
     case GST_EVENT_FLUSH_STOP:
       clear_clip(self);
       self->skipping = FALSE;
+      if (LatentCache *c = cache_of(self)) c->clear();
       break;
     case GST_EVENT_EOS:
       if (engine_of(self) && engine_of(self)->in_clip()) {
@@ -340,6 +413,19 @@ static gboolean gst_vae_encoder_sink_event(GstPad *pad, GstObject *parent, GstEv
 }
 
 static gboolean gst_vae_encoder_sink_query(GstPad *pad, GstObject *parent, GstQuery *query) {
+  auto *self = GST_VAE_ENCODER(parent);
+  ClipIdentity clip;
+  if (parse_cache_query(query, &clip)) {
+    // csvvideosrc, before decoding a clip (one of its decoding threads).
+    LatentCache *cache = cache_of(self);
+    if (!cache) return FALSE;  // nobody holds clips: decode
+    std::string warning;
+    const bool held = cache->lookup(clip, upstream_chain_fingerprint(self->sinkpad, "csvvideosrc"), &warning);
+    if (!warning.empty())
+      GST_ELEMENT_WARNING(self, RESOURCE, READ, ("Latent cache entry unusable"), ("%s", warning.c_str()));
+    answer_cache_query(query, held);
+    return TRUE;
+  }
   switch (GST_QUERY_TYPE(query)) {
     case GST_QUERY_ALLOCATION:
       return FALSE;  // downstream holds tensors, not frames: upstream picks its own allocator
@@ -437,6 +523,22 @@ static gboolean load_engine(GstVaeEncoder *self) {
   });
   GST_INFO_OBJECT(self, "model %s on %s as %s", o.model.c_str(), eng->device_name().c_str(),
                   eng->dtype_name().c_str());
+  GST_OBJECT_LOCK(self);
+  const std::string cache_dir = self->cache_dir ? self->cache_dir : "";
+  const auto mode = static_cast<CacheMode>(self->cache_mode);
+  GST_OBJECT_UNLOCK(self);
+  if (!cache_dir.empty()) {
+    // The encoder's part of the keys reads the weights once (SHA-256), here rather than per clip.
+    std::string key = eng->cache_key(&error);
+    std::unique_ptr<LatentCache> cache = key.empty() ? nullptr : LatentCache::open(cache_dir, mode, key, &error);
+    if (!cache) {
+      GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Could not open the latent cache"),
+                        ("%s (property cache-dir)", error.c_str()));
+      return FALSE;
+    }
+    GST_INFO_OBJECT(self, "latent cache %s", cache_dir.c_str());
+    *self->cache = std::move(cache);
+  }
   *self->engine = std::move(eng);
   return TRUE;
 }
@@ -461,9 +563,11 @@ static GstStateChangeReturn gst_vae_encoder_change_state(GstElement *element, Gs
       GST_PAD_STREAM_LOCK(self->sinkpad);
       clear_clip(self);
       self->have_info = FALSE;
+      if (LatentCache *c = cache_of(self)) c->clear();
       GST_PAD_STREAM_UNLOCK(self->sinkpad);
       break;
     case GST_STATE_CHANGE_READY_TO_NULL:
+      self->cache->reset();
       self->engine->reset();
       break;
     default:
@@ -490,6 +594,8 @@ static void gst_vae_encoder_set_property(GObject *object, guint id, const GValue
     case PROP_DEVICE: g_free(self->device); self->device = g_value_dup_string(value); break;
     case PROP_DTYPE: g_free(self->dtype); self->dtype = g_value_dup_string(value); break;
     case PROP_TUNE_MALLOC: self->tune_malloc = g_value_get_boolean(value); break;
+    case PROP_CACHE_DIR: g_free(self->cache_dir); self->cache_dir = g_value_dup_string(value); break;
+    case PROP_CACHE_MODE: self->cache_mode = g_value_get_enum(value); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -515,6 +621,14 @@ static void gst_vae_encoder_get_property(GObject *object, guint id, GValue *valu
     case PROP_TUNE_MALLOC: g_value_set_boolean(value, self->tune_malloc); break;
     case PROP_CLIPS_ENCODED: g_value_set_uint64(value, self->clips_encoded); break;
     case PROP_CLIPS_DROPPED: g_value_set_uint64(value, self->clips_dropped); break;
+    case PROP_CACHE_DIR: g_value_set_string(value, self->cache_dir); break;
+    case PROP_CACHE_MODE: g_value_set_enum(value, self->cache_mode); break;
+    case PROP_CACHE_HITS:
+    case PROP_CACHE_MISSES: {
+      LatentCache *c = cache_of(self);
+      g_value_set_uint64(value, !c ? 0 : id == PROP_CACHE_HITS ? c->hits() : c->misses());
+      break;
+    }
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -524,6 +638,8 @@ static void gst_vae_encoder_finalize(GObject *object) {
   auto *self = GST_VAE_ENCODER(object);
   gst_clear_buffer(&self->clip_holder);
   delete self->engine;
+  delete self->cache;
+  g_free(self->cache_dir);
   g_free(self->model);
   g_free(self->device);
   g_free(self->dtype);
@@ -618,6 +734,27 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
       gobject_class, PROP_CLIPS_ENCODED,
       g_param_spec_uint64("clips-encoded", "Clips encoded", "Clips encoded so far", 0, G_MAXUINT64, 0, ro));
   g_object_class_install_property(
+      gobject_class, PROP_CACHE_DIR,
+      g_param_spec_string("cache-dir", "Cache folder",
+                          "Latent cache: each clip's posterior moments are kept here under a key of everything that "
+                          "changes them (video content, frames, size and fit, the elements between csvvideosrc and "
+                          "this one with their settings, the VAE's weights and config, dtype, chunking, tiles, "
+                          "norm-scope), and a clip the cache holds is neither decoded by csvvideosrc nor encoded; "
+                          "shared by the ranks of a machine and across nodes (see README). NULL: no cache",
+                          nullptr, rw));
+  g_object_class_install_property(
+      gobject_class, PROP_CACHE_MODE,
+      g_param_spec_enum("cache-mode", "Cache mode", "How cache-dir is used", gst_vae_encoder_cache_mode_get_type(),
+                        (gint)CacheMode::ReadWrite, rw));
+  g_object_class_install_property(
+      gobject_class, PROP_CACHE_HITS,
+      g_param_spec_uint64("cache-hits", "Cache hits", "Clips taken from the latent cache (not decoded, not encoded)",
+                          0, G_MAXUINT64, 0, ro));
+  g_object_class_install_property(
+      gobject_class, PROP_CACHE_MISSES,
+      g_param_spec_uint64("cache-misses", "Cache misses", "Clips csvvideosrc asked about that the cache did not hold",
+                          0, G_MAXUINT64, 0, ro));
+  g_object_class_install_property(
       gobject_class, PROP_CLIPS_DROPPED,
       g_param_spec_uint64("clips-dropped", "Clips dropped", "Clips dropped so far (see vaeencoder-dropped messages)",
                           0, G_MAXUINT64, 0, ro));
@@ -637,6 +774,7 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
   gst_caps_unref(src_caps);
   gst_type_mark_as_plugin_api(gst_vae_encoder_latent_get_type(), GstPluginAPIFlags(0));
   gst_type_mark_as_plugin_api(gst_vae_encoder_norm_scope_get_type(), GstPluginAPIFlags(0));
+  gst_type_mark_as_plugin_api(gst_vae_encoder_cache_mode_get_type(), GstPluginAPIFlags(0));
 }
 
 static void gst_vae_encoder_init(GstVaeEncoder *self) {
@@ -659,6 +797,8 @@ static void gst_vae_encoder_init(GstVaeEncoder *self) {
   self->latent = (gint)LatentKind::Sample;
   self->norm_scope = (gint)NormScope::Chunk;
   self->engine = new std::unique_ptr<VaeEngine>();
+  self->cache = new std::unique_ptr<LatentCache>();
+  self->cache_mode = (gint)CacheMode::ReadWrite;
   self->clip_pts = self->clip_end = GST_CLOCK_TIME_NONE;
   self->last_clip_duration = GST_CLOCK_TIME_NONE;
 }

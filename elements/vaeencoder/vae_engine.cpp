@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -18,6 +19,7 @@
 #include "dist_env.h"
 #include "first_line.h"
 #include "jit_load.h"
+#include "latent_store.h"
 #include "metas.h"
 #include "tensor_buffer.h"
 #include "vae_engine_tensors.h"
@@ -256,6 +258,7 @@ std::array<int64_t, 4> owned_share(const TilePlan &p, int H, int W, size_t t, in
 struct Clip {
   bool active = false;
   uint64_t sample_id = 0;
+  uint32_t epoch = 0;
   int T = 0, H = 0, W = 0;
   std::vector<std::pair<int, int>> chunks;
   size_t next_chunk = 0;
@@ -284,6 +287,8 @@ struct VaeEngine::Impl {
   c10::ScalarType dtype = at::kFloat;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<WanEncoder> wan;  // set for a Wan folder (backend then unset)
+  at::Tensor last_raw;              // moments of the last finished clip (latent cache)
+  std::string cache_key;            // the encoder's part of latent cache keys, once computed
   bool native = false;
   int tcomp = 1, scomp = 1;
   double scaling = 1.0;
@@ -505,8 +510,12 @@ struct VaeEngine::Impl {
     c.reset_tiles();
   }
 
-  // The posterior noise of a clip: drawn on the CPU from the seed and the sample id, so a clip
-  // gets the same latent on any device and in any run.
+  // The posterior noise of a clip: drawn on the CPU from the seed, the sample id and the epoch
+  // (epoch 0 draws what the sample id alone drew before epochs counted), so a clip gets the same
+  // latent on any device, in any run and from the latent cache, and a new draw each epoch.
+  static uint64_t noise_id(uint64_t sample_id, uint32_t epoch) {
+    return epoch == 0 ? sample_id : sample_id ^ mix64(0x65706f6368ull + epoch);
+  }
   at::Tensor posterior_noise(at::IntArrayRef sizes, uint64_t sample_id) const {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(mix64(opts.seed ^ mix64(sample_id)));
     return at::randn(sizes, gen, at::TensorOptions().dtype(at::kFloat));
@@ -869,9 +878,10 @@ std::string VaeEngine::check_clip(int T, int W, int H) const {
   return "";
 }
 
-bool VaeEngine::begin_clip(uint64_t sample_id, int T, int W, int H, std::string *why) {
+bool VaeEngine::begin_clip(uint64_t sample_id, int T, int W, int H, std::string *why, uint32_t epoch) {
   Impl &im = *impl_;
   abort_clip();
+  im.last_raw = at::Tensor();
   std::string bad = check_clip(T, W, H);
   im.settings_failure = !bad.empty();  // the clip's geometry comes from the source's settings
   if (!bad.empty()) {
@@ -879,6 +889,7 @@ bool VaeEngine::begin_clip(uint64_t sample_id, int T, int W, int H, std::string 
     return false;
   }
   im.start(im.clip, sample_id, T, H, W, im.opts.chunk_frames);
+  im.clip.epoch = epoch;
   im.clip.frames.resize(T);
   im.fatal = false;
   im.peak_frames = 0;
@@ -939,8 +950,9 @@ GstBuffer *VaeEngine::finish_clip(std::string *why) {
     }
     // Outside inference mode so that downstream autograd may use the latent as an input.
     at::NoGradGuard ng;
-    at::Tensor lat = im.latent(raw, c.sample_id, at::Tensor()).to(im.dtype).contiguous();
+    at::Tensor lat = im.latent(raw, Impl::noise_id(c.sample_id, c.epoch), at::Tensor()).to(im.dtype).contiguous();
     buf = buffer_from_tensor(lat);
+    im.last_raw = raw;
     im.clips_done++;
   } catch (const OutOfMemoryFatal &e) {
     im.fatal = true;
@@ -953,5 +965,72 @@ GstBuffer *VaeEngine::finish_clip(std::string *why) {
 }
 
 void VaeEngine::abort_clip() { impl_->clip = Clip(); }
+
+std::string VaeEngine::cache_key(std::string *why) {
+  Impl &im = *impl_;
+  if (!im.cache_key.empty()) return im.cache_key;
+  // The model's content: every file of a VAE folder that describes or holds weights, by digest.
+  std::string content;
+  std::vector<std::string> files;
+  struct stat st {};
+  if (::stat(im.opts.model.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    for (const auto &e : std::filesystem::directory_iterator(im.opts.model)) {
+      const std::string name = e.path().filename().string();
+      if (name == "config.json" || name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0)
+        files.push_back(e.path().string());
+    }
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(im.opts.model);
+  }
+  for (const auto &f : files) {
+    std::string digest;
+    if (!sha256_file(f, &digest, why)) return "";
+    content += std::filesystem::path(f).filename().string() + " " + digest + "\n";
+  }
+  const EngineOptions &o = im.opts;
+  std::ostringstream k;
+  // Bump the version when the encoder's arithmetic changes what it computes.
+  k << "vaeencoder encode-1\nfamily " << (im.wan ? "wan" : im.native ? "cogvideox" : "torchscript") << "\n"
+    << content << "dtype " << videotrain::dtype_name(im.dtype) << " device " << (im.device.is_cuda() ? "cuda" : "cpu")
+    << "\nchunk-frames " << (im.native && !im.wan ? o.chunk_frames : 0) << " per-frame " << o.per_frame
+    << "\ntiles " << o.tile_height << "x" << o.tile_width << " overlap " << o.tile_overlap_height << " "
+    << o.tile_overlap_width << "\nnorm-scope " << (o.norm_scope == NormScope::Clip ? "clip" : "chunk") << "\n";
+  im.cache_key = k.str();
+  return im.cache_key;
+}
+
+bool VaeEngine::last_moments(CacheEntry *out) const {
+  const Impl &im = *impl_;
+  if (!im.last_raw.defined()) return false;
+  out->tensors = {cached_tensor_of("moments", im.last_raw.to(at::kCPU, at::kFloat))};
+  return true;
+}
+
+GstBuffer *VaeEngine::latent_from_moments(const CacheEntry &entry, uint64_t sample_id, uint32_t epoch,
+                                          std::string *why) {
+  Impl &im = *impl_;
+  const CachedTensor *m = entry.find("moments");
+  if (!m) {
+    *why = "the entry holds no moments";
+    return nullptr;
+  }
+  std::optional<at::Tensor> raw = tensor_of_cached(*m, why);
+  if (!raw) return nullptr;
+  if (raw->dim() != 5 || raw->size(0) != 1 || raw->scalar_type() != at::kFloat) {
+    *why = "the entry's moments are not a float32 [1, C, t, h, w] tensor";
+    return nullptr;
+  }
+  try {
+    at::NoGradGuard ng;
+    // On the device the encoder would have left them on, so that the latent is bit for bit the same.
+    at::Tensor lat =
+        im.latent(raw->to(im.device), Impl::noise_id(sample_id, epoch), at::Tensor()).to(im.dtype).contiguous();
+    return buffer_from_tensor(lat);
+  } catch (const std::exception &e) {
+    *why = first_line(e.what());
+    return nullptr;
+  }
+}
 
 }  // namespace videotrain::vae

@@ -18,6 +18,8 @@
 #include <memory>
 #include <string>
 
+#include "latent_store.h"
+
 namespace videotrain::vae {
 
 enum class LatentKind { Sample, Mode, Moments };
@@ -75,7 +77,8 @@ class VaeEngine {
 
   // Streaming. begin_clip() then exactly num_frames push_frame() calls, then finish_clip().
   // A false return (reason in *why) abandons the clip; the engine is ready for the next one.
-  bool begin_clip(uint64_t sample_id, int num_frames, int width, int height, std::string *why);
+  // `epoch` with the seed and sample id draws latent=sample's noise.
+  bool begin_clip(uint64_t sample_id, int num_frames, int width, int height, std::string *why, uint32_t epoch = 0);
   bool push_frame(const uint8_t *rgb, size_t stride, std::string *why);
   // The latent tensor [C, t, h, w] as a tensor buffer (no sample meta, no timestamps).
   GstBuffer *finish_clip(std::string *why);
@@ -92,6 +95,17 @@ class VaeEngine {
   int frames_received() const;
   int frames_expected() const;
   bool clip_complete() const;
+
+  // Latent cache (cache-dir). The encoder's part of every key: the model's content (digests of
+  // config.json and the weights, or of the TorchScript file), family, dtype, device type, chunking,
+  // tiles, norm-scope and the implementation's version. Reads the weights once; "" with *why when
+  // they cannot be read.
+  std::string cache_key(std::string *why);
+  // The moments (float32) of the clip that finish_clip() last returned, as a cache entry.
+  bool last_moments(CacheEntry *out) const;
+  // The latent that finish_clip() gives for these moments: the same bytes for the same seed,
+  // sample id and epoch. Null with *why when the entry does not fit.
+  GstBuffer *latent_from_moments(const CacheEntry &entry, uint64_t sample_id, uint32_t epoch, std::string *why);
 
   // Called (in the streaming thread) with a human-readable warning, e.g. an OOM retry.
   void set_warning_callback(std::function<void(const std::string &)> cb);
