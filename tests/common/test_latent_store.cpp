@@ -132,7 +132,12 @@ TEST(LatentStore, ConcurrentWritersAndAKilledWriterLeaveOnlyWholeEntries) {
     for (int i = 0; i < 100000; i++) s->put(key_of(5000 + i), entry_of(1 << 20, 'k'), &w);
     _exit(0);
   }
-  usleep(300 * 1000);
+  // Killed once its first entry is in, in the middle of the ones after.
+  {
+    auto probe = LatentStore::open(root, false, &why);
+    for (int i = 0; i < 2000 && !probe->contains(key_of(5000)); i++) usleep(5000);
+    usleep(20 * 1000);
+  }
   kill(victim, SIGKILL);
   for (pid_t k : kids) {
     int st = 0;

@@ -2,7 +2,7 @@
 - latents from the cache equal on-the-fly latents byte for byte (latent=sample, noise by seed, sample
   and epoch), and a cached epoch decodes nothing (csvvideosrc-epoch decoded=0, cached=N);
 - every part of the key misses when changed: frames, stride, size, fit, an element between source and
-  encoder or its setting, the VAE's weights, chunking, tiles, norm-scope, a video's content (same path,
+  encoder or its setting, the VAE's weights, dtype, chunking, tiles, norm-scope, a video's content (same path,
   size and time); a moved dataset and a VAE folder copied elsewhere still hit;
 - damaged entries are warnings, encoded again and rewritten; read mode writes nothing, write mode
   reads nothing."""
@@ -119,6 +119,7 @@ hits_("VAE folder copied elsewhere", vae="vae1-copy")
 misses("chunk-frames", enc_props="chunk-frames=4")
 misses("tiles", enc_props="tile-height=16 tile-width=16 tile-overlap-height=0.5 tile-overlap-width=0.5")
 misses("norm-scope", enc_props="norm-scope=clip")
+misses("dtype", enc_props="dtype=bfloat16")
 hits_("latent=mode from the same moments", enc_props="latent=mode")
 shutil.copytree(f"{tmp}/data", f"{tmp}/moved")
 hits_("dataset moved", data=f"{tmp}/moved")
