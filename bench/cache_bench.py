@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """vaeencoder's latent cache: clips/s into microbatcher for an uncached and a cached epoch.
 
-  /usr/bin/python3 bench/cache_bench.py [--videos 8] [--frames 25] [--size 192]
+  /usr/bin/python3 bench/cache_bench.py [--videos 6] [--frames 25] [--size 192]
 
 On scripts/make_dataset.sh videos (the corrupt row left out) and a seeded mid-size CogVideoX
 encoder (videotrain-make-vae --mid: 64-256 channels, 2 resnets per block, 32 groups), in one
@@ -87,7 +87,7 @@ def run_epoch(desc):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--videos", type=int, default=8, help="videos made by scripts/make_dataset.sh (default 8)")
+    ap.add_argument("--videos", type=int, default=6, help="videos made by scripts/make_dataset.sh (default 6)")
     ap.add_argument("--frames", type=int, default=25)
     ap.add_argument("--size", type=int, default=192)
     a = ap.parse_args()
