@@ -31,7 +31,10 @@ for r in 0 1; do
   grep -q "^\[rank $r\] csvvideosrc-epoch" "$work/pre.log" || { cat "$work/pre.log"; fail "rank $r: no epoch message"; }
 done
 decoded=$(grep 'csvvideosrc-epoch' "$work/pre.log" | field decoded | awk '{s += $1} END {print s + 0}')
-[[ $decoded == "$clips" ]] || { cat "$work/pre.log"; fail "ranks decoded $decoded clips together, expected $clips"; }
+# The padding clip that evens out the ranks repeats a row of the other rank: decoded once more
+# when both ranks look it up before either has written it.
+(( decoded == clips || decoded == clips + 1 )) ||
+  { cat "$work/pre.log"; fail "ranks decoded $decoded clips together, expected $clips (or one more)"; }
 "$tool" stats "$work/cache" > "$work/stats.txt"
 entries=$(sed -n 's/^entries \([0-9]*\)$/\1/p' "$work/stats.txt")
 [[ $entries == "$clips" ]] || { cat "$work/stats.txt"; fail "$entries entries, expected $clips (one per clip)"; }
