@@ -25,12 +25,10 @@
 #include "dist_env.h"
 #include "first_line.h"
 #include "dist_group.h"
-#include "metas.h"
+#include "models/param_snapshot.h"
+#include "models/train_model.h"
 #include "tensor_buffer.h"
-#include "tensor_caps.h"
 #include "tfevents.h"
-#include "train_model.h"
-#include "trainer_snapshot.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -994,49 +992,6 @@ ProcessResult TrainerEngine::process_inputs(const ModelInputs &in, const MicroBa
   return ProcessResult::kOk;
 }
 
-ProcessResult TrainerEngine::process_buffer(GstBuffer *buf) {
-  std::string why;
-  auto t = tensor_from_buffer(buf, &why);
-  if (!t) {
-    impl_->error = "buffer holds no tensor: " + why;
-    return ProcessResult::kError;
-  }
-  ModelInputs in;
-  in.latents = *t;
-  for (const std::string &name : tensor_names(buf)) {
-    auto n = named_tensor_from_buffer(buf, name, &why);
-    if (!n) {
-      impl_->error = "micro-batch tensor '" + name + "' cannot be read: " + why;
-      return ProcessResult::kError;
-    }
-    if (name == "text_embeds") in.text_embeds = *n;
-    if (name == "text_mask") in.text_mask = *n;
-  }
-  MicroBatchInfo info;
-  const GstVideoTrainBatchMeta *meta = gst_buffer_get_videotrain_batch_meta(buf);
-  if (meta) {
-    info.step = meta->step;
-    info.micro_index = meta->micro_index;
-    info.micro_count = meta->micro_count;
-    info.step_samples = meta->step_samples;
-    info.sync = meta->sync;
-    info.epoch = meta->epoch;
-    info.next_clip = meta->next_clip;
-    if (meta->sample_ids)
-      for (guint i = 0; i < meta->sample_ids->len; i++) info.sample_ids.push_back(g_array_index(meta->sample_ids, guint64, i));
-    if (meta->captions)
-      for (guint i = 0; i < meta->captions->len; i++) {
-        auto *c = static_cast<const char *>(g_ptr_array_index(meta->captions, i));
-        info.captions.emplace_back(c ? c : "");
-      }
-  } else {
-    // No batch meta: each buffer is a whole step on its own.
-    info.step_samples = t->dim() > 0 ? static_cast<unsigned>(t->size(0)) : 0;
-  }
-  in.captions = info.captions;
-  return process_inputs(in, info);
-}
-
 bool TrainerEngine::set_stream_text(bool has_text) {
   auto &im = *impl_;
   im.stream_text = has_text ? 1 : 0;
@@ -1131,6 +1086,9 @@ int TrainerEngine::rank() const { return impl_->rank; }
 int TrainerEngine::world_size() const { return impl_->world; }
 uint64_t TrainerEngine::steps_done() const { return impl_->steps_done; }
 std::string TrainerEngine::device_name() const { return videotrain::device_name(impl_->device); }
+std::string TrainerEngine::master_addr() const { return impl_->master_addr; }
+int TrainerEngine::master_port() const { return impl_->master_port; }
+double TrainerEngine::timeout_s() const { return impl_->cfg.timeout_s; }
 double TrainerEngine::last_loss() const { return impl_->last_loss; }
 
 std::shared_ptr<const ParamSnapshot> TrainerEngine::snapshot_state() const {
