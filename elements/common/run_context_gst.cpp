@@ -20,7 +20,10 @@ std::string run_context_type(const std::string &trainer_name) { return kTypePref
 GType run_context_ref_get_type() {
   static GType type = 0;
   if (g_once_init_enter(&type)) {
-    GType t = g_boxed_type_register_static("GstVideoTrainRunContextRef", ref_copy, ref_free);
+    // A program that links this file and also loads the plugin (the tests) has two copies:
+    // the first registers the type, the other takes it (same layout, same functions).
+    GType t = g_type_from_name("GstVideoTrainRunContextRef");
+    if (!t) t = g_boxed_type_register_static("GstVideoTrainRunContextRef", ref_copy, ref_free);
     g_once_init_leave(&type, t);
   }
   return type;
