@@ -13,6 +13,17 @@ using RunRef = std::shared_ptr<RunContext>;
 gpointer ref_copy(gpointer p) { return new RunRef(*static_cast<RunRef *>(p)); }
 void ref_free(gpointer p) { delete static_cast<RunRef *>(p); }
 
+// What gst-launch-1.0 prints for the field ("Got context from element ..."), instead of NULL.
+void ref_to_string(const GValue *from, GValue *to) {
+  auto *ref = static_cast<const RunRef *>(g_value_get_boxed(from));
+  if (!ref || !*ref) {
+    g_value_set_string(to, "none");
+    return;
+  }
+  const RunContext &r = **ref;
+  g_value_take_string(to, g_strdup_printf("rank %d of %d on %s", r.rank(), r.world_size(), r.device_name().c_str()));
+}
+
 }  // namespace
 
 std::string run_context_type(const std::string &trainer_name) { return kTypePrefix + trainer_name; }
@@ -23,7 +34,10 @@ GType run_context_ref_get_type() {
     // A program that links this file and also loads the plugin (the tests) has two copies:
     // the first registers the type, the other takes it (same layout, same functions).
     GType t = g_type_from_name("GstVideoTrainRunContextRef");
-    if (!t) t = g_boxed_type_register_static("GstVideoTrainRunContextRef", ref_copy, ref_free);
+    if (!t) {
+      t = g_boxed_type_register_static("GstVideoTrainRunContextRef", ref_copy, ref_free);
+      g_value_register_transform_func(t, G_TYPE_STRING, ref_to_string);
+    }
     g_once_init_leave(&type, t);
   }
   return type;
