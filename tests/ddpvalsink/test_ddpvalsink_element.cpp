@@ -282,6 +282,63 @@ TEST(DdpValSinkElement, TheTrainerPublishesItsRunAsAGstContext) {
   gst_object_unref(b);
 }
 
+// A trainer that starts after the ddpvalsink (here held back with a locked state): the sink
+// starts without its run and asks again at its first buffer. Never started: that buffer is
+// an element error saying so. Returns the first error, or the step of the first result.
+std::string validate_with_late_trainer(bool start_trainer) {
+  const std::string desc = std::string("appsrc name=val format=time caps=\"") + kLatents +
+                           "\" ! ddpvalsink trainer=trainer every=0 at-start=true "
+                           "appsrc name=train caps=\"" + kMicro + "\" ! ddptrainsink name=trainer "
+                           "model=builtin:tiny-unet3d latent-channels=4 device=cpu";
+  GstElement *pipe = gst_parse_launch(desc.c_str(), nullptr);
+  if (!pipe) return "parse failed";
+  GstElement *trainer = gst_bin_get_by_name(GST_BIN(pipe), "trainer");
+  GstElement *val = gst_bin_get_by_name(GST_BIN(pipe), "val");
+  gst_element_set_locked_state(trainer, TRUE);
+  gst_element_set_state(pipe, GST_STATE_PLAYING);
+  if (start_trainer) gst_element_sync_state_with_parent(trainer);
+  for (unsigned k = 0; k < 3; k++) gst_app_src_push_buffer(GST_APP_SRC(val), val_latent(k, 0, k, 8));
+  gst_app_src_push_buffer(GST_APP_SRC(val), val_latent(0, 1, 0, 8));  // ends the pass of epoch 0
+  // The trainer's end: its final snapshot is step 0's, so the sink ends after that pass and
+  // posts its result (ddpvalsink posts when render returns).
+  GstElement *train = gst_bin_get_by_name(GST_BIN(pipe), "train");
+  gst_app_src_end_of_stream(GST_APP_SRC(train));
+  gst_object_unref(train);
+  std::string out = "no message";
+  GstBus *bus = gst_element_get_bus(pipe);
+  while (GstMessage *m = gst_bus_timed_pop_filtered(bus, 60 * GST_SECOND,
+                                                    GstMessageType(GST_MESSAGE_ERROR | GST_MESSAGE_ELEMENT))) {
+    const GstStructure *s = gst_message_get_structure(m);
+    guint64 step = 0;
+    bool done = true;
+    if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_ERROR) {
+      GError *e = nullptr;
+      gst_message_parse_error(m, &e, nullptr);
+      out = std::string("error: ") + e->message;
+      g_error_free(e);
+    } else if (gst_structure_has_name(s, "ddpvalsink-result") && gst_structure_get_uint64(s, "step", &step)) {
+      out = "result of step " + std::to_string(step);
+    } else {
+      done = false;
+    }
+    gst_message_unref(m);
+    if (done) break;
+  }
+  gst_element_set_state(pipe, GST_STATE_NULL);
+  gst_element_set_state(trainer, GST_STATE_NULL);
+  gst_object_unref(bus);
+  gst_object_unref(val);
+  gst_object_unref(trainer);
+  gst_object_unref(pipe);
+  return out;
+}
+
+TEST(DdpValSinkElement, AsksForTheRunAgainAtItsFirstBufferWhenTheTrainerStartsLater) {
+  EXPECT_EQ(validate_with_late_trainer(true), "result of step 0");
+  const std::string never = validate_with_late_trainer(false);
+  EXPECT_NE(never.find("ddptrainsink 'trainer' has not started"), std::string::npos) << never;
+}
+
 TEST(DdpValSinkElement, TrainingKeepsCompletingStepsWhileASlowValidationRuns) {
   // Validation of 40 samples of 4x2x48x48 against training steps on 4x2x8x8.
   RunResult r = run(12, 2, 40, 40);
