@@ -5,7 +5,9 @@
  * gradient all-reduce and the optimizer step. Progress goes to the bus as
  * ddptrainsink-step / ddptrainsink-checkpoint element messages. With resume=true the
  * checkpoint is loaded in READY->PAUSED, and the videotrain-resume query (sent
- * upstream by csvvideosrc) is answered from it. */
+ * upstream by csvvideosrc) is answered from it. The started engine is the run's
+ * RunContext: published to the pipeline as the GstContext "videotrain-run/<name>"
+ * (run_context_gst.h), where ddpvalsink finds it. */
 #include "gstddptrainsink.h"
 #include "bus_messages_doc.h"
 
@@ -17,7 +19,9 @@
 
 #include "cpu_heap.h"
 #include "resume_query.h"
+#include "run_context_gst.h"
 #include "tensor_caps.h"
+#include "trainer_buffers.h"
 #include "trainer_engine.h"
 
 GST_DEBUG_CATEGORY_STATIC(ddptrainsink_debug);
@@ -131,8 +135,6 @@ static std::shared_ptr<TrainerEngine> get_engine(GstDdpTrainSink *self) {
   return e;
 }
 
-std::shared_ptr<TrainerEngine> gst_ddp_train_sink_get_engine(GstDdpTrainSink *sink) { return get_engine(sink); }
-
 // Posts what the engine queued: element messages, warnings.
 static void post_messages(GstDdpTrainSink *self, TrainerEngine &engine) {
   for (auto &m : engine.take_messages()) {
@@ -179,6 +181,8 @@ static gboolean gst_ddp_train_sink_start(GstBaseSink *sink) {
   self->done = false;
   *self->last_return = std::chrono::steady_clock::now();
   GST_OBJECT_UNLOCK(self);
+  // The bins keep it and hand it to a ddpvalsink that asks for this trainer's run.
+  run_context_publish(GST_ELEMENT(self), engine);
   return TRUE;
 }
 
@@ -188,6 +192,9 @@ static gboolean gst_ddp_train_sink_stop(GstBaseSink *sink) {
   auto engine = std::move(*self->engine);
   self->engine->reset();
   GST_OBJECT_UNLOCK(self);
+  // The bins replace the run with an empty context: validators that start later see no
+  // stopped engine.
+  if (engine) run_context_publish(GST_ELEMENT(self), nullptr);
   if (engine) {
     engine->stop();
     post_messages(self, *engine);  // what a stop without end of stream did not save
@@ -220,7 +227,8 @@ static GstFlowReturn gst_ddp_train_sink_render(GstBaseSink *sink, GstBuffer *buf
   if (self->done) return GST_FLOW_EOS;
   const auto arrived = std::chrono::steady_clock::now();
   engine->add_wait_time(std::chrono::duration<double>(arrived - *self->last_return).count());
-  ProcessResult r = engine->process_buffer(buf);
+  std::string error;
+  ProcessResult r = train_on_buffer(*engine, buf, &error);
   post_messages(self, *engine);
   *self->last_return = std::chrono::steady_clock::now();
   switch (r) {
@@ -232,7 +240,7 @@ static GstFlowReturn gst_ddp_train_sink_render(GstBaseSink *sink, GstBuffer *buf
       return GST_FLOW_EOS;
     case ProcessResult::kError:
     default:
-      GST_ELEMENT_ERROR(self, STREAM, FAILED, ("Training failed: %s", engine->error().c_str()),
+      GST_ELEMENT_ERROR(self, STREAM, FAILED, ("Training failed: %s", error.c_str()),
                         ("rank %d of %d, after %" G_GUINT64_FORMAT " optimizer steps", engine->rank(),
                          engine->world_size(), engine->steps_done()));
       return GST_FLOW_ERROR;
@@ -256,6 +264,16 @@ static gboolean gst_ddp_train_sink_event(GstBaseSink *sink, GstEvent *event) {
   return GST_BASE_SINK_CLASS(gst_ddp_train_sink_parent_class)->event(sink, event);
 }
 
+// A GST_QUERY_CONTEXT for this trainer's run, while it is started.
+static gboolean answer_context_query(GstElement *element, GstQuery *query) {
+  if (GST_QUERY_TYPE(query) != GST_QUERY_CONTEXT) return FALSE;
+  auto engine = get_engine(GST_DDP_TRAIN_SINK(element));
+  gchar *name = gst_object_get_name(GST_OBJECT(element));
+  const bool ok = run_context_answer_query(query, name ? name : "", engine);
+  g_free(name);
+  return ok;
+}
+
 static gboolean gst_ddp_train_sink_query(GstBaseSink *sink, GstQuery *query) {
   auto *self = GST_DDP_TRAIN_SINK(sink);
   if (videotrain_is_resume_query(query)) {
@@ -268,7 +286,14 @@ static gboolean gst_ddp_train_sink_query(GstBaseSink *sink, GstQuery *query) {
                     pos.step);
     return TRUE;
   }
+  if (answer_context_query(GST_ELEMENT(self), query)) return TRUE;
   return GST_BASE_SINK_CLASS(gst_ddp_train_sink_parent_class)->query(sink, query);
+}
+
+// Element queries (an app's gst_element_query) for the run's context.
+static gboolean gst_ddp_train_sink_element_query(GstElement *element, GstQuery *query) {
+  if (answer_context_query(element, query)) return TRUE;
+  return GST_ELEMENT_CLASS(gst_ddp_train_sink_parent_class)->query(element, query);
 }
 
 /* ---- properties ---- */
@@ -399,6 +424,7 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
   bc->render = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_render);
   bc->event = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_event);
   bc->query = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_query);
+  ec->query = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_element_query);
 
   const TrainerConfig d;
   const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
@@ -409,7 +435,7 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                                           "captions: List[str]) -> Tensor (scalar loss), or, for streams with a "
                                           "textencoder, training_step(latents: Tensor, text_embeds: Tensor, "
                                           "text_mask: Tensor) -> Tensor; or builtin:tiny-unet3d (captions) / "
-                                          "builtin:tiny-t2v (text embeddings) / builtin:linear-test",
+                                          "builtin:tiny-t2v (text embeddings)",
                                           "", rw));
   install(PROP_LATENT_CHANNELS,
           g_param_spec_uint("latent-channels", "Latent channels",

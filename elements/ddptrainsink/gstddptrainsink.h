@@ -11,16 +11,3 @@ G_DECLARE_FINAL_TYPE(GstDdpTrainSink, gst_ddp_train_sink, GST, DDP_TRAIN_SINK, G
 GST_ELEMENT_REGISTER_DECLARE(ddptrainsink);
 
 G_END_DECLS
-
-#ifdef __cplusplus
-#include <memory>
-
-namespace videotrain {
-class TrainerEngine;
-}
-
-/* The engine of a started ddptrainsink (between READY->PAUSED and PAUSED->READY),
- * else null: for ddpvalsink (TrainerEngine::snapshot_state / add_step_callback). The
- * shared pointer keeps the engine alive while the caller holds it. */
-std::shared_ptr<videotrain::TrainerEngine> gst_ddp_train_sink_get_engine(GstDdpTrainSink *sink);
-#endif

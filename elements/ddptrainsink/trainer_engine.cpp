@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -25,12 +24,10 @@
 #include "dist_env.h"
 #include "first_line.h"
 #include "dist_group.h"
-#include "metas.h"
+#include "models/param_snapshot.h"
+#include "models/train_model.h"
 #include "tensor_buffer.h"
-#include "tensor_caps.h"
-#include "tfevents.h"
-#include "train_model.h"
-#include "trainer_snapshot.h"
+#include "run_log.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -160,10 +157,8 @@ struct TrainerEngine::Impl {
   uint64_t window_samples = 0;
 
   std::vector<Message> messages;
-  std::mutex log_mu;  // metrics file and events: the training thread and validation write
+  RunLog run_log;  // metrics file and events: the training thread and validation write
   bool metrics_warned = false;
-  TfEventsWriter tb;
-  bool tb_open = false;
 
   mutable std::mutex state_mu;  // parameters change under it (optimizer step, loads)
   std::mutex cb_mu;
@@ -192,7 +187,9 @@ struct TrainerEngine::Impl {
   std::string inputs_mismatch() const {
     return model && stream_text >= 0 ? check_model_inputs(*model, stream_text == 1) : "";
   }
-  double lr_at(uint64_t step) const;
+  double lr_at(uint64_t step) const {  // `step`: optimizer steps done before this one
+    return scheduled_lr(cfg.lr, cfg.lr_schedule, cfg.warmup_steps, cfg.max_steps, step);
+  }
   double grad_norm() const;
   // Reduces, steps the optimizer, reports; false when no rank had samples (no step).
   bool end_step(const MicroBatchInfo &info);
@@ -217,8 +214,7 @@ struct TrainerEngine::Impl {
   void agree_resume_step();
   void report(const StepReport &r);
   void notify(const StepReport &r);  // the step callbacks
-  bool append_line(const std::string &line);  // rank 0's metrics file; false if it cannot be written
-  void append_metrics(const json &j);
+  void append_metrics(const json &j);  // rank 0's metrics file; warns once when it cannot be written
 };
 
 bool TrainerEngine::Impl::resolve() {
@@ -283,18 +279,6 @@ bool TrainerEngine::Impl::resolve() {
   if (backend == "nccl" && !nccl_available())
     return fail("backend=nccl but this LibTorch was built without NCCL (use backend=gloo)");
   return true;
-}
-
-double TrainerEngine::Impl::lr_at(uint64_t step) const {
-  // `step`: optimizer steps done before this one.
-  const double base = cfg.lr;
-  if (cfg.warmup_steps > 0 && step < cfg.warmup_steps)
-    return base * static_cast<double>(step + 1) / static_cast<double>(cfg.warmup_steps);
-  if (cfg.lr_schedule == "constant" || cfg.max_steps == 0 || cfg.max_steps <= cfg.warmup_steps) return base;
-  double p = static_cast<double>(step - cfg.warmup_steps) / static_cast<double>(cfg.max_steps - cfg.warmup_steps);
-  p = std::min(std::max(p, 0.0), 1.0);
-  if (cfg.lr_schedule == "cosine") return base * 0.5 * (1.0 + std::cos(M_PI * p));
-  return base * (1.0 - p);
 }
 
 void TrainerEngine::Impl::construct_model(const ModelDims &d) {
@@ -413,16 +397,8 @@ double TrainerEngine::Impl::grad_norm() const {
   return norms.empty() ? 0.0 : at::stack(norms).norm(2).item<double>();
 }
 
-bool TrainerEngine::Impl::append_line(const std::string &line) {
-  if (cfg.metrics_file.empty() || rank != 0) return true;
-  std::lock_guard<std::mutex> lock(log_mu);
-  std::ofstream out(cfg.metrics_file, std::ios::app);
-  out << line << "\n";
-  return static_cast<bool>(out.flush());
-}
-
 void TrainerEngine::Impl::append_metrics(const json &j) {
-  if (!append_line(j.dump()) && !metrics_warned) {
+  if (!run_log.append_line(j.dump()) && !metrics_warned) {
     metrics_warned = true;  // once, not at every record
     warn("cannot append to metrics-file '" + cfg.metrics_file + "': training goes on without it");
   }
@@ -453,14 +429,13 @@ void TrainerEngine::Impl::report(const StepReport &r) {
                     {"data_wait", r.data_wait},
                     {"skipped", r.skipped},
                     {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}});
-    if (tb_open) {
+    {
       std::vector<std::pair<std::string, float>> s{{"train/loss", static_cast<float>(r.loss)},
                                                   {"train/lr", static_cast<float>(r.lr)},
                                                   {"train/samples_per_second", static_cast<float>(r.samples_per_s)},
                                                   {"train/data_wait", static_cast<float>(r.data_wait)}};
       if (std::isfinite(r.grad_norm)) s.emplace_back("train/grad_norm", static_cast<float>(r.grad_norm));
-      std::lock_guard<std::mutex> lock(log_mu);
-      tb.add_scalars(static_cast<int64_t>(r.step), s);
+      run_log.add_scalars(r.step, s);
     }
   }
   notify(r);
@@ -829,12 +804,7 @@ bool TrainerEngine::start() {
     std::string why;
     if (!im.store->prepare(&why)) return im.fail(why + " (property checkpoint-dir)");
   }
-  if (!im.cfg.metrics_file.empty() && im.rank == 0) {
-    const fs::path parent = fs::path(im.cfg.metrics_file).parent_path();
-    std::error_code ec;
-    if (!parent.empty()) fs::create_directories(parent, ec);
-    if (ec) im.warn("cannot create the folder of metrics-file '" + im.cfg.metrics_file + "': " + ec.message());
-  }
+  if (std::string w = im.run_log.open(im.rank, im.cfg.metrics_file); !w.empty()) im.warn(w);
   try {
     if (im.world > 1) {
       DistOptions o;
@@ -861,13 +831,7 @@ bool TrainerEngine::start() {
     const ModelDims known = im.model ? im.dims : ModelDims{im.cfg.latent_channels, 0};
     if (im.model || model_dims_known(im.cfg.model, known)) im.build_model(known);
     if (std::string m = im.inputs_mismatch(); !m.empty()) return im.fail(m);
-    if (!im.cfg.tensorboard_dir.empty() && im.rank == 0) {
-      std::string err;
-      if (im.tb.open(im.cfg.tensorboard_dir, "", &err))
-        im.tb_open = true;
-      else
-        im.warn(err);
-    }
+    if (std::string err = im.run_log.open_tensorboard(im.cfg.tensorboard_dir); !err.empty()) im.warn(err);
   } catch (const std::exception &e) {
     return im.fail(first_line(e.what()));
   }
@@ -994,49 +958,6 @@ ProcessResult TrainerEngine::process_inputs(const ModelInputs &in, const MicroBa
   return ProcessResult::kOk;
 }
 
-ProcessResult TrainerEngine::process_buffer(GstBuffer *buf) {
-  std::string why;
-  auto t = tensor_from_buffer(buf, &why);
-  if (!t) {
-    impl_->error = "buffer holds no tensor: " + why;
-    return ProcessResult::kError;
-  }
-  ModelInputs in;
-  in.latents = *t;
-  for (const std::string &name : tensor_names(buf)) {
-    auto n = named_tensor_from_buffer(buf, name, &why);
-    if (!n) {
-      impl_->error = "micro-batch tensor '" + name + "' cannot be read: " + why;
-      return ProcessResult::kError;
-    }
-    if (name == "text_embeds") in.text_embeds = *n;
-    if (name == "text_mask") in.text_mask = *n;
-  }
-  MicroBatchInfo info;
-  const GstVideoTrainBatchMeta *meta = gst_buffer_get_videotrain_batch_meta(buf);
-  if (meta) {
-    info.step = meta->step;
-    info.micro_index = meta->micro_index;
-    info.micro_count = meta->micro_count;
-    info.step_samples = meta->step_samples;
-    info.sync = meta->sync;
-    info.epoch = meta->epoch;
-    info.next_clip = meta->next_clip;
-    if (meta->sample_ids)
-      for (guint i = 0; i < meta->sample_ids->len; i++) info.sample_ids.push_back(g_array_index(meta->sample_ids, guint64, i));
-    if (meta->captions)
-      for (guint i = 0; i < meta->captions->len; i++) {
-        auto *c = static_cast<const char *>(g_ptr_array_index(meta->captions, i));
-        info.captions.emplace_back(c ? c : "");
-      }
-  } else {
-    // No batch meta: each buffer is a whole step on its own.
-    info.step_samples = t->dim() > 0 ? static_cast<unsigned>(t->size(0)) : 0;
-  }
-  in.captions = info.captions;
-  return process_inputs(in, info);
-}
-
 bool TrainerEngine::set_stream_text(bool has_text) {
   auto &im = *impl_;
   im.stream_text = has_text ? 1 : 0;
@@ -1103,20 +1024,12 @@ void TrainerEngine::stop() {
   if (im.group) im.group->mark_exit();
   im.reducer.reset();
   im.group.reset();
-  std::lock_guard<std::mutex> lock(im.log_mu);
-  im.tb.close();
-  im.tb_open = false;
+  im.run_log.close();
 }
 
 bool TrainerEngine::append_log(const std::string &json_line, uint64_t step,
                                const std::vector<std::pair<std::string, float>> &scalars) {
-  auto &im = *impl_;
-  if (im.rank != 0) return true;
-  {
-    std::lock_guard<std::mutex> lock(im.log_mu);
-    if (im.tb_open && !scalars.empty()) im.tb.add_scalars(static_cast<int64_t>(step), scalars);
-  }
-  return im.append_line(json_line);
+  return impl_->run_log.append(json_line, step, scalars);
 }
 
 const std::string &TrainerEngine::error() const { return impl_->error; }
@@ -1131,6 +1044,9 @@ int TrainerEngine::rank() const { return impl_->rank; }
 int TrainerEngine::world_size() const { return impl_->world; }
 uint64_t TrainerEngine::steps_done() const { return impl_->steps_done; }
 std::string TrainerEngine::device_name() const { return videotrain::device_name(impl_->device); }
+std::string TrainerEngine::master_addr() const { return impl_->master_addr; }
+int TrainerEngine::master_port() const { return impl_->master_port; }
+double TrainerEngine::timeout_s() const { return impl_->cfg.timeout_s; }
 double TrainerEngine::last_loss() const { return impl_->last_loss; }
 
 std::shared_ptr<const ParamSnapshot> TrainerEngine::snapshot_state() const {

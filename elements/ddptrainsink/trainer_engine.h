@@ -6,11 +6,11 @@
  * all-reduced by the bucketed reducer while backward runs, then AdamW steps.
  *
  * Threading: start()/process_*()/finish()/stop() are called from one thread at a time
- * (the element's streaming thread or state changes). snapshot_state() and the step
- * callbacks are for other threads (ddpvalsink): see below. */
+ * (the element's streaming thread or state changes). The engine is the run's
+ * RunContext (run_context.h): snapshot_state(), the step callbacks and append_log() are
+ * for other threads (validators). Buffers are read into these plain values by
+ * trainer_buffers.h. */
 #pragma once
-
-#include <gst/gst.h>
 
 #include <cstdint>
 #include <functional>
@@ -19,6 +19,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "run_context.h"
 
 namespace at {
 class Tensor;
@@ -74,20 +76,6 @@ struct MicroBatchInfo {
   std::vector<std::string> captions;
 };
 
-// One completed optimizer step (identical on every rank except data_wait/local_loss).
-struct StepReport {
-  uint64_t step = 0;           // number of optimizer steps done, this one included
-  unsigned epoch = 0;
-  double loss = 0.0;           // averaged over ranks (and the step's micro-batches)
-  double lr = 0.0;
-  double grad_norm = 0.0;      // before clipping; NaN when not computed (or non-finite)
-  double samples_per_s = 0.0;  // all ranks together
-  double data_wait = 0.0;      // fraction of wall time spent waiting for buffers (this rank)
-  bool skipped = false;        // non-finite loss or gradients: optimizer step skipped
-  bool model_built = false;    // not a step: the model was just built (or resumed), before its first step
-  bool finished = false;       // not a step: finish() is done (every rank ended), or failed
-};
-
 struct ResumePoint {
   unsigned epoch = 0;
   uint64_t clip = 0;
@@ -105,14 +93,12 @@ struct ReducerInfo {
   std::vector<size_t> pending_at_launch;     // gradients still to come at each launch
 };
 
-// Copy of the trained state at a step boundary (torch types: see trainer_snapshot.h).
-struct ParamSnapshot;
-// Latents with captions or text embeddings (torch types: see train_model.h).
+// Latents with captions or text embeddings (torch types: see models/train_model.h).
 struct ModelInputs;
 
 enum class ProcessResult { kOk, kDone /* max-steps reached: EOS */, kError };
 
-class TrainerEngine {
+class TrainerEngine : public RunContext {
  public:
   explicit TrainerEngine(const TrainerConfig &config);
   ~TrainerEngine();
@@ -135,8 +121,6 @@ class TrainerEngine {
   // the model (if built) takes the other conditioning, so that the mismatch is an error before
   // the first micro-batch. process_inputs() checks it again for models built later.
   bool set_stream_text(bool has_text);
-  // Same from a GstBuffer holding a tensor and a GstVideoTrainBatchMeta.
-  ProcessResult process_buffer(GstBuffer *buf);
   // Time the caller spent waiting for this micro-batch (for the data-wait fraction).
   void add_wait_time(double seconds);
 
@@ -164,29 +148,22 @@ class TrainerEngine {
   };
   std::vector<Message> take_messages();
 
-  int rank() const;
-  int world_size() const;
-  uint64_t steps_done() const;
-  bool has_model() const;  // built (at start(), or at the first micro-batch for builtin models)
-  std::string device_name() const;
-  double last_loss() const;  // averaged over ranks, last completed step
-
-  /* For ddpvalsink. snapshot_state() may be called from any thread: it returns a copy
-   * (on the training device, detached) of every parameter and buffer as they are
-   * between two optimizer steps, never halfway through one; null before the model
-   * exists. Step callbacks run on the training thread right after each optimizer step,
-   * once with model_built set when the model exists, before its first micro-batch is
-   * trained, and once with finished set at the end of finish() (keep them short; they
-   * may call snapshot_state()). */
-  std::shared_ptr<const ParamSnapshot> snapshot_state() const;
-  using StepCallback = std::function<void(const StepReport &)>;
-  int add_step_callback(StepCallback cb);
-  void remove_step_callback(int id);
-  // Rank 0 appends a record from another thread (validation) to the trainer's metrics file
-  // (one JSON line) and TensorBoard events, so that each stays one file. False when the
-  // metrics file cannot be written; nothing on other ranks.
+  // RunContext.
+  int rank() const override;
+  int world_size() const override;
+  std::string device_name() const override;
+  std::string master_addr() const override;
+  int master_port() const override;
+  double timeout_s() const override;
+  uint64_t steps_done() const override;
+  bool has_model() const override;  // built (at start(), or at the first micro-batch for builtin models)
+  std::shared_ptr<const ParamSnapshot> snapshot_state() const override;
+  int add_step_callback(StepCallback cb) override;
+  void remove_step_callback(int id) override;
   bool append_log(const std::string &json_line, uint64_t step,
-                  const std::vector<std::pair<std::string, float>> &scalars);
+                  const std::vector<std::pair<std::string, float>> &scalars) override;
+
+  double last_loss() const;  // averaged over ranks, last completed step
 
   // Parameters (and buffers, if asked) copied to CPU float32, by name (tests, equivalence checks).
   std::map<std::string, std::vector<float>> parameters_cpu(bool with_buffers = false) const;

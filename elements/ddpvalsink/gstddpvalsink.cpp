@@ -1,7 +1,10 @@
 /* ddpvalsink: the GObject face of ValidationEngine (no torch here).
  *
- * A validation branch beside the training branch of the same pipeline. It finds its
- * ddptrainsink by name (property trainer) in the top-level bin, takes snapshots of its
+ * A validation branch beside the training branch of the same pipeline. It finds the run
+ * of its ddptrainsink (property trainer: its name) through GstContext: the trainer posts
+ * its RunContext as "videotrain-run/<name>" when it starts, the bins keep it, and our
+ * NEED_CONTEXT (at start, and at the first buffer when the trainer started later) is
+ * answered through set_context (run_context_gst.h). It takes snapshots of its
  * weights every `every` optimizer steps (and at-start, and at the trainer's EOS), and
  * evaluates each one on one epoch of the validation stream, on the samples of its
  * shard (clip index mod num-shards). Between passes render() blocks until the next
@@ -15,11 +18,10 @@
 #include <memory>
 #include <string>
 
-#include "dist_env.h"
 #include "metas.h"
-#include "ddptrainsink/gstddptrainsink.h"
-#include "ddptrainsink/trainer_engine.h"
+#include "run_context_gst.h"
 #include "tensor_caps.h"
+#include "val_buffers.h"
 #include "validation_engine.h"
 
 GST_DEBUG_CATEGORY_STATIC(ddpvalsink_debug);
@@ -32,7 +34,7 @@ struct _GstDdpValSink {
   ValidationConfig *config;            // properties (object lock)
   gchar *trainer_name;
   ValidationEngine *engine;            // streaming thread; created in start()
-  GstElement *trainer;                 // ref, from start() or the first buffer
+  std::shared_ptr<RunContext> *run;    // from set_context (object lock)
   gdouble loss;                        // read-only mirrors (object lock)
   guint64 step;
 };
@@ -83,60 +85,83 @@ static void post_messages(GstDdpValSink *self) {
   GST_OBJECT_UNLOCK(self);
 }
 
-// Finds the ddptrainsink named by `trainer` in the top-level bin. FALSE (with an element
-// error) when it is missing or not a ddptrainsink; TRUE with *engine null when it has not
-// started yet.
-static gboolean find_trainer(GstDdpValSink *self, std::shared_ptr<TrainerEngine> *engine) {
-  if (!self->trainer) {
-    GstObject *top = GST_OBJECT(gst_object_ref(self));
-    while (GstObject *p = gst_object_get_parent(top)) {
-      gst_object_unref(top);
-      top = p;
-    }
-    GstElement *t = GST_IS_BIN(top) ? gst_bin_get_by_name(GST_BIN(top), self->trainer_name) : nullptr;
-    gst_object_unref(top);
-    if (!t) {
-      GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND,
-                        ("No element named '%s' in this pipeline (property trainer: the name of a ddptrainsink)",
-                         self->trainer_name),
-                        (nullptr));
-      return FALSE;
-    }
-    if (!GST_IS_DDP_TRAIN_SINK(t)) {
-      GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
-                        ("Element '%s' is a %s, not a ddptrainsink (property trainer)", self->trainer_name,
-                         G_OBJECT_TYPE_NAME(t)),
-                        (nullptr));
-      gst_object_unref(t);
-      return FALSE;
-    }
-    self->trainer = t;
-  }
-  *engine = gst_ddp_train_sink_get_engine(GST_DDP_TRAIN_SINK(self->trainer));
-  return TRUE;
+// The run of our trainer, asked of the bins (NEED_CONTEXT, answered through set_context)
+// unless we hold it already.
+static std::shared_ptr<RunContext> request_run(GstDdpValSink *self, const std::string &name) {
+  GST_OBJECT_LOCK(self);
+  auto run = *self->run;
+  GST_OBJECT_UNLOCK(self);
+  if (run) return run;
+  run_context_request(GST_ELEMENT(self), name);
+  GST_OBJECT_LOCK(self);
+  run = *self->run;
+  GST_OBJECT_UNLOCK(self);
+  return run;
 }
 
-// Attaches the engine to the trainer's engine once it exists. FALSE: error posted.
-static gboolean ensure_attached(GstDdpValSink *self) {
-  if (self->engine->attached()) return TRUE;
-  std::shared_ptr<TrainerEngine> te;
-  if (!find_trainer(self, &te)) return FALSE;
-  if (!te) {
-    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
-                      ("ddptrainsink '%s' has not started (it must be in the same pipeline and not failed)",
-                       self->trainer_name),
+// Without a run: why. FALSE (with an element error) when no element has the trainer's name
+// in the top-level bin or it is not a ddptrainsink (looked up by type name: the elements
+// share no headers); TRUE when it is one that has not started yet.
+static gboolean check_trainer(GstDdpValSink *self, const std::string &name) {
+  GstObject *top = GST_OBJECT(gst_object_ref(self));
+  while (GstObject *p = gst_object_get_parent(top)) {
+    gst_object_unref(top);
+    top = p;
+  }
+  GstElement *t = GST_IS_BIN(top) ? gst_bin_get_by_name(GST_BIN(top), name.c_str()) : nullptr;
+  gst_object_unref(top);
+  if (!t) {
+    GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND,
+                      ("No element named '%s' in this pipeline (property trainer: the name of a ddptrainsink)",
+                       name.c_str()),
                       (nullptr));
     return FALSE;
   }
-  if (!self->engine->attach(te)) {
+  const GType trainer_type = g_type_from_name("GstDdpTrainSink");
+  const gboolean is_trainer = trainer_type && G_TYPE_CHECK_INSTANCE_TYPE(t, trainer_type);
+  if (!is_trainer)
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                      ("Element '%s' is a %s, not a ddptrainsink (property trainer)", name.c_str(),
+                       G_OBJECT_TYPE_NAME(t)),
+                      (nullptr));
+  gst_object_unref(t);
+  return is_trainer;
+}
+
+// Attaches the engine to the trainer's run once it exists. FALSE: error posted.
+static gboolean ensure_attached(GstDdpValSink *self) {
+  if (self->engine->attached()) return TRUE;
+  GST_OBJECT_LOCK(self);
+  const std::string name = self->trainer_name ? self->trainer_name : "";
+  GST_OBJECT_UNLOCK(self);
+  auto run = request_run(self, name);
+  if (!run) {
+    if (!check_trainer(self, name)) return FALSE;
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                      ("ddptrainsink '%s' has not started (it must be in the same pipeline and not failed)",
+                       name.c_str()),
+                      (nullptr));
+    return FALSE;
+  }
+  if (!self->engine->attach(run)) {
     GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Cannot start validation: %s", self->engine->error().c_str()),
                       (nullptr));
     return FALSE;
   }
-  GST_INFO_OBJECT(self, "validating for '%s': shard %u of %u, rank %d of %d", self->trainer_name,
+  GST_INFO_OBJECT(self, "validating for '%s': shard %u of %u, rank %d of %d", name.c_str(),
                   self->config->shard_index, self->config->num_shards, self->engine->rank(),
                   self->engine->world_size());
   return TRUE;
+}
+
+static void gst_ddp_val_sink_set_context(GstElement *element, GstContext *context) {
+  auto *self = GST_DDP_VAL_SINK(element);
+  GST_OBJECT_LOCK(self);
+  const std::string name = self->trainer_name ? self->trainer_name : "";
+  if (!name.empty() && run_context_type(name) == gst_context_get_context_type(context))
+    *self->run = run_context_get(context);  // null: the trainer stopped
+  GST_OBJECT_UNLOCK(self);
+  GST_ELEMENT_CLASS(gst_ddp_val_sink_parent_class)->set_context(element, context);
 }
 
 static gboolean gst_ddp_val_sink_start(GstBaseSink *sink) {
@@ -157,29 +182,20 @@ static gboolean gst_ddp_val_sink_start(GstBaseSink *sink) {
                       (nullptr));
     return FALSE;
   }
-  std::shared_ptr<TrainerEngine> te;
-  if (!find_trainer(self, &te)) return FALSE;
-  // Distributed settings come from the trainer (results go to its metrics file and events).
-  gchar *addr = nullptr;
-  guint port = 0;
-  gdouble timeout = 600;
-  g_object_get(self->trainer, "master-addr", &addr, "master-port", &port, "timeout", &timeout, NULL);
-  DistEnv env = dist_env_from_environment();
-  cfg.master_addr = addr && *addr ? addr : env.master_addr;
-  cfg.master_port = port > 0 ? static_cast<int>(port) : env.master_port;
-  cfg.timeout_s = timeout;
-  g_free(addr);
+  // The store, timeout and run log come with the trainer's run.
   self->engine = new ValidationEngine(cfg);
   // The trainer may start after us in this state change: then at the first buffer.
-  if (te && !ensure_attached(self)) return FALSE;
-  return TRUE;
+  if (request_run(self, name)) return ensure_attached(self);
+  return check_trainer(self, name);
 }
 
 static gboolean gst_ddp_val_sink_stop(GstBaseSink *sink) {
   auto *self = GST_DDP_VAL_SINK(sink);
   delete self->engine;  // detaches from the hub
   self->engine = nullptr;
-  gst_clear_object(&self->trainer);
+  GST_OBJECT_LOCK(self);
+  self->run->reset();  // a restart asks again (the trainer may have restarted too)
+  GST_OBJECT_UNLOCK(self);
   return TRUE;
 }
 
@@ -195,7 +211,7 @@ static gboolean gst_ddp_val_sink_unlock_stop(GstBaseSink *sink) {
   return TRUE;
 }
 
-static GstFlowReturn flow_of(GstDdpValSink *self, ValidationEngine::Result r) {
+static GstFlowReturn flow_of(GstDdpValSink *self, ValidationEngine::Result r, const std::string &error = "") {
   post_messages(self);
   switch (r) {
     case ValidationEngine::Result::kOk:
@@ -207,7 +223,8 @@ static GstFlowReturn flow_of(GstDdpValSink *self, ValidationEngine::Result r) {
       return GST_FLOW_EOS;
     case ValidationEngine::Result::kError:
     default:
-      GST_ELEMENT_ERROR(self, STREAM, FAILED, ("Validation failed: %s", self->engine->error().c_str()),
+      GST_ELEMENT_ERROR(self, STREAM, FAILED,
+                        ("Validation failed: %s", (error.empty() ? self->engine->error() : error).c_str()),
                         ("shard %u of %u, rank %d of %d", self->config->shard_index, self->config->num_shards,
                          self->engine->rank(), self->engine->world_size()));
       return GST_FLOW_ERROR;
@@ -218,7 +235,9 @@ static GstFlowReturn gst_ddp_val_sink_render(GstBaseSink *sink, GstBuffer *buf) 
   auto *self = GST_DDP_VAL_SINK(sink);
   if (!self->engine) return GST_FLOW_FLUSHING;
   if (!ensure_attached(self)) return GST_FLOW_ERROR;
-  return flow_of(self, self->engine->push_buffer(buf));
+  std::string error;
+  ValidationEngine::Result r = validate_buffer(*self->engine, buf, &error);
+  return flow_of(self, r, error);
 }
 
 static gboolean gst_ddp_val_sink_event(GstBaseSink *sink, GstEvent *event) {
@@ -302,7 +321,7 @@ static void gst_ddp_val_sink_finalize(GObject *object) {
   delete self->engine;
   delete self->config;
   g_free(self->trainer_name);
-  gst_clear_object(&self->trainer);
+  delete self->run;
   G_OBJECT_CLASS(gst_ddp_val_sink_parent_class)->finalize(object);
 }
 
@@ -310,7 +329,7 @@ static void gst_ddp_val_sink_init(GstDdpValSink *self) {
   self->config = new ValidationConfig();
   self->trainer_name = nullptr;
   self->engine = nullptr;
-  self->trainer = nullptr;
+  self->run = new std::shared_ptr<RunContext>();
   self->loss = std::numeric_limits<double>::quiet_NaN();
   self->step = 0;
   gst_base_sink_set_sync(GST_BASE_SINK(self), FALSE);
@@ -326,6 +345,7 @@ static void gst_ddp_val_sink_class_init(GstDdpValSinkClass *klass) {
   oc->set_property = gst_ddp_val_sink_set_property;
   oc->get_property = gst_ddp_val_sink_get_property;
   oc->finalize = gst_ddp_val_sink_finalize;
+  ec->set_context = GST_DEBUG_FUNCPTR(gst_ddp_val_sink_set_context);
   bc->start = GST_DEBUG_FUNCPTR(gst_ddp_val_sink_start);
   bc->stop = GST_DEBUG_FUNCPTR(gst_ddp_val_sink_stop);
   bc->unlock = GST_DEBUG_FUNCPTR(gst_ddp_val_sink_unlock);

@@ -16,17 +16,15 @@
 #include <mutex>
 #include <sstream>
 
-#include "ddptrainsink/train_model.h"
-#include "ddptrainsink/trainer_engine.h"
-#include "ddptrainsink/trainer_snapshot.h"
 #include "c10d_setup.h"
-#include "roll_call.h"
 #include "default_rng.h"
 #include "dist_env.h"
 #include "first_line.h"
-#include "metas.h"
+#include "models/param_snapshot.h"
+#include "models/train_model.h"
+#include "roll_call.h"
+#include "run_context.h"
 #include "tensor_buffer.h"
-#include "tensor_caps.h"
 
 namespace videotrain {
 
@@ -140,7 +138,7 @@ int64_t validation_seed(uint64_t sample_id) {
   return static_cast<int64_t>(x & 0x7fffffffffffffffull);
 }
 
-/* ---------------- the hub: one per trainer engine in this process ---------------- */
+/* ---------------- the hub: one per run, kept in its RunContext ---------------- */
 
 struct Hub {
   struct Slot {
@@ -155,7 +153,7 @@ struct Hub {
     unsigned arrived = 0;
   };
 
-  std::shared_ptr<TrainerEngine> trainer;
+  std::shared_ptr<RunContext> trainer;
   ValidationConfig cfg;  // of the first shard (every, at-start, skip-if-busy, group)
   unsigned n = 1;
   int rank = 0, world = 1;
@@ -306,13 +304,6 @@ struct Hub {
   }
 };
 
-namespace {
-
-std::mutex g_registry_mu;
-std::map<const TrainerEngine *, std::weak_ptr<Hub>> g_registry;
-
-}  // namespace
-
 /* ---------------- ValidationEngine ---------------- */
 
 struct ValidationEngine::Impl {
@@ -338,10 +329,6 @@ struct ValidationEngine::Impl {
 
   uint64_t passes = 0, evaluated = 0;
   bool epochs_marked = false;  // the source sends csvvideosrc-epoch events
-  // Micro-batch input: clip index counted here (the batch meta has none per sample).
-  bool mb_started = false;
-  unsigned mb_epoch = 0;
-  uint64_t mb_clip = 0;
 
   Result fail(const std::string &m) {
     error = m;
@@ -593,11 +580,11 @@ ValidationEngine::ValidationEngine(const ValidationConfig &config) : impl_(std::
 
 ValidationEngine::~ValidationEngine() { detach(); }
 
-bool ValidationEngine::attach(std::shared_ptr<TrainerEngine> trainer) {
+bool ValidationEngine::attach(std::shared_ptr<RunContext> trainer) {
   auto &im = *impl_;
-  const auto &c = im.cfg;
+  auto &c = im.cfg;
   if (!trainer) {
-    im.error = "no trainer engine";
+    im.error = "no trainer run";
     return false;
   }
   if (c.num_shards < 1 || c.shard_index >= c.num_shards) {
@@ -605,6 +592,10 @@ bool ValidationEngine::attach(std::shared_ptr<TrainerEngine> trainer) {
                std::to_string(c.num_shards) + " (0 .. num-shards - 1)";
     return false;
   }
+  // The validation group is a client of the run's store.
+  if (c.master_addr.empty()) c.master_addr = trainer->master_addr();
+  if (c.master_port <= 0) c.master_port = trainer->master_port();
+  if (c.timeout_s <= 0) c.timeout_s = trainer->timeout_s();
   try {
     const std::string dev = (c.device.empty() || c.device == "auto") ? trainer->device_name() : c.device;
     im.device = c10::Device(dev);
@@ -618,30 +609,27 @@ bool ValidationEngine::attach(std::shared_ptr<TrainerEngine> trainer) {
     im.error = "device '" + c.device + "' cannot be used (property device: cpu or cuda:N): " + first_line(e.what());
     return false;
   }
-  std::shared_ptr<Hub> hub;
-  {
-    std::lock_guard<std::mutex> lock(g_registry_mu);
-    hub = g_registry[trainer.get()].lock();
-    if (!hub) {
-      hub = std::make_shared<Hub>();
-      hub->trainer = trainer;
-      hub->cfg = c;
-      hub->n = c.num_shards;
-      hub->rank = trainer->rank();
-      hub->world = trainer->world_size();
-      hub->slots.resize(c.num_shards);
-      std::weak_ptr<Hub> weak = hub;
-      const uint64_t every = c.every;
-      hub->cb_id = trainer->add_step_callback([weak, every](const StepReport &r) {
-        auto h = weak.lock();
-        if (!h) return;
-        if (r.finished) h->dispatch(0, true);
-        else if (r.model_built) h->maybe_at_start();
-        else if (every != 0 && r.step % every == 0) h->dispatch(r.step, false);
-      });
-      g_registry[trainer.get()] = hub;
-    }
-  }
+  // The shards of one run share a hub, kept by the run itself (nothing process-wide).
+  std::function<std::shared_ptr<Hub>()> make = [&]() {
+    auto hub = std::make_shared<Hub>();
+    hub->trainer = trainer;
+    hub->cfg = c;
+    hub->n = c.num_shards;
+    hub->rank = trainer->rank();
+    hub->world = trainer->world_size();
+    hub->slots.resize(c.num_shards);
+    std::weak_ptr<Hub> weak = hub;
+    const uint64_t every = c.every;
+    hub->cb_id = trainer->add_step_callback([weak, every](const StepReport &r) {
+      auto h = weak.lock();
+      if (!h) return;
+      if (r.finished) h->dispatch(0, true);
+      else if (r.model_built) h->maybe_at_start();
+      else if (every != 0 && r.step % every == 0) h->dispatch(r.step, false);
+    });
+    return hub;
+  };
+  std::shared_ptr<Hub> hub = trainer->shared_state<Hub>("ddpvalsink/hub", make);
   {
     std::lock_guard<std::mutex> lock(hub->mu);
     if (hub->n != c.num_shards) {
@@ -725,59 +713,6 @@ ValidationEngine::Result ValidationEngine::push(const at::Tensor &tensor, const 
     if (r != Result::kOk) return r;
   }
   return Result::kOk;
-}
-
-ValidationEngine::Result ValidationEngine::push_buffer(GstBuffer *buf) {
-  auto &im = *impl_;
-  std::string why;
-  auto t = tensor_from_buffer(buf, &why);
-  if (!t) return im.fail("validation buffer holds no tensor: " + why);
-  std::vector<ValSample> samples;
-  if (const auto *bm = gst_buffer_get_videotrain_batch_meta(buf)) {
-    // The batch meta's epoch/next_clip is the position after its step: an epoch-final
-    // step says (e + 1, 0).
-    unsigned e = bm->epoch;
-    if (bm->next_clip == 0 && e > 0) e--;
-    if (!im.mb_started || e != im.mb_epoch) {
-      im.mb_started = true;
-      im.mb_epoch = e;
-      im.mb_clip = 0;
-    }
-    const guint n = bm->sample_ids ? bm->sample_ids->len : 0;
-    for (guint i = 0; i < n; i++) {
-      ValSample s;
-      s.sample_id = g_array_index(bm->sample_ids, guint64, i);
-      s.epoch = e;
-      s.clip_index = im.mb_clip++;
-      s.padding = bm->padding && i < bm->padding->len && g_array_index(bm->padding, gboolean, i);
-      if (bm->captions && i < bm->captions->len) {
-        auto *c = static_cast<const char *>(g_ptr_array_index(bm->captions, i));
-        s.caption = c ? c : "";
-      }
-      samples.push_back(std::move(s));
-    }
-  } else if (const auto *sm = gst_buffer_get_videotrain_sample_meta(buf)) {
-    ValSample s;
-    s.sample_id = sm->sample_id;
-    s.epoch = sm->epoch;
-    s.clip_index = sm->clip_index;
-    s.padding = sm->padding;
-    s.caption = sm->caption ? sm->caption : "";
-    samples.push_back(std::move(s));
-  } else {
-    return im.fail("validation buffer has neither a sample meta (latents from vaeencoder) nor a batch meta "
-                   "(micro-batch): the sample ids and clip indices that shards and passes need are missing");
-  }
-  std::optional<at::Tensor> embeds, mask;
-  for (const std::string &name : tensor_names(buf)) {
-    auto n = named_tensor_from_buffer(buf, name, &why);
-    if (!n) return im.fail("validation buffer's tensor '" + name + "' cannot be read: " + why);
-    if (name == "text_embeds") embeds = n;
-    if (name == "text_mask") mask = n;
-  }
-  if (embeds.has_value() != mask.has_value())
-    return im.fail("validation buffer carries only one of text_embeds and text_mask");
-  return push(*t, samples, embeds ? &*embeds : nullptr, mask ? &*mask : nullptr);
 }
 
 ValidationEngine::Result ValidationEngine::end_of_epoch(unsigned epoch) {

@@ -1,8 +1,8 @@
 /* ValidationEngine: the work behind ddpvalsink, without GObject (pimpl: no torch types
  * here except the at::Tensor declaration the tensor entry point needs).
  *
- * One engine per ddpvalsink. The engines of the sinks that validate for the same
- * trainer in one process share a hub (keyed by the TrainerEngine): the hub takes the
+ * One engine per ddpvalsink. The engines of the sinks that validate the same run share
+ * a hub, kept in the run's RunContext (shared_state "ddpvalsink/hub"): the hub takes the
  * trainer's snapshots (step callbacks: every `every` steps, at-start once the model
  * exists, and the final one when the trainer's finish() is done), gives
  * each shard a pending slot of size 1, adds up the shards' sums when a pass ends, and
@@ -12,10 +12,8 @@
  *
  * Threading: push()/end_of_stream() run on the sink's streaming thread and may block
  * (waiting for a snapshot); set_flushing() wakes them. trainer_finished() may run on any
- * thread. */
+ * thread. Buffers are read into push()'s plain values by val_buffers.h. */
 #pragma once
-
-#include <gst/gst.h>
 
 #include <cstdint>
 #include <map>
@@ -29,7 +27,7 @@ class Tensor;
 
 namespace videotrain {
 
-class TrainerEngine;
+class RunContext;
 
 struct ValidationConfig {
   unsigned shard_index = 0, num_shards = 1;
@@ -38,10 +36,10 @@ struct ValidationConfig {
   bool skip_if_busy = false;
   unsigned batch_size = 1;        // samples evaluated together (latents input)
   std::string device;             // "" / "auto": the trainer's device
-  // Cross-rank group (the trainer's store): filled by the face from the trainer.
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;
-  double timeout_s = 600.0;
+  // Cross-rank group on the run's c10d store: ""/0 take the run's address, port and timeout.
+  std::string master_addr;
+  int master_port = 0;
+  double timeout_s = 0.0;
 };
 
 // One validation sample as the metas describe it.
@@ -60,9 +58,9 @@ class ValidationEngine {
   ValidationEngine(const ValidationEngine &) = delete;
   ValidationEngine &operator=(const ValidationEngine &) = delete;
 
-  // Joins the hub of `trainer` (creating it with the first shard). False with error():
+  // Joins the hub of the run (creating it with the first shard). False with error():
   // shard-index out of range, the same shard twice, shards that disagree on num-shards.
-  bool attach(std::shared_ptr<TrainerEngine> trainer);
+  bool attach(std::shared_ptr<RunContext> run);
   bool attached() const;
   // Leaves the hub (wakes its waits); the hub goes away with its last shard.
   void detach();
@@ -72,8 +70,6 @@ class ValidationEngine {
   // textencoder also their text embeddings ([L, D] or [m, L, D]) and masks ([L] or [m, L]).
   Result push(const at::Tensor &tensor, const std::vector<ValSample> &samples,
               const at::Tensor *text_embeds = nullptr, const at::Tensor *text_mask = nullptr);
-  // Same from a buffer with a sample meta (latents) or a batch meta (micro-batch).
-  Result push_buffer(GstBuffer *buf);
   // csvvideosrc-epoch (a serialized event after an epoch's last clip): completes the pass
   // over that epoch. Once the source has marked an epoch end, EOS in the middle of an
   // epoch is an error instead of a short pass.

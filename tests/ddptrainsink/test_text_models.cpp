@@ -15,7 +15,7 @@
 
 #include "engine_helpers.h"
 #include "test_util.h"
-#include "ddptrainsink/train_model.h"
+#include "models/train_model.h"
 #include "ddptrainsink/trainer_engine.h"
 
 using namespace videotrain;

@@ -18,7 +18,7 @@
 #include "test_util.h"
 #include "ddptrainsink/trainer_engine.h"
 #include "ddptrainsink/tfevents.h"
-#include "ddptrainsink/trainer_snapshot.h"
+#include "models/param_snapshot.h"
 #include "jit_load.h"
 
 using namespace videotrain;

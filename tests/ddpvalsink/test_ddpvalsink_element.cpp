@@ -1,6 +1,7 @@
 /* ddpvalsink in a pipeline beside a ddptrainsink (appsrc-fed, CPU): results on the bus,
  * training goes on while a slow validation runs, bad trainer names are element errors,
- * padding flags of sample and batch metas keep padded samples out of the results. */
+ * padding flags of sample and batch metas keep padded samples out of the results, the run
+ * travels as a GstContext (through nested bins, per pipeline). */
 #include <ATen/ATen.h>
 #include <gst/app/gstappsrc.h>
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "metas.h"
+#include "run_context_gst.h"
 #include "tensor_buffer.h"
 #include "test_util.h"
 
@@ -68,13 +70,15 @@ struct RunResult {
 // validation stream of `val_n` samples of size x size latents.
 RunResult run(unsigned steps, unsigned every, unsigned val_n, int size, const std::string &extra = "",
         const std::string &trainer_name = "trainer", const std::string &val_chain = "",
-        const ValBuffer &val_buffer = {}, const char *val_caps = kLatents) {
-  const std::string desc = std::string("appsrc name=train format=time caps=\"") + kMicro +
+        const ValBuffer &val_buffer = {}, const char *val_caps = kLatents, bool nested = false) {
+  // nested: the training and the validation branch each in a bin of their own.
+  const std::string open = nested ? "( " : "", close = nested ? " ) " : " ";
+  const std::string desc = open + "appsrc name=train format=time caps=\"" + kMicro +
                            "\" ! ddptrainsink name=trainer model=builtin:tiny-unet3d latent-channels=4 device=cpu "
-                           "log-every=1 " + extra + " appsrc name=val format=time caps=\"" +
+                           "log-every=1 " + extra + close + open + "appsrc name=val format=time caps=\"" +
                            val_caps + "\" " + val_chain + " ! tee name=v v. ! queue ! ddpvalsink trainer=" + trainer_name +
                            " every=" + std::to_string(every) + " shard-index=0 num-shards=2 v. ! queue ! ddpvalsink trainer=" +
-                           trainer_name + " every=" + std::to_string(every) + " shard-index=1 num-shards=2";
+                           trainer_name + " every=" + std::to_string(every) + " shard-index=1 num-shards=2" + close;
   RunResult r;
   GError *err = nullptr;
   GstElement *pipe = gst_parse_launch(desc.c_str(), &err);
@@ -189,6 +193,150 @@ TEST(DdpValSinkElement, MicroBatchesGiveTheSameResultsAsLatents) {
         << "step " << latents.results[i].first;
   }
   EXPECT_EQ(micro.samples, 6u);
+}
+
+// The trainer's context goes up through its bin to the pipeline, which answers the
+// validation bin's NEED_CONTEXT: the same results as in one flat pipeline.
+TEST(DdpValSinkElement, FindsTheTrainerAcrossNestedBins) {
+  RunResult flat = run(5, 2, 6, 8);
+  ASSERT_EQ(flat.error, "");
+  RunResult nested = run(5, 2, 6, 8, "", "trainer", "", {}, kLatents, true);
+  ASSERT_EQ(nested.error, "");
+  ASSERT_EQ(nested.results.size(), flat.results.size());
+  for (size_t i = 0; i < flat.results.size(); i++) {
+    EXPECT_EQ(nested.results[i].first, flat.results[i].first);
+    EXPECT_NEAR(nested.results[i].second, flat.results[i].second, 1e-6 * std::abs(flat.results[i].second));
+  }
+}
+
+// ddptrainsink posts its run as HAVE_CONTEXT "videotrain-run/<name>" at start: the pipeline
+// keeps it, the trainer answers context queries for it, and once stopped the run is offered
+// no more (the trainer posts an empty context of the same type; a pipeline also drops
+// non-persistent contexts when it goes down to READY). Two pipelines with a trainer of the same name
+// hold two runs.
+TEST(DdpValSinkElement, TheTrainerPublishesItsRunAsAGstContext) {
+  const char *desc = "appsrc caps=\"application/x-videotrain-tensor,content=micro-batch,dtype=float32,device=cpu\" ! "
+                     "ddptrainsink name=t model=builtin:tiny-unet3d latent-channels=4 device=cpu";
+  GstElement *a = gst_parse_launch(desc, nullptr);
+  GstElement *b = gst_parse_launch(desc, nullptr);
+  ASSERT_TRUE(a && b);
+  ASSERT_NE(gst_element_set_state(a, GST_STATE_PAUSED), GST_STATE_CHANGE_FAILURE);
+  ASSERT_NE(gst_element_set_state(b, GST_STATE_PAUSED), GST_STATE_CHANGE_FAILURE);
+  GstBus *bus = gst_element_get_bus(a);
+  GstMessage *m = gst_bus_pop_filtered(bus, GST_MESSAGE_HAVE_CONTEXT);
+  ASSERT_TRUE(m);
+  GstContext *posted = nullptr;
+  gst_message_parse_have_context(m, &posted);
+  EXPECT_STREQ(gst_context_get_context_type(posted), "videotrain-run/t");
+  auto run = run_context_get(posted);
+  ASSERT_TRUE(run);
+  EXPECT_EQ(run->rank(), 0);
+  EXPECT_EQ(run->world_size(), 1);
+  EXPECT_EQ(run->device_name(), "cpu");
+  EXPECT_TRUE(run->has_model());
+  EXPECT_EQ(run->steps_done(), 0u);
+  gst_context_unref(posted);
+  gst_message_unref(m);
+
+  GstContext *kept = gst_element_get_context(a, "videotrain-run/t");
+  ASSERT_TRUE(kept);
+  EXPECT_EQ(run_context_get(kept), run);
+  gst_context_unref(kept);
+  GstContext *other = gst_element_get_context(b, "videotrain-run/t");
+  ASSERT_TRUE(other);
+  EXPECT_TRUE(run_context_get(other));
+  EXPECT_NE(run_context_get(other), run);
+  gst_context_unref(other);
+
+  GstElement *t = gst_bin_get_by_name(GST_BIN(a), "t");
+  GstQuery *q = gst_query_new_context("videotrain-run/t");
+  ASSERT_TRUE(gst_element_query(t, q));
+  GstContext *answered = nullptr;
+  gst_query_parse_context(q, &answered);
+  EXPECT_EQ(run_context_get(answered), run);
+  gst_query_unref(q);
+  q = gst_query_new_context("videotrain-run/someone-else");
+  EXPECT_FALSE(gst_element_query(t, q));
+  gst_query_unref(q);
+
+  // The trainer alone stops (basesink stops in READY->NULL); the pipeline stays PAUSED.
+  ASSERT_EQ(gst_element_set_state(t, GST_STATE_NULL), GST_STATE_CHANGE_SUCCESS);
+  kept = gst_element_get_context(a, "videotrain-run/t");
+  ASSERT_TRUE(kept);
+  EXPECT_FALSE(run_context_get(kept)) << "the stopped run is still offered";
+  gst_context_unref(kept);
+  gst_element_set_state(a, GST_STATE_READY);
+  kept = gst_element_get_context(a, "videotrain-run/t");
+  EXPECT_FALSE(kept && run_context_get(kept));
+  if (kept) gst_context_unref(kept);
+  q = gst_query_new_context("videotrain-run/t");
+  EXPECT_FALSE(gst_element_query(t, q));
+  gst_query_unref(q);
+  run.reset();
+
+  gst_object_unref(t);
+  gst_object_unref(bus);
+  gst_element_set_state(a, GST_STATE_NULL);
+  gst_element_set_state(b, GST_STATE_NULL);
+  gst_object_unref(a);
+  gst_object_unref(b);
+}
+
+// A trainer that starts after the ddpvalsink (here held back with a locked state): the sink
+// starts without its run and asks again at its first buffer. Never started: that buffer is
+// an element error saying so. Returns the first error, or the step of the first result.
+std::string validate_with_late_trainer(bool start_trainer) {
+  const std::string desc = std::string("appsrc name=val format=time caps=\"") + kLatents +
+                           "\" ! ddpvalsink trainer=trainer every=0 at-start=true "
+                           "appsrc name=train caps=\"" + kMicro + "\" ! ddptrainsink name=trainer "
+                           "model=builtin:tiny-unet3d latent-channels=4 device=cpu";
+  GstElement *pipe = gst_parse_launch(desc.c_str(), nullptr);
+  if (!pipe) return "parse failed";
+  GstElement *trainer = gst_bin_get_by_name(GST_BIN(pipe), "trainer");
+  GstElement *val = gst_bin_get_by_name(GST_BIN(pipe), "val");
+  gst_element_set_locked_state(trainer, TRUE);
+  gst_element_set_state(pipe, GST_STATE_PLAYING);
+  if (start_trainer) gst_element_sync_state_with_parent(trainer);
+  for (unsigned k = 0; k < 3; k++) gst_app_src_push_buffer(GST_APP_SRC(val), val_latent(k, 0, k, 8));
+  gst_app_src_push_buffer(GST_APP_SRC(val), val_latent(0, 1, 0, 8));  // ends the pass of epoch 0
+  // The trainer's end: its final snapshot is step 0's, so the sink ends after that pass and
+  // posts its result (ddpvalsink posts when render returns).
+  GstElement *train = gst_bin_get_by_name(GST_BIN(pipe), "train");
+  gst_app_src_end_of_stream(GST_APP_SRC(train));
+  gst_object_unref(train);
+  std::string out = "no message";
+  GstBus *bus = gst_element_get_bus(pipe);
+  while (GstMessage *m = gst_bus_timed_pop_filtered(bus, 60 * GST_SECOND,
+                                                    GstMessageType(GST_MESSAGE_ERROR | GST_MESSAGE_ELEMENT))) {
+    const GstStructure *s = gst_message_get_structure(m);
+    guint64 step = 0;
+    bool done = true;
+    if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_ERROR) {
+      GError *e = nullptr;
+      gst_message_parse_error(m, &e, nullptr);
+      out = std::string("error: ") + e->message;
+      g_error_free(e);
+    } else if (gst_structure_has_name(s, "ddpvalsink-result") && gst_structure_get_uint64(s, "step", &step)) {
+      out = "result of step " + std::to_string(step);
+    } else {
+      done = false;
+    }
+    gst_message_unref(m);
+    if (done) break;
+  }
+  gst_element_set_state(pipe, GST_STATE_NULL);
+  gst_element_set_state(trainer, GST_STATE_NULL);
+  gst_object_unref(bus);
+  gst_object_unref(val);
+  gst_object_unref(trainer);
+  gst_object_unref(pipe);
+  return out;
+}
+
+TEST(DdpValSinkElement, AsksForTheRunAgainAtItsFirstBufferWhenTheTrainerStartsLater) {
+  EXPECT_EQ(validate_with_late_trainer(true), "result of step 0");
+  const std::string never = validate_with_late_trainer(false);
+  EXPECT_NE(never.find("ddptrainsink 'trainer' has not started"), std::string::npos) << never;
 }
 
 TEST(DdpValSinkElement, TrainingKeepsCompletingStepsWhileASlowValidationRuns) {

@@ -1,5 +1,5 @@
-/* The copy of the trained state that TrainerEngine::snapshot_state() returns
- * (for ddpvalsink). Torch TUs only. */
+/* The copy of the trained state that RunContext::snapshot_state() returns (for
+ * validators). Torch TUs only. */
 #pragma once
 
 #include <cstdint>

@@ -7,7 +7,9 @@
  * builtin:tiny-t2v     a small text-conditioned transformer (cross-attention to a textencoder's
  *                      embeddings), the same loss.
  * builtin:linear-test  a deterministic model for tests: a 1x1x1 conv plus a caption bias
- *                      regressed onto a fixed function of the input (no noise). */
+ *                      regressed onto a fixed function of the input (no noise). It builds
+ *                      like the others but is left out of builtin_model_names() and the
+ *                      messages that list the models users can pick. */
 #include "train_model.h"
 
 #include <torch/script.h>
@@ -534,7 +536,7 @@ std::string check_model_inputs(const TrainModel &model, bool stream_has_text) {
          "textencoder after vaeencoder (tokenizer=..., model=...)";
 }
 
-std::vector<std::string> builtin_model_names() { return {"tiny-unet3d", "tiny-t2v", "linear-test"}; }
+std::vector<std::string> builtin_model_names() { return {"tiny-unet3d", "tiny-t2v"}; }
 
 bool model_dims_known(const std::string &spec, const ModelDims &dims) {
   if (!is_builtin_spec(spec)) return true;

@@ -69,7 +69,8 @@ std::string first_non_finite(TrainModel &model);
 // "" when the model takes the inputs a stream carries (embeddings or captions), else what to change.
 std::string check_model_inputs(const TrainModel &model, bool stream_has_text);
 
-// Builtin names (without the "builtin:" prefix).
+// Builtin names users can pick (without the "builtin:" prefix); make_model() also builds the
+// test-only builtin:linear-test, which is not listed.
 std::vector<std::string> builtin_model_names();
 bool is_builtin_spec(const std::string &spec);
 // Whether make_model() can build `spec` with these dims (TorchScript: always; builtins need the

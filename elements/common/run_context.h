@@ -1,0 +1,94 @@
+/* RunContext: what a training run offers the elements that follow it (validators),
+ * without GStreamer or torch types here.
+ *
+ * ddptrainsink's engine is one; the element publishes it to its pipeline through a
+ * GstContext (run_context_gst.h), and ddpvalsink finds it there by the trainer's name.
+ * Everything a validator needs from the run goes through this interface, so that no
+ * element folder includes another's headers and nothing is process-wide: validators of
+ * the same run share their state in the context's attachments. */
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace videotrain {
+
+// One completed optimizer step (identical on every rank except data_wait/local_loss).
+struct StepReport {
+  uint64_t step = 0;           // number of optimizer steps done, this one included
+  unsigned epoch = 0;
+  double loss = 0.0;           // averaged over ranks (and the step's micro-batches)
+  double lr = 0.0;
+  double grad_norm = 0.0;      // before clipping; NaN when not computed (or non-finite)
+  double samples_per_s = 0.0;  // all ranks together
+  double data_wait = 0.0;      // fraction of wall time spent waiting for buffers (this rank)
+  bool skipped = false;        // non-finite loss or gradients: optimizer step skipped
+  bool model_built = false;    // not a step: the model was just built (or resumed), before its first step
+  bool finished = false;       // not a step: the run's end of stream is done (every rank ended), or failed
+};
+
+// Copy of the trained state at a step boundary (torch types: models/param_snapshot.h).
+struct ParamSnapshot;
+
+class RunContext {
+ public:
+  virtual ~RunContext() = default;
+
+  // Where the run is: this process's rank among world_size, its training device ("cpu",
+  // "cuda:0"), and the c10d store every rank reaches (rank 0 serves it), with the
+  // timeout the run allows a missing peer.
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::string device_name() const = 0;
+  virtual std::string master_addr() const = 0;
+  virtual int master_port() const = 0;
+  virtual double timeout_s() const = 0;
+
+  // Built (at start, or at the first micro-batch for built-in models), and steps done.
+  virtual bool has_model() const = 0;
+  virtual uint64_t steps_done() const = 0;
+
+  /* snapshot_state() may be called from any thread: it returns a copy (on the training
+   * device, detached) of every parameter and buffer as they are between two optimizer
+   * steps, never halfway through one; null before the model exists. Step callbacks run
+   * on the training thread right after each optimizer step, once with model_built set
+   * when the model exists, before its first micro-batch is trained, and once with
+   * finished set at the end of the run's end of stream (keep them short; they may call
+   * snapshot_state()). */
+  virtual std::shared_ptr<const ParamSnapshot> snapshot_state() const = 0;
+  using StepCallback = std::function<void(const StepReport &)>;
+  virtual int add_step_callback(StepCallback cb) = 0;
+  virtual void remove_step_callback(int id) = 0;
+
+  // The run log: rank 0 appends a record from another thread (validation) to the run's
+  // metrics file (one JSON line) and TensorBoard events, so that each stays one file.
+  // False when the metrics file cannot be written; nothing on other ranks.
+  virtual bool append_log(const std::string &json_line, uint64_t step,
+                          const std::vector<std::pair<std::string, float>> &scalars) = 0;
+
+  /* State that the validators of this run share (ddpvalsink's hub): the one stored under
+   * `key` while someone holds it, else a new one from make(). The context keeps only a
+   * weak reference, so the state goes with its last holder and may itself hold the
+   * context. */
+  template <typename T>
+  std::shared_ptr<T> shared_state(const std::string &key, const std::function<std::shared_ptr<T>()> &make) {
+    std::lock_guard<std::mutex> lock(attach_mu_);
+    auto &slot = attachments_[key];
+    if (auto live = slot.lock()) return std::static_pointer_cast<T>(live);
+    std::shared_ptr<T> made = make();
+    slot = made;
+    return made;
+  }
+
+ private:
+  std::mutex attach_mu_;
+  std::map<std::string, std::weak_ptr<void>> attachments_;
+};
+
+}  // namespace videotrain

@@ -1,0 +1,45 @@
+/* The run log: rank 0's metrics file (JSON lines) and TensorBoard events, written by the
+ * training thread and by validators (RunContext::append_log) under one lock, so that each
+ * stays one file. No torch. */
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tfevents.h"
+
+namespace videotrain {
+
+class RunLog {
+ public:
+  // Only rank 0 writes; on other ranks every call does nothing and succeeds. Creates the
+  // metrics file's folder: "" or a warning saying why it could not.
+  std::string open(int rank, const std::string &metrics_file);
+  // "" or why the events file could not be created (training goes on without it).
+  std::string open_tensorboard(const std::string &dir);
+  // One JSON line; false when the metrics file cannot be written.
+  bool append_line(const std::string &line);
+  void add_scalars(uint64_t step, const std::vector<std::pair<std::string, float>> &scalars);
+  // A record with its scalars (validation results).
+  bool append(const std::string &line, uint64_t step, const std::vector<std::pair<std::string, float>> &scalars);
+  void close();
+  const std::string &metrics_file() const { return metrics_file_; }
+
+ private:
+  std::mutex mu_;
+  bool writer_ = false;  // rank 0
+  std::string metrics_file_;
+  TfEventsWriter tb_;
+  bool tb_open_ = false;
+};
+
+// The learning rate of the step after `done` optimizer steps: linear warmup over
+// warmup_steps, then constant, or cosine / linear decay to 0 at max_steps (constant when
+// max_steps is 0).
+double scheduled_lr(double base, const std::string &schedule, uint64_t warmup_steps, uint64_t max_steps,
+                    uint64_t done);
+
+}  // namespace videotrain

@@ -1,0 +1,66 @@
+/* See val_buffers.h. */
+#include "val_buffers.h"
+
+#include <optional>
+
+#include "metas.h"
+#include "tensor_buffer.h"
+#include "tensor_caps.h"
+
+namespace videotrain {
+
+ValidationEngine::Result validate_buffer(ValidationEngine &engine, GstBuffer *buf, std::string *error) {
+  using R = ValidationEngine::Result;
+  std::string why;
+  auto t = tensor_from_buffer(buf, &why);
+  if (!t) {
+    *error = "validation buffer holds no tensor: " + why;
+    return R::kError;
+  }
+  std::vector<ValSample> samples;
+  BatchInfo batch;
+  SampleInfo one;
+  if (read_batch_meta(buf, &batch)) {
+    // Each sample's clip index and epoch come with it (a micro-batch may span two epochs).
+    for (size_t i = 0; i < batch.sample_ids.size(); i++) {
+      ValSample s;
+      s.sample_id = batch.sample_ids[i];
+      s.epoch = batch.epochs[i];
+      s.clip_index = batch.clip_indices[i];
+      s.padding = batch.padding[i];
+      s.caption = batch.captions[i];
+      samples.push_back(std::move(s));
+    }
+  } else if (read_sample_meta(buf, &one)) {
+    ValSample s;
+    s.sample_id = one.sample_id;
+    s.epoch = one.epoch;
+    s.clip_index = one.clip_index;
+    s.padding = one.padding;
+    s.caption = std::move(one.caption);
+    samples.push_back(std::move(s));
+  } else {
+    *error = "validation buffer has neither a sample meta (latents from vaeencoder) nor a batch meta "
+             "(micro-batch): the sample ids and clip indices that shards and passes need are missing";
+    return R::kError;
+  }
+  std::optional<at::Tensor> embeds, mask;
+  for (const std::string &name : tensor_names(buf)) {
+    auto n = named_tensor_from_buffer(buf, name, &why);
+    if (!n) {
+      *error = "validation buffer's tensor '" + name + "' cannot be read: " + why;
+      return R::kError;
+    }
+    if (name == "text_embeds") embeds = n;
+    if (name == "text_mask") mask = n;
+  }
+  if (embeds.has_value() != mask.has_value()) {
+    *error = "validation buffer carries only one of text_embeds and text_mask";
+    return R::kError;
+  }
+  R r = engine.push(*t, samples, embeds ? &*embeds : nullptr, mask ? &*mask : nullptr);
+  if (r == R::kError) *error = engine.error();
+  return r;
+}
+
+}  // namespace videotrain
