@@ -184,6 +184,7 @@ static gboolean gst_ddp_val_sink_start(GstBaseSink *sink) {
   }
   // The store, timeout and run log come with the trainer's run.
   self->engine = new ValidationEngine(cfg);
+  self->engine->set_message_hook([self] { post_messages(self); });
   // The trainer may start after us in this state change: then at the first buffer.
   if (request_run(self, name)) return ensure_attached(self);
   return check_trainer(self, name);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <functional>
 #include <cstdlib>
 #include <limits>
 #include <mutex>
@@ -316,6 +317,7 @@ struct ValidationEngine::Impl {
   ModelDims model_dims;
   bool warned_fallback = false;
   std::vector<Message> messages;
+  std::function<void()> message_hook;
 
   // The pass in progress.
   bool active = false;
@@ -363,6 +365,9 @@ struct ValidationEngine::Impl {
   }
 
   Result start_pass(unsigned epoch) {
+    // The wait below may last until the trainer's next snapshot: what the last pass
+    // queued (its result) goes out first.
+    if (message_hook) message_hook();
     std::shared_ptr<const ParamSnapshot> snap;
     {
       std::unique_lock<std::mutex> lock(hub->mu);
@@ -749,6 +754,8 @@ ValidationEngine::Result ValidationEngine::end_of_stream() {
 void ValidationEngine::trainer_finished() {
   if (auto h = impl_->hub) h->dispatch(0, true);
 }
+
+void ValidationEngine::set_message_hook(std::function<void()> hook) { impl_->message_hook = std::move(hook); }
 
 void ValidationEngine::set_flushing(bool flushing) {
   auto &im = *impl_;

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -83,6 +84,10 @@ class ValidationEngine {
   // without one.
   void trainer_finished();
   void set_flushing(bool flushing);
+  // Called on the pushing thread before push() waits for the next snapshot, so that the
+  // caller posts the messages queued so far (a pass's result) then, not when push() returns.
+  // take_messages() may be called from it.
+  void set_message_hook(std::function<void()> hook);
 
   struct Message {
     std::string name;  // ddpvalsink-result | ddpvalsink-skipped | warning ("text")
