@@ -215,6 +215,25 @@ std::optional<at::Tensor> named_tensor_from_buffer(GstBuffer *buf, const std::st
   return tensor_at(buf, meta, why);
 }
 
+bool text_tensors_from_buffer(GstBuffer *buf, at::Tensor *embeds, at::Tensor *mask, std::string *why) {
+  const std::pair<const char *, at::Tensor *> wanted[] = {{"text_embeds", embeds}, {"text_mask", mask}};
+  for (const auto &[name, out] : wanted) {
+    if (!find_tensor_meta(buf, name)) continue;
+    std::string err;
+    auto t = named_tensor_from_buffer(buf, name, &err);
+    if (!t) {
+      *why = std::string("tensor '") + name + "' cannot be read: " + err;
+      return false;
+    }
+    *out = *t;
+  }
+  if (embeds->defined() != mask->defined()) {
+    *why = "the buffer carries only one of text_embeds and text_mask";
+    return false;
+  }
+  return true;
+}
+
 CachedTensor cached_tensor_of(const std::string &name, const at::Tensor &t) {
   const at::Tensor c = t.detach().to(at::kCPU).contiguous();
   CachedTensor out;

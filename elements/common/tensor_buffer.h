@@ -30,6 +30,9 @@ void buffer_append_tensor(GstBuffer *buf, const std::string &name, const at::Ten
 std::optional<at::Tensor> tensor_from_buffer(GstBuffer *buf, std::string *why);
 // A named tensor, the same way.
 std::optional<at::Tensor> named_tensor_from_buffer(GstBuffer *buf, const std::string &name, std::string *why);
+// A textencoder's text_embeds and text_mask, both or neither (left undefined). False with a reason
+// when one cannot be read or only one is there.
+bool text_tensors_from_buffer(GstBuffer *buf, at::Tensor *embeds, at::Tensor *mask, std::string *why);
 
 bool is_tensor_memory(GstMemory *mem);
 

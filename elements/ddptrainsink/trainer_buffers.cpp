@@ -4,7 +4,6 @@
 #include "metas.h"
 #include "models/train_model.h"
 #include "tensor_buffer.h"
-#include "tensor_caps.h"
 
 namespace videotrain {
 
@@ -17,14 +16,9 @@ ProcessResult train_on_buffer(TrainerEngine &engine, GstBuffer *buf, std::string
   }
   ModelInputs in;
   in.latents = *t;
-  for (const std::string &name : tensor_names(buf)) {
-    auto n = named_tensor_from_buffer(buf, name, &why);
-    if (!n) {
-      *error = "micro-batch tensor '" + name + "' cannot be read: " + why;
-      return ProcessResult::kError;
-    }
-    if (name == "text_embeds") in.text_embeds = *n;
-    if (name == "text_mask") in.text_mask = *n;
+  if (!text_tensors_from_buffer(buf, &in.text_embeds, &in.text_mask, &why)) {
+    *error = "micro-batch: " + why;
+    return ProcessResult::kError;
   }
   MicroBatchInfo info;
   BatchInfo meta;

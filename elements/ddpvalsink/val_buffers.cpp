@@ -5,7 +5,6 @@
 
 #include "metas.h"
 #include "tensor_buffer.h"
-#include "tensor_caps.h"
 
 namespace videotrain {
 
@@ -44,21 +43,12 @@ ValidationEngine::Result validate_buffer(ValidationEngine &engine, GstBuffer *bu
              "(micro-batch): the sample ids and clip indices that shards and passes need are missing";
     return R::kError;
   }
-  std::optional<at::Tensor> embeds, mask;
-  for (const std::string &name : tensor_names(buf)) {
-    auto n = named_tensor_from_buffer(buf, name, &why);
-    if (!n) {
-      *error = "validation buffer's tensor '" + name + "' cannot be read: " + why;
-      return R::kError;
-    }
-    if (name == "text_embeds") embeds = n;
-    if (name == "text_mask") mask = n;
-  }
-  if (embeds.has_value() != mask.has_value()) {
-    *error = "validation buffer carries only one of text_embeds and text_mask";
+  at::Tensor embeds, mask;
+  if (!text_tensors_from_buffer(buf, &embeds, &mask, &why)) {
+    *error = "validation buffer: " + why;
     return R::kError;
   }
-  R r = engine.push(*t, samples, embeds ? &*embeds : nullptr, mask ? &*mask : nullptr);
+  R r = engine.push(*t, samples, embeds.defined() ? &embeds : nullptr, mask.defined() ? &mask : nullptr);
   if (r == R::kError) *error = engine.error();
   return r;
 }
