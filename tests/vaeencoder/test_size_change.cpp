@@ -1,6 +1,6 @@
 // Frame sizes that change between clips (csvvideosrc buckets): appsrc sends new caps before
 // the first frame of a clip of another size, through one vaeencoder and on to microbatcher and
-// ddptrainsink. Every latent must equal the one the same clip gets in a stream of its own size,
+// ddptrainsink (and textencoder). Every latent must equal the one the same clip gets in a stream of its own size,
 // nothing is dropped, every micro-batch holds one shape, and every step trains.
 #include <ATen/ATen.h>
 #include <gst/app/gstappsrc.h>
@@ -152,7 +152,7 @@ void run_clips(const std::string &vae, const std::vector<Clip> &clips, const std
       GST_BUFFER_PTS(b) = pts;
       GST_BUFFER_DURATION(b) = kFrame;
       pts += kFrame;
-      auto *m = gst_buffer_add_videotrain_clip_meta(b, "a red ball", "/videos/x.mp4", "train");
+      auto *m = gst_buffer_add_videotrain_clip_meta(b, "a red ball bouncing on black", "/videos/x.mp4", "train");
       m->sample_id = c.sample;
       m->clip_index = k;
       m->frame_index = t;
@@ -231,16 +231,39 @@ std::map<uint64_t, at::Tensor> latents_alone(const std::string &vae, const std::
   return out;
 }
 
-void check_training_run(uint32_t batch, uint32_t micro) {
+// A tokenizer and a seeded TorchScript text encoder (scripts/make_text_encoder.py) in DIR/text.
+std::string make_text_encoder(const vttest::TempDir &dir) {
+  std::string csv = "path,text\n";
+  for (const char *c : {"a red ball bouncing on black", "colour bars with a moving noise strip", "television static",
+                        "a zone plate of rings moving outwards", "concentric circles", "a turning pinwheel",
+                        "spokes of a wheel", "a vertical grey gradient", "vertical colour stripes"})
+    csv += std::string("x.mp4,") + c + "\n";
+  vttest::write_file(dir.file("captions.csv"), csv);
+  const std::string py = vttest::env_or("PYTHON", "/usr/bin/python3");
+  const std::string script = vttest::env_or("VIDEOTRAIN_SOURCE_DIR", ".") + "/scripts/make_text_encoder.py";
+  if (std::system((py + " " + script + " " + dir.file("text") + " --captions " + dir.file("captions.csv") +
+                   " >/dev/null 2>&1").c_str()) != 0) {
+    ADD_FAILURE() << "make_text_encoder.py failed";
+    return "";
+  }
+  return "textencoder tokenizer=" + dir.file("text/spiece.model") + " model=" + dir.file("text/text_encoder.pt") +
+         " max-length=16 ! ";
+}
+
+// clips ! vaeencoder ! [textencoder !] microbatcher ! ddptrainsink model=builtin:MODEL
+void check_training_run(uint32_t batch, uint32_t micro, bool text = false) {
   vttest::TempDir dir;
   const std::string vae = make_vae(dir);
   ASSERT_FALSE(vae.empty());
+  const std::string textencoder = text ? make_text_encoder(dir) : "";
+  if (text) ASSERT_FALSE(textencoder.empty());
   const auto clips = mixed_clips();
   const auto reference = latents_alone(vae, clips);
   Recorded r;
   run_clips(vae, clips,
-            "microbatcher name=mb batch-size=" + std::to_string(batch) + " micro-batch-size=" + std::to_string(micro) +
-                " ! ddptrainsink name=t model=builtin:tiny-unet3d device=cpu log-every=1 rank=0 world-size=1",
+            textencoder + "microbatcher name=mb batch-size=" + std::to_string(batch) +
+                " micro-batch-size=" + std::to_string(micro) + " ! ddptrainsink name=t model=builtin:" +
+                (text ? "tiny-t2v" : "tiny-unet3d") + " device=cpu log-every=1 rank=0 world-size=1",
             &r, /*mid_clip_recaps=*/2);
   ASSERT_TRUE(r.errors.empty()) << r.errors.front();
   EXPECT_TRUE(r.dropped.empty()) << r.dropped.front();
@@ -295,6 +318,9 @@ TEST(VaeEncoderSizeChange, AlternatingSizesTrainWithMicroBatchesOfOne) { check_t
 
 // Steps of two samples of two shapes: each becomes two single-shape micro-batches.
 TEST(VaeEncoderSizeChange, AlternatingSizesTrainWithMicroBatchesOfTwo) { check_training_run(2, 2); }
+
+// textencoder between them: the text embeddings travel with latents of either size.
+TEST(VaeEncoderSizeChange, AlternatingSizesThroughTextEncoder) { check_training_run(2, 1, true); }
 
 // A size change inside a clip (an upstream bug) loses that clip only, with a message naming it.
 TEST(VaeEncoderSizeChange, ChangeInsideAClipDropsOnlyThatClip) {
