@@ -151,7 +151,12 @@ std::map<size_t, Probe> read_partial(const std::string &path, const std::string 
   std::map<size_t, Probe> done;
   std::ifstream f(path);
   std::string line;
-  if (!std::getline(f, line) || line + "\n" != header) return done;
+  if (!std::getline(f, line)) return done;
+  if (line + "\n" != header) {
+    std::fprintf(stderr, "videotrain-probe: %s is from another manifest (or IN changed since): starting over\n",
+                 path.c_str());
+    return done;
+  }
   std::string content((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::istringstream lines(content);
   // Only lines that end in a newline are whole.
@@ -213,27 +218,29 @@ int main(int argc, char **argv) {
   }
 
   // The records themselves, to copy every other column as it is: the header, then one per
-  // non-blank record, which are the manifest's rows in order.
+  // non-blank record, which are the manifest's rows in order. The file stays in memory with
+  // each record's start (8 bytes a row); records are parsed when used.
   std::ifstream f(in, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   size_t pos = text.compare(0, 3, "\xEF\xBB\xBF") == 0 ? 3 : 0;
-  std::vector<std::vector<std::string>> records;
+  std::vector<size_t> starts;
+  std::vector<std::string> header;
   while (pos < text.size()) {
     size_t end = pos;
     auto fields = videotrain::parse_csv_record(text, pos, &end);
-    const bool blank = trim(text.substr(pos, end - pos)).empty();
     if (end <= pos) break;
+    if (!trim(text.substr(pos, end - pos)).empty()) {
+      if (header.empty() && starts.empty()) header = std::move(fields);
+      else starts.push_back(pos);
+    }
     pos = end;
-    if (!blank) records.push_back(std::move(fields));
   }
-  text.clear();
-  text.shrink_to_fit();
-  if (records.empty() || records.size() - 1 != manifest->size()) {
+  if (header.empty() || starts.size() != manifest->size()) {
     std::fprintf(stderr, "videotrain-probe: %s: found %zu rows where the manifest index has %zu\n", in.c_str(),
-                 records.empty() ? 0 : records.size() - 1, manifest->size());
+                 starts.size(), manifest->size());
     return 1;
   }
-  std::vector<std::string> &header = records[0];
+  auto record = [&](size_t row) { return videotrain::parse_csv_record(text, starts[row], nullptr); };
   int col[kNumColumns];
   for (int c = 0; c < kNumColumns; c++) {
     col[c] = -1;
@@ -244,13 +251,10 @@ int main(int argc, char **argv) {
       header.push_back(kColumns[c]);
     }
   }
-  auto value = [&](size_t row, int c) -> std::string {
-    const auto &r = records[row + 1];
-    return size_t(col[c]) < r.size() ? r[size_t(col[c])] : std::string();
-  };
   auto complete = [&](size_t row) {
+    const auto r = record(row);
     for (int c = 0; c < kNumColumns; c++)
-      if (!valid_value(value(row, c), c == 3)) return false;
+      if (size_t(col[c]) >= r.size() || !valid_value(r[size_t(col[c])], c == 3)) return false;
     return true;
   };
 
@@ -346,7 +350,7 @@ int main(int argc, char **argv) {
   }
   std::fputs(csv_record(header).c_str(), of);
   for (size_t r = 0; r < manifest->size(); r++) {
-    auto &rec = records[r + 1];
+    auto rec = record(r);
     if (rec.size() < header.size()) rec.resize(header.size());
     auto it = results.find(r);
     if (it != results.end()) {
