@@ -333,11 +333,24 @@ static gboolean set_sink_caps(GstVaeEncoder *self, GstCaps *caps) {
                       ("%s (model %s); resize the frames upstream", bad.c_str(), eng->options().model.c_str()));
     return FALSE;
   }
-  if (eng->in_clip()) drop_clip(self, holder_meta(self), "frame size changed in the middle of the clip");
+  // A new size takes effect at the next clip (csvvideosrc's buckets change it between clips);
+  // only a size change inside a clip loses that clip. Re-sent caps of the same size (a new
+  // framerate, say) keep the clip going.
+  const bool resized = !self->have_info || GST_VIDEO_INFO_WIDTH(&info) != GST_VIDEO_INFO_WIDTH(&self->vinfo) ||
+                       GST_VIDEO_INFO_HEIGHT(&info) != GST_VIDEO_INFO_HEIGHT(&self->vinfo);
+  if (resized && eng->in_clip())
+    drop_clip(self, holder_meta(self),
+              "frame size changed to " + std::to_string(GST_VIDEO_INFO_WIDTH(&info)) + "x" +
+                  std::to_string(GST_VIDEO_INFO_HEIGHT(&info)) + " in the middle of the clip (after frame " +
+                  std::to_string(eng->frames_received()) + ")");
   self->vinfo = info;
   self->have_info = TRUE;
+  // The latent caps do not depend on the frame size (each buffer carries its shape): sent once.
   GstCaps *out = tensor_caps_new({"latents", eng->dtype_name(), eng->device_name()});
-  gboolean ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(out));
+  GstCaps *cur = gst_pad_get_current_caps(self->srcpad);
+  gboolean ok = TRUE;
+  if (!cur || !gst_caps_is_equal(cur, out)) ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(out));
+  if (cur) gst_caps_unref(cur);
   gst_caps_unref(out);
   return ok;
 }

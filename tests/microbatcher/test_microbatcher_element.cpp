@@ -321,6 +321,29 @@ TEST_F(MicroBatcherElement, DtypeChangeEmitsHeldSamplesUnderOldCaps) {
   gst_caps_unref(caps);
 }
 
+// vaeencoder's input may change size at any clip (buckets): the latent caps stay, each buffer
+// carries its shape. Caps sent again unchanged in the middle of a step keep the step whole.
+TEST_F(MicroBatcherElement, ReSentCapsKeepTheStepAndShapesChangePerBuffer) {
+  Harness h(make_batcher(2, 1));
+  ASSERT_EQ(h.push({0, A, 0, 0}), GST_FLOW_OK);
+  GstCaps *caps = gst_caps_from_string(kLatentCaps);
+  ASSERT_TRUE(gst_harness_push_event(h.h, gst_event_new_caps(caps)));
+  gst_caps_unref(caps);
+  ASSERT_EQ(h.push({1, B, 0, 1}), GST_FLOW_OK);
+  ASSERT_EQ(h.push({2, B, 0, 2}), GST_FLOW_OK);
+  ASSERT_EQ(h.push({3, A, 0, 3}), GST_FLOW_OK);
+  auto out = inspect_all(h);
+  EXPECT_EQ(h.error(), "");
+  ASSERT_EQ(out.size(), 4u);
+  const std::vector<std::vector<int64_t>> shapes{with_m(1, A), with_m(1, B), with_m(1, B), with_m(1, A)};
+  for (size_t i = 0; i < out.size(); i++) {
+    EXPECT_EQ(out[i].rows, (std::vector<uint64_t>{i}));
+    EXPECT_EQ(out[i].shape, shapes[i]);
+    EXPECT_EQ(out[i].meta.step, i / 2);
+    EXPECT_EQ(out[i].meta.step_samples, 2u) << "the re-sent caps did not close step 0 early";
+  }
+}
+
 TEST_F(MicroBatcherElement, EosEmitsPartialStepBeforeEos) {
   Harness h(make_batcher(8, 2));
   for (uint64_t i = 0; i < 3; i++) ASSERT_EQ(h.push({i, A, 0, i}), GST_FLOW_OK);
