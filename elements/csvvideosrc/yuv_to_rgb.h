@@ -7,6 +7,8 @@
 
 #include <gst/video/video.h>
 
+#include <cstdint>
+
 #include <string>
 #include <vector>
 
