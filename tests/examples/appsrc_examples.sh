@@ -23,19 +23,20 @@ meson install -C "$build" --no-rebuild --quiet --destdir "$work/dest" >/dev/null
 pc=$(find "$work/dest" -name gstreamer-videotrain-1.0.pc)
 [[ -n $pc ]] || { echo "meson install wrote no gstreamer-videotrain-1.0.pc"; exit 1; }
 prefix=$(sed -n 's/^prefix=//p' "$pc")
-# The pkg-config file names the configured prefix; the files are under DESTDIR.
-pcflags=(--define-variable=prefix="$work/dest$prefix")
-export PKG_CONFIG_PATH
-PKG_CONFIG_PATH=$(dirname "$pc")
-libdir=$(pkg-config "${pcflags[@]}" --variable=libdir gstreamer-videotrain-1.0)
-[[ -f $(pkg-config "${pcflags[@]}" --variable=includedir gstreamer-videotrain-1.0)/gstreamer-1.0/gst/videotrain/videotrain.h ]] ||
+# The pkg-config file names the configured prefix while the files are under DESTDIR: a copy
+# with the prefix moved there (--define-variable would move gstreamer-1.0's prefix too).
+mkdir "$work/pkgconfig"
+sed "s|^prefix=.*|prefix=$work/dest$prefix|" "$pc" > "$work/pkgconfig/gstreamer-videotrain-1.0.pc"
+export PKG_CONFIG_PATH="$work/pkgconfig"
+libdir=$(pkg-config --variable=libdir gstreamer-videotrain-1.0)
+[[ -f $(pkg-config --variable=includedir gstreamer-videotrain-1.0)/gstreamer-1.0/gst/videotrain/videotrain.h ]] ||
   { echo "no installed <gst/videotrain/videotrain.h>"; exit 1; }
 typelib=$(find "$work/dest" -name GstVideoTrain-1.0.typelib)
 [[ -n $typelib || $with_python == 0 ]] || { echo "meson install wrote no GstVideoTrain-1.0.typelib"; exit 1; }
 
 # shellcheck disable=SC2046
 cc -Wall -Wextra -Werror -o "$work/appsrc_encode" "$src/examples/c/appsrc_encode.c" \
-  $(pkg-config "${pcflags[@]}" --cflags --libs gstreamer-videotrain-1.0 gstreamer-app-1.0)
+  $(pkg-config --cflags --libs gstreamer-videotrain-1.0 gstreamer-app-1.0)
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 ldd "$work/appsrc_encode" | grep -q "libgstvideotrain-1.0.so.0 => $libdir/" ||
   { ldd "$work/appsrc_encode"; echo "appsrc_encode does not use the installed library"; exit 1; }
