@@ -1,7 +1,5 @@
 #include "tensor_caps.h"
 
-#include <algorithm>
-
 namespace videotrain {
 
 GstVideoTrainTensorMeta *add_tensor_meta(GstBuffer *buffer, const std::string &dtype, const std::string &device,
@@ -16,15 +14,10 @@ GstVideoTrainTensorMeta *find_tensor_meta(GstBuffer *buffer, const std::string &
 }
 
 std::vector<std::string> tensor_names(GstBuffer *buffer) {
-  std::vector<std::pair<guint64, std::string>> found;
-  gpointer state = nullptr;
-  while (GstMeta *m = gst_buffer_iterate_meta_filtered(buffer, &state, GST_VIDEOTRAIN_TENSOR_META_API_TYPE)) {
-    auto *t = reinterpret_cast<GstVideoTrainTensorMeta *>(m);
-    if (t->name[0]) found.emplace_back(t->offset, t->name);
-  }
-  std::sort(found.begin(), found.end());
+  gchar **names = gst_buffer_get_videotrain_tensor_names(buffer);
   std::vector<std::string> out;
-  for (auto &f : found) out.push_back(f.second);
+  for (gchar **n = names; *n; n++) out.emplace_back(*n);
+  g_strfreev(names);
   return out;
 }
 
