@@ -9,6 +9,7 @@ pkgs=(g++ pkg-config meson ninja-build openmpi-bin python3-gi gir1.2-gstreamer-1
       libopenblas0-pthread)  # libtorch-dev alone computes with the reference BLAS
 pkgs+=(googletest)  # its sources: tests/subprojects builds the gtest wrap offline from them
 pkgs+=(libsentencepiece-dev python3-sentencepiece)  # textencoder's tokenizer; the tests' reference
+pkgs+=(gobject-introspection libgirepository1.0-dev)  # the GstVideoTrain-1.0 typelib of the public library
 pkgs+=(ffmpeg python3-numpy)  # csvvideosrc's decode-reference test makes its videos and references with them
 if [[ "${1:-}" == "--bench" ]]; then
   pkgs+=(python3-torchvision python3-av time)

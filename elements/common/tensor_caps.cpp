@@ -1,108 +1,28 @@
 #include "tensor_caps.h"
 
-#include <algorithm>
-#include <cstring>
-
-namespace {
-
-const gchar *no_tags[] = {nullptr};
-
-gboolean tensor_meta_init(GstMeta *meta, gpointer, GstBuffer *) {
-  auto *m = reinterpret_cast<GstVideoTrainTensorMeta *>(meta);
-  m->dtype[0] = m->device[0] = m->name[0] = '\0';
-  m->ndim = 0;
-  m->offset = 0;
-  return TRUE;
-}
-
-gboolean tensor_meta_transform(GstBuffer *dest, GstMeta *meta, GstBuffer *, GQuark type, gpointer) {
-  // Only a whole copy keeps the shape meaningful.
-  if (!GST_META_TRANSFORM_IS_COPY(type)) return FALSE;
-  auto *s = reinterpret_cast<GstVideoTrainTensorMeta *>(meta);
-  if (videotrain::find_tensor_meta(dest, s->name)) return TRUE;
-  auto *d = reinterpret_cast<GstVideoTrainTensorMeta *>(
-      gst_buffer_add_meta(dest, gst_videotrain_tensor_meta_get_info(), nullptr));
-  if (!d) return FALSE;
-  std::memcpy(d->dtype, s->dtype, sizeof d->dtype);
-  std::memcpy(d->device, s->device, sizeof d->device);
-  d->ndim = s->ndim;
-  std::memcpy(d->shape, s->shape, sizeof d->shape);
-  std::memcpy(d->name, s->name, sizeof d->name);
-  d->offset = s->offset;
-  return TRUE;
-}
-
-}  // namespace
-
-extern "C" {
-
-GType gst_videotrain_tensor_meta_api_get_type(void) {
-  static gsize once = 0;
-  if (g_once_init_enter(&once)) {
-    // Another copy of this code (test binary vs plugin) may have registered it.
-    GType t = g_type_from_name("GstVideoTrainTensorMetaAPI");
-    if (!t) t = gst_meta_api_type_register("GstVideoTrainTensorMetaAPI", no_tags);
-    g_once_init_leave(&once, t);
-  }
-  return (GType)once;
-}
-
-const GstMetaInfo *gst_videotrain_tensor_meta_get_info(void) {
-  static gsize once = 0;
-  if (g_once_init_enter(&once)) {
-    const GstMetaInfo *info = gst_meta_get_info("GstVideoTrainTensorMeta");
-    if (!info)
-      info = gst_meta_register(GST_VIDEOTRAIN_TENSOR_META_API_TYPE, "GstVideoTrainTensorMeta",
-                          sizeof(GstVideoTrainTensorMeta), tensor_meta_init, nullptr, tensor_meta_transform);
-    g_once_init_leave(&once, (gsize)info);
-  }
-  return (const GstMetaInfo *)once;
-}
-
-}  // extern "C"
-
 namespace videotrain {
 
 GstVideoTrainTensorMeta *add_tensor_meta(GstBuffer *buffer, const std::string &dtype, const std::string &device,
                                          const std::vector<int64_t> &shape, const std::string &name,
                                          uint64_t offset) {
-  if (shape.size() > VIDEOTRAIN_TENSOR_MAX_DIMS) return nullptr;
-  auto *m = reinterpret_cast<GstVideoTrainTensorMeta *>(
-      gst_buffer_add_meta(buffer, gst_videotrain_tensor_meta_get_info(), nullptr));
-  if (!m) return nullptr;
-  g_strlcpy(m->dtype, dtype.c_str(), sizeof m->dtype);
-  g_strlcpy(m->device, device.c_str(), sizeof m->device);
-  m->ndim = static_cast<guint>(shape.size());
-  for (size_t i = 0; i < shape.size(); i++) m->shape[i] = shape[i];
-  g_strlcpy(m->name, name.c_str(), sizeof m->name);
-  m->offset = offset;
-  return m;
+  return gst_buffer_add_videotrain_tensor_meta(buffer, dtype.c_str(), device.c_str(), static_cast<guint>(shape.size()),
+                                               reinterpret_cast<const gint64 *>(shape.data()), name.c_str(), offset);
 }
 
 GstVideoTrainTensorMeta *find_tensor_meta(GstBuffer *buffer, const std::string &name) {
-  gpointer state = nullptr;
-  while (GstMeta *m = gst_buffer_iterate_meta_filtered(buffer, &state, GST_VIDEOTRAIN_TENSOR_META_API_TYPE)) {
-    auto *t = reinterpret_cast<GstVideoTrainTensorMeta *>(m);
-    if (name == t->name) return t;
-  }
-  return nullptr;
+  return gst_buffer_get_videotrain_tensor_meta_by_name(buffer, name.c_str());
 }
 
 std::vector<std::string> tensor_names(GstBuffer *buffer) {
-  std::vector<std::pair<guint64, std::string>> found;
-  gpointer state = nullptr;
-  while (GstMeta *m = gst_buffer_iterate_meta_filtered(buffer, &state, GST_VIDEOTRAIN_TENSOR_META_API_TYPE)) {
-    auto *t = reinterpret_cast<GstVideoTrainTensorMeta *>(m);
-    if (t->name[0]) found.emplace_back(t->offset, t->name);
-  }
-  std::sort(found.begin(), found.end());
+  gchar **names = gst_buffer_get_videotrain_tensor_names(buffer);
   std::vector<std::string> out;
-  for (auto &f : found) out.push_back(f.second);
+  for (gchar **n = names; *n; n++) out.emplace_back(*n);
+  g_strfreev(names);
   return out;
 }
 
 std::vector<int64_t> tensor_meta_shape(const GstVideoTrainTensorMeta *meta) {
-  return std::vector<int64_t>(meta->shape, meta->shape + meta->ndim);
+  return std::vector<int64_t>(meta->dims, meta->dims + meta->ndim);
 }
 
 bool is_known_content(const std::string &c) { return c == "latents" || c == "micro-batch"; }

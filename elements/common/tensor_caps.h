@@ -1,38 +1,16 @@
-/* Caps and per-buffer shape of tensor streams (latents, micro-batches). No torch here. */
+/* Caps and per-buffer shape of tensor streams (latents, micro-batches). The tensor meta is the
+ * public library's (gst-libs/gst/videotrain); these are C++ conveniences over it. No torch here. */
 #pragma once
 
 #include <gst/gst.h>
+#include <gst/videotrain/videotrain-tensor-meta.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#define VIDEOTRAIN_TENSOR_MEDIA_TYPE "application/x-videotrain-tensor"
-#define VIDEOTRAIN_TENSOR_MAX_DIMS 8
-
-G_BEGIN_DECLS
-
-/* Shape and dtype of a tensor a buffer holds, so that the shape survives elements that copy
- * memory (the buffer's memory may then be plain system memory). A buffer holds its main tensor
- * (latents, micro-batch; name "") first, and may hold named ones after it (text_embeds,
- * text_mask): one memory and one meta each, the meta giving the tensor's byte offset. */
-typedef struct {
-  GstMeta meta;
-  gchar dtype[16];
-  gchar device[24];
-  guint ndim;
-  gint64 shape[VIDEOTRAIN_TENSOR_MAX_DIMS];
-  gchar name[32];  // "" for the main tensor
-  guint64 offset;  // bytes from the start of the buffer
-} GstVideoTrainTensorMeta;
-
-GType gst_videotrain_tensor_meta_api_get_type(void);
-const GstMetaInfo *gst_videotrain_tensor_meta_get_info(void);
-#define GST_VIDEOTRAIN_TENSOR_META_API_TYPE (gst_videotrain_tensor_meta_api_get_type())
-#define gst_buffer_get_videotrain_tensor_meta(b) \
-  ((GstVideoTrainTensorMeta *)gst_buffer_get_meta((b), GST_VIDEOTRAIN_TENSOR_META_API_TYPE))
-
-G_END_DECLS
+#define VIDEOTRAIN_TENSOR_MEDIA_TYPE GST_VIDEOTRAIN_TENSOR_MEDIA_TYPE
+#define VIDEOTRAIN_TENSOR_MAX_DIMS GST_VIDEOTRAIN_TENSOR_MAX_DIMS
 
 namespace videotrain {
 
