@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <ATen/Parallel.h>
+
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -93,34 +96,77 @@ std::unique_ptr<CogVideoXEncoder> CogVideoXEncoder::load(const std::string &dir,
 // Time padding is causal: the first chunk repeats its first frame kernel-1 times, later
 // chunks prepend the cached last kernel-1 frames of the previous chunk's padded input.
 at::Tensor CogVideoXEncoder::causal_conv(const Conv &c, const at::Tensor &x, ConvCache &cache, size_t &idx) const {
+  const int64_t head = c.w.size(2) - 1;
+  if (head == 0) return causal_conv_padded(c, x, 0, cache, idx);
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes[2] += head;
+  at::Tensor buf = at::empty(sizes, x.options());
+  buf.narrow(2, head, x.size(2)).copy_(x);
+  return causal_conv_padded(c, buf, head, cache, idx);
+}
+
+// `buf` holds the input from frame `head` on; its first `head` frames are written here, so the
+// layer before can write straight into it and no concatenation copies the activations.
+at::Tensor CogVideoXEncoder::causal_conv_padded(const Conv &c, const at::Tensor &buf, int64_t head, ConvCache &cache,
+                                                size_t &idx) const {
   if (cache.entries.size() <= idx) cache.entries.resize(idx + 1);
   at::Tensor &slot = cache.entries[idx++];
-  int64_t kt = c.w.size(2), kh = c.w.size(3), kw = c.w.size(4);
-  at::Tensor in = x;
-  if (kt > 1) {
-    std::vector<at::Tensor> parts;
-    if (slot.defined()) {
-      parts.push_back(slot);
-    } else {
-      at::Tensor first = x.narrow(2, 0, 1);
-      for (int64_t i = 0; i < kt - 1; i++) parts.push_back(first);
-    }
-    parts.push_back(x);
-    in = at::cat(parts, 2);
-    slot = in.narrow(2, in.size(2) - (kt - 1), kt - 1).clone();
+  const int64_t kh = c.w.size(3), kw = c.w.size(4);
+  if (head > 0) {
+    at::Tensor pad = buf.narrow(2, 0, head);
+    if (slot.defined())
+      pad.copy_(slot);
+    else
+      pad.copy_(buf.narrow(2, head, 1).expand_as(pad));
+    slot = buf.narrow(2, buf.size(2) - head, head).clone();
   }
-  return conv3d_fast(in, c.w, c.b, {1, 1, 1}, {0, (kh - 1) / 2, (kw - 1) / 2});
+  return conv3d_fast(buf, c.w, c.b, {1, 1, 1}, {0, (kh - 1) / 2, (kw - 1) / 2});
+}
+
+// GroupNorm then SiLU, written into frames [head, head + T) of a new [B, C, head + T, H, W]
+// buffer for the causal conv that follows. On CPU in float one parallel task per (sample,
+// group): its channels are one contiguous block, so statistics, scale-shift and SiLU run on it
+// while it is in cache, in one parallel region instead of one per operator.
+at::Tensor CogVideoXEncoder::norm_silu(const Norm &n, const at::Tensor &x, double eps, int64_t head) const {
+  const int64_t B = x.size(0), C = x.size(1), T = x.size(2), g = cfg_.norm_num_groups, cpg = C / g;
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes[2] += head;
+  at::Tensor buf = at::empty(sizes, x.options());
+  at::Tensor out = buf.narrow(2, head, T);
+  if (!(x.is_cpu() && x.scalar_type() == at::kFloat)) {
+    at::Tensor y = at::group_norm(x, g, n.w, n.b, eps);
+    out.copy_(at::silu_(y));
+    return buf;
+  }
+  at::Tensor xc = x.contiguous();
+  at::parallel_for(0, B * g, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; i++) {
+      const int64_t b = i / g, c0 = (i % g) * cpg;
+      at::Tensor blk = xc.select(0, b).narrow(0, c0, cpg);
+      at::Tensor dst = out.select(0, b).narrow(0, c0, cpg);
+      // Two passes (mean, then squared deviations, staged in dst) on the cached block, summed
+      // in float64: as precise as Welford and much faster than var_mean's scalar loop.
+      const double count = static_cast<double>(blk.numel());
+      const double mean = blk.sum(at::kDouble).item<double>() / count;
+      at::sub_out(dst, blk, mean);
+      dst.mul_(dst);
+      const double rstd = 1.0 / std::sqrt(dst.sum(at::kDouble).item<double>() / count + eps);
+      at::Tensor scale = n.w.narrow(0, c0, cpg) * rstd;
+      at::Tensor shift = n.b.narrow(0, c0, cpg) - scale * mean;
+      at::addcmul_out(dst, shift.view({cpg, 1, 1, 1}), blk, scale.view({cpg, 1, 1, 1}));
+      at::silu_(dst);
+    }
+  });
+  return buf;
 }
 
 at::Tensor CogVideoXEncoder::resnet(const Resnet &r, const at::Tensor &x, ConvCache &cache, size_t &idx) const {
-  const int g = cfg_.norm_num_groups;
   const double eps = cfg_.norm_eps;
-  at::Tensor h = at::silu(at::group_norm(x, g, r.norm1.w, r.norm1.b, eps));
-  h = causal_conv(r.conv1, h, cache, idx);
-  h = at::silu(at::group_norm(h, g, r.norm2.w, r.norm2.b, eps));
-  h = causal_conv(r.conv2, h, cache, idx);
-  at::Tensor skip = r.shortcut.w.defined() ? conv3d_fast(x, r.shortcut.w, r.shortcut.b, {1, 1, 1}, {0, 0, 0}) : x;
-  return h + skip;
+  const int64_t head1 = r.conv1.w.size(2) - 1, head2 = r.conv2.w.size(2) - 1;
+  at::Tensor h = causal_conv_padded(r.conv1, norm_silu(r.norm1, x, eps, head1), head1, cache, idx);
+  h = causal_conv_padded(r.conv2, norm_silu(r.norm2, h, eps, head2), head2, cache, idx);
+  if (r.shortcut.w.defined()) return h.add_(conv3d_fast(x, r.shortcut.w, r.shortcut.b, {1, 1, 1}, {0, 0, 0}));
+  return h.add_(x);
 }
 
 // Temporal compression keeps a lone first frame (odd length) and averages the following
@@ -156,8 +202,8 @@ at::Tensor CogVideoXEncoder::forward(const at::Tensor &x_in, ConvCache &cache) c
     if (b.downsample) h = downsample(b, h);
   }
   for (const auto &r : mid_) h = resnet(r, h, cache, idx);
-  h = at::silu(at::group_norm(h, cfg_.norm_num_groups, norm_out_.w, norm_out_.b, 1e-6));
-  h = causal_conv(conv_out_, h, cache, idx);
+  const int64_t head = conv_out_.w.size(2) - 1;
+  h = causal_conv_padded(conv_out_, norm_silu(norm_out_, h, 1e-6, head), head, cache, idx);
   if (quant_conv_.w.defined()) h = conv3d_fast(h, quant_conv_.w, quant_conv_.b, {1, 1, 1}, {0, 0, 0});
   return h;
 }

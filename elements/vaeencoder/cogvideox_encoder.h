@@ -87,6 +87,9 @@ class CogVideoXEncoder {
   CogVideoXEncoder() = default;
   at::Tensor resnet(const Resnet &r, const at::Tensor &x, ConvCache &cache, size_t &idx) const;
   at::Tensor causal_conv(const Conv &c, const at::Tensor &x, ConvCache &cache, size_t &idx) const;
+  at::Tensor causal_conv_padded(const Conv &c, const at::Tensor &buf, int64_t head, ConvCache &cache,
+                                size_t &idx) const;
+  at::Tensor norm_silu(const Norm &n, const at::Tensor &x, double eps, int64_t head) const;
   at::Tensor downsample(const Block &b, const at::Tensor &x) const;
 
   VaeConfig cfg_;
