@@ -29,8 +29,8 @@ def clip(T, size):
     return torch.stack([((i * 7 + t * 13) & 0xFF).to(torch.uint8).reshape(size, size, 3) for t in range(T)])
 
 
-def ours(model, T, size, threads):
-    out = subprocess.run([os.path.join(BUILD, "bench", "vae-memory-bench"), "--model", model, "--modes", "chunk",
+def ours(model, T, size, threads, binary=None):
+    out = subprocess.run([binary or os.path.join(BUILD, "bench", "vae-memory-bench"), "--model", model, "--modes", "chunk",
                           "--frames", str(T), "--size", str(size), "--threads", str(threads)],
                          check=True, capture_output=True, text=True).stdout
     m = re.search(r"^chunk\s+%d\s+\S+\s+\S+\s+\S+\s+\S+\s+(\S+)" % T, out, re.M)
@@ -52,6 +52,7 @@ def main():
     ap.add_argument("--size", type=int, default=192)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--bench-binary", help="another vae-memory-bench build to time as ours (before/after)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory(prefix="vae-speed-") as tmp:
@@ -63,7 +64,7 @@ def main():
         peer_time(peer, clip(9, a.size))  # warm-up: oneDNN primitives, allocator
         mine, theirs = [], []
         for _ in range(a.repeat):
-            mine.append(ours(model, a.frames, a.size, a.threads))
+            mine.append(ours(model, a.frames, a.size, a.threads, a.bench_binary))
             theirs.append(peer_time(peer, u8)[0])
     o, p = min(mine), min(theirs)
     print("CogVideoX mid VAE encode, %d frames of %dx%d, %d CPU threads, best of %d (torch %s)" %
