@@ -163,14 +163,6 @@ Result in_child(const Setup &su, int T, Mode mode) {
   return r;
 }
 
-// The mid-size bench config: between tiny and CogVideoX-2b ({128, 256, 256, 512}, 3 resnets).
-VaeConfig mid_config() {
-  VaeConfig c = cogvideox_2b_config();
-  c.block_out_channels = {64, 128, 128, 256};
-  c.layers_per_block = 2;
-  return c;
-}
-
 std::vector<std::string> split(char *arg) {
   std::vector<std::string> out;
   for (char *s = strtok(arg, ","); s; s = strtok(nullptr, ",")) out.push_back(s);

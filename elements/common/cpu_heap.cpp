@@ -31,4 +31,18 @@ bool retain_cpu_heap(std::string *why, std::size_t mmap_threshold, std::size_t t
 #endif
 }
 
+bool retain_large_cpu_blocks(std::string *why) {
+#if defined(__GLIBC__)
+  if (!retain_cpu_heap(why)) return false;
+  if (mallopt(M_MMAP_MAX, 0) != 1) {
+    if (why) *why = "mallopt refused M_MMAP_MAX";
+    return false;
+  }
+  return true;
+#else
+  if (why) *why = "not glibc: the C heap is left as it is";
+  return false;
+#endif
+}
+
 }  // namespace videotrain

@@ -18,6 +18,12 @@ namespace videotrain {
 bool retain_cpu_heap(std::string *why = nullptr, std::size_t mmap_threshold = std::size_t(32) << 20,
                      std::size_t trim_threshold = std::size_t(128) << 20);
 
+// Also serves blocks above the mmap threshold from the heap (no mmap at all), so that freed
+// ones are reused too: the VAE encoder's full-resolution activations are 40-100 MB each and
+// otherwise page-fault (and are zeroed by the kernel) afresh on every allocation, about 15% of
+// a CPU encode. Idempotent, process-wide; false (with *why) where it cannot be set.
+bool retain_large_cpu_blocks(std::string *why = nullptr);
+
 // The blurb of the elements' tune-malloc property.
 constexpr const char *kTuneMallocBlurb =
     "On CPU, keep freed tensor memory (allocations up to 32 MiB, 128 MiB free at the heap top) in the C heap "

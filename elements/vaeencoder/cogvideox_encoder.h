@@ -69,6 +69,7 @@ class CogVideoXEncoder {
 
   struct Conv {
     at::Tensor w, b;
+    at::Tensor packed;  // w in oneDNN's blocked layout (CPU float, LibTorch 1.x); undefined: none
   };
   struct Norm {
     at::Tensor w, b;
@@ -85,8 +86,13 @@ class CogVideoXEncoder {
 
  private:
   CogVideoXEncoder() = default;
+  void pack_weights();
   at::Tensor resnet(const Resnet &r, const at::Tensor &x, ConvCache &cache, size_t &idx) const;
   at::Tensor causal_conv(const Conv &c, const at::Tensor &x, ConvCache &cache, size_t &idx) const;
+  at::Tensor causal_conv_padded(const Conv &c, const at::Tensor &buf, int64_t head, ConvCache &cache,
+                                size_t &idx) const;
+  at::Tensor conv(const Conv &c, const at::Tensor &x, at::IntArrayRef stride, at::IntArrayRef padding) const;
+  at::Tensor norm_silu(const Norm &n, const at::Tensor &x, double eps, int64_t head) const;
   at::Tensor downsample(const Block &b, const at::Tensor &x) const;
 
   VaeConfig cfg_;

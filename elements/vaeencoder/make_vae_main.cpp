@@ -44,11 +44,9 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "%s: give --tiny or --mid, not both\n", argv[0]);
     return 2;
   }
-  auto cfg = tiny ? videotrain::vae::tiny_config() : videotrain::vae::cogvideox_2b_config();
-  if (mid) {
-    cfg.block_out_channels = {64, 128, 128, 256};
-    cfg.layers_per_block = 2;
-  }
+  auto cfg = tiny  ? videotrain::vae::tiny_config()
+             : mid ? videotrain::vae::mid_config()
+                   : videotrain::vae::cogvideox_2b_config();
   std::string err;
   if (!videotrain::vae::make_random_vae(out, cfg, seed, dtype, &err)) {
     std::fprintf(stderr, "%s: %s\n", argv[0], err.c_str());

@@ -249,6 +249,13 @@ VaeConfig cogvideox_2b_config() {
   return c;
 }
 
+VaeConfig mid_config() {
+  VaeConfig c = cogvideox_2b_config();
+  c.block_out_channels = {64, 128, 128, 256};
+  c.layers_per_block = 2;
+  return c;
+}
+
 namespace {
 
 // splitmix64: a small seeded generator whose stream is the same on every platform.

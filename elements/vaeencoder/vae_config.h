@@ -50,6 +50,8 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> encoder_tensor_table(c
 // The tiny and full-size CogVideoX-2b configurations, for the make-vae tool and tests.
 VaeConfig tiny_config();
 VaeConfig cogvideox_2b_config();
+// Between the two, for benches: {64, 128, 128, 256} channels, 2 resnets per block, 32 groups.
+VaeConfig mid_config();
 
 // Writes config.json + diffusion_pytorch_model.safetensors into `dir` (created if
 // needed) with seeded random encoder weights (conv weights uniform in +-1/sqrt(fan_in),

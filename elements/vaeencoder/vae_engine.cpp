@@ -750,7 +750,8 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
   if (!im.device.is_cpu() && !im.device.is_cuda()) return fail("device '" + opts.device + "' is not cpu or cuda");
   if (im.device.is_cuda() && !im.device.has_index())
     im.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(dist_env_from_environment().local_rank));
-  if (im.device.is_cpu() && opts.tune_malloc) retain_cpu_heap();  // best effort: not glibc, no tuning
+  // Best effort (not glibc: no tuning). Large blocks too: full-resolution activations.
+  if (im.device.is_cpu() && opts.tune_malloc) retain_large_cpu_blocks();
   if (opts.dtype.empty()) {
     im.dtype = im.device.is_cuda() ? at::kBFloat16 : at::kFloat;
   } else {
