@@ -8,7 +8,6 @@
 #include <gst/video/video.h>
 
 #include <cstdint>
-
 #include <string>
 #include <vector>
 

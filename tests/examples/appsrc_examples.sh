@@ -38,8 +38,10 @@ typelib=$(find "$work/dest" -name GstVideoTrain-1.0.typelib)
 cc -Wall -Wextra -Werror -o "$work/appsrc_encode" "$src/examples/c/appsrc_encode.c" \
   $(pkg-config --cflags --libs gstreamer-videotrain-1.0 gstreamer-app-1.0)
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-ldd "$work/appsrc_encode" | grep -q "libgstvideotrain-1.0.so.0 => $libdir/" ||
-  { ldd "$work/appsrc_encode"; echo "appsrc_encode does not use the installed library"; exit 1; }
+# (ldd's output is kept first: with pipefail, grep -q closing the pipe early fails `ldd | grep -q`.)
+libs=$(ldd "$work/appsrc_encode")
+grep -q "libgstvideotrain-1.0.so.0 => $libdir/" <<< "$libs" ||
+  { echo "$libs"; echo "appsrc_encode does not use the installed library"; exit 1; }
 
 "$build/elements/vaeencoder/videotrain-make-vae" "$work/vae" --seed 5 --tiny >/dev/null
 "$work/appsrc_encode" "$work/vae" $frames $size $clips > "$work/c.txt" 2> "$work/c.err" ||

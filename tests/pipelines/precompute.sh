@@ -49,7 +49,7 @@ timeout -k 10 300 "$launch" -n 2 -f "$src/pipelines/train.pipeline" "${defs[@]}"
 for r in 0 1; do
   epochs=$(grep "^\[rank $r\] csvvideosrc-epoch" "$work/train.log" || true)
   [[ -n $epochs ]] || { cat "$work/train.log"; fail "rank $r: no csvvideosrc-epoch message in training"; }
-  if echo "$epochs" | field decoded | grep -qv '^0$'; then
+  if field decoded <<< "$epochs" | grep -v '^0$' > /dev/null; then
     cat "$work/train.log"; fail "rank $r decoded clips while training from a full cache"
   fi
   cached=$(echo "$epochs" | field cached | awk '{s += $1} END {print s + 0}')
