@@ -96,7 +96,7 @@ static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
 static GType gst_vae_encoder_latent_get_type(void) {
   static GType type = 0;
   static const GEnumValue values[] = {
-      {(gint)LatentKind::Sample, "Posterior sample (mean + std * seeded noise) times scaling_factor", "sample"},
+      {(gint)LatentKind::Sample, "Posterior sample (mean + std * noise drawn from seed, sample id and epoch) times scaling_factor", "sample"},
       {(gint)LatentKind::Mode, "Posterior mean times scaling_factor", "mode"},
       {(gint)LatentKind::Moments, "Mean and log-variance concatenated on channels (unscaled)", "moments"},
       {0, nullptr, nullptr}};
@@ -730,7 +730,7 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
           gst_vae_encoder_norm_scope_get_type(), (gint)NormScope::Chunk, rw));
   g_object_class_install_property(
       gobject_class, PROP_SEED,
-      g_param_spec_uint64("seed", "Seed", "Seed of the posterior noise (mixed with each clip's sample id)", 0,
+      g_param_spec_uint64("seed", "Seed", "Seed of the posterior noise (mixed with each clip's sample id and epoch)", 0,
                           G_MAXUINT64, 0, rw));
   g_object_class_install_property(
       gobject_class, PROP_DEVICE,
