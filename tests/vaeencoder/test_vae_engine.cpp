@@ -100,12 +100,8 @@ TEST(VaeReference, LatentModeAndSampleMatchDiffusers) {
 TEST(VaeReference, TiledEncodeMatchesDiffusers) {
   vaetest::Cases cases;
   ASSERT_TRUE(cases.ok());
-  auto tile = nlohmann::json::parse(cases.meta("tile"));
   auto o = tiny_a_options();
-  o.tile_height = tile[0].get<int>();
-  o.tile_width = tile[1].get<int>();
-  o.tile_overlap_height = tile[2].get<double>();
-  o.tile_overlap_width = tile[3].get<double>();
+  cases.use_reference_tiles(&o);
   auto eng = vaetest::make_engine(o);
   ASSERT_TRUE(eng);
   for (int T : {1, 9, 25}) {

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstring>
 #include <map>
 #include <string>
@@ -39,6 +41,14 @@ class Cases {
     return t;
   }
   std::string meta(const std::string &k) const { return file_->metadata().at(k); }
+  // The reference's tiles (metadata "tile": height, width, overlap height, overlap width).
+  void use_reference_tiles(videotrain::vae::EngineOptions *o) const {
+    auto tile = nlohmann::json::parse(meta("tile"));
+    o->tile_height = tile[0].get<int>();
+    o->tile_width = tile[1].get<int>();
+    o->tile_overlap_height = tile[2].get<double>();
+    o->tile_overlap_width = tile[3].get<double>();
+  }
 
  private:
   std::unique_ptr<videotrain::SafetensorsFile> file_;
