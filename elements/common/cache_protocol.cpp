@@ -73,6 +73,19 @@ GstQuery *cache_query_new(const ClipIdentity &clip) {
   return gst_query_new_custom(GST_QUERY_CUSTOM, clip_structure(VIDEOTRAIN_CACHE_QUERY_NAME, clip));
 }
 
+GstQuery *cache_probe_query_new() {
+  return gst_query_new_custom(GST_QUERY_CUSTOM,
+                              gst_structure_new(VIDEOTRAIN_CACHE_QUERY_NAME, "probe", G_TYPE_BOOLEAN, TRUE, nullptr));
+}
+
+bool is_cache_probe_query(GstQuery *query) {
+  if (GST_QUERY_TYPE(query) != GST_QUERY_CUSTOM) return false;
+  const GstStructure *s = gst_query_get_structure(query);
+  gboolean probe = FALSE;
+  return s && gst_structure_has_name(s, VIDEOTRAIN_CACHE_QUERY_NAME) && gst_structure_get_boolean(s, "probe", &probe) &&
+         probe;
+}
+
 bool parse_cache_query(GstQuery *query, ClipIdentity *clip) {
   if (GST_QUERY_TYPE(query) != GST_QUERY_CUSTOM) return false;
   const GstStructure *s = gst_query_get_structure(query);

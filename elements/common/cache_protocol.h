@@ -33,6 +33,10 @@ struct ClipIdentity {
 };
 
 GstQuery *cache_query_new(const ClipIdentity &clip);
+// Asked once at start: does a latent cache answer downstream? Without one, csvvideosrc neither
+// asks per clip nor reads videos for their content digests.
+GstQuery *cache_probe_query_new();
+bool is_cache_probe_query(GstQuery *query);
 // True (with the identity) for a cache query.
 bool parse_cache_query(GstQuery *query, ClipIdentity *clip);
 void answer_cache_query(GstQuery *query, bool cached);

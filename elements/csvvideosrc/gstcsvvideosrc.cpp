@@ -279,13 +279,17 @@ static gboolean gst_csv_video_src_start(GstBaseSrc *src) {
     gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), s));
   };
   // A vaeencoder with a latent cache downstream answers, before each clip is decoded, whether it
-  // holds the clip; without one nobody answers and every clip is decoded.
-  cb.cached = [self](const ClipIdentity &clip) {
-    GstQuery *q = cache_query_new(clip);
-    const bool held = gst_pad_peer_query(GST_BASE_SRC_PAD(self), q) && cache_query_cached(q);
-    gst_query_unref(q);
-    return held;
-  };
+  // holds the clip. Without one (asked once: downstream elements start before the source), no clip
+  // is looked up and no video is read for its content digest.
+  GstQuery *probe = cache_probe_query_new();
+  if (gst_pad_peer_query(GST_BASE_SRC_PAD(src), probe) && cache_query_cached(probe))
+    cb.cached = [self](const ClipIdentity &clip) {
+      GstQuery *q = cache_query_new(clip);
+      const bool held = gst_pad_peer_query(GST_BASE_SRC_PAD(self), q) && cache_query_cached(q);
+      gst_query_unref(q);
+      return held;
+    };
+  gst_query_unref(probe);
   // A trainer downstream that resumes from a checkpoint says where this rank's data stopped.
   GstQuery *q = videotrain_resume_query_new();
   VideoTrainResumePosition pos;

@@ -427,6 +427,11 @@ static gboolean gst_vae_encoder_sink_event(GstPad *pad, GstObject *parent, GstEv
 
 static gboolean gst_vae_encoder_sink_query(GstPad *pad, GstObject *parent, GstQuery *query) {
   auto *self = GST_VAE_ENCODER(parent);
+  if (is_cache_probe_query(query)) {
+    if (!cache_of(self)) return FALSE;
+    answer_cache_query(query, true);
+    return TRUE;
+  }
   ClipIdentity clip;
   if (parse_cache_query(query, &clip)) {
     // csvvideosrc, before decoding a clip (one of its decoding threads).
