@@ -1,5 +1,7 @@
 #include "manifest.h"
 
+#include "csv_scan.h"
+
 #include <fcntl.h>
 #include <glib.h>
 #include <sys/stat.h>
@@ -118,6 +120,24 @@ std::string absolute_dir(const std::string &dir) {
   return r;
 }
 
+// A size column's value: a positive number, else 0 (unknown: empty, 0, or not a number).
+double positive(const std::string &text, double max) {
+  const std::string v = trim(text);
+  char *end = nullptr;
+  const double x = g_ascii_strtod(v.c_str(), &end);
+  return !v.empty() && end && *end == '\0' && std::isfinite(x) && x > 0 && x <= max ? x : 0;
+}
+
+VideoSize parse_size(const std::string &frames, const std::string &height, const std::string &width,
+                     const std::string &fps) {
+  VideoSize s;
+  s.frames = uint32_t(positive(frames, 4e9));
+  s.height = uint32_t(positive(height, 1 << 20));
+  s.width = uint32_t(positive(width, 1 << 20));
+  s.fps = float(positive(fps, 1000));
+  return s;
+}
+
 bool utf8(const std::string &s) { return g_utf8_validate(s.data(), gssize(s.size()), nullptr); }
 
 }  // namespace
@@ -193,22 +213,15 @@ std::unique_ptr<Manifest> Manifest::open(const ManifestOptions &opts, std::strin
   m->offsets_.shrink_to_fit();
   m->prompt_offsets_.shrink_to_fit();
   m->row_numbers_.shrink_to_fit();
+  // Sizes are asked for by index; a folder (or a CSV without the columns) has them all unknown.
+  if (opts.sizes) m->sizes_.resize(m->offsets_.size());
+  m->sizes_.shrink_to_fit();
   return m;
 }
 
-bool Manifest::open_csv(const ManifestOptions &opts, std::string *error) {
-  csv_ = true;
-  const std::string &loc = opts.location;
-  fd_ = ::open(loc.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) {
-    *error = "cannot open manifest " + loc + ": " + std::strerror(errno);
-    return false;
-  }
-  gchar *dir = g_path_get_dirname(loc.c_str());
-  base_ = absolute_dir(opts.root.empty() ? dir : opts.root);
-  g_free(dir);
-
-  // The header is the first non-blank record.
+// The header is the first non-blank record: its fields, and where the data starts.
+bool Manifest::read_header(const std::string &loc, std::vector<std::string> *header, uint64_t *data_at,
+                           std::string *error) {
   uint64_t header_at = has_bom(fd_) ? 3 : 0;
   size_t end = 0;
   std::string text;
@@ -235,145 +248,97 @@ bool Manifest::open_csv(const ManifestOptions &opts, std::string *error) {
     *error = "manifest " + loc + " has a header row that is not UTF-8";
     return false;
   }
-  std::vector<std::string> header = parse_csv_record(text, 0, nullptr);
+  *header = parse_csv_record(text, 0, nullptr);
+  *data_at = header_at + end;
+  return true;
+}
+
+// Column numbers from the header (names match without case or surrounding blanks).
+bool Manifest::resolve_columns(const ManifestOptions &opts, const std::vector<std::string> &header,
+                               std::string *error) {
   std::vector<std::string> names;
-  for (auto &h : header) names.push_back(lower(trim(h)));
+  std::string header_list;
+  for (auto &h : header) {
+    names.push_back(lower(trim(h)));
+    header_list += (header_list.empty() ? "" : ", ") + trim(h);
+  }
   auto find = [&](const std::string &wanted) -> int {
     auto it = std::find(names.begin(), names.end(), lower(trim(wanted)));
     return it == names.end() ? -1 : int(it - names.begin());
   };
-  std::string header_list;
-  for (auto &h : header) header_list += (header_list.empty() ? "" : ", ") + trim(h);
+  auto missing = [&](const std::string &what) {
+    *error = "manifest " + opts.location + " has no " + what + "; header has: " + header_list;
+    return false;
+  };
   if (!opts.path_column.empty()) {
-    path_col_ = find(opts.path_column);
-    if (path_col_ < 0) {
-      *error = "manifest " + loc + " has no column '" + opts.path_column + "' (path-column); header has: " +
-               header_list;
-      return false;
-    }
+    if ((path_col_ = find(opts.path_column)) < 0) return missing("column '" + opts.path_column + "' (path-column)");
   } else {
     for (const char *c : kPathColumns)
       if ((path_col_ = find(c)) >= 0) break;
     if (path_col_ < 0) {
-      *error = "manifest " + loc +
-               " has no path column: looked for path, video, video_path, file, filename; header has: " + header_list +
-               " (set path-column to choose one)";
+      missing("path column: looked for path, video, video_path, file, filename");
+      *error += " (set path-column to choose one)";
       return false;
     }
   }
   if (!opts.caption_column.empty()) {
-    caption_col_ = find(opts.caption_column);
-    if (caption_col_ < 0) {
-      *error = "manifest " + loc + " has no column '" + opts.caption_column + "' (caption-column); header has: " +
-               header_list;
-      return false;
-    }
+    if ((caption_col_ = find(opts.caption_column)) < 0)
+      return missing("column '" + opts.caption_column + "' (caption-column)");
   } else {
     for (const char *c : kCaptionColumns)
       if ((caption_col_ = find(c)) >= 0) break;
   }
   split_col_ = find("split");
   fps_col_ = find("fps");
-  if (!opts.split.empty() && split_col_ < 0) {
-    *error = "manifest " + loc + " has no 'split' column, but split=" + opts.split + " was asked for; header has: " +
-             header_list;
+  if (opts.sizes) {
+    frames_col_ = find("num_frames");
+    height_col_ = find("height");
+    width_col_ = find("width");
+  }
+  if (!opts.split.empty() && split_col_ < 0)
+    return missing("'split' column, but split=" + opts.split + " was asked for");
+  return true;
+}
+
+bool Manifest::open_csv(const ManifestOptions &opts, std::string *error) {
+  csv_ = true;
+  const std::string &loc = opts.location;
+  fd_ = ::open(loc.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) {
+    *error = "cannot open manifest " + loc + ": " + std::strerror(errno);
     return false;
   }
+  gchar *dir = g_path_get_dirname(loc.c_str());
+  base_ = absolute_dir(opts.root.empty() ? dir : opts.root);
+  g_free(dir);
+  std::vector<std::string> header;
+  uint64_t data_at = 0;
+  if (!read_header(loc, &header, &data_at, error) || !resolve_columns(opts, header, error)) return false;
 
-  // One pass over the data keeps each record's start (and, when filtering, its split
-  // value). Quotes toggle the quoted state (a doubled quote toggles twice); a newline
-  // outside quotes ends a record. memchr finds newlines and quotes, so a line without
-  // quotes costs two vectorised searches.
+  // One pass over the data keeps each record's start, and the few columns the index needs.
   const bool filter = !opts.split.empty();
-  std::unique_ptr<char[]> buf(new char[kScanBlock]);
-  uint64_t base = header_at + end, start = base, rows = 0;
-  bool inq = false, empty = true;
-  bool just_closed = false;  // the last byte was a closing quote: a quote now is a doubled one
-  int field = 0;
-  std::string split_value;
-  // Split values are short; a runaway field (say, a quote that never closes) must not
-  // pull the rest of the file into memory.
-  const size_t split_cap = opts.split.size() + 4096;
-  auto add_split = [&](const char *s, const char *e) {
-    split_value.append(s, std::min<size_t>(size_t(e - s), split_cap - std::min(split_cap, split_value.size())));
-  };
-  auto end_record = [&] {
-    if (!empty) {
-      if (!filter) {
-        offsets_.push_back(start);
-      } else if (trim(split_value) == opts.split) {
-        offsets_.push_back(start);
-        row_numbers_.push_back(uint32_t(rows));
-      }
-      rows++;
+  std::vector<int> kept = {filter ? split_col_ : -1, frames_col_, height_col_, width_col_, opts.sizes ? fps_col_ : -1};
+  // Split values and numbers are short; the cap only bounds a runaway field.
+  CsvRecordScanner scanner(kept, opts.split.size() + 4096);
+  uint64_t rows = 0;
+  const bool ok = scanner.scan(fd_, data_at, [&](uint64_t start, const std::vector<std::string> &v) {
+    if (!filter || trim(v[0]) == opts.split) {
+      offsets_.push_back(start);
+      if (filter) row_numbers_.push_back(uint32_t(rows));
+      if (opts.sizes) sizes_.push_back(parse_size(v[1], v[2], v[3], v[4]));
     }
-    empty = true;
-    field = 0;
-    split_value.clear();
-  };
-  // Unquoted bytes of the current record: blank lines (only \r) are not records.
-  auto unquoted = [&](const char *s, const char *e) {
-    for (const char *c = s; empty && c < e; c++)
-      if (*c != '\r') empty = false;
-    while (filter && field <= split_col_ && s < e) {
-      const char *comma = static_cast<const char *>(memchr(s, ',', size_t(e - s)));
-      const char *stop = comma ? comma : e;
-      if (field == split_col_) add_split(s, stop);
-      if (!comma) break;
-      field++;
-      s = comma + 1;
-    }
-  };
-  for (;;) {
-    const ssize_t n = pread_full(fd_, buf.get(), kScanBlock, base);
-    if (n < 0) {
-      *error = "cannot read manifest " + loc + ": " + std::strerror(errno);
-      return false;
-    }
-    if (n == 0) break;
-    const char *p = buf.get(), *e = p + n, *i = p;
-    const char *nl = nullptr;  // next newline at or after i; null: none left in this block
-    bool nl_known = false;
-    while (i < e) {
-      if (inq) {
-        const char *q = static_cast<const char *>(memchr(i, '"', size_t(e - i)));
-        const char *stop = q ? q : e;
-        if (filter && field == split_col_) add_split(i, stop);
-        if (!q) break;
-        inq = false;
-        just_closed = true;
-        i = q + 1;
-        continue;
-      }
-      if (!nl_known || (nl && nl < i)) {
-        nl = static_cast<const char *>(memchr(i, '\n', size_t(e - i)));
-        nl_known = true;
-      }
-      const char *line_end = nl ? nl : e;
-      const char *q = static_cast<const char *>(memchr(i, '"', size_t(line_end - i)));
-      if (q == i && just_closed && filter && field == split_col_) split_value += '"';
-      just_closed = false;
-      unquoted(i, q ? q : line_end);
-      if (q) {
-        empty = false;
-        inq = true;
-        i = q + 1;
-      } else if (nl) {
-        end_record();
-        i = nl + 1;
-        start = base + uint64_t(i - p);
-      } else {
-        break;
-      }
-    }
-    base += uint64_t(n);
+    rows++;
+  });
+  if (!ok) {
+    *error = "cannot read manifest " + loc + ": " + std::strerror(errno);
+    return false;
   }
+  const bool inq = scanner.unterminated();
   uint64_t unterminated_row = 0;
   if (inq) {
-    unterminated_at_ = start;
-    unterminated_row = rows;
+    unterminated_at_ = scanner.unterminated_start();
+    unterminated_row = rows - 1;
   }
-  end_record();
   if (filter && rows > UINT32_MAX) {
     *error = "manifest " + loc + " has more than 2^32 rows; split filtering supports up to 2^32";
     return false;
@@ -385,6 +350,7 @@ bool Manifest::open_csv(const ManifestOptions &opts, std::string *error) {
                  ", path column '" + trim(header[size_t(path_col_)]) + "'" +
                  (caption_col_ >= 0 ? ", caption column '" + trim(header[size_t(caption_col_)]) + "'"
                                     : std::string(", no caption column")) +
+                 (opts.sizes ? size_columns_description() : std::string()) +
                  (inq ? ", quote never closes from row " + std::to_string(unterminated_row) : std::string()) + ")";
   return true;
 }
@@ -444,6 +410,24 @@ bool Manifest::read_record(int fd, uint64_t offset, bool csv, std::vector<std::s
 }
 
 size_t Manifest::size() const { return offsets_.size(); }
+
+VideoSize Manifest::video_size(size_t index) const {
+  std::lock_guard<std::mutex> g(sizes_lock_);
+  return index < sizes_.size() ? sizes_[index] : VideoSize();
+}
+
+void Manifest::set_video_size(size_t index, const VideoSize &size) {
+  std::lock_guard<std::mutex> g(sizes_lock_);
+  if (index < sizes_.size()) sizes_[index] = size;
+}
+
+std::string Manifest::size_columns_description() const {
+  std::string cols;
+  for (auto c : {std::make_pair(frames_col_, "num_frames"), std::make_pair(height_col_, "height"),
+                 std::make_pair(width_col_, "width"), std::make_pair(fps_col_, "fps")})
+    if (c.first >= 0) cols += std::string(cols.empty() ? "" : ", ") + c.second;
+  return cols.empty() ? ", no size columns" : ", size columns " + cols;
+}
 
 ManifestRow Manifest::row(size_t index) const {
   ManifestRow r;
@@ -507,7 +491,7 @@ const std::string &Manifest::description() const { return description_; }
 
 size_t Manifest::index_bytes() const {
   return offsets_.capacity() * sizeof(uint64_t) + prompt_offsets_.capacity() * sizeof(uint64_t) +
-         row_numbers_.capacity() * sizeof(uint32_t);
+         row_numbers_.capacity() * sizeof(uint32_t) + sizes_.capacity() * sizeof(VideoSize);
 }
 
 }  // namespace videotrain

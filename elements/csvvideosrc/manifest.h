@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,16 @@ struct ManifestOptions {
   std::string path_column;     // override; empty = auto
   std::string caption_column;  // override; empty = auto
   std::string split;           // keep only rows whose split column equals this; empty = all
+  bool sizes = false;          // keep each row's num_frames, height, width and fps columns (buckets)
+};
+
+// A video's size as the manifest gives it (Open-Sora columns; videotrain-probe writes them).
+// 0 = unknown. 16 bytes a row, kept only when ManifestOptions::sizes is set.
+struct VideoSize {
+  uint32_t frames = 0;
+  uint32_t width = 0, height = 0;
+  float fps = 0;
+  bool known_shape() const { return width > 0 && height > 0; }
 };
 
 struct ManifestRow {
@@ -43,11 +54,16 @@ class Manifest {
   ManifestRow row(size_t index) const;  // index in [0, size()); thread-safe; reads from disk
   const std::string &description() const;
   size_t index_bytes() const;           // bytes held by the index
+  // Sizes (ManifestOptions::sizes): from the columns, or set after probing. Thread-safe.
+  VideoSize video_size(size_t index) const;
+  void set_video_size(size_t index, const VideoSize &size);
 
  private:
   Manifest() = default;
   bool open_csv(const ManifestOptions &opts, std::string *error);
   bool open_folder(const ManifestOptions &opts, std::string *error);
+  bool read_header(const std::string &loc, std::vector<std::string> *header, uint64_t *data_at, std::string *error);
+  bool resolve_columns(const ManifestOptions &opts, const std::vector<std::string> &header, std::string *error);
   // One record (CSV) or line (folder) starting at `offset` of file `fd`; false and
   // *error when it cannot be read or is too long.
   bool read_record(int fd, uint64_t offset, bool csv, std::vector<std::string> *fields, std::string *error) const;
@@ -56,9 +72,13 @@ class Manifest {
   int fd_ = -1, prompts_fd_ = -1;
   std::string base_;                // folder relative paths resolve against
   int path_col_ = -1, caption_col_ = -1, split_col_ = -1, fps_col_ = -1;
+  int frames_col_ = -1, height_col_ = -1, width_col_ = -1;
+  std::string size_columns_description() const;
   std::vector<uint64_t> offsets_;   // record starts (CSV or videos.txt)
   std::vector<uint64_t> prompt_offsets_;  // prompts.txt line starts (folder layout)
   std::vector<uint32_t> row_numbers_;     // only when a split filter dropped rows
+  std::vector<VideoSize> sizes_;          // by index, only with ManifestOptions::sizes
+  mutable std::mutex sizes_lock_;
   uint64_t unterminated_at_ = UINT64_MAX;  // start of a record whose quote never closes
   std::string description_;
 };
