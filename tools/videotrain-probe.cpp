@@ -34,19 +34,17 @@
 #include <vector>
 
 #include "csvvideosrc/manifest.h"
+#include "csvvideosrc/video_probe.h"
 
 using videotrain::Manifest;
 using videotrain::ManifestOptions;
+using videotrain::Probe;
+using videotrain::probe_video;
 
 namespace {
 
 const char *const kColumns[] = {"num_frames", "height", "width", "fps"};
 constexpr int kNumColumns = 4;
-
-struct Probe {
-  int64_t num_frames = 0, height = 0, width = 0;
-  double fps = 0;
-};
 
 std::atomic<bool> g_stop{false};
 void on_sigint(int) { g_stop = true; }
@@ -97,43 +95,6 @@ std::string csv_record(const std::vector<std::string> &fields) {
   std::string line;
   for (size_t i = 0; i < fields.size(); i++) line += (i ? "," : "") + csv_field(fields[i]);
   return line + "\n";
-}
-
-// Size, duration and frame rate of the first video stream; false with a reason.
-bool probe_video(GstDiscoverer *disc, const std::string &path, Probe *out, std::string *why) {
-  gchar *uri = gst_uri_is_valid(path.c_str()) ? g_strdup(path.c_str()) : gst_filename_to_uri(path.c_str(), nullptr);
-  if (!uri) {
-    *why = "not a file name or URI";
-    return false;
-  }
-  GError *err = nullptr;
-  GstDiscovererInfo *info = gst_discoverer_discover_uri(disc, uri, &err);
-  g_free(uri);
-  bool ok = false;
-  if (info && gst_discoverer_info_get_result(info) == GST_DISCOVERER_OK) {
-    GList *videos = gst_discoverer_info_get_video_streams(info);
-    if (videos) {
-      auto *v = GST_DISCOVERER_VIDEO_INFO(videos->data);
-      out->width = gst_discoverer_video_info_get_width(v);
-      out->height = gst_discoverer_video_info_get_height(v);
-      const guint num = gst_discoverer_video_info_get_framerate_num(v);
-      const guint den = gst_discoverer_video_info_get_framerate_denom(v);
-      if (num > 0 && den > 0) out->fps = double(num) / den;
-      const GstClockTime dur = gst_discoverer_info_get_duration(info);
-      if (out->fps > 0 && GST_CLOCK_TIME_IS_VALID(dur) && dur > 0)
-        out->num_frames = std::llround(double(dur) / GST_SECOND * out->fps);
-      ok = out->width > 0 && out->height > 0;
-      if (!ok) *why = "the video stream has no size";
-    } else {
-      *why = "no video stream";
-    }
-    gst_discoverer_stream_info_list_free(videos);
-  } else {
-    *why = err ? err->message : "cannot be read";
-  }
-  g_clear_error(&err);
-  if (info) g_object_unref(info);
-  return ok;
 }
 
 // OUT.partial: a first line naming IN (path, size, modification time), then one line per

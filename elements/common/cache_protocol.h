@@ -27,6 +27,8 @@ struct ClipIdentity {
   unsigned num_frames = 0;
   uint64_t source_frame = 0;
   bool padding = false;
+  uint64_t group = 0;        // buckets: the clip's step group, and its size (0: none)
+  unsigned group_size = 0;
   std::string caption, path, split;
   std::string source_key;  // content digest, frame window, size and fit: see csvvideosrc
   GstClockTime pts = GST_CLOCK_TIME_NONE, duration = GST_CLOCK_TIME_NONE;  // the event's: the clip's span

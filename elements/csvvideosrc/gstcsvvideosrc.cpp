@@ -7,12 +7,15 @@
 
 #include <gst/video/video.h>
 
+#include <algorithm>
 #include <climits>
 #include <memory>
+#include <thread>
 
 #include "dist_env.h"
 #include "metas.h"
 #include "resume_query.h"
+#include "shapes_query.h"
 #include "source_engine.h"
 
 GST_DEBUG_CATEGORY_STATIC(csvvideosrc_debug);
@@ -23,7 +26,7 @@ using namespace videotrain;
 struct _GstCsvVideoSrc {
   GstPushSrc parent;
   // Properties (guarded by the object lock).
-  gchar *location, *root, *path_column, *caption_column, *split;
+  gchar *location, *root, *path_column, *caption_column, *split, *buckets, *frame_buckets;
   gint num_frames, frame_stride, width, height, rank, world_size, prefetch, decode_threads, video_stream, clip_windows;
   gdouble fps;
   ClipStart clip_start;
@@ -38,6 +41,7 @@ struct _GstCsvVideoSrc {
   // Streaming state.
   std::unique_ptr<SourceEngine> *engine;
   guint64 frames_out;
+  ClipShape caps_shape;  // of the caps last set (buckets change them at clip boundaries)
   // csvvideosrc-epoch, pushed downstream before the frame after an epoch's last one (or
   // EOS): elements that must know where an epoch ends (microbatcher, ddpvalsink) see it
   // in order with the frames. Streaming thread only.
@@ -64,6 +68,8 @@ enum {
   PROP_CLIP_WINDOWS,
   PROP_WIDTH,
   PROP_HEIGHT,
+  PROP_BUCKETS,
+  PROP_FRAME_BUCKETS,
   PROP_RESIZE_MODE,
   PROP_SHORT_CLIPS,
   PROP_ON_ERROR,
@@ -80,6 +86,7 @@ enum {
   PROP_FRAMERATE,
   PROP_REPLACED,
   PROP_CLIPS_PER_EPOCH,
+  PROP_STEPS_PER_EPOCH,
 };
 
 static GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
@@ -139,6 +146,14 @@ static void gst_csv_video_src_set_property(GObject *object, guint id, const GVal
     case PROP_CLIP_WINDOWS: self->clip_windows = g_value_get_int(v); break;
     case PROP_WIDTH: self->width = g_value_get_int(v); break;
     case PROP_HEIGHT: self->height = g_value_get_int(v); break;
+    case PROP_BUCKETS:
+      g_free(self->buckets);
+      self->buckets = g_value_dup_string(v);
+      break;
+    case PROP_FRAME_BUCKETS:
+      g_free(self->frame_buckets);
+      self->frame_buckets = g_value_dup_string(v);
+      break;
     case PROP_RESIZE_MODE: self->resize_mode = (ResizeMode)g_value_get_enum(v); break;
     case PROP_SHORT_CLIPS: self->short_clips = (ShortClips)g_value_get_enum(v); break;
     case PROP_ON_ERROR: self->on_error = (OnError)g_value_get_enum(v); break;
@@ -178,6 +193,8 @@ static void gst_csv_video_src_get_property(GObject *object, guint id, GValue *v,
     case PROP_CLIP_WINDOWS: g_value_set_int(v, self->clip_windows); break;
     case PROP_WIDTH: g_value_set_int(v, self->width); break;
     case PROP_HEIGHT: g_value_set_int(v, self->height); break;
+    case PROP_BUCKETS: g_value_set_string(v, self->buckets); break;
+    case PROP_FRAME_BUCKETS: g_value_set_string(v, self->frame_buckets); break;
     case PROP_RESIZE_MODE: g_value_set_enum(v, (gint)self->resize_mode); break;
     case PROP_SHORT_CLIPS: g_value_set_enum(v, (gint)self->short_clips); break;
     case PROP_ON_ERROR: g_value_set_enum(v, (gint)self->on_error); break;
@@ -200,6 +217,11 @@ static void gst_csv_video_src_get_property(GObject *object, guint id, GValue *v,
     case PROP_CLIPS_PER_EPOCH: {
       SourceEngine *e = engine_of(self);
       g_value_set_uint64(v, e ? e->clips_per_epoch() : 0);
+      break;
+    }
+    case PROP_STEPS_PER_EPOCH: {
+      SourceEngine *e = engine_of(self);
+      g_value_set_uint64(v, e ? e->steps_per_epoch() : 0);
       break;
     }
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
@@ -225,6 +247,9 @@ static SourceConfig config_from_properties(GstCsvVideoSrc *self) {
   c.clip_windows = self->clip_windows;
   c.width = self->width;
   c.height = self->height;
+  c.buckets = self->buckets ? self->buckets : "";
+  c.frame_buckets = self->frame_buckets ? self->frame_buckets : "";
+  c.probe_threads = int(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
   c.resize = self->resize_mode;
   c.short_clips = self->short_clips;
   c.on_error = self->on_error;
@@ -290,6 +315,31 @@ static gboolean gst_csv_video_src_start(GstBaseSrc *src) {
       return held;
     };
   gst_query_unref(probe);
+  // Buckets: every shape must suit the encoder, and the clips are grouped into the
+  // microbatcher's steps (asked downstream once, before the first clip).
+  if (!cfg.buckets.empty() || !cfg.frame_buckets.empty()) {
+    std::vector<ClipShape> shapes;
+    std::string why;
+    if (!SourceEngine::shapes(cfg, &shapes, &why)) {
+      GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Bad bucket setting: %s", why.c_str()),
+                        ("buckets='%s' frame-buckets='%s'", cfg.buckets.c_str(), cfg.frame_buckets.c_str()));
+      return FALSE;
+    }
+    GstQuery *sq = shapes_query_new(shapes);
+    unsigned step_samples = 0;
+    std::string problem;
+    if (gst_pad_peer_query(GST_BASE_SRC_PAD(src), sq)) shapes_query_result(sq, &step_samples, &problem);
+    gst_query_unref(sq);
+    if (!problem.empty()) {
+      GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("%s", problem.c_str()),
+                        ("change buckets or frame-buckets: buckets='%s' frame-buckets='%s'", cfg.buckets.c_str(),
+                         cfg.frame_buckets.c_str()));
+      return FALSE;
+    }
+    if (step_samples == 0)
+      GST_INFO_OBJECT(self, "no microbatcher downstream answered: bucket groups of 1 clip");
+    cfg.step_samples = std::max(step_samples, 1u);
+  }
   // A trainer downstream that resumes from a checkpoint says where this rank's data stopped.
   GstQuery *q = videotrain_resume_query_new();
   VideoTrainResumePosition pos;
@@ -309,9 +359,15 @@ static gboolean gst_csv_video_src_start(GstBaseSrc *src) {
   }
   GST_INFO_OBJECT(self, "manifest %s; rank %d of %d, %" G_GUINT64_FORMAT " clips per epoch",
                   engine->manifest_description().c_str(), cfg.rank, cfg.world_size, engine->clips_per_epoch());
+  if (engine->bucketed()) {
+    GST_INFO_OBJECT(self, "buckets: %s", engine->bucket_summary().c_str());
+    const std::string w = engine->bucket_warning();
+    if (!w.empty()) GST_ELEMENT_WARNING(self, RESOURCE, READ, ("%s", w.c_str()), ("location=%s", cfg.manifest.location.c_str()));
+  }
   GST_OBJECT_LOCK(self);
   self->engine = new std::unique_ptr<SourceEngine>(std::move(engine));
   self->frames_out = 0;
+  self->caps_shape = ClipShape();
   GST_OBJECT_UNLOCK(self);
   return TRUE;
 }
@@ -330,10 +386,17 @@ static gboolean gst_csv_video_src_stop(GstBaseSrc *src) {
 static GstCaps *gst_csv_video_src_get_caps(GstBaseSrc *src, GstCaps *filter) {
   auto *self = GST_CSV_VIDEO_SRC(src);
   GST_OBJECT_LOCK(self);
-  GstCaps *caps = gst_caps_new_simple("video/x-raw", "format", G_TYPE_STRING, "RGB", "width", G_TYPE_INT, self->width,
-                                      "height", G_TYPE_INT, self->height, "framerate", GST_TYPE_FRACTION,
-                                      self->fps_n, self->fps_d, "pixel-aspect-ratio", GST_TYPE_FRACTION, 1, 1,
-                                      NULL);
+  // With buckets, every bucket size (the first negotiated; each clip sets its own).
+  std::vector<FrameSize> sizes;
+  std::string why;
+  if (!self->buckets || !parse_size_buckets(self->buckets, &sizes, &why) || sizes.empty())
+    sizes = {FrameSize{self->width, self->height}};
+  GstCaps *caps = gst_caps_new_empty();
+  for (const FrameSize &fs : sizes)
+    gst_caps_append_structure(caps, gst_structure_new("video/x-raw", "format", G_TYPE_STRING, "RGB", "width",
+                                                      G_TYPE_INT, fs.width, "height", G_TYPE_INT, fs.height,
+                                                      "framerate", GST_TYPE_FRACTION, self->fps_n, self->fps_d,
+                                                      "pixel-aspect-ratio", GST_TYPE_FRACTION, 1, 1, NULL));
   GST_OBJECT_UNLOCK(self);
   if (filter) {
     GstCaps *i = gst_caps_intersect_full(filter, caps, GST_CAPS_INTERSECT_FIRST);
@@ -351,6 +414,10 @@ static gboolean gst_csv_video_src_do_seek(GstBaseSrc *src, GstSegment *segment) 
   SourceEngine *e = engine_of(self);
   GstClockTime dur = frame_duration(self);
   if (!e || !GST_CLOCK_TIME_IS_VALID(dur) || segment->format != GST_FORMAT_TIME) return FALSE;
+  if (e->bucketed()) {
+    GST_WARNING_OBJECT(self, "cannot seek with buckets: clips differ in length, so a time names no clip");
+    return FALSE;
+  }
   guint64 frame = segment->start / dur;
   guint64 clip = frame / (guint64)self->num_frames;
   guint64 target = clip * (guint64)self->num_frames;
@@ -433,6 +500,27 @@ static GstFlowReturn gst_csv_video_src_create(GstPushSrc *src, GstBuffer **buf) 
       return GST_FLOW_ERROR;
   }
   frame = gst_buffer_make_writable(frame);  // sole owner: no copy
+  if (e->bucketed()) {
+    const ClipShape shape = e->frame_shape();
+    if (shape.width != self->caps_shape.width || shape.height != self->caps_shape.height) {
+      // A clip of another bucket: new caps, in order before its first frame.
+      GST_OBJECT_LOCK(self);
+      GstCaps *caps = gst_caps_new_simple("video/x-raw", "format", G_TYPE_STRING, "RGB", "width", G_TYPE_INT,
+                                          shape.width, "height", G_TYPE_INT, shape.height, "framerate",
+                                          GST_TYPE_FRACTION, self->fps_n, self->fps_d, "pixel-aspect-ratio",
+                                          GST_TYPE_FRACTION, 1, 1, NULL);
+      GST_OBJECT_UNLOCK(self);
+      const gboolean ok = gst_base_src_set_caps(GST_BASE_SRC(self), caps);
+      gst_caps_unref(caps);
+      if (!ok) {
+        gst_buffer_unref(frame);
+        GST_ELEMENT_ERROR(self, CORE, NEGOTIATION, ("Downstream refused %dx%d frames (buckets)", shape.width, shape.height),
+                          ("every bucket size must pass the elements between csvvideosrc and vaeencoder"));
+        return GST_FLOW_NOT_NEGOTIATED;
+      }
+      self->caps_shape = shape;
+    }
+  }
   if (GST_CLOCK_TIME_IS_VALID(dur)) {
     GST_BUFFER_PTS(frame) = self->frames_out * dur;
     GST_BUFFER_DURATION(frame) = dur;
@@ -452,11 +540,14 @@ static void gst_csv_video_src_finalize(GObject *object) {
   g_free(self->path_column);
   g_free(self->caption_column);
   g_free(self->split);
+  g_free(self->buckets);
+  g_free(self->frame_buckets);
   G_OBJECT_CLASS(gst_csv_video_src_parent_class)->finalize(object);
 }
 
 static void gst_csv_video_src_init(GstCsvVideoSrc *self) {
   self->location = self->root = self->path_column = self->caption_column = self->split = nullptr;
+  self->buckets = self->frame_buckets = nullptr;
   self->num_frames = 49;
   self->frame_stride = 1;
   self->fps = 0;
@@ -556,6 +647,25 @@ static void gst_csv_video_src_class_init(GstCsvVideoSrcClass *klass) {
   g_object_class_install_property(
       oc, PROP_HEIGHT, g_param_spec_int("height", "Height", "Output frame height in pixels", 1, 16384, 480, rw));
   g_object_class_install_property(
+      oc, PROP_BUCKETS,
+      g_param_spec_string(
+          "buckets", "Size buckets",
+          "Frame sizes 'WxH,WxH,...': each video goes to the size whose aspect ratio is nearest its own (in log "
+          "aspect ratio; a tie goes to the larger area) and is fitted to it by resize-mode. Clips are grouped so "
+          "that each optimizer step holds one shape (steps of the downstream microbatcher's batch-size, full but "
+          "for at most one per bucket per epoch, the same number on every rank). Sizes come from the manifest's "
+          "width/height columns, else are probed at start. Empty: every clip is width x height",
+          nullptr, rw));
+  g_object_class_install_property(
+      oc, PROP_FRAME_BUCKETS,
+      g_param_spec_string(
+          "frame-buckets", "Frame-count buckets",
+          "Clip lengths '49,33,17': each clip takes the longest its video supplies at frame-stride (or fps), from "
+          "the manifest's num_frames column, else probed at start. A video shorter than all follows short-clips "
+          "(replace: left out, pad: the shortest, padded; fail: an error at start). Lengths the encoder cannot use "
+          "are an error at start. Empty: every clip is num-frames long",
+          nullptr, rw));
+  g_object_class_install_property(
       oc, PROP_RESIZE_MODE,
       g_param_spec_enum("resize-mode", "Resize mode", "How frames of another aspect ratio are fitted",
                         resize_mode_get_type(), (gint)ResizeMode::Crop, rw));
@@ -621,8 +731,15 @@ static void gst_csv_video_src_class_init(GstCsvVideoSrcClass *klass) {
   g_object_class_install_property(
       oc, PROP_CLIPS_PER_EPOCH,
       g_param_spec_uint64("clips-per-epoch", "Clips per epoch",
-                          "Clips this rank emits per epoch, ceil(rows / world-size) (known once started)", 0,
-                          G_MAXUINT64, 0, ro));
+                          "Clips this rank emits per epoch, ceil(rows / world-size) (known once started; with "
+                          "buckets, of the first epoch: it varies by epoch and rank)",
+                          0, G_MAXUINT64, 0, ro));
+  g_object_class_install_property(
+      oc, PROP_STEPS_PER_EPOCH,
+      g_param_spec_uint64("steps-per-epoch", "Steps per epoch",
+                          "With buckets: optimizer steps (clip groups) each rank gets per epoch, the same on every "
+                          "rank (known once started); 0 without buckets",
+                          0, G_MAXUINT64, 0, ro));
 
   gst_element_class_add_static_pad_template(ec, &src_template);
   gst_element_class_set_static_metadata(

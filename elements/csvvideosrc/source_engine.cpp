@@ -2,7 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <limits>
 
 #include "latent_store.h"
@@ -27,6 +29,10 @@ bool SourceEngine::start(std::string *error) {
              std::to_string(cfg_.num_epochs);
     return false;
   }
+  const bool bucketed = !cfg_.buckets.empty() || !cfg_.frame_buckets.empty();
+  std::vector<ClipShape> all_shapes;
+  if (bucketed && !shapes(cfg_, &all_shapes, error)) return false;
+  cfg_.manifest.sizes = bucketed;
   if (!manifest_) {
     manifest_ = Manifest::open(cfg_.manifest, error);
     if (!manifest_) return false;
@@ -40,19 +46,25 @@ bool SourceEngine::start(std::string *error) {
     *error = "manifest " + cfg_.manifest.location + " has more than 2^32 rows";
     return false;
   }
-  schedule_ = std::make_unique<Schedule>(manifest_->size(), cfg_.rank, cfg_.world_size, cfg_.shuffle, cfg_.seed);
-  // A position at or past an epoch's end (clips consumed) continues in the next epoch.
-  const uint64_t cpe = schedule_->clips_per_epoch();
-  cfg_.start_epoch += uint32_t(cfg_.start_clip / cpe);
-  cfg_.start_clip %= cpe;
+  if (bucketed) {
+    if (!start_buckets(error)) return false;
+  } else {
+    schedule_ = std::make_unique<Schedule>(manifest_->size(), cfg_.rank, cfg_.world_size, cfg_.shuffle, cfg_.seed);
+    // A position at or past an epoch's end (clips consumed) continues in the next epoch.
+    const uint64_t cpe = schedule_->clips_per_epoch();
+    cfg_.start_epoch += uint32_t(cfg_.start_clip / cpe);
+    cfg_.start_clip %= cpe;
+  }
   if (cfg_.num_epochs != 0 && cfg_.start_epoch >= cfg_.num_epochs) {
     *error = "start position (epoch " + std::to_string(cfg_.start_epoch) + ", clip " +
              std::to_string(cfg_.start_clip) + ") is past the last of num-epochs " + std::to_string(cfg_.num_epochs) +
-             " (" + std::to_string(cpe) + " clips per epoch on this rank)";
+             (bucketed ? std::string()
+                       : " (" + std::to_string(schedule_->clips_per_epoch()) + " clips per epoch on this rank)");
     return false;
   }
-  total_ = cfg_.num_epochs == 0 ? std::numeric_limits<uint64_t>::max()
-                                : (uint64_t(cfg_.num_epochs - cfg_.start_epoch) * cpe - cfg_.start_clip);
+  total_ = cfg_.num_epochs == 0 || bucketed
+               ? std::numeric_limits<uint64_t>::max()
+               : (uint64_t(cfg_.num_epochs - cfg_.start_epoch) * clips_in_epoch(0) - cfg_.start_clip);
   {
     std::lock_guard<std::mutex> g(lock_);
     next_dispatch_ = next_consume_ = 0;
@@ -105,7 +117,7 @@ void SourceEngine::restart_at(uint64_t seq) {
     std::lock_guard<std::mutex> g(bad_lock_);  // counting starts over where playback does
     reported_.clear();
   }
-  if (schedule_) start_workers();
+  if (schedule_ || buckets_) start_workers();
 }
 
 void SourceEngine::set_flushing(bool flushing) {
@@ -114,17 +126,151 @@ void SourceEngine::set_flushing(bool flushing) {
   out_cv_.notify_all();
 }
 
+bool SourceEngine::shapes(const SourceConfig &config, std::vector<ClipShape> *out, std::string *error) {
+  BucketSpec spec;
+  if (!parse_size_buckets(config.buckets, &spec.sizes, error) ||
+      !parse_frame_buckets(config.frame_buckets, &spec.frames, error))
+    return false;
+  spec.width = config.width;
+  spec.height = config.height;
+  spec.num_frames = config.num_frames;
+  out->clear();
+  for (uint32_t b = 0; b < spec.count(); b++) {
+    const FrameSize s = spec.size_of(b);
+    out->push_back(ClipShape{s.width, s.height, spec.frames_of(b)});
+  }
+  return true;
+}
+
+bool SourceEngine::start_buckets(std::string *error) {
+  if (!parse_size_buckets(cfg_.buckets, &spec_.sizes, error) ||
+      !parse_frame_buckets(cfg_.frame_buckets, &spec_.frames, error))
+    return false;
+  spec_.width = cfg_.width;
+  spec_.height = cfg_.height;
+  spec_.num_frames = cfg_.num_frames;
+  spec_.frame_stride = cfg_.frame_stride;
+  spec_.fps = cfg_.fps;
+  spec_.pad_short = cfg_.short_clips == ShortClips::Pad;
+  std::atomic<bool> never{false};
+  if (!assign_buckets(*manifest_, manifest_.get(), spec_, cfg_.probe_threads, &never, &assignment_, error))
+    return false;
+  if (cfg_.short_clips == ShortClips::Fail && assignment_.too_short > 0) {
+    *error = std::to_string(assignment_.too_short) + " rows are shorter than every frame-buckets length (" +
+             assignment_.examples + "); short-clips=fail";
+    return false;
+  }
+  buckets_ = std::make_unique<BucketSchedule>(assignment_.row_bucket, spec_.count(), cfg_.rank, cfg_.world_size,
+                                              cfg_.shuffle, cfg_.seed, std::max<uint32_t>(cfg_.step_samples, 1));
+  if (buckets_->groups_per_epoch() == 0) {
+    *error = "no row of manifest " + cfg_.manifest.location + " fits a bucket: " +
+             std::to_string(assignment_.too_short) + " too short, " + std::to_string(assignment_.unreadable) +
+             " of unknown size (" + assignment_.examples + ")";
+    return false;
+  }
+  {
+    std::lock_guard<std::mutex> g(epochs_lock_);
+    epoch_starts_.assign(1, 0);
+  }
+  // A position at or past an epoch's end continues in the next epoch.
+  for (uint64_t n; cfg_.start_clip >= (n = buckets_->clips_in_epoch(cfg_.start_epoch));) {
+    cfg_.start_clip -= n;
+    cfg_.start_epoch++;
+    if (cfg_.num_epochs != 0 && cfg_.start_epoch >= cfg_.num_epochs) break;
+  }
+  return true;
+}
+
+std::string SourceEngine::bucket_summary() const {
+  if (!buckets_) return "";
+  std::string s = std::to_string(buckets_->steps_per_epoch()) + " steps of " + std::to_string(cfg_.step_samples) +
+                  " clips per epoch on each rank; rows per bucket:";
+  for (uint32_t b = 0; b < spec_.count(); b++)
+    s += " " + spec_.name(b) + "=" + std::to_string(buckets_->rows_in_bucket(b));
+  return s;
+}
+
+std::string SourceEngine::bucket_warning() const {
+  if (!buckets_) return "";
+  std::string w;
+  if (assignment_.too_short + assignment_.unreadable > 0)
+    w = std::to_string(assignment_.too_short + assignment_.unreadable) + " manifest rows are left out of the buckets (" +
+        std::to_string(assignment_.too_short) + " shorter than every frame-buckets length, " +
+        std::to_string(assignment_.unreadable) + " whose size cannot be probed; " + assignment_.examples + ")";
+  if (assignment_.probed > 0) {
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.1f", assignment_.probe_seconds);
+    w += std::string(w.empty() ? "" : ". ") + std::to_string(assignment_.probed) +
+         " rows had no num_frames/height/width in the manifest and were probed at start (" + secs +
+         " s): videotrain-probe writes them into the manifest once";
+  }
+  return w;
+}
+
+uint64_t SourceEngine::steps_per_epoch() const { return buckets_ ? buckets_->steps_per_epoch() : 0; }
+
+uint64_t SourceEngine::clips_in_epoch(uint32_t epoch) const {
+  if (buckets_) return buckets_->clips_in_epoch(epoch);
+  return schedule_ ? schedule_->clips_per_epoch() : 0;
+}
+
 SourceEngine::Position SourceEngine::position(uint64_t seq) const {
-  const uint64_t cpe = schedule_->clips_per_epoch();
   const uint64_t abs = cfg_.start_clip + seq;
-  return {uint32_t(cfg_.start_epoch + abs / cpe), abs % cpe};
+  if (!buckets_) {
+    const uint64_t cpe = schedule_->clips_per_epoch();
+    return {uint32_t(cfg_.start_epoch + abs / cpe), abs % cpe};
+  }
+  // Epoch lengths vary: walk (and remember) epoch starts up to the one holding `abs`.
+  std::lock_guard<std::mutex> g(epochs_lock_);
+  for (;;) {
+    const size_t k = epoch_starts_.size() - 1;  // the last epoch whose start is known
+    const uint32_t epoch = cfg_.start_epoch + uint32_t(k);
+    if (cfg_.num_epochs != 0 && epoch >= cfg_.num_epochs) return {epoch, abs - epoch_starts_[k]};
+    const uint64_t end = epoch_starts_[k] + buckets_->clips_in_epoch(epoch);
+    if (abs < end) {
+      // Binary search among the known starts (seq only moves back on a seek).
+      auto it = std::upper_bound(epoch_starts_.begin(), epoch_starts_.end(), abs);
+      const size_t e = size_t(it - epoch_starts_.begin()) - 1;
+      return {cfg_.start_epoch + uint32_t(e), abs - epoch_starts_[e]};
+    }
+    epoch_starts_.push_back(end);
+  }
+}
+
+bool SourceEngine::past_end(uint64_t seq) const {
+  if (seq >= total_) return true;
+  return buckets_ && cfg_.num_epochs != 0 && position(seq).epoch >= cfg_.num_epochs;
+}
+
+SourceEngine::Slot SourceEngine::slot(const Position &pos, uint64_t k) const {
+  Slot s;
+  if (buckets_) {
+    const BucketSlot b = k == 0 ? buckets_->at(pos.epoch, pos.clip) : buckets_->replacement(pos.epoch, pos.clip, k);
+    s.index = b.index;
+    s.padding = b.padding;
+    const FrameSize fs = spec_.size_of(b.bucket);
+    s.shape = ClipShape{fs.width, fs.height, spec_.frames_of(b.bucket)};
+    s.group = b.group;
+    s.group_size = b.group_size;
+    return s;
+  }
+  const ScheduleSlot p = k == 0 ? schedule_->at(pos.epoch, pos.clip) : schedule_->replacement(pos.epoch, pos.clip, k);
+  s.index = p.index;
+  s.padding = p.padding;
+  s.shape = ClipShape{cfg_.width, cfg_.height, cfg_.num_frames};
+  return s;
+}
+
+uint64_t SourceEngine::replacement_pool(const Slot &s) const {
+  if (!buckets_) return schedule_->clips_per_epoch();
+  return buckets_->rows_in_bucket(assignment_.row_bucket[s.index]);
 }
 
 void SourceEngine::worker_loop() {
   std::unique_lock<std::mutex> lk(lock_);
   for (;;) {
     work_cv_.wait(lk, [&] {
-      return quit_ || (fatal_.empty() && next_dispatch_ < total_ &&
+      return quit_ || (fatal_.empty() && !past_end(next_dispatch_) &&
                        next_dispatch_ - next_consume_ < uint64_t(cfg_.prefetch));
     });
     if (quit_) return;
@@ -141,7 +287,8 @@ void SourceEngine::worker_loop() {
   }
 }
 
-void SourceEngine::attach_metas(DecodedClip &clip, const ManifestRow &row, const Position &pos, bool padding) {
+void SourceEngine::attach_metas(DecodedClip &clip, const ManifestRow &row, const Position &pos, const Slot &slot,
+                                bool padding) {
   const guint n = guint(clip.frames.size());
   for (guint i = 0; i < n; i++) {
     // Padded frames repeat a buffer: make_writable gives each its own (shallow) copy.
@@ -157,6 +304,8 @@ void SourceEngine::attach_metas(DecodedClip &clip, const ManifestRow &row, const
     m->num_frames = n;
     m->source_frame = clip.source_frames[i];
     m->padding = padding;
+    m->group = slot.group;
+    m->group_size = slot.group_size;
   }
 }
 
@@ -200,7 +349,7 @@ uint64_t SourceEngine::random_key(uint32_t epoch, uint64_t row) const {
   return hash_combine(hash_combine(cfg_.seed ^ 0x9e3779b97f4a7c15ull, w), row);
 }
 
-std::string SourceEngine::source_key(const ManifestRow &row, uint64_t random_key) {
+std::string SourceEngine::source_key(const ManifestRow &row, uint64_t random_key, const ClipShape &shape) {
   struct stat st {};
   if (::stat(row.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return "";
   const std::string id = row.path + "|" + std::to_string(st.st_size) + "|" + std::to_string(st.st_mtim.tv_sec) + "." +
@@ -221,12 +370,12 @@ std::string SourceEngine::source_key(const ManifestRow &row, uint64_t random_key
   static const char *starts[] = {"random", "start", "center"};
   static const char *fits[] = {"crop", "pad", "stretch"};
   std::string k = "csvvideosrc " + std::string(kDecodeVersion) + "\ncontent " + digest + "\nframes " +
-                  std::to_string(cfg_.num_frames) + " stride " + std::to_string(cfg_.frame_stride) + " fps " +
+                  std::to_string(shape.frames) + " stride " + std::to_string(cfg_.frame_stride) + " fps " +
                   std::to_string(cfg_.fps) + " source-fps " + std::to_string(cfg_.fps > 0 ? row.fps : 0.0) +
                   " stream " + std::to_string(cfg_.video_stream) + " start " +
                   starts[static_cast<int>(cfg_.clip_start)];
   if (cfg_.clip_start == ClipStart::Random) k += " window " + std::to_string(random_key);
-  k += "\nsize " + std::to_string(cfg_.width) + "x" + std::to_string(cfg_.height) + " " +
+  k += "\nsize " + std::to_string(shape.width) + "x" + std::to_string(shape.height) + " " +
        fits[static_cast<int>(cfg_.resize)] + (cfg_.short_clips == ShortClips::Pad ? " pad-short" : "");
   return k;
 }
@@ -237,13 +386,13 @@ std::string SourceEngine::source_key(const ManifestRow &row, uint64_t random_key
 SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool> *cancel) {
   Result r;
   const Position pos = position(seq);
-  const ScheduleSlot slot = schedule_->at(pos.epoch, pos.clip);
-  const uint64_t cpe = schedule_->clips_per_epoch();
-  const uint64_t attempts = std::min<uint64_t>(uint64_t(cfg_.max_replacements) + 1, std::max<uint64_t>(cpe, 1));
+  const Slot slot0 = slot(pos, 0);
+  const uint64_t attempts =
+      std::min<uint64_t>(uint64_t(cfg_.max_replacements) + 1, std::max<uint64_t>(replacement_pool(slot0), 1));
   std::string last_reason;
   for (uint64_t k = 0; k < attempts; k++) {
     if (cancel->load()) return r;
-    const ScheduleSlot cand = k == 0 ? slot : schedule_->replacement(pos.epoch, pos.clip, k);
+    const Slot cand = k == 0 ? slot0 : slot(pos, k);
     std::string reason;
     BadRow known;
     const Claim c = claim(cand.index, cancel, &known);
@@ -258,27 +407,29 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
     } else {
       ClipRequest req;
       req.path = row.path;
-      req.num_frames = cfg_.num_frames;
+      req.num_frames = cand.shape.frames;
       req.stride = cfg_.frame_stride;
       req.fps = cfg_.fps;
       req.video_stream = cfg_.video_stream;
       req.source_fps = row.fps;
       req.start = cfg_.clip_start;
       req.random_key = random_key(pos.epoch, row.row);
-      req.width = cfg_.width;
-      req.height = cfg_.height;
+      req.width = cand.shape.width;
+      req.height = cand.shape.height;
       req.resize = cfg_.resize;
       req.pad_short = cfg_.short_clips == ShortClips::Pad;
       req.decode_threads = cfg_.decode_threads;
       req.timeout_s = cfg_.decode_timeout_s;
       if (cb_.cached) {
         ClipIdentity id;
-        id.source_key = source_key(row, req.random_key);
+        id.source_key = source_key(row, req.random_key, cand.shape);
         id.sample_id = row.row;
         id.epoch = pos.epoch;
         id.clip_index = pos.clip;
-        id.num_frames = static_cast<unsigned>(cfg_.num_frames);
-        id.padding = slot.padding || k > 0;
+        id.num_frames = static_cast<unsigned>(cand.shape.frames);
+        id.padding = slot0.padding || k > 0;
+        id.group = cand.group;
+        id.group_size = cand.group_size;
         id.caption = row.caption;
         id.path = row.path;
         id.split = row.split;
@@ -299,7 +450,8 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
       if (st == DecodeStatus::Ok) {
         // A replacement repeats a sample of the shard to keep the ranks even, like padding:
         // validation counts it out, so its mean stays over each sample once.
-        attach_metas(r.clip, row, pos, slot.padding || k > 0);
+        attach_metas(r.clip, row, pos, cand, slot0.padding || k > 0);
+        r.shape = cand.shape;
         return r;
       }
       if (st == DecodeStatus::Short && cfg_.short_clips == ShortClips::Fail) {
@@ -329,7 +481,8 @@ void SourceEngine::clip_done(std::unique_lock<std::mutex> &lk, bool cached) {
   epoch_clips_++;
   epoch_cached_ += cached ? 1 : 0;
   work_cv_.notify_all();
-  if (pos.clip + 1 != schedule_->clips_per_epoch()) return;
+  const uint64_t epoch_clips = clips_in_epoch(pos.epoch);
+  if (pos.clip + 1 != epoch_clips) return;
   const uint64_t clips = epoch_clips_, in_cache = epoch_cached_;
   epoch_clips_ = epoch_cached_ = 0;
   if (!cb_.epoch_done) return;
@@ -341,7 +494,7 @@ void SourceEngine::clip_done(std::unique_lock<std::mutex> &lk, bool cached) {
     reported_.erase(reported_.begin(), reported_.upper_bound(pos.epoch));
   }
   lk.unlock();
-  cb_.epoch_done(pos.epoch, schedule_->clips_per_epoch(), replaced, clips - in_cache, in_cache);
+  cb_.epoch_done(pos.epoch, epoch_clips, replaced, clips - in_cache, in_cache);
 }
 
 SourceEngine::Pull SourceEngine::next(GstBuffer **frame, std::string *error) { return next(frame, nullptr, error); }
@@ -362,12 +515,13 @@ SourceEngine::Pull SourceEngine::next(GstBuffer **frame, ClipIdentity *cached, s
       }
       auto &frames = current_.clip.frames;
       *frame = frames[current_pos_];  // ownership moves to the caller
+      frame_shape_ = current_.shape;
       frames[current_pos_++] = nullptr;
       stat_frames_++;
       if (current_pos_ == frames.size()) clip_done(lk, false);
       return Pull::Frame;
     }
-    if (next_consume_ >= total_) return Pull::Eos;
+    if (past_end(next_consume_)) return Pull::Eos;
     auto it = ready_.find(next_consume_);
     if (it != ready_.end()) {
       if (!it->second.fatal.empty()) {
@@ -388,7 +542,9 @@ SourceEngine::Pull SourceEngine::next(GstBuffer **frame, ClipIdentity *cached, s
   }
 }
 
-uint64_t SourceEngine::clips_per_epoch() const { return schedule_ ? schedule_->clips_per_epoch() : 0; }
+uint64_t SourceEngine::clips_per_epoch() const {
+  return buckets_ || schedule_ ? clips_in_epoch(cfg_.start_epoch) : 0;
+}
 
 uint64_t SourceEngine::total_clips() const { return total_; }
 

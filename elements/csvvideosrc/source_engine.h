@@ -18,10 +18,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bucket_rows.h"
 #include "cache_protocol.h"
 #include "clip_decoder.h"
 #include "manifest.h"
 #include "schedule.h"
+#include "shapes_query.h"
 
 namespace videotrain {
 
@@ -40,6 +42,11 @@ struct SourceConfig {
   int video_stream = 0;  // index among a file's video streams
   ClipStart clip_start = ClipStart::Random;
   int width = 720, height = 480;
+  // Shape buckets: "WxH,..." and "49,33,17" (empty: width x height, num_frames). Either set
+  // makes the schedule a BucketSchedule of groups of `step_samples` clips.
+  std::string buckets, frame_buckets;
+  uint32_t step_samples = 1;  // the microbatcher's batch-size (one optimizer step on a rank)
+  int probe_threads = 4;      // for rows whose sizes the manifest leaves empty
   ResizeMode resize = ResizeMode::Crop;
   ShortClips short_clips = ShortClips::Replace;
   OnError on_error = OnError::Replace;
@@ -92,6 +99,13 @@ class SourceEngine {
 
   // Opens and indexes the manifest, checks the configuration, starts the workers.
   bool start(std::string *error);
+  // Every clip shape the configuration can produce (buckets x frame-buckets; one without).
+  static bool shapes(const SourceConfig &config, std::vector<ClipShape> *out, std::string *error);
+  bool bucketed() const { return bool(buckets_); }
+  // With buckets: what start() found (rows per bucket, rows left out), for the log and warnings.
+  std::string bucket_summary() const;
+  std::string bucket_warning() const;  // "" when no row was left out or probed
+  uint64_t steps_per_epoch() const;    // with buckets; 0 without
   void stop();
 
   // Next frame in order (a new ref, with its clip meta). Blocks until one is decoded.
@@ -99,13 +113,17 @@ class SourceEngine {
   // The same, where a clip that downstream holds comes out whole as Cached with its identity.
   Pull next(GstBuffer **frame, ClipIdentity *cached, std::string *error);
 
+  // Width, height and length of the clip the last frame next() gave belongs to (they change at
+  // clip boundaries with buckets). Streaming thread only.
+  ClipShape frame_shape() const { return frame_shape_; }
+
   // Unblocks next() (returns Flushing) and cancels decoding while set.
   void set_flushing(bool flushing);
   // Restart at the `seq`-th clip after the start position (a seek); drops what is prefetched.
   void restart_at(uint64_t seq);
 
-  uint64_t clips_per_epoch() const;
-  uint64_t total_clips() const;  // UINT64_MAX when num-epochs is 0
+  uint64_t clips_per_epoch() const;  // with buckets: of the first epoch (it varies by epoch and rank)
+  uint64_t total_clips() const;  // UINT64_MAX when num-epochs is 0 or with buckets
   std::string manifest_description() const;
   SourceStats stats() const;
   // Decoded clips held (in flight + ready); never above prefetch.
@@ -117,13 +135,27 @@ class SourceEngine {
     std::string fatal;  // non-empty: stop the stream with this error
     bool cached = false;  // downstream holds the clip: `identity` instead of frames
     ClipIdentity identity;
+    ClipShape shape;      // width, height and frames of the clip
   };
   struct Position {
     uint32_t epoch;
     uint64_t clip;
   };
 
+  // What the schedule gives for a clip, buckets or not.
+  struct Slot {
+    uint64_t index = 0;
+    bool padding = false;
+    ClipShape shape;
+    uint64_t group = 0;
+    uint32_t group_size = 0;
+  };
   Position position(uint64_t seq) const;
+  bool past_end(uint64_t seq) const;
+  uint64_t clips_in_epoch(uint32_t epoch) const;
+  Slot slot(const Position &pos, uint64_t k) const;  // k > 0: the k-th replacement
+  uint64_t replacement_pool(const Slot &s) const;    // rows a replacement can come from
+  bool start_buckets(std::string *error);
   void worker_loop();
   Result produce(uint64_t seq, const std::atomic<bool> *cancel);
   enum class Claim { Try, KnownBad, Cancelled };
@@ -135,11 +167,11 @@ class SourceEngine {
   Claim claim(uint64_t index, const std::atomic<bool> *cancel, BadRow *known);
   void release(uint64_t index, const std::string &bad_reason, uint32_t epoch);  // reason empty: not bad
   void report_bad(const Position &pos, uint64_t index, const ManifestRow &row, const std::string &reason);
-  void attach_metas(DecodedClip &clip, const ManifestRow &row, const Position &pos, bool padding);
+  void attach_metas(DecodedClip &clip, const ManifestRow &row, const Position &pos, const Slot &slot, bool padding);
   uint64_t random_key(uint32_t epoch, uint64_t row) const;
   // The source's part of a clip's cache key: the video's content and everything that picks and
   // shapes its frames. "" when the video cannot be read (it is decoded, and fails, as usual).
-  std::string source_key(const ManifestRow &row, uint64_t random_key);
+  std::string source_key(const ManifestRow &row, uint64_t random_key, const ClipShape &shape);
   // lock_ held: the clip at next_consume_ was handed out completely.
   void clip_done(std::unique_lock<std::mutex> &lk, bool cached);
   void halt_workers();
@@ -150,6 +182,12 @@ class SourceEngine {
   SourceCallbacks cb_;
   std::unique_ptr<Manifest> manifest_;
   std::unique_ptr<Schedule> schedule_;
+  std::unique_ptr<BucketSchedule> buckets_;  // instead of schedule_ with buckets
+  BucketSpec spec_;
+  BucketAssignment assignment_;
+  // With buckets, epochs differ in length: clip offset (from start_epoch's start) of each epoch's start.
+  mutable std::mutex epochs_lock_;
+  mutable std::vector<uint64_t> epoch_starts_;
   uint64_t total_ = 0;
 
   mutable std::mutex lock_;
@@ -163,6 +201,7 @@ class SourceEngine {
   std::map<uint64_t, Result> ready_;
   Result current_;
   size_t current_pos_ = 0;
+  ClipShape frame_shape_;
   bool have_current_ = false;
   std::string fatal_;
 

@@ -16,6 +16,7 @@
 #include "microbatch_tensors.h"
 #include "microbatcher_engine.h"
 #include "resume_query.h"
+#include "shapes_query.h"
 #include "tensor_caps.h"
 
 GST_DEBUG_CATEGORY_STATIC(microbatcher_debug);
@@ -258,6 +259,8 @@ static GstFlowReturn gst_micro_batcher_chain(GstPad *, GstObject *parent, GstBuf
   s.epoch = sm->epoch;
   s.clip_index = sm->clip_index;
   s.padding = sm->padding;
+  s.group = sm->group;
+  s.group_size = sm->group_size;
   s.caption = sm->caption ? sm->caption : "";
   gst_buffer_unref(buf);
 
@@ -335,6 +338,15 @@ static gboolean gst_micro_batcher_sink_query(GstPad *pad, GstObject *parent, Gst
       self->state->engine->restart_steps_at(pos.step);
     }
     return ok;
+  }
+  std::vector<ClipShape> shapes;
+  if (parse_shapes_query(query, &shapes)) {
+    // csvvideosrc with buckets groups its clips into steps of this many samples.
+    GST_OBJECT_LOCK(self);
+    const guint batch = self->batch_size;
+    GST_OBJECT_UNLOCK(self);
+    shapes_query_set_step_samples(query, batch);
+    return TRUE;
   }
   switch (GST_QUERY_TYPE(query)) {
     case GST_QUERY_CAPS:

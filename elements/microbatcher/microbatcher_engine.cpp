@@ -45,6 +45,11 @@ void MicroBatcherEngine::release_pending() {
 
 bool MicroBatcherEngine::push(MicroBatcherSample sample, std::vector<MicroBatch> *out, std::string *why) {
   sample.arrival = arrivals_++;
+  if (!pending_.empty() && (sample.group_size > 0 || pending_.back().group_size > 0)) {
+    const MicroBatcherSample &prev = pending_.back();
+    if (prev.epoch != sample.epoch || prev.group != sample.group || prev.group_size != sample.group_size)
+      close_step(out);
+  }
 
   if (!cfg_.bucket) {
     // Micro-batches are consecutive runs of micro_ samples in arrival order.
@@ -61,7 +66,8 @@ bool MicroBatcherEngine::push(MicroBatcherSample sample, std::vector<MicroBatch>
     }
   }
   pending_.push_back(std::move(sample));
-  if (pending_.size() >= cfg_.batch_size) close_step(out);
+  const uint32_t group_size = pending_.back().group_size;
+  if (pending_.size() >= cfg_.batch_size || (group_size > 0 && pending_.size() >= group_size)) close_step(out);
   return true;
 }
 

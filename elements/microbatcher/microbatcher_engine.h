@@ -29,6 +29,8 @@ struct MicroBatcherSample {
   uint32_t epoch = 0;
   uint64_t clip_index = 0;
   bool padding = false;
+  uint64_t group = 0;         // csvvideosrc buckets: the step group in the epoch ...
+  uint32_t group_size = 0;    // ... and its size; 0: no groups
   std::string caption;
   uint64_t arrival = 0;       // arrival number, set by the engine (for messages)
 };
@@ -57,7 +59,9 @@ class MicroBatcherEngine {
   MicroBatcherEngine(const MicroBatcherEngine &) = delete;
   MicroBatcherEngine &operator=(const MicroBatcherEngine &) = delete;
 
-  // Takes a sample; appends the micro-batches of every step it completes to *out
+  // Takes a sample; appends the micro-batches of every step it completes to *out. A sample
+  // with a group (csvvideosrc buckets) closes the step of another group first, and a group
+  // that is complete closes its step: a step is then one group, of one shape.
   // (epoch ends come from the face, through finish()). On error (bucket=false and a
   // micro-batch would mix shapes) returns false with a reason; the sample's handle is
   // then released and nothing else changes.

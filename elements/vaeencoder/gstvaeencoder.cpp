@@ -22,6 +22,7 @@
 #include "metas.h"
 #include "tensor_caps.h"
 #include "cache_protocol.h"
+#include "shapes_query.h"
 #include "latent_cache.h"
 #include "vae_engine.h"
 
@@ -374,6 +375,8 @@ static gboolean push_cached_clip(GstVaeEncoder *self, const ClipIdentity &clip) 
   m->epoch = clip.epoch;
   m->clip_index = clip.clip_index;
   m->padding = clip.padding;
+  m->group = clip.group;
+  m->group_size = clip.group_size;
   GST_BUFFER_PTS(out) = clip.pts;
   GST_BUFFER_DURATION(out) = clip.duration;
   // GstBaseSrc sends its segment with its first buffer; a stream that starts with cached clips
@@ -442,6 +445,21 @@ static gboolean gst_vae_encoder_sink_query(GstPad *pad, GstObject *parent, GstQu
     if (!warning.empty())
       GST_ELEMENT_WARNING(self, RESOURCE, READ, ("Latent cache entry unusable"), ("%s", warning.c_str()));
     answer_cache_query(query, held);
+    return TRUE;
+  }
+  std::vector<ClipShape> shapes;
+  if (parse_shapes_query(query, &shapes)) {
+    // csvvideosrc with buckets, at start: every shape it may send must be one this VAE encodes.
+    if (VaeEngine *eng = engine_of(self))
+      for (const ClipShape &c : shapes) {
+        const std::string bad = eng->check_clip(c.frames, c.width, c.height);
+        if (bad.empty()) continue;
+        shapes_query_set_problem(query, "vaeencoder " + std::string(GST_OBJECT_NAME(self)) + " cannot encode " +
+                                            std::to_string(c.width) + "x" + std::to_string(c.height) + " clips of " +
+                                            std::to_string(c.frames) + " frames: " + bad);
+        break;
+      }
+    gst_pad_peer_query(self->srcpad, query);  // on to the microbatcher
     return TRUE;
   }
   switch (GST_QUERY_TYPE(query)) {

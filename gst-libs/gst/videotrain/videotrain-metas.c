@@ -15,6 +15,8 @@ static gboolean clip_init(GstMeta *meta, gpointer params, GstBuffer *buffer) {
   m->num_frames = 0;
   m->source_frame = 0;
   m->padding = FALSE;
+  m->group = 0;
+  m->group_size = 0;
   m->caption = m->path = m->split = NULL;
   return TRUE;
 }
@@ -43,6 +45,8 @@ static gboolean clip_transform(GstBuffer *dest, GstMeta *meta, GstBuffer *buffer
   d->num_frames = s->num_frames;
   d->source_frame = s->source_frame;
   d->padding = s->padding;
+  d->group = s->group;
+  d->group_size = s->group_size;
   return TRUE;
 }
 
@@ -56,6 +60,8 @@ static gboolean sample_init(GstMeta *meta, gpointer params, GstBuffer *buffer) {
   m->epoch = 0;
   m->clip_index = 0;
   m->padding = FALSE;
+  m->group = 0;
+  m->group_size = 0;
   m->caption = m->path = NULL;
   return TRUE;
 }
@@ -79,6 +85,8 @@ static gboolean sample_transform(GstBuffer *dest, GstMeta *meta, GstBuffer *buff
   d->epoch = s->epoch;
   d->clip_index = s->clip_index;
   d->padding = s->padding;
+  d->group = s->group;
+  d->group_size = s->group_size;
   return TRUE;
 }
 
@@ -291,6 +299,8 @@ GstVideoTrainSampleMeta *gst_buffer_add_videotrain_sample_meta_from_clip(GstBuff
   m->epoch = clip->epoch;
   m->clip_index = clip->clip_index;
   m->padding = clip->padding;
+  m->group = clip->group;
+  m->group_size = clip->group_size;
   return m;
 }
 

@@ -22,6 +22,8 @@ typedef struct _GstVideoTrainBatchMeta GstVideoTrainBatchMeta;
  * @num_frames: frames in the clip (vaeencoder: 1 + 4n for the Wan VAE)
  * @source_frame: frame number in the source video
  * @padding: the clip repeats a sample to even out the ranks
+ * @group: with buckets: the optimizer step's group the clip belongs to, in its epoch
+ * @group_size: with buckets: clips in that group (microbatcher ends a step with it); 0: no groups
  * @caption: (nullable): the clip's caption
  * @path: (nullable): the video it comes from
  * @split: (nullable): the manifest split (train, val)
@@ -41,6 +43,8 @@ struct _GstVideoTrainClipMeta {
   gchar *caption;
   gchar *path;
   gchar *split;
+  guint64 group;
+  guint group_size;
 };
 
 /**
@@ -52,6 +56,8 @@ struct _GstVideoTrainClipMeta {
  * @padding: the clip repeats a sample to even out the ranks
  * @caption: (nullable): the clip's caption
  * @path: (nullable): the video it comes from
+ * @group: the clip meta's group (buckets)
+ * @group_size: the clip meta's group_size; 0: no groups
  *
  * One per latent buffer, from vaeencoder.
  */
@@ -63,6 +69,8 @@ struct _GstVideoTrainSampleMeta {
   gboolean padding;
   gchar *caption;
   gchar *path;
+  guint64 group;
+  guint group_size;
 };
 
 /**
