@@ -222,19 +222,15 @@ SourceEngine::Position SourceEngine::position(uint64_t seq) const {
   }
   // Epoch lengths vary: walk (and remember) epoch starts up to the one holding `abs`.
   std::lock_guard<std::mutex> g(epochs_lock_);
-  for (;;) {
-    const size_t k = epoch_starts_.size() - 1;  // the last epoch whose start is known
-    const uint32_t epoch = cfg_.start_epoch + uint32_t(k);
-    if (cfg_.num_epochs != 0 && epoch >= cfg_.num_epochs) return {epoch, abs - epoch_starts_[k]};
-    const uint64_t end = epoch_starts_[k] + buckets_->clips_in_epoch(epoch);
-    if (abs < end) {
-      // Binary search among the known starts (seq only moves back on a seek).
-      auto it = std::upper_bound(epoch_starts_.begin(), epoch_starts_.end(), abs);
-      const size_t e = size_t(it - epoch_starts_.begin()) - 1;
-      return {cfg_.start_epoch + uint32_t(e), abs - epoch_starts_[e]};
-    }
-    epoch_starts_.push_back(end);
+  while (abs >= epoch_starts_.back()) {
+    const uint32_t last = cfg_.start_epoch + uint32_t(epoch_starts_.size() - 1);
+    if (cfg_.num_epochs != 0 && last >= cfg_.num_epochs) break;  // past the end: no length to add
+    epoch_starts_.push_back(epoch_starts_.back() + buckets_->clips_in_epoch(last));
   }
+  // The last start at or before `abs` (seq moves back only on a seek).
+  auto it = std::upper_bound(epoch_starts_.begin(), epoch_starts_.end(), abs);
+  const size_t e = size_t(it - epoch_starts_.begin()) - 1;
+  return {cfg_.start_epoch + uint32_t(e), abs - epoch_starts_[e]};
 }
 
 bool SourceEngine::past_end(uint64_t seq) const {
