@@ -3,7 +3,16 @@
 # with resume=true (nothing else changed) reaches step 20 with the same losses and the same final
 # parameters as an uninterrupted run; the checkpoint carries every rank's data position to
 # csvvideosrc through the resume query.
+# With the argument `buckets`, the source mixes sizes and lengths (4 size buckets, 2 frame buckets; the
+# corrupt row is replaced within its bucket): the ranks run equal steps of one shape each, and resume
+# stays exact.
 set -euo pipefail
+mode=${1:-plain}
+shape="num-frames=5 width=32 height=32"
+if [[ $mode == buckets ]]; then
+  shape="buckets=32x24,32x32,48x24,24x32 frame-buckets=9,5 frame-stride=8"
+  export GST_DEBUG=microbatcher:6  # its log names each micro-batch's shape
+fi
 build=${VIDEOTRAIN_BUILD_DIR:?}
 src=${VIDEOTRAIN_SOURCE_DIR:?}
 work=$(mktemp -d "${TMPDIR:-/tmp}/videotrain-resume-XXXXXX")
@@ -14,7 +23,7 @@ bash "$src/scripts/make_dataset.sh" "$work/data" 6 >/dev/null
 half=10
 run() {  # run NAME MAX_STEPS RESUME
   "$build/tools/videotrain-launch" -n 2 -q -- gst-launch-1.0 -q \
-    csvvideosrc location="$work/data/train.csv" num-frames=5 width=32 height=32 num-epochs=0 prefetch=1 seed=5 ! \
+    csvvideosrc location="$work/data/train.csv" $shape num-epochs=0 prefetch=1 seed=5 ! \
     vaeencoder model="$work/vae" ! queue ! microbatcher batch-size=2 micro-batch-size=1 ! \
     ddptrainsink model=builtin:tiny-unet3d seed=9 max-steps="$2" resume="$3" log-every=1 \
       checkpoint-dir="$work/$1" checkpoint-every=100 metrics-file="$work/$1.jsonl" timeout=60 \
@@ -39,6 +48,11 @@ bad = [(s, full[s], part[s]) for s in full if abs(full[s] - part[s]) > 1e-5 * ma
 assert not bad, f"losses differ after resume (step, uninterrupted, resumed): {bad}"
 print(f"resume: steps {half + 1}..{2 * half} repeat the uninterrupted run's losses")
 PY
+if [[ $mode == buckets ]]; then
+  shapes=$(grep -ho 'samples \[[0-9, ]*\]' "$work/full.log" | sort -u | wc -l)
+  ((shapes >= 3)) || { echo "buckets: the uninterrupted run trained $shapes latent shapes, expected several"; exit 1; }
+  echo "buckets: $shapes latent shapes trained"
+fi
 final=$(printf 'step-%08d' $((2 * half)))
 for r in full part; do
   [[ -f $work/$r/$final/model.safetensors ]] || { ls -R "$work/$r"; echo "$r: no final checkpoint $final"; exit 1; }
