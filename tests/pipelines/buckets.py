@@ -71,12 +71,12 @@ def check(cond, what):
         print(f"FAIL: {what}", file=sys.stderr)
 
 
-def run(rank, world, epochs=2, extra="", frame_buckets="9,5"):
+def run(rank, world, epochs=2, extra="", frame_buckets="9,5", buckets=BUCKETS, enc=""):
     """Steps in order: dicts with step, epoch, shape (C, t, h, w), samples [(id, epoch, clip, padding)],
     sync position (epoch, next_clip); the warnings; the error, if any."""
-    desc = (f"csvvideosrc location={tmp}/train.csv buckets={','.join(f'{w}x{h}' for w, h in BUCKETS)} "
+    desc = (f"csvvideosrc location={tmp}/train.csv buckets={','.join(f'{w}x{h}' for w, h in buckets)} "
             f"frame-buckets={frame_buckets} frame-stride={STRIDE} num-epochs={epochs} seed=3 prefetch=2 "
-            f"rank={rank} world-size={world} {extra} ! vaeencoder model={tmp}/vae ! "
+            f"rank={rank} world-size={world} {extra} ! vaeencoder name=enc model={tmp}/vae {enc} ! "
             f"microbatcher batch-size={BATCH} micro-batch-size=1 ! appsink name=sink sync=false max-buffers=0")
     p = Gst.parse_launch(desc)
     sink = p.get_by_name("sink")
@@ -119,6 +119,7 @@ def run(rank, world, epochs=2, extra="", frame_buckets="9,5"):
             while (sample := sink.emit("try-pull-sample", 0)):
                 take(sample)
             break
+    run.cache = (p.get_by_name("enc").get_property("cache-hits"), p.get_by_name("enc").get_property("cache-misses"))
     p.set_state(Gst.State.NULL)
     return [steps[k] for k in order], warnings, error
 
@@ -184,6 +185,23 @@ resumed, _, err = run(1, 2, extra=f"start-epoch={e} start-clip={clip}")
 tail = [(s["samples"], s["shapes"]) for s in steps1[cut + 1:]]
 check(err is None and len(tail) >= 2 and [(s["samples"], s["shapes"]) for s in resumed] == tail,
       f"resume at epoch {e} clip {clip} repeats the remaining {len(tail)} steps exactly ({len(resumed)} steps)")
+
+# The latent cache keys on the bucket a clip was fitted to: a second run hits every clip; with one size
+# bucket changed (24x24 -> 32x32), exactly the clips of that bucket miss.
+first, _, err = run(0, 2, epochs=1, extra="clip-windows=1", enc=f"cache-dir={tmp}/cache")
+hits0, misses0 = run.cache
+again, _, err2 = run(0, 2, epochs=1, extra="clip-windows=1", enc=f"cache-dir={tmp}/cache")
+hits1, misses1 = run.cache
+clips = sum(len(s["samples"]) for s in first)
+check(err is None and err2 is None and (hits0, misses0) == (0, clips) and (hits1, misses1) == (clips, 0)
+      and [s["samples"] for s in again] == [s["samples"] for s in first],
+      f"a cached bucketed run hits every clip (first {hits0}/{misses0}, second {hits1}/{misses1}, {clips} clips)")
+square = [(32, 32) if b == (24, 24) else b for b in BUCKETS]
+changed, _, err3 = run(0, 2, epochs=1, extra="clip-windows=1", enc=f"cache-dir={tmp}/cache", buckets=square)
+hits2, misses2 = run.cache
+in_square = sum(1 for s in changed for sid, *_ in s["samples"] if expected_shape(sid)[:2] == (24, 24))
+check(err3 is None and in_square > 0 and misses2 == in_square and hits2 == clips - in_square,
+      f"changing one bucket's size misses exactly its {in_square} clips (hits {hits2}, misses {misses2})")
 
 print(f"{len(passed)} passed, {len(failures)} failed")
 sys.exit(1 if failures else 0)
