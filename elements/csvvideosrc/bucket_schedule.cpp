@@ -119,6 +119,12 @@ BucketSchedule::BucketSchedule(std::vector<uint32_t> row_bucket, uint32_t bucket
   for (uint64_t n : population_) groups_ += (n + group_size_ - 1) / group_size_;
 }
 
+uint64_t BucketSchedule::usable_rows() const {
+  uint64_t n = 0;
+  for (uint64_t p : population_) n += p;
+  return n;
+}
+
 uint64_t BucketSchedule::steps_per_epoch() const { return (groups_ + world_ - 1) / world_; }
 
 std::shared_ptr<const BucketSchedule::Plan> BucketSchedule::plan(uint32_t epoch) const {
@@ -218,14 +224,28 @@ BucketSlot BucketSchedule::replacement(uint32_t epoch, uint64_t clip, uint64_t k
   uint32_t off;
   bool wrapped;
   const uint64_t g0 = locate(*p, clip % p->rank_starts.back(), &off, &wrapped);
+  const Group &failed = p->groups[g0];
+  const uint64_t pop = population_[failed.bucket];
+  if (k >= pop) {
+    // The bucket has no other row left to try: any usable row, decoded at this bucket's shape.
+    const uint64_t n = p->rows.size();
+    BucketSlot s;
+    s.index = p->rows[(failed.first + off + (k - pop + 1)) % n];
+    s.padding = true;
+    s.bucket = failed.bucket;
+    s.group = g0;
+    s.group_size = failed.size;
+    return s;
+  }
   // Walk the bucket's rows forward from the failed one, group by group.
   uint64_t g = g0;
-  uint64_t at = uint64_t(off) + k % std::max<uint64_t>(population_[p->groups[g0].bucket], 1);
+  uint64_t at = uint64_t(off) + k;
   while (at >= p->groups[g].size) {
     at -= p->groups[g].size;
     g = p->groups[g].next_same;
   }
   BucketSlot s = slot_of(*p, g, uint32_t(at), true);
+  s.bucket = failed.bucket;
   // The stand-in takes the failed clip's place in its group.
   s.group = g0;
   s.group_size = p->groups[g0].size;

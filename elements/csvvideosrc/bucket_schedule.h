@@ -61,8 +61,11 @@ class BucketSchedule {
   uint64_t rows_in_bucket(uint32_t bucket) const { return population_[bucket]; }
   uint64_t clips_in_epoch(uint32_t epoch) const;         // this rank
   BucketSlot at(uint32_t epoch, uint64_t clip) const;
-  // The k-th (k >= 1) stand-in for a clip that failed: the rows of the same bucket that follow
-  // it in the epoch's list, so the step keeps its shape. Flagged as padding.
+  uint64_t usable_rows() const;  // rows in some bucket
+  // The k-th (k >= 1) stand-in for a clip that failed, taking its place (bucket, group) in the
+  // step so that the step keeps its shape: the rows of the same bucket that follow it in the
+  // epoch's list, then, when the bucket has no other row, any row (fitted to the bucket's shape).
+  // Flagged as padding.
   BucketSlot replacement(uint32_t epoch, uint64_t clip, uint64_t k) const;
 
  private:

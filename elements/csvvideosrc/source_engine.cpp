@@ -257,9 +257,8 @@ SourceEngine::Slot SourceEngine::slot(const Position &pos, uint64_t k) const {
   return s;
 }
 
-uint64_t SourceEngine::replacement_pool(const Slot &s) const {
-  if (!buckets_) return schedule_->clips_per_epoch();
-  return buckets_->rows_in_bucket(assignment_.row_bucket[s.index]);
+uint64_t SourceEngine::replacement_pool() const {
+  return buckets_ ? buckets_->usable_rows() : schedule_->clips_per_epoch();
 }
 
 void SourceEngine::worker_loop() {
@@ -384,7 +383,7 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
   const Position pos = position(seq);
   const Slot slot0 = slot(pos, 0);
   const uint64_t attempts =
-      std::min<uint64_t>(uint64_t(cfg_.max_replacements) + 1, std::max<uint64_t>(replacement_pool(slot0), 1));
+      std::min<uint64_t>(uint64_t(cfg_.max_replacements) + 1, std::max<uint64_t>(replacement_pool(), 1));
   std::string last_reason;
   for (uint64_t k = 0; k < attempts; k++) {
     if (cancel->load()) return r;

@@ -154,7 +154,7 @@ class SourceEngine {
   bool past_end(uint64_t seq) const;
   uint64_t clips_in_epoch(uint32_t epoch) const;
   Slot slot(const Position &pos, uint64_t k) const;  // k > 0: the k-th replacement
-  uint64_t replacement_pool(const Slot &s) const;    // rows a replacement can come from
+  uint64_t replacement_pool() const;  // rows a replacement can come from
   bool start_buckets(std::string *error);
   void worker_loop();
   Result produce(uint64_t seq, const std::atomic<bool> *cancel);

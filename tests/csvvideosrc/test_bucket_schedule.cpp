@@ -161,3 +161,21 @@ TEST(BucketScheduleTest, ReplacementsStayInTheBucketAndEpochsDiffer) {
   BucketSchedule again(rb, 4, 1, 2, true, 3, 3);
   for (uint64_t c = 0; c < 10; c++) EXPECT_EQ(again.at(1, c).index, e1[c]);  // a function of the epoch: resumable
 }
+
+TEST(BucketScheduleTest, ALoneRowIsStoodInForByOtherBucketsAtItsShape) {
+  std::vector<uint32_t> rb(20, 0);
+  rb[7] = 1;  // bucket 1 holds one row
+  BucketSchedule s(rb, 2, 0, 1, false, 0, 4);
+  uint64_t clip = 0;
+  while (s.at(0, clip).index != 7) clip++;
+  std::set<uint64_t> stand_ins;
+  for (uint64_t k = 1; k < 20; k++) {
+    const BucketSlot r = s.replacement(0, clip, k);
+    EXPECT_EQ(r.bucket, 1u);  // the failed clip's shape
+    EXPECT_EQ(r.group_size, 1u);
+    EXPECT_TRUE(r.padding);
+    stand_ins.insert(r.index);
+  }
+  EXPECT_EQ(stand_ins.size(), 19u);  // every other row, once
+  EXPECT_EQ(stand_ins.count(7), 0u);
+}
