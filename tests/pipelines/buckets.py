@@ -9,13 +9,15 @@ With 4 size buckets, 2 frame buckets and 2 ranks, over 2 epochs:
 - the order of steps is the one a single rank gets (global step g = step g / 2 of rank g % 2);
 - a run restarted at the data position after a step in the middle of epoch 1 repeats the rest exactly;
 - the unreadable row is left out with a warning naming it, and a frame bucket the VAE cannot encode
-  (not 1 + 4n) is an error at start, before any clip."""
+  (not 1 + 4n) is an error at start, before any clip, as is a bucket list that does not parse.
+The process imports torch first, as a Python app would, so the error paths run beside its copy of libtorch."""
 import os
 import subprocess
 import sys
 import tempfile
 from collections import defaultdict
 
+import torch  # noqa: F401  (an app that imported torch before GStreamer)
 import gi
 
 gi.require_version("Gst", "1.0")
@@ -128,6 +130,10 @@ def run(rank, world, epochs=2, extra="", frame_buckets="9,5", buckets=BUCKETS, e
 bad_steps, _, err = run(0, 2, frame_buckets="9,6")
 check(err is not None and "6 frames" in err and not bad_steps,
       f"frame-buckets=9,6 is an error at start naming the 6-frame clips (got {err!r}, {len(bad_steps)} steps)")
+
+bad_steps, _, err = run(0, 2, buckets=[(32, 24), (24, 0)])
+check(err is not None and "buckets entry '24x0'" in err and not bad_steps,
+      f"buckets=...,24x0 is an error at start naming the entry (got {err!r})")
 
 single, _, err = run(0, 1)
 check(err is None, f"one rank runs (error {err!r})")
