@@ -258,354 +258,405 @@ const char *decode_status_name(DecodeStatus s) {
 
 namespace {
 
-// Decodes with chain `c` (whose req is set); the caller tears the chain down.
-DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *out, std::string *reason) {
-  const ClipRequest &req = *c.req;
-  out->clear();
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(req.timeout_s));
-  auto timed_out = [&] { return Clock::now() >= deadline; };
-  auto cancelled = [&] { return cancel && cancel->load(); };
-
-  if (!g_file_test(req.path.c_str(), G_FILE_TEST_EXISTS)) {
-    *reason = "file not found";
-    return DecodeStatus::Failed;
+// One clip decoded with chain `c` (whose req is set), in named steps that share the clip's
+// state; the caller tears the chain down.
+class ClipDecode {
+ public:
+  ClipDecode(Chain &c, const std::atomic<bool> *cancel, DecodedClip *out, std::string *reason)
+      : c_(c), req_(*c.req), cancel_(cancel), out_(out), reason_(reason),
+        deadline_(Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(req_.timeout_s))),
+        by_time_(req_.fps > 0) {}
+  ~ClipDecode() {
+    drop_prev();
+    if (conv_caps_) gst_caps_unref(conv_caps_);
   }
-  // A named pipe is read as a stream (clip-start=start; no seeks).
-  GStatBuf st;
-  if (!g_file_test(req.path.c_str(), G_FILE_TEST_IS_REGULAR) &&
-      !(g_stat(req.path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode))) {
-    *reason = "not a regular file";
-    return DecodeStatus::Failed;
+  ClipDecode(const ClipDecode &) = delete;
+  ClipDecode &operator=(const ClipDecode &) = delete;
+
+  DecodeStatus run() {
+    out_->clear();
+    DecodeStatus s;
+    if ((s = check_file()) != DecodeStatus::Ok || (s = build_chain()) != DecodeStatus::Ok ||
+        (s = preroll()) != DecodeStatus::Ok)
+      return s;
+    read_stream_facts();
+    if ((s = place_clip()) != DecodeStatus::Ok || (s = pull_frames()) != DecodeStatus::Ok) return s;
+    return pad_short();
   }
 
-  c.pipeline = gst_pipeline_new(nullptr);
-  GstElement *src = c.src = make("filesrc", c.pipeline);
-  GstElement *dec = make("decodebin", c.pipeline);
-  c.crop = make("videocrop", c.pipeline);
-  GstElement *scale = make("videoscale", c.pipeline);
-  GstElement *sizecaps = make("capsfilter", c.pipeline);
-  GstElement *convert = make("videoconvert", c.pipeline);
-  GstElement *fmtcaps = make("capsfilter", c.pipeline);
-  c.sink = make("appsink", c.pipeline);
-  if (!src || !dec || !c.crop || !scale || !sizecaps || !convert || !fmtcaps || !c.sink) {
-    *reason = "missing GStreamer elements (need filesrc, decodebin, videocrop, videoscale, videoconvert, appsink: "
-              "install gstreamer1.0-plugins-base and -good)";
-    return DecodeStatus::Failed;
+ private:
+  bool timed_out() const { return Clock::now() >= deadline_; }
+  bool cancelled() const { return cancel_ && cancel_->load(); }
+  DecodeStatus fail(DecodeStatus s, std::string why) {
+    *reason_ = std::move(why);
+    return s;
   }
-  g_object_set(src, "location", req.path.c_str(), nullptr);
-  // Scale in the decoder's format first (cheaper), then convert the small frame to RGB
-  // (YuvToRgb). videoconvert only repacks what YuvToRgb does not read (NV12 to I420, P010
-  // to I420_10LE, BGRx to RGB): no matrix, no dithering.
-  g_object_set(scale, "add-borders", req.resize == ResizeMode::Pad, nullptr);
-  GstCaps *size = gst_caps_new_simple("video/x-raw", "width", G_TYPE_INT, req.width, "height", G_TYPE_INT,
-                                      req.height, "pixel-aspect-ratio", GST_TYPE_FRACTION, 1, 1, nullptr);
-  g_object_set(sizecaps, "caps", size, nullptr);
-  gst_caps_unref(size);
-  gst_util_set_object_arg(G_OBJECT(convert), "matrix-mode", "none");
-  gst_util_set_object_arg(G_OBJECT(convert), "dither", "none");
-  GstCaps *formats = yuv_to_rgb_input_caps();
-  g_object_set(fmtcaps, "caps", formats, nullptr);
-  gst_caps_unref(formats);
-  // Bounded: the decoder stops when we stop pulling.
-  g_object_set(c.sink, "sync", FALSE, "max-buffers", 2, "drop", FALSE, "enable-last-sample", FALSE, nullptr);
-  if (!gst_element_link(src, dec) || !gst_element_link_many(c.crop, scale, sizecaps, convert, fmtcaps, c.sink, nullptr)) {
-    *reason = "could not link the decoding chain";
-    return DecodeStatus::Failed;
+
+  DecodeStatus check_file() {
+    if (!g_file_test(req_.path.c_str(), G_FILE_TEST_EXISTS)) return fail(DecodeStatus::Failed, "file not found");
+    // A named pipe is read as a stream (clip-start=start; no seeks).
+    GStatBuf st;
+    if (!g_file_test(req_.path.c_str(), G_FILE_TEST_IS_REGULAR) &&
+        !(g_stat(req_.path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode)))
+      return fail(DecodeStatus::Failed, "not a regular file");
+    return DecodeStatus::Ok;
   }
-  g_signal_connect(dec, "pad-added", G_CALLBACK(on_pad_added), &c);
-  g_signal_connect(dec, "no-more-pads", G_CALLBACK(on_no_more_pads), &c);
-  g_signal_connect(c.pipeline, "deep-element-added", G_CALLBACK(on_element_added), &c);
 
-  // decodebin drops errors of a demuxer it is still trying out (a truncated MP4 can fail
-  // that early): a file that nobody reads any more before a stream is found has failed.
-  GstPad *srcpad = gst_element_get_static_pad(src, "src");
-  gst_pad_add_probe(srcpad, GstPadProbeType(GST_PAD_PROBE_TYPE_BUFFER | GST_PAD_PROBE_TYPE_PULL), note_read, &c,
-                    nullptr);
-  gst_object_unref(srcpad);
-  c.last_read = g_get_monotonic_time();
+  // filesrc ! decodebin, then (linked when the stream appears) videocrop ! videoscale !
+  // capsfilter ! videoconvert ! capsfilter ! appsink.
+  DecodeStatus build_chain() {
+    c_.pipeline = gst_pipeline_new(nullptr);
+    GstElement *src = c_.src = make("filesrc", c_.pipeline);
+    GstElement *dec = make("decodebin", c_.pipeline);
+    c_.crop = make("videocrop", c_.pipeline);
+    GstElement *scale = make("videoscale", c_.pipeline);
+    GstElement *sizecaps = make("capsfilter", c_.pipeline);
+    GstElement *convert = make("videoconvert", c_.pipeline);
+    GstElement *fmtcaps = make("capsfilter", c_.pipeline);
+    c_.sink = make("appsink", c_.pipeline);
+    if (!src || !dec || !c_.crop || !scale || !sizecaps || !convert || !fmtcaps || !c_.sink)
+      return fail(DecodeStatus::Failed,
+                  "missing GStreamer elements (need filesrc, decodebin, videocrop, videoscale, videoconvert, "
+                  "appsink: install gstreamer1.0-plugins-base and -good)");
+    g_object_set(src, "location", req_.path.c_str(), nullptr);
+    // Scale in the decoder's format first (cheaper), then convert the small frame to RGB
+    // (YuvToRgb). videoconvert only repacks what YuvToRgb does not read (NV12 to I420, P010
+    // to I420_10LE, BGRx to RGB): no matrix, no dithering.
+    g_object_set(scale, "add-borders", req_.resize == ResizeMode::Pad, nullptr);
+    GstCaps *size = gst_caps_new_simple("video/x-raw", "width", G_TYPE_INT, req_.width, "height", G_TYPE_INT,
+                                        req_.height, "pixel-aspect-ratio", GST_TYPE_FRACTION, 1, 1, nullptr);
+    g_object_set(sizecaps, "caps", size, nullptr);
+    gst_caps_unref(size);
+    gst_util_set_object_arg(G_OBJECT(convert), "matrix-mode", "none");
+    gst_util_set_object_arg(G_OBJECT(convert), "dither", "none");
+    GstCaps *formats = yuv_to_rgb_input_caps();
+    g_object_set(fmtcaps, "caps", formats, nullptr);
+    gst_caps_unref(formats);
+    // Bounded: the decoder stops when we stop pulling.
+    g_object_set(c_.sink, "sync", FALSE, "max-buffers", 2, "drop", FALSE, "enable-last-sample", FALSE, nullptr);
+    if (!gst_element_link(src, dec) ||
+        !gst_element_link_many(c_.crop, scale, sizecaps, convert, fmtcaps, c_.sink, nullptr))
+      return fail(DecodeStatus::Failed, "could not link the decoding chain");
+    g_signal_connect(dec, "pad-added", G_CALLBACK(on_pad_added), &c_);
+    g_signal_connect(dec, "no-more-pads", G_CALLBACK(on_no_more_pads), &c_);
+    g_signal_connect(c_.pipeline, "deep-element-added", G_CALLBACK(on_element_added), &c_);
 
-  // Preroll: learn the frame rate and the duration.
-  gst_element_set_state(c.pipeline, GST_STATE_PAUSED);
+    // decodebin drops errors of a demuxer it is still trying out (a truncated MP4 can fail
+    // that early): a file that nobody reads any more before a stream is found has failed.
+    GstPad *srcpad = gst_element_get_static_pad(src, "src");
+    gst_pad_add_probe(srcpad, GstPadProbeType(GST_PAD_PROBE_TYPE_BUFFER | GST_PAD_PROBE_TYPE_PULL), note_read, &c_,
+                      nullptr);
+    gst_object_unref(srcpad);
+    c_.last_read = g_get_monotonic_time();
+    return DecodeStatus::Ok;
+  }
+
   // All streams are exposed and none is ours: said first, as decodebin then fails with a
   // "not linked" flow error of its own.
-  auto stream_missing = [&]() -> std::string {
-    std::lock_guard<std::mutex> g(c.lock);
-    if (!c.no_more_pads || c.linked) return "";
-    return c.video_pads == 0 ? std::string("no video stream")
-                             : "video-stream=" + std::to_string(req.video_stream) + " but the file has " +
-                                   std::to_string(c.video_pads) + " video stream(s)";
-  };
-  for (;;) {
-    std::string err = bus_error(c.pipeline);
-    if (!err.empty()) {
-      std::string missing = stream_missing();
-      *reason = missing.empty() ? "cannot decode: " + err : missing;
-      return DecodeStatus::Failed;
-    }
-    GstState state;
-    GstStateChangeReturn r = gst_element_get_state(c.pipeline, &state, nullptr, kSlice);
-    if (r == GST_STATE_CHANGE_SUCCESS && state == GST_STATE_PAUSED) break;
-    if (r == GST_STATE_CHANGE_FAILURE) {
-      err = bus_error(c.pipeline);
-      std::string missing = stream_missing();
-      *reason = !missing.empty() ? missing
-                : "cannot decode: " + (err.empty() ? std::string("state change failed") : err);
-      return DecodeStatus::Failed;
-    }
-    std::string missing = stream_missing();
-    if (!missing.empty()) {
-      *reason = missing;
-      return DecodeStatus::Failed;
-    }
-    {
-      std::lock_guard<std::mutex> g(c.lock);
-      if (!c.linked && g_get_monotonic_time() - c.last_read > kStallUs && !read_may_block(c)) {
-        *reason = "cannot decode: no playable stream found and the file is no longer read (truncated or corrupt)";
-        return DecodeStatus::Failed;
+  std::string stream_missing() {
+    std::lock_guard<std::mutex> g(c_.lock);
+    if (!c_.no_more_pads || c_.linked) return "";
+    return c_.video_pads == 0 ? std::string("no video stream")
+                              : "video-stream=" + std::to_string(req_.video_stream) + " but the file has " +
+                                    std::to_string(c_.video_pads) + " video stream(s)";
+  }
+
+  // To PAUSED: the stream is found and linked, its frame rate and duration known.
+  DecodeStatus preroll() {
+    gst_element_set_state(c_.pipeline, GST_STATE_PAUSED);
+    for (;;) {
+      std::string err = bus_error(c_.pipeline);
+      if (!err.empty()) {
+        std::string missing = stream_missing();
+        return fail(DecodeStatus::Failed, missing.empty() ? "cannot decode: " + err : missing);
       }
-    }
-    if (cancelled()) return DecodeStatus::Cancelled;
-    if (timed_out()) {
-      std::lock_guard<std::mutex> g(c.lock);
-      *reason = "decode timeout: no frame within " + std::to_string(req.timeout_s) + " s" +
-                (c.linked ? "" : c.no_more_pads ? " (no video stream)" : " (no stream found yet)");
-      return DecodeStatus::Timeout;
+      GstState state;
+      GstStateChangeReturn r = gst_element_get_state(c_.pipeline, &state, nullptr, kSlice);
+      if (r == GST_STATE_CHANGE_SUCCESS && state == GST_STATE_PAUSED) return DecodeStatus::Ok;
+      if (r == GST_STATE_CHANGE_FAILURE) {
+        err = bus_error(c_.pipeline);
+        std::string missing = stream_missing();
+        return fail(DecodeStatus::Failed, !missing.empty() ? missing
+                                          : "cannot decode: " + (err.empty() ? std::string("state change failed") : err));
+      }
+      std::string missing = stream_missing();
+      if (!missing.empty()) return fail(DecodeStatus::Failed, missing);
+      {
+        std::lock_guard<std::mutex> g(c_.lock);
+        if (!c_.linked && g_get_monotonic_time() - c_.last_read > kStallUs && !read_may_block(c_))
+          return fail(DecodeStatus::Failed,
+                      "cannot decode: no playable stream found and the file is no longer read (truncated or corrupt)");
+      }
+      if (cancelled()) return DecodeStatus::Cancelled;
+      if (timed_out()) {
+        std::lock_guard<std::mutex> g(c_.lock);
+        return fail(DecodeStatus::Timeout, "decode timeout: no frame within " + std::to_string(req_.timeout_s) + " s" +
+                                               (c_.linked        ? ""
+                                                : c_.no_more_pads ? " (no video stream)"
+                                                                  : " (no stream found yet)"));
+      }
     }
   }
 
-  int fps_n, fps_d;
-  Colour colour;
-  {
-    std::lock_guard<std::mutex> g(c.lock);
-    fps_n = c.fps_n;
-    fps_d = c.fps_d;
-    colour = c.colour;
-  }
   // Which stream was taken, for the clip's log and its error messages.
-  auto stream_text = [&] {
-    std::lock_guard<std::mutex> g(c.lock);
-    return "video stream " + std::to_string(req.video_stream) +
-           (c.no_more_pads ? " of " + std::to_string(c.video_pads) : std::string()) + ", " + std::to_string(c.width) +
-           "x" + std::to_string(c.height) + ", " + colour.describe();
-  };
-  if (fps_n <= 0 && req.source_fps > 0) gst_util_double_to_fraction(req.source_fps, &fps_n, &fps_d);
-  const bool fps_known = fps_n > 0;
-  if (!fps_known) fps_n = 25, fps_d = 1;  // variable rate: frame numbers are only indicative
-  gint64 duration = -1;
-  if (!gst_element_query_duration(c.pipeline, GST_FORMAT_TIME, &duration)) duration = -1;
-  if (duration > 0 && fps_known)
-    out->total_frames = gst_util_uint64_scale_round(duration, fps_n, GST_SECOND * (guint64)fps_d);
+  std::string stream_text() {
+    std::lock_guard<std::mutex> g(c_.lock);
+    return "video stream " + std::to_string(req_.video_stream) +
+           (c_.no_more_pads ? " of " + std::to_string(c_.video_pads) : std::string()) + ", " +
+           std::to_string(c_.width) + "x" + std::to_string(c_.height) + ", " + colour_.describe();
+  }
+
+  void read_stream_facts() {
+    {
+      std::lock_guard<std::mutex> g(c_.lock);
+      fps_n_ = c_.fps_n;
+      fps_d_ = c_.fps_d;
+      colour_ = c_.colour;
+    }
+    if (fps_n_ <= 0 && req_.source_fps > 0) gst_util_double_to_fraction(req_.source_fps, &fps_n_, &fps_d_);
+    fps_known_ = fps_n_ > 0;
+    if (!fps_known_) fps_n_ = 25, fps_d_ = 1;  // variable rate: frame numbers are only indicative
+    if (!gst_element_query_duration(c_.pipeline, GST_FORMAT_TIME, &duration_)) duration_ = -1;
+    if (duration_ > 0 && fps_known_)
+      out_->total_frames = gst_util_uint64_scale_round(duration_, fps_n_, GST_SECOND * (guint64)fps_d_);
+  }
 
   // fps > 0: sample k is the frame shown at t_start + k / fps, timestamps rounded to the
   // nearest 1 / fps (as ffmpeg's fps filter does): the last frame whose time is before
   // t_start + (k + 1/2) / fps.
-  const bool by_time = req.fps > 0;
-  auto tick = [&](GstClockTime t0, double k) {
-    return t0 + GstClockTime(std::llround(k * double(GST_SECOND) / req.fps));
-  };
-  const GstClockTime span_t = by_time ? tick(0, req.num_frames - 1) : 0;
-  const int64_t span = int64_t(req.num_frames - 1) * req.stride + 1;
-  int64_t start = 0;           // frame-stride: the clip's first frame
-  GstClockTime t_start = 0;    // fps: the time of the first sample
-  bool t_start_known = false;  // clip-start=start: the first frame's time
-  if (by_time) {
-    if (duration > 0) {
-      if (GstClockTime(duration) <= span_t && !req.pad_short) {
-        *reason = "too short: video lasts " + std::to_string(duration / 1e9) + " s, clip needs " +
-                  std::to_string(span_t / 1e9) + " s (num-frames at fps=" + std::to_string(req.fps) + "; " +
-                  stream_text() + ")";
-        return DecodeStatus::Short;
-      }
-      GstClockTime room = GstClockTime(duration) > span_t ? GstClockTime(duration) - span_t - 1 : 0;
-      if (req.start == ClipStart::Center) t_start = room / 2;
-      if (req.start == ClipStart::Random) t_start = (req.random_key % (room / GST_USECOND + 1)) * GST_USECOND;
-      t_start_known = req.start != ClipStart::Start;
-    }
-  } else if (out->total_frames >= 0) {
-    if (out->total_frames + 2 < span && !req.pad_short) {
-      *reason = "too few frames: video has " + std::to_string(out->total_frames) + ", clip needs " +
-                std::to_string(span) + " (num-frames x frame-stride; " + stream_text() + ")";
-      return DecodeStatus::Short;
-    }
-    int64_t room = std::max<int64_t>(0, out->total_frames - span);
-    if (req.start == ClipStart::Center) start = room / 2;
-    if (req.start == ClipStart::Random) start = int64_t(req.random_key % uint64_t(room + 1));
+  GstClockTime tick(GstClockTime t0, double k) const {
+    return t0 + GstClockTime(std::llround(k * double(GST_SECOND) / req_.fps));
   }
-  auto frame_number = [&](GstClockTime pts) {
-    return gst_util_uint64_scale_round(pts, fps_n, GST_SECOND * (guint64)fps_d);
-  };
+  uint64_t frame_number(GstClockTime pts) const {
+    return gst_util_uint64_scale_round(pts, fps_n_, GST_SECOND * (guint64)fps_d_);
+  }
 
-  YuvToRgb conv;
-  GstCaps *conv_caps = nullptr;
-  // fps: the last frame seen (the candidate for the next sample) and its RGB, made once.
-  GstBuffer *prev = nullptr, *prev_rgb = nullptr;
-  GstClockTime prev_pts = 0, prev_end = 0;
-  auto drop_prev = [&] {
-    if (prev) gst_buffer_unref(prev);
-    if (prev_rgb) gst_buffer_unref(prev_rgb);
-    prev = prev_rgb = nullptr;
-  };
-  struct Cleanup {
-    std::function<void()> f;
-    ~Cleanup() { f(); }
-  } cleanup{[&] {
-    drop_prev();
-    if (conv_caps) gst_caps_unref(conv_caps);
-  }};
-  std::string convert_error;
-  auto to_rgb = [&](GstBuffer *b) {
-    GstBuffer *rgb = conv.convert(b);
-    if (!rgb) convert_error = "cannot map a decoded frame for the RGB conversion";
+  // Where the clip starts (clip-start), or Short when the video cannot hold it.
+  DecodeStatus place_clip() {
+    if (by_time_) {
+      const GstClockTime span_t = tick(0, req_.num_frames - 1);
+      if (duration_ <= 0) return DecodeStatus::Ok;
+      if (GstClockTime(duration_) <= span_t && !req_.pad_short)
+        return fail(DecodeStatus::Short, "too short: video lasts " + std::to_string(duration_ / 1e9) +
+                                             " s, clip needs " + std::to_string(span_t / 1e9) +
+                                             " s (num-frames at fps=" + std::to_string(req_.fps) + "; " +
+                                             stream_text() + ")");
+      GstClockTime room = GstClockTime(duration_) > span_t ? GstClockTime(duration_) - span_t - 1 : 0;
+      if (req_.start == ClipStart::Center) t_start_ = room / 2;
+      if (req_.start == ClipStart::Random) t_start_ = (req_.random_key % (room / GST_USECOND + 1)) * GST_USECOND;
+      t_start_known_ = req_.start != ClipStart::Start;
+    } else if (out_->total_frames >= 0) {
+      const int64_t span = int64_t(req_.num_frames - 1) * req_.stride + 1;
+      if (out_->total_frames + 2 < span && !req_.pad_short)
+        return fail(DecodeStatus::Short, "too few frames: video has " + std::to_string(out_->total_frames) +
+                                             ", clip needs " + std::to_string(span) +
+                                             " (num-frames x frame-stride; " + stream_text() + ")");
+      int64_t room = std::max<int64_t>(0, out_->total_frames - span);
+      if (req_.start == ClipStart::Center) start_ = room / 2;
+      if (req_.start == ClipStart::Random) start_ = int64_t(req_.random_key % uint64_t(room + 1));
+    }
+    return DecodeStatus::Ok;
+  }
+
+  void drop_prev() {
+    if (prev_) gst_buffer_unref(prev_);
+    if (prev_rgb_) gst_buffer_unref(prev_rgb_);
+    prev_ = prev_rgb_ = nullptr;
+  }
+  GstBuffer *to_rgb(GstBuffer *b) {
+    GstBuffer *rgb = conv_.convert(b);
+    if (!rgb) convert_error_ = "cannot map a decoded frame for the RGB conversion";
     return rgb;
-  };
-  auto emit_prev = [&] {
-    if (!prev_rgb) prev_rgb = to_rgb(prev);
-    if (!prev_rgb) return false;
-    out->frames.push_back(gst_buffer_ref(prev_rgb));
-    out->source_frames.push_back(frame_number(prev_pts));
+  }
+  bool emit_prev() {
+    if (!prev_rgb_) prev_rgb_ = to_rgb(prev_);
+    if (!prev_rgb_) return false;
+    out_->frames.push_back(gst_buffer_ref(prev_rgb_));
+    out_->source_frames.push_back(frame_number(prev_pts_));
     return true;
-  };
+  }
 
   // Frame counts from the duration can be off by a frame or two: when a clip placed near the
   // end meets the end of the stream, it is placed earlier once and decoded again.
-  bool eos = false;
-  for (int attempt = 0; attempt < 2; attempt++) {
-    GstClockTime seek_to = GST_CLOCK_TIME_NONE;
-    if (!by_time && (start > 0 || attempt > 0))
-      seek_to = gst_util_uint64_scale(start, GST_SECOND * (guint64)fps_d, fps_n);
-    // A second early: the frame shown at t_start may begin well before it (variable rate).
-    if (by_time && t_start_known && (t_start > 0 || attempt > 0))
-      seek_to = t_start > GST_SECOND ? t_start - GST_SECOND : 0;
-    if (seek_to != GST_CLOCK_TIME_NONE &&
-        !gst_element_seek(c.pipeline, 1.0, GST_FORMAT_TIME, GstSeekFlags(GST_SEEK_FLAG_FLUSH | GST_SEEK_FLAG_ACCURATE),
-                          GST_SEEK_TYPE_SET, seek_to, GST_SEEK_TYPE_NONE, -1)) {
-      *reason = by_time ? "seek to " + std::to_string(seek_to / 1e9) + " s failed"
-                        : "seek to frame " + std::to_string(start) + " failed";
-      return DecodeStatus::Failed;
+  DecodeStatus pull_frames() {
+    for (int attempt = 0; attempt < 2; attempt++) {
+      DecodeStatus s = seek_to_clip(attempt);
+      if (s != DecodeStatus::Ok || (s = pull_attempt()) != DecodeStatus::Ok) return s;
+      // The last frame is shown until its end.
+      while (by_time_ && eos_ && prev_ && (int)out_->frames.size() < req_.num_frames && tick(t_start_, k_) < prev_end_) {
+        if (!emit_prev()) break;
+        k_++;
+      }
+      if (!convert_error_.empty()) return fail(DecodeStatus::Failed, convert_error_);
+      const int64_t missing = req_.num_frames - (int64_t)out_->frames.size();
+      if (by_time_) {
+        if (missing == 0 || !eos_ || t_start_ == 0) break;
+        GstClockTime back = tick(0, double(missing));
+        t_start_ = t_start_ > back ? t_start_ - back : 0;
+        t_start_known_ = true;
+      } else {
+        if (missing == 0 || !eos_ || start_ == 0) break;
+        start_ = std::max<int64_t>(0, start_ - missing * req_.stride);
+      }
     }
-    gst_element_set_state(c.pipeline, GST_STATE_PLAYING);
-    out->clear();
+    out_->frames_decoded = c_.decoded.load();
+    if (by_time_) out_->start_time = t_start_;
+    out_->stream = stream_text();  // all streams are known by now
+    return DecodeStatus::Ok;
+  }
+
+  DecodeStatus seek_to_clip(int attempt) {
+    GstClockTime seek_to = GST_CLOCK_TIME_NONE;
+    if (!by_time_ && (start_ > 0 || attempt > 0))
+      seek_to = gst_util_uint64_scale(start_, GST_SECOND * (guint64)fps_d_, fps_n_);
+    // A second early: the frame shown at t_start may begin well before it (variable rate).
+    if (by_time_ && t_start_known_ && (t_start_ > 0 || attempt > 0))
+      seek_to = t_start_ > GST_SECOND ? t_start_ - GST_SECOND : 0;
+    if (seek_to != GST_CLOCK_TIME_NONE &&
+        !gst_element_seek(c_.pipeline, 1.0, GST_FORMAT_TIME, GstSeekFlags(GST_SEEK_FLAG_FLUSH | GST_SEEK_FLAG_ACCURATE),
+                          GST_SEEK_TYPE_SET, seek_to, GST_SEEK_TYPE_NONE, -1))
+      return fail(DecodeStatus::Failed, by_time_ ? "seek to " + std::to_string(seek_to / 1e9) + " s failed"
+                                                 : "seek to frame " + std::to_string(start_) + " failed");
+    gst_element_set_state(c_.pipeline, GST_STATE_PLAYING);
+    return DecodeStatus::Ok;
+  }
+
+  // Pulls decoded frames until the clip is whole, the stream ends or a conversion fails.
+  DecodeStatus pull_attempt() {
+    out_->clear();
     drop_prev();
-    eos = false;
-    int64_t seen = 0, k = 0;
-    GstClockTime last_pts = GST_CLOCK_TIME_NONE;
-    while ((int)out->frames.size() < req.num_frames) {
+    eos_ = false;
+    seen_ = 0;
+    k_ = 0;
+    last_pts_ = GST_CLOCK_TIME_NONE;
+    while ((int)out_->frames.size() < req_.num_frames) {
       if (cancelled()) return DecodeStatus::Cancelled;
-      std::string err = bus_error(c.pipeline);
-      if (!err.empty()) {
-        *reason = "decoding error after " + std::to_string(out->frames.size()) + " frames of " + stream_text() +
-                  ": " + err;
-        return DecodeStatus::Failed;
-      }
-      if (timed_out()) {
-        *reason = "decode timeout: " + std::to_string(out->frames.size()) + " of " +
-                  std::to_string(req.num_frames) + " frames after " + std::to_string(req.timeout_s) + " s";
-        return DecodeStatus::Timeout;
-      }
-      GstSample *sample = gst_app_sink_try_pull_sample(GST_APP_SINK(c.sink), kSlice);
+      std::string err = bus_error(c_.pipeline);
+      if (!err.empty())
+        return fail(DecodeStatus::Failed, "decoding error after " + std::to_string(out_->frames.size()) +
+                                              " frames of " + stream_text() + ": " + err);
+      if (timed_out())
+        return fail(DecodeStatus::Timeout, "decode timeout: " + std::to_string(out_->frames.size()) + " of " +
+                                               std::to_string(req_.num_frames) + " frames after " +
+                                               std::to_string(req_.timeout_s) + " s");
+      GstSample *sample = gst_app_sink_try_pull_sample(GST_APP_SINK(c_.sink), kSlice);
       if (!sample) {
-        if (gst_app_sink_is_eos(GST_APP_SINK(c.sink))) {
-          eos = true;
+        if (gst_app_sink_is_eos(GST_APP_SINK(c_.sink))) {
+          eos_ = true;
           break;
         }
         continue;
       }
-      GstCaps *caps = gst_sample_get_caps(sample);
-      if (caps && (!conv_caps || !gst_caps_is_equal(caps, conv_caps))) {
-        if (prev && !prev_rgb) prev_rgb = to_rgb(prev);  // made in the format it came in
-        GstVideoInfo vi;
-        std::string why;
-        if (!gst_video_info_from_caps(&vi, caps) || !conv.configure(vi, colour, &why)) {
-          gst_sample_unref(sample);
-          *reason = why.empty() ? "unreadable caps from the decoder" : why;
-          return DecodeStatus::Failed;
-        }
-        gst_caps_replace(&conv_caps, caps);
-      }
-      GstBuffer *buf = gst_sample_get_buffer(sample);
-      // The time in the stream (what seeks and the clip refer to): an MP4's edit list can
-      // shift timestamps by the decoder's delay.
-      GstClockTime stream_pts = GST_CLOCK_TIME_NONE;
-      if (GST_BUFFER_PTS_IS_VALID(buf)) {
-        const GstSegment *seg = gst_sample_get_segment(sample);
-        stream_pts = seg && seg->format == GST_FORMAT_TIME
-                         ? gst_segment_to_stream_time(seg, GST_FORMAT_TIME, GST_BUFFER_PTS(buf))
-                         : GST_BUFFER_PTS(buf);
-      }
-      if (by_time) {
-        // Without a timestamp, a frame follows the last one by the stream's frame duration.
-        GstClockTime pts = stream_pts != GST_CLOCK_TIME_NONE ? stream_pts
-                           : last_pts == GST_CLOCK_TIME_NONE
-                               ? 0
-                               : last_pts + gst_util_uint64_scale(GST_SECOND, fps_d, fps_n);
-        last_pts = pts;
-        if (!t_start_known) t_start = pts, t_start_known = true;
-        while (prev && (int)out->frames.size() < req.num_frames && pts >= tick(t_start, k + 0.5)) {
-          if (!emit_prev()) break;
-          k++;
-        }
-        drop_prev();
-        prev = gst_buffer_ref(buf);
-        prev_pts = pts;
-        prev_end = pts + (GST_BUFFER_DURATION_IS_VALID(buf) ? GST_BUFFER_DURATION(buf)
-                                                             : gst_util_uint64_scale(GST_SECOND, fps_d, fps_n));
-      } else {
-        uint64_t src_frame = stream_pts != GST_CLOCK_TIME_NONE ? frame_number(stream_pts) : uint64_t(start + seen);
-        if ((int64_t)src_frame < start) {  // a frame before the clip that an inexact seek let through
-          gst_sample_unref(sample);
-          continue;
-        }
-        if (seen++ % req.stride == 0) {
-          if (GstBuffer *rgb = to_rgb(buf)) {
-            out->frames.push_back(rgb);
-            out->source_frames.push_back(src_frame);
-          }
-        }
-      }
+      const DecodeStatus s = take_sample(sample);
       gst_sample_unref(sample);
-      if (!convert_error.empty()) break;
+      if (s != DecodeStatus::Ok) return s;
+      if (!convert_error_.empty()) break;
     }
-    // The last frame is shown until its end.
-    while (by_time && eos && prev && (int)out->frames.size() < req.num_frames && tick(t_start, k) < prev_end) {
-      if (!emit_prev()) break;
-      k++;
-    }
-    if (!convert_error.empty()) {
-      *reason = convert_error;
-      return DecodeStatus::Failed;
-    }
-    const int64_t missing = req.num_frames - (int64_t)out->frames.size();
-    if (by_time) {
-      if (missing == 0 || !eos || t_start == 0) break;
-      GstClockTime back = tick(0, double(missing));
-      t_start = t_start > back ? t_start - back : 0;
-      t_start_known = true;
-    } else {
-      if (missing == 0 || !eos || start == 0) break;
-      start = std::max<int64_t>(0, start - missing * req.stride);
-    }
+    return DecodeStatus::Ok;
   }
-  out->frames_decoded = c.decoded.load();
-  if (by_time) out->start_time = t_start;
-  out->stream = stream_text();  // all streams are known by now
 
-  if ((int)out->frames.size() < req.num_frames) {
-    if (!req.pad_short || out->frames.empty()) {
-      *reason = "too few frames: got " + std::to_string(out->frames.size()) + " of " + std::to_string(req.num_frames) +
-                (eos ? " before the end of the stream" : "") + " (" + out->stream + ")";
-      out->clear();
-      return DecodeStatus::Short;
+  // One decoded frame: kept (frame-stride), or held as the candidate for the next sample (fps).
+  DecodeStatus take_sample(GstSample *sample) {
+    GstCaps *caps = gst_sample_get_caps(sample);
+    if (caps && (!conv_caps_ || !gst_caps_is_equal(caps, conv_caps_))) {
+      if (prev_ && !prev_rgb_) prev_rgb_ = to_rgb(prev_);  // made in the format it came in
+      GstVideoInfo vi;
+      std::string why;
+      if (!gst_video_info_from_caps(&vi, caps) || !conv_.configure(vi, colour_, &why))
+        return fail(DecodeStatus::Failed, why.empty() ? "unreadable caps from the decoder" : why);
+      gst_caps_replace(&conv_caps_, caps);
     }
-    while ((int)out->frames.size() < req.num_frames) {
-      out->frames.push_back(gst_buffer_ref(out->frames.back()));
-      out->source_frames.push_back(out->source_frames.back());
+    GstBuffer *buf = gst_sample_get_buffer(sample);
+    // The time in the stream (what seeks and the clip refer to): an MP4's edit list can
+    // shift timestamps by the decoder's delay.
+    GstClockTime stream_pts = GST_CLOCK_TIME_NONE;
+    if (GST_BUFFER_PTS_IS_VALID(buf)) {
+      const GstSegment *seg = gst_sample_get_segment(sample);
+      stream_pts = seg && seg->format == GST_FORMAT_TIME
+                       ? gst_segment_to_stream_time(seg, GST_FORMAT_TIME, GST_BUFFER_PTS(buf))
+                       : GST_BUFFER_PTS(buf);
     }
+    if (by_time_) {
+      // Without a timestamp, a frame follows the last one by the stream's frame duration.
+      GstClockTime pts = stream_pts != GST_CLOCK_TIME_NONE ? stream_pts
+                         : last_pts_ == GST_CLOCK_TIME_NONE
+                             ? 0
+                             : last_pts_ + gst_util_uint64_scale(GST_SECOND, fps_d_, fps_n_);
+      last_pts_ = pts;
+      if (!t_start_known_) t_start_ = pts, t_start_known_ = true;
+      while (prev_ && (int)out_->frames.size() < req_.num_frames && pts >= tick(t_start_, k_ + 0.5)) {
+        if (!emit_prev()) break;
+        k_++;
+      }
+      drop_prev();
+      prev_ = gst_buffer_ref(buf);
+      prev_pts_ = pts;
+      prev_end_ = pts + (GST_BUFFER_DURATION_IS_VALID(buf) ? GST_BUFFER_DURATION(buf)
+                                                           : gst_util_uint64_scale(GST_SECOND, fps_d_, fps_n_));
+      return DecodeStatus::Ok;
+    }
+    uint64_t src_frame = stream_pts != GST_CLOCK_TIME_NONE ? frame_number(stream_pts) : uint64_t(start_ + seen_);
+    if ((int64_t)src_frame < start_) return DecodeStatus::Ok;  // before the clip: an inexact seek let it through
+    if (seen_++ % req_.stride == 0) {
+      if (GstBuffer *rgb = to_rgb(buf)) {
+        out_->frames.push_back(rgb);
+        out_->source_frames.push_back(src_frame);
+      }
+    }
+    return DecodeStatus::Ok;
   }
-  GST_INFO("%s: %zu frames from %" G_GINT64_FORMAT " (decoded %" G_GUINT64_FORMAT ", total %" G_GINT64_FORMAT
-            "; %s)",
-            req.path.c_str(), out->frames.size(), start, out->frames_decoded, out->total_frames, out->stream.c_str());
-  return DecodeStatus::Ok;
+
+  // A clip cut short by the stream's end: Short, or (short-clips=pad) its last frame repeated.
+  DecodeStatus pad_short() {
+    if ((int)out_->frames.size() < req_.num_frames) {
+      if (!req_.pad_short || out_->frames.empty()) {
+        *reason_ = "too few frames: got " + std::to_string(out_->frames.size()) + " of " +
+                   std::to_string(req_.num_frames) + (eos_ ? " before the end of the stream" : "") + " (" +
+                   out_->stream + ")";
+        out_->clear();
+        return DecodeStatus::Short;
+      }
+      while ((int)out_->frames.size() < req_.num_frames) {
+        out_->frames.push_back(gst_buffer_ref(out_->frames.back()));
+        out_->source_frames.push_back(out_->source_frames.back());
+      }
+    }
+    GST_INFO("%s: %zu frames from %" G_GINT64_FORMAT " (decoded %" G_GUINT64_FORMAT ", total %" G_GINT64_FORMAT
+             "; %s)",
+             req_.path.c_str(), out_->frames.size(), start_, out_->frames_decoded, out_->total_frames,
+             out_->stream.c_str());
+    return DecodeStatus::Ok;
+  }
+
+  Chain &c_;
+  const ClipRequest &req_;
+  const std::atomic<bool> *cancel_;
+  DecodedClip *out_;
+  std::string *reason_;
+  const Clock::time_point deadline_;
+  const bool by_time_;  // fps > 0: samples chosen by timestamp; else every stride-th frame
+  // The stream.
+  int fps_n_ = 0, fps_d_ = 1;
+  bool fps_known_ = false;
+  Colour colour_;
+  gint64 duration_ = -1;
+  // Where the clip starts.
+  int64_t start_ = 0;          // frame-stride: the clip's first frame
+  GstClockTime t_start_ = 0;   // fps: the time of the first sample
+  bool t_start_known_ = false;  // clip-start=start: the first frame's time
+  // Pulling.
+  YuvToRgb conv_;
+  GstCaps *conv_caps_ = nullptr;
+  GstBuffer *prev_ = nullptr, *prev_rgb_ = nullptr;  // fps: the last frame seen and its RGB, made once
+  GstClockTime prev_pts_ = 0, prev_end_ = 0, last_pts_ = GST_CLOCK_TIME_NONE;
+  int64_t seen_ = 0, k_ = 0;
+  bool eos_ = false;
+  std::string convert_error_;
+};
+
+DecodeStatus decode_in(Chain &c, const std::atomic<bool> *cancel, DecodedClip *out, std::string *reason) {
+  return ClipDecode(c, cancel, out, reason).run();
 }
 
 // One decode on a thread of its own, which the caller can leave behind: a read() on a stalled
