@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "bus_message.h"
 #include "run_context.h"
 
 namespace at {
@@ -140,12 +141,8 @@ class TrainerEngine : public RunContext {
 
   const std::string &error() const;
   // Messages that a face posts: drained by the caller after each call.
-  struct Message {
-    std::string name;  // ddptrainsink-step | ddptrainsink-checkpoint | warning (text in "text")
-    std::map<std::string, int64_t> ints;
-    std::map<std::string, double> numbers;
-    std::map<std::string, std::string> strings;
-  };
+  // ddptrainsink-step | ddptrainsink-checkpoint | warning (text in "text")
+  using Message = BusMessage;
   std::vector<Message> take_messages();
 
   // RunContext.

@@ -13,12 +13,12 @@
 
 #include <gst/video/video.h>
 
-#include <cstdlib>
 #include <memory>
 #include <string>
 
 #include "cpu_heap.h"
 #include "first_line.h"
+#include "gst_enum.h"
 #include "metas.h"
 #include "tensor_caps.h"
 #include "cache_protocol.h"
@@ -93,77 +93,43 @@ static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
     GST_STATIC_CAPS("video/x-raw, format=(string)RGB, width=(int)[1, 16384], height=(int)[1, 16384], "
                     "framerate=(fraction)[0/1, 1000/1]"));
 
-static GType gst_vae_encoder_latent_get_type(void) {
-  static GType type = 0;
-  static const GEnumValue values[] = {
-      {(gint)LatentKind::Sample, "Posterior sample (mean + std * noise drawn from seed, sample id and epoch) times scaling_factor", "sample"},
-      {(gint)LatentKind::Mode, "Posterior mean times scaling_factor", "mode"},
-      {(gint)LatentKind::Moments, "Mean and log-variance concatenated on channels (unscaled)", "moments"},
-      {0, nullptr, nullptr}};
-  if (g_once_init_enter(&type)) {
-    GType t = g_enum_register_static("GstVaeEncoderLatent", values);
-    g_once_init_leave(&type, t);
-  }
-  return type;
-}
-
-static GType gst_vae_encoder_norm_scope_get_type(void) {
-  static GType type = 0;
-  static const GEnumValue values[] = {
-      {(gint)NormScope::Chunk, "GroupNorm statistics per temporal chunk, as diffusers' chunked encode", "chunk"},
-      {(gint)NormScope::Clip, "GroupNorm statistics over the whole clip (and frame), as a single pass", "clip"},
-      {0, nullptr, nullptr}};
-  if (g_once_init_enter(&type)) {
-    GType t = g_enum_register_static("GstVaeEncoderNormScope", values);
-    g_once_init_leave(&type, t);
-  }
-  return type;
-}
-
-static GType gst_vae_encoder_cache_mode_get_type(void) {
-  static GType type = 0;
-  static const GEnumValue values[] = {
-      {(gint)CacheMode::ReadWrite, "Use cached clips and store the ones encoded", "readwrite"},
-      {(gint)CacheMode::Read, "Use cached clips, store nothing (a read-only cache)", "read"},
-      {(gint)CacheMode::Write, "Encode every clip and store it (refill)", "write"},
-      {0, nullptr, nullptr}};
-  if (g_once_init_enter(&type)) {
-    GType t = g_enum_register_static("GstVaeEncoderCacheMode", values);
-    g_once_init_leave(&type, t);
-  }
-  return type;
-}
+VIDEOTRAIN_DEFINE_ENUM(gst_vae_encoder_latent_get_type, "GstVaeEncoderLatent",
+                       {(gint)LatentKind::Sample,
+                        "Posterior sample (mean + std * noise drawn from seed, sample id and epoch) times "
+                        "scaling_factor",
+                        "sample"},
+                       {(gint)LatentKind::Mode, "Posterior mean times scaling_factor", "mode"},
+                       {(gint)LatentKind::Moments, "Mean and log-variance concatenated on channels (unscaled)",
+                        "moments"})
+VIDEOTRAIN_DEFINE_ENUM(gst_vae_encoder_norm_scope_get_type, "GstVaeEncoderNormScope",
+                       {(gint)NormScope::Chunk,
+                        "GroupNorm statistics per temporal chunk, as diffusers' chunked encode", "chunk"},
+                       {(gint)NormScope::Clip,
+                        "GroupNorm statistics over the whole clip (and frame), as a single pass", "clip"})
+VIDEOTRAIN_DEFINE_ENUM(gst_vae_encoder_cache_mode_get_type, "GstVaeEncoderCacheMode",
+                       {(gint)CacheMode::ReadWrite, "Use cached clips and store the ones encoded", "readwrite"},
+                       {(gint)CacheMode::Read, "Use cached clips, store nothing (a read-only cache)", "read"},
+                       {(gint)CacheMode::Write, "Encode every clip and store it (refill)", "write"})
 
 static VaeEngine *engine_of(GstVaeEncoder *self) { return self->engine ? self->engine->get() : nullptr; }
 static LatentCache *cache_of(GstVaeEncoder *self) { return self->cache ? self->cache->get() : nullptr; }
 
 static void clear_clip(GstVaeEncoder *self) {
-  if (VaeEngine *e = engine_of(self)) e->abort_clip();
-  gst_clear_buffer(&self->clip_holder);
-  self->clip_pts = self->clip_end = GST_CLOCK_TIME_NONE;
+  if (VaeEngine *e = engine_of(self)) e->reset_framing();
 }
 
 // Warning + element message for one clip that will not come out.
-static void drop_clip(GstVaeEncoder *self, const GstVideoTrainClipMeta *meta, const std::string &reason) {
-  guint64 sample = meta ? meta->sample_id : 0;
-  GST_WARNING_OBJECT(self, "dropping clip of sample %" G_GUINT64_FORMAT ": %s", sample, reason.c_str());
-  GST_ELEMENT_WARNING(self, STREAM, DECODE, ("Dropped the clip of sample %" G_GUINT64_FORMAT, sample),
-                      ("%s", reason.c_str()));
-  GstStructure *s = gst_structure_new("vaeencoder-dropped", "sample-id", G_TYPE_UINT64, sample, "reason",
-                                      G_TYPE_STRING, reason.c_str(), nullptr);
-  if (meta)
-    gst_structure_set(s, "epoch", G_TYPE_UINT, meta->epoch, "clip-index", G_TYPE_UINT64, meta->clip_index,
-                      "num-frames", G_TYPE_UINT, meta->num_frames, nullptr);
+static void drop_clip(GstVaeEncoder *self, const DroppedClip &d) {
+  GST_WARNING_OBJECT(self, "dropping clip of sample %" G_GUINT64_FORMAT ": %s", d.sample_id, d.reason.c_str());
+  GST_ELEMENT_WARNING(self, STREAM, DECODE, ("Dropped the clip of sample %" G_GUINT64_FORMAT, d.sample_id),
+                      ("%s", d.reason.c_str()));
+  GstStructure *s = gst_structure_new("vaeencoder-dropped", "sample-id", G_TYPE_UINT64, d.sample_id, "reason",
+                                      G_TYPE_STRING, d.reason.c_str(), "epoch", G_TYPE_UINT, d.epoch, "clip-index",
+                                      G_TYPE_UINT64, d.clip_index, "num-frames", G_TYPE_UINT, d.num_frames, nullptr);
   gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), s));
   GST_OBJECT_LOCK(self);
   self->clips_dropped++;
   GST_OBJECT_UNLOCK(self);
-  if (meta) {
-    self->skipping = TRUE;
-    self->skip_sample = meta->sample_id;
-    self->skip_clip_index = meta->clip_index;
-  }
-  clear_clip(self);
 }
 
 // A failure from the settings or the model, not the clip: an element error, the stream stops.
@@ -519,10 +485,6 @@ static gboolean load_engine(GstVaeEncoder *self) {
   o.device = self->device ? self->device : "";
   o.dtype = self->dtype ? self->dtype : "";
   GST_OBJECT_UNLOCK(self);
-  // Test hook: pretend tiles over N pixels run out of memory (exercises the retry on CPU).
-  // (g_ascii_strtoll: atoll is undefined out of range.)
-  if (const char *fake = std::getenv("VIDEOTRAIN_VAEENCODER_FAKE_OOM_PIXELS"))
-    o.fake_oom_pixels = g_ascii_strtoll(fake, nullptr, 10);
   std::string error;
   std::unique_ptr<VaeEngine> eng;
   try {  // create() reports its own failures; nothing may unwind into GStreamer

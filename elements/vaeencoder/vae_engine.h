@@ -44,7 +44,7 @@ struct EngineOptions {
   NormScope norm_scope = NormScope::Chunk;
   ClipSpill clip_spill = ClipSpill::Auto;
   uint64_t seed = 0;
-  std::string device;           // "" = cuda:LOCAL_RANK when CUDA is available, else cpu
+  std::string device;           // "" = auto: see device_rule.h (cuda:LOCAL_RANK % count, else cpu)
   std::string dtype;            // "" = bfloat16 on CUDA, float32 on CPU
   bool tune_malloc = true;      // on CPU: retain_cpu_heap() (process-wide)
   // Clips whose length the VAE cannot use (T mod temporal_compression != 1) are refused
