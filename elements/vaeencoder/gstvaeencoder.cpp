@@ -30,6 +30,9 @@ GST_DEBUG_CATEGORY_STATIC(vaeencoder_debug);
 
 using namespace videotrain;
 using videotrain::vae::CacheMode;
+using videotrain::vae::DroppedClip;
+using videotrain::vae::FrameInfo;
+using videotrain::vae::FrameOutcome;
 using videotrain::vae::LatentCache;
 using videotrain::vae::LatentKind;
 using videotrain::vae::NormScope;
@@ -51,10 +54,6 @@ struct _GstVaeEncoder {
   std::unique_ptr<LatentCache> *cache;  // set from READY with cache-dir; its own lock
   GstVideoInfo vinfo;
   gboolean have_info;
-  GstBuffer *clip_holder;      // empty buffer carrying the current clip's clip meta
-  GstClockTime clip_pts, clip_end;
-  gboolean skipping;           // frames of a dropped clip are being skipped
-  guint64 skip_sample, skip_clip_index;
   GstClockTime last_clip_duration;
   guint64 clips_encoded, clips_dropped;
 };
@@ -140,10 +139,6 @@ static GstFlowReturn settings_error(GstVaeEncoder *self, const std::string &why)
   return GST_FLOW_ERROR;
 }
 
-static GstVideoTrainClipMeta *holder_meta(GstVaeEncoder *self) {
-  return self->clip_holder ? gst_buffer_get_videotrain_clip_meta(self->clip_holder) : nullptr;
-}
-
 // Out of memory even with the smallest tiles: later clips would fail the same way.
 static GstFlowReturn out_of_memory_error(GstVaeEncoder *self, const std::string &why) {
   GST_ELEMENT_ERROR(self, RESOURCE, NO_SPACE_LEFT, ("VAE encoder ran out of memory"),
@@ -152,36 +147,56 @@ static GstFlowReturn out_of_memory_error(GstVaeEncoder *self, const std::string 
   return GST_FLOW_ERROR;
 }
 
-static GstFlowReturn finish_clip(GstVaeEncoder *self) {
-  VaeEngine *eng = engine_of(self);
-  std::string why;
-  GstBuffer *out = eng->finish_clip(&why);
-  GstVideoTrainClipMeta *meta = holder_meta(self);
-  if (!out && eng->failure_is_settings()) return settings_error(self, why);
-  if (!out && eng->failure_is_fatal()) return out_of_memory_error(self, why);
-  if (!out) {
-    drop_clip(self, meta, why);
-    return GST_FLOW_OK;
-  }
-  if (meta) gst_buffer_add_videotrain_sample_meta_from_clip(out, meta);
-  if (LatentCache *cache = cache_of(self); cache && meta) {
+static void add_sample_meta(GstBuffer *out, const FrameInfo &clip) {
+  GstVideoTrainSampleMeta *m = gst_buffer_add_videotrain_sample_meta(out, clip.caption.c_str(), clip.path.c_str());
+  m->sample_id = clip.sample_id;
+  m->epoch = clip.epoch;
+  m->clip_index = clip.clip_index;
+  m->padding = clip.padding;
+}
+
+// A finished clip's latent: its sample meta, into the cache, downstream.
+static GstFlowReturn push_latent(GstVaeEncoder *self, FrameOutcome &r) {
+  GstBuffer *out = r.latent;
+  const FrameInfo &clip = r.clip;
+  add_sample_meta(out, clip);
+  if (LatentCache *cache = cache_of(self)) {
     CacheEntry entry;
     std::string err;
-    if (eng->last_moments(&entry) && !cache->store(meta->sample_id, meta->epoch, meta->clip_index, entry, &err))
+    if (engine_of(self)->last_moments(&entry) &&
+        !cache->store(clip.sample_id, clip.epoch, clip.clip_index, entry, &err))
       GST_ELEMENT_WARNING(self, RESOURCE, WRITE, ("Cannot write to the latent cache"), ("%s (property cache-dir)", err.c_str()));
   }
-  GST_BUFFER_PTS(out) = self->clip_pts;
+  GST_BUFFER_PTS(out) = r.pts;
   GST_BUFFER_DTS(out) = GST_CLOCK_TIME_NONE;
-  if (GST_CLOCK_TIME_IS_VALID(self->clip_pts) && GST_CLOCK_TIME_IS_VALID(self->clip_end) &&
-      self->clip_end >= self->clip_pts) {
-    GST_BUFFER_DURATION(out) = self->clip_end - self->clip_pts;
-    self->last_clip_duration = GST_BUFFER_DURATION(out);
+  if (GST_CLOCK_TIME_IS_VALID(r.duration)) {
+    GST_BUFFER_DURATION(out) = r.duration;
+    self->last_clip_duration = r.duration;
   }
-  clear_clip(self);
   GST_OBJECT_LOCK(self);
   self->clips_encoded++;
   GST_OBJECT_UNLOCK(self);
   return gst_pad_push(self->srcpad, out);
+}
+
+// The values of a frame's buffer and clip meta that the engine frames clips with.
+static FrameInfo frame_info(GstVaeEncoder *self, GstBuffer *buf, const GstVideoTrainClipMeta *meta) {
+  FrameInfo f;
+  f.sample_id = meta->sample_id;
+  f.epoch = meta->epoch;
+  f.clip_index = meta->clip_index;
+  f.frame_index = meta->frame_index;
+  f.num_frames = meta->num_frames;
+  f.width = GST_VIDEO_INFO_WIDTH(&self->vinfo);
+  f.height = GST_VIDEO_INFO_HEIGHT(&self->vinfo);
+  f.pts = GST_BUFFER_PTS(buf);
+  f.duration = GST_BUFFER_DURATION(buf);
+  if (meta->frame_index == 0) {
+    f.padding = meta->padding;
+    f.caption = meta->caption ? meta->caption : "";
+    f.path = meta->path ? meta->path : "";
+  }
+  return f;
 }
 
 static GstFlowReturn chain(GstVaeEncoder *self, GstBuffer *buf) {
@@ -192,7 +207,7 @@ static GstFlowReturn chain(GstVaeEncoder *self, GstBuffer *buf) {
                       (nullptr));
     return GST_FLOW_NOT_NEGOTIATED;
   }
-  GstVideoTrainClipMeta *meta = gst_buffer_get_videotrain_clip_meta(buf);
+  const GstVideoTrainClipMeta *meta = gst_buffer_get_videotrain_clip_meta(buf);
   if (!meta) {
     gst_buffer_unref(buf);
     GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("Frames carry no clip meta"),
@@ -200,71 +215,24 @@ static GstFlowReturn chain(GstVaeEncoder *self, GstBuffer *buf) {
                        "csvvideosrc (or attach a GstVideoTrainClipMeta to every frame)"));
     return GST_FLOW_ERROR;
   }
-  GstClockTime pts = GST_BUFFER_PTS(buf), dur = GST_BUFFER_DURATION(buf);
-
-  if (meta->frame_index == 0) {
-    self->skipping = FALSE;
-    if (eng->in_clip()) {
-      GstVideoTrainClipMeta *cur = holder_meta(self);
-      drop_clip(self, cur,
-                "clip ended after " + std::to_string(eng->frames_received()) + " of " +
-                    std::to_string(eng->frames_expected()) + " frames (the next clip started)");
-      self->skipping = FALSE;
-    }
-    std::string why;
-    int w = GST_VIDEO_INFO_WIDTH(&self->vinfo), h = GST_VIDEO_INFO_HEIGHT(&self->vinfo);
-    if (!eng->begin_clip(meta->sample_id, static_cast<int>(meta->num_frames), w, h, &why, meta->epoch)) {
-      gst_buffer_unref(buf);
-      if (eng->failure_is_settings()) return settings_error(self, why);
-      drop_clip(self, meta, why);
-      return GST_FLOW_OK;
-    }
-    self->clip_holder = gst_buffer_new();
-    gst_buffer_copy_into(self->clip_holder, buf, GST_BUFFER_COPY_META, 0, -1);
-    self->clip_pts = pts;
-  } else if (!eng->in_clip()) {
-    bool known = self->skipping && meta->sample_id == self->skip_sample && meta->clip_index == self->skip_clip_index;
-    if (!known)  // joined in the middle of a clip (e.g. after a flush)
-      drop_clip(self, meta, "clip started at frame " + std::to_string(meta->frame_index) + ", not at frame 0");
-    gst_buffer_unref(buf);
-    return GST_FLOW_OK;
-  } else {
-    GstVideoTrainClipMeta *cur = holder_meta(self);
-    if (!cur || meta->sample_id != cur->sample_id || meta->clip_index != cur->clip_index ||
-        static_cast<int>(meta->frame_index) != eng->frames_received() ||
-        static_cast<int>(meta->num_frames) != eng->frames_expected()) {
-      std::string reason = "frame " + std::to_string(meta->frame_index) + " of sample " +
-                           std::to_string(meta->sample_id) + " arrived where frame " +
-                           std::to_string(eng->frames_received()) + " of the current clip was expected";
-      drop_clip(self, cur, reason);
-      gst_buffer_unref(buf);
-      return GST_FLOW_OK;
-    }
-  }
-
+  const FrameInfo info = frame_info(self, buf, meta);
   GstVideoFrame frame;
-  if (!gst_video_frame_map(&frame, &self->vinfo, buf, GST_MAP_READ)) {
-    std::string reason = "frame " + std::to_string(meta->frame_index) + " has " +
-                         std::to_string(gst_buffer_get_size(buf)) + " bytes, too few for " +
-                         std::to_string(GST_VIDEO_INFO_WIDTH(&self->vinfo)) + "x" +
-                         std::to_string(GST_VIDEO_INFO_HEIGHT(&self->vinfo)) + " RGB";
-    drop_clip(self, holder_meta(self), reason);
-    gst_buffer_unref(buf);
-    return GST_FLOW_OK;
-  }
-  std::string why;
-  bool ok = eng->push_frame(static_cast<const uint8_t *>(GST_VIDEO_FRAME_PLANE_DATA(&frame, 0)),
-                            GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0), &why);
-  gst_video_frame_unmap(&frame);
-  if (GST_CLOCK_TIME_IS_VALID(pts)) self->clip_end = pts + (GST_CLOCK_TIME_IS_VALID(dur) ? dur : 0);
+  const bool mapped = gst_video_frame_map(&frame, &self->vinfo, buf, GST_MAP_READ);
+  FrameOutcome r = eng->push(info, mapped ? static_cast<const uint8_t *>(GST_VIDEO_FRAME_PLANE_DATA(&frame, 0)) : nullptr,
+                             mapped ? GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0) : 0, gst_buffer_get_size(buf));
+  if (mapped) gst_video_frame_unmap(&frame);
   gst_buffer_unref(buf);
-  if (!ok && eng->failure_is_settings()) return settings_error(self, why);
-  if (!ok && eng->failure_is_fatal()) return out_of_memory_error(self, why);
-  if (!ok) {
-    drop_clip(self, holder_meta(self), why);
-    return GST_FLOW_OK;
+  for (const DroppedClip &d : r.dropped) drop_clip(self, d);
+  switch (r.kind) {
+    case FrameOutcome::Kind::kSettingsError:
+      return settings_error(self, r.error);
+    case FrameOutcome::Kind::kOutOfMemory:
+      return out_of_memory_error(self, r.error);
+    case FrameOutcome::Kind::kLatent:
+      return push_latent(self, r);
+    case FrameOutcome::Kind::kAccepted:
+      break;
   }
-  if (eng->clip_complete()) return finish_clip(self);
   return GST_FLOW_OK;
 }
 
@@ -304,11 +272,8 @@ static gboolean set_sink_caps(GstVaeEncoder *self, GstCaps *caps) {
   // framerate, say) keep the clip going.
   const bool resized = !self->have_info || GST_VIDEO_INFO_WIDTH(&info) != GST_VIDEO_INFO_WIDTH(&self->vinfo) ||
                        GST_VIDEO_INFO_HEIGHT(&info) != GST_VIDEO_INFO_HEIGHT(&self->vinfo);
-  if (resized && eng->in_clip())
-    drop_clip(self, holder_meta(self),
-              "frame size changed to " + std::to_string(GST_VIDEO_INFO_WIDTH(&info)) + "x" +
-                  std::to_string(GST_VIDEO_INFO_HEIGHT(&info)) + " in the middle of the clip (after frame " +
-                  std::to_string(eng->frames_received()) + ")");
+  if (resized)
+    if (auto d = eng->frame_size_changed(GST_VIDEO_INFO_WIDTH(&info), GST_VIDEO_INFO_HEIGHT(&info))) drop_clip(self, *d);
   self->vinfo = info;
   self->have_info = TRUE;
   // The latent caps do not depend on the frame size (each buffer carries its shape): sent once.
@@ -374,16 +339,11 @@ static gboolean gst_vae_encoder_sink_event(GstPad *pad, GstObject *parent, GstEv
     }
     case GST_EVENT_FLUSH_STOP:
       clear_clip(self);
-      self->skipping = FALSE;
       if (LatentCache *c = cache_of(self)) c->clear();
       break;
     case GST_EVENT_EOS:
-      if (engine_of(self) && engine_of(self)->in_clip()) {
-        VaeEngine *eng = engine_of(self);
-        drop_clip(self, holder_meta(self),
-                  "stream ended after " + std::to_string(eng->frames_received()) + " of " +
-                      std::to_string(eng->frames_expected()) + " frames of the clip");
-      }
+      if (VaeEngine *eng = engine_of(self))
+        if (auto d = eng->end_of_stream()) drop_clip(self, *d);
       break;
     default:
       break;
@@ -531,7 +491,7 @@ static GstStateChangeReturn gst_vae_encoder_change_state(GstElement *element, Gs
       break;
     case GST_STATE_CHANGE_READY_TO_PAUSED:
       self->have_info = FALSE;
-      self->skipping = FALSE;
+      clear_clip(self);
       self->last_clip_duration = GST_CLOCK_TIME_NONE;
       break;
     default:
@@ -616,7 +576,6 @@ static void gst_vae_encoder_get_property(GObject *object, guint id, GValue *valu
 
 static void gst_vae_encoder_finalize(GObject *object) {
   auto *self = GST_VAE_ENCODER(object);
-  gst_clear_buffer(&self->clip_holder);
   delete self->engine;
   delete self->cache;
   g_free(self->cache_dir);
@@ -779,6 +738,5 @@ static void gst_vae_encoder_init(GstVaeEncoder *self) {
   self->engine = new std::unique_ptr<VaeEngine>();
   self->cache = new std::unique_ptr<LatentCache>();
   self->cache_mode = (gint)CacheMode::ReadWrite;
-  self->clip_pts = self->clip_end = GST_CLOCK_TIME_NONE;
   self->last_clip_duration = GST_CLOCK_TIME_NONE;
 }
