@@ -418,8 +418,8 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
   install(PROP_GRAD_CLIP, g_param_spec_double("grad-clip", "Gradient clip",
                                               "Clip gradients to this global L2 norm; 0: off", 0, G_MAXDOUBLE, 0, rw));
   install(PROP_DEVICE, g_param_spec_string("device", "Device",
-                                           "Training device (cpu, cuda:N); empty: cuda:LOCAL_RANK when CUDA is "
-                                           "available, else cpu",
+                                           "Training device: auto (or empty), cpu, cuda or cuda:N; auto: "
+                                           "cuda:(LOCAL_RANK mod visible GPUs) when CUDA is available, else cpu",
                                            "", rw));
   install(PROP_PRECISION, g_param_spec_enum("precision", "Precision", "Compute precision of forward/backward",
                                             precision_type(), 0, rw));

@@ -38,7 +38,7 @@ struct TrainerConfig {
   uint64_t warmup_steps = 0;
   uint64_t max_steps = 0;         // 0: until EOS
   double grad_clip = 0.0;         // global norm; 0: off
-  std::string device;             // "" / "auto": cuda:LOCAL_RANK when available, else cpu
+  std::string device;             // "" / "auto": resolve_device() (device_rule.h)
   std::string precision = "auto"; // auto | fp32 | bf16
   bool tune_malloc = true;        // on CPU: retain_cpu_heap() (process-wide)
   uint64_t seed = 0;

@@ -376,7 +376,8 @@ static void gst_ddp_val_sink_class_init(GstDdpValSinkClass *klass) {
                                              "Latent samples evaluated together (micro-batches keep their size)", 1,
                                              4096, d.batch_size, rw));
   install(PROP_DEVICE, g_param_spec_string("device", "Device",
-                                           "Device of the validation model: cpu, cuda:N; empty: the trainer's device",
+                                           "Device of the validation model: auto (or empty), cpu, cuda or cuda:N; "
+                                           "auto: the trainer's device",
                                            "", rw));
   install(PROP_LAST_LOSS, g_param_spec_double("last-loss", "Last loss",
                                               "Mean validation loss of the last completed validation (NaN: none yet)",

@@ -661,7 +661,8 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
   g_object_class_install_property(
       gobject_class, PROP_DEVICE,
       g_param_spec_string("device", "Device",
-                          "cpu, cuda or cuda:N (default: cuda:LOCAL_RANK when CUDA is available, else cpu)", nullptr,
+                          "auto (or empty), cpu, cuda or cuda:N; auto: cuda:(LOCAL_RANK mod visible GPUs) when CUDA "
+                          "is available, else cpu", nullptr,
                           rw));
   g_object_class_install_property(
       gobject_class, PROP_DTYPE,
