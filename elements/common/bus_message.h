@@ -31,7 +31,9 @@ struct BusMessage {
   }
   bool is_warning() const { return name == kWarning; }
 
-  BusMessage &set_uint64(const std::string &key, uint64_t v) { return set_int(key, static_cast<int64_t>(v), IntType::kUint64); }
+  BusMessage &set_uint64(const std::string &key, uint64_t v) {
+    return set_int(key, static_cast<int64_t>(v), IntType::kUint64);
+  }
   BusMessage &set_uint(const std::string &key, uint32_t v) { return set_int(key, v, IntType::kUint); }
   BusMessage &set_bool(const std::string &key, bool v) { return set_int(key, v ? 1 : 0, IntType::kBoolean); }
   BusMessage &set_double(const std::string &key, double v) {

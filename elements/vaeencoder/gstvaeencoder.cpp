@@ -218,8 +218,9 @@ static GstFlowReturn chain(GstVaeEncoder *self, GstBuffer *buf) {
   const FrameInfo info = frame_info(self, buf, meta);
   GstVideoFrame frame;
   const bool mapped = gst_video_frame_map(&frame, &self->vinfo, buf, GST_MAP_READ);
-  FrameOutcome r = eng->push(info, mapped ? static_cast<const uint8_t *>(GST_VIDEO_FRAME_PLANE_DATA(&frame, 0)) : nullptr,
-                             mapped ? GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0) : 0, gst_buffer_get_size(buf));
+  // An unmappable (too small) buffer goes in as null: the engine drops its clip.
+  const auto *rgb = mapped ? static_cast<const uint8_t *>(GST_VIDEO_FRAME_PLANE_DATA(&frame, 0)) : nullptr;
+  FrameOutcome r = eng->push(info, rgb, mapped ? GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0) : 0, gst_buffer_get_size(buf));
   if (mapped) gst_video_frame_unmap(&frame);
   gst_buffer_unref(buf);
   for (const DroppedClip &d : r.dropped) drop_clip(self, d);
@@ -272,8 +273,10 @@ static gboolean set_sink_caps(GstVaeEncoder *self, GstCaps *caps) {
   // framerate, say) keep the clip going.
   const bool resized = !self->have_info || GST_VIDEO_INFO_WIDTH(&info) != GST_VIDEO_INFO_WIDTH(&self->vinfo) ||
                        GST_VIDEO_INFO_HEIGHT(&info) != GST_VIDEO_INFO_HEIGHT(&self->vinfo);
-  if (resized)
-    if (auto d = eng->frame_size_changed(GST_VIDEO_INFO_WIDTH(&info), GST_VIDEO_INFO_HEIGHT(&info))) drop_clip(self, *d);
+  if (resized) {
+    if (auto d = eng->frame_size_changed(GST_VIDEO_INFO_WIDTH(&info), GST_VIDEO_INFO_HEIGHT(&info)))
+      drop_clip(self, *d);
+  }
   self->vinfo = info;
   self->have_info = TRUE;
   // The latent caps do not depend on the frame size (each buffer carries its shape): sent once.
