@@ -17,8 +17,8 @@
 
 #define VIDEOTRAIN_DOC_VAEENCODER_MESSAGES                                                                     \
   "\n\nBus messages:\n"                                                                                        \
-  "  vaeencoder-dropped (element message, with a warning): sample-id (guint64), reason (string), and when "    \
-  "the clip had a clip meta: epoch (uint), clip-index (guint64), num-frames (uint)."
+  "  vaeencoder-dropped (element message, with a warning): sample-id (guint64), reason (string), epoch "      \
+  "(uint), clip-index (guint64), num-frames (uint)."
 
 #define VIDEOTRAIN_DOC_MICROBATCHER_MESSAGES                                                                   \
   "\n\nBus messages: none of its own (errors and warnings only). Steps close at batch-size samples, at the "  \

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "dist_env.h"
+#include "gst_enum.h"
 #include "metas.h"
 #include "resume_query.h"
 #include "shapes_query.h"
@@ -94,29 +95,21 @@ static GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
     GST_STATIC_CAPS("video/x-raw, format=(string)RGB, width=(int)[1, 16384], height=(int)[1, 16384], "
                     "framerate=(fraction)[0/1, 1000/1], pixel-aspect-ratio=(fraction)1/1"));
 
-#define DEFINE_ENUM(fn, Name, ...)                                   \
-  static GType fn(void) {                                            \
-    static gsize id = 0;                                             \
-    static const GEnumValue values[] = {__VA_ARGS__, {0, NULL, NULL}}; \
-    if (g_once_init_enter(&id)) g_once_init_leave(&id, g_enum_register_static(Name, values)); \
-    return (GType)id;                                                \
-  }
-
-DEFINE_ENUM(clip_start_get_type, "GstCsvVideoSrcClipStart",
-            {(gint)ClipStart::Random, "Random start, seeded by seed, epoch and sample id", "random"},
-            {(gint)ClipStart::Start, "First frames of the video", "start"},
-            {(gint)ClipStart::Center, "Centred in the video", "center"})
-DEFINE_ENUM(resize_mode_get_type, "GstCsvVideoSrcResizeMode",
-            {(gint)ResizeMode::Crop, "Keep aspect, fill and centre-crop", "crop"},
-            {(gint)ResizeMode::Pad, "Keep aspect, fit and pad with black borders", "pad"},
-            {(gint)ResizeMode::Stretch, "Scale to the size, ignoring aspect", "stretch"})
-DEFINE_ENUM(short_clips_get_type, "GstCsvVideoSrcShortClips",
-            {(gint)ShortClips::Replace, "Warn and use another sample of the shard", "replace"},
-            {(gint)ShortClips::Pad, "Repeat the last frame", "pad"},
-            {(gint)ShortClips::Fail, "Post an element error", "fail"})
-DEFINE_ENUM(on_error_get_type, "GstCsvVideoSrcOnError",
-            {(gint)OnError::Replace, "Warn and use another sample of the shard", "replace"},
-            {(gint)OnError::Fail, "Post an element error", "fail"})
+VIDEOTRAIN_DEFINE_ENUM(clip_start_get_type, "GstCsvVideoSrcClipStart",
+                       {(gint)ClipStart::Random, "Random start, seeded by seed, epoch and sample id", "random"},
+                       {(gint)ClipStart::Start, "First frames of the video", "start"},
+                       {(gint)ClipStart::Center, "Centred in the video", "center"})
+VIDEOTRAIN_DEFINE_ENUM(resize_mode_get_type, "GstCsvVideoSrcResizeMode",
+                       {(gint)ResizeMode::Crop, "Keep aspect, fill and centre-crop", "crop"},
+                       {(gint)ResizeMode::Pad, "Keep aspect, fit and pad with black borders", "pad"},
+                       {(gint)ResizeMode::Stretch, "Scale to the size, ignoring aspect", "stretch"})
+VIDEOTRAIN_DEFINE_ENUM(short_clips_get_type, "GstCsvVideoSrcShortClips",
+                       {(gint)ShortClips::Replace, "Warn and use another sample of the shard", "replace"},
+                       {(gint)ShortClips::Pad, "Repeat the last frame", "pad"},
+                       {(gint)ShortClips::Fail, "Post an element error", "fail"})
+VIDEOTRAIN_DEFINE_ENUM(on_error_get_type, "GstCsvVideoSrcOnError",
+                       {(gint)OnError::Replace, "Warn and use another sample of the shard", "replace"},
+                       {(gint)OnError::Fail, "Post an element error", "fail"})
 
 static SourceEngine *engine_of(GstCsvVideoSrc *self) { return self->engine ? self->engine->get() : nullptr; }
 

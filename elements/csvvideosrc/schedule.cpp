@@ -4,15 +4,6 @@
 
 namespace videotrain {
 
-uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-uint64_t hash_combine(uint64_t a, uint64_t b) { return mix64(a ^ mix64(b + 0x632be59bd9b4e019ULL)); }
-
 Schedule::Schedule(uint64_t rows, int rank, int world_size, bool shuffle, uint64_t seed)
     : rows_(rows), rank_(rank), world_(world_size < 1 ? 1 : world_size), shuffle_(shuffle), seed_(seed) {
   clips_per_epoch_ = rows_ == 0 ? 0 : (rows_ + world_ - 1) / world_;

@@ -11,11 +11,9 @@
 #include <mutex>
 #include <vector>
 
-namespace videotrain {
+#include "seeded_hash.h"  // mix64, hash_combine: every seeded choice (permutations, clip starts)
 
-// Deterministic mixing used for every seeded choice (permutations, clip starts).
-uint64_t mix64(uint64_t x);
-uint64_t hash_combine(uint64_t a, uint64_t b);
+namespace videotrain {
 
 struct ScheduleSlot {
   uint64_t index = 0;    // manifest index

@@ -341,7 +341,7 @@ uint64_t SourceEngine::random_key(uint32_t epoch, uint64_t row) const {
   if (cfg_.clip_windows <= 0) return fresh;
   // One of the row's K windows, the same K for every epoch.
   const uint64_t w = fresh % static_cast<uint64_t>(cfg_.clip_windows);
-  return hash_combine(hash_combine(cfg_.seed ^ 0x9e3779b97f4a7c15ull, w), row);
+  return hash_combine(hash_combine(cfg_.seed ^ kGolden64, w), row);
 }
 
 std::string SourceEngine::source_key(const ManifestRow &row, uint64_t random_key, const ClipShape &shape) {

@@ -17,7 +17,9 @@
 #include <mutex>
 #include <string>
 
+#include "bus_message_gst.h"
 #include "cpu_heap.h"
+#include "gst_enum.h"
 #include "resume_query.h"
 #include "run_context_gst.h"
 #include "tensor_caps.h"
@@ -84,41 +86,15 @@ enum {
 
 /* ---- enum property types (string values in the engine config) ---- */
 
-#define DEFINE_ENUM(fn, TypeName, ...)                                       \
-  static GType fn(void) {                                                    \
-    static GType type = 0;                                                   \
-    static const GEnumValue values[] = {__VA_ARGS__, {0, nullptr, nullptr}}; \
-    if (g_once_init_enter(&type)) {                                          \
-      GType t = g_enum_register_static(TypeName, values);                    \
-      g_once_init_leave(&type, t);                                           \
-    }                                                                        \
-    return type;                                                             \
-  }
-
-DEFINE_ENUM(lr_schedule_type, "GstDdpTrainSinkLrSchedule", {0, "Constant after warmup", "constant"},
-            {1, "Cosine decay to 0 at max-steps", "cosine"}, {2, "Linear decay to 0 at max-steps", "linear"})
-DEFINE_ENUM(precision_type, "GstDdpTrainSinkPrecision", {0, "bf16 autocast on CUDA, fp32 on CPU", "auto"},
-            {1, "float32", "fp32"}, {2, "bfloat16 autocast", "bf16"})
-DEFINE_ENUM(backend_type, "GstDdpTrainSinkBackend", {0, "NCCL for CUDA tensors when available, else Gloo", "auto"},
-            {1, "NCCL", "nccl"}, {2, "Gloo", "gloo"})
-DEFINE_ENUM(nan_policy_type, "GstDdpTrainSinkNanPolicy",
-            {0, "Warn and skip the optimizer step on every rank", "skip"}, {1, "Stop with an error", "fail"})
-
-static const char *enum_nick(GType type, gint value) {
-  GEnumClass *k = G_ENUM_CLASS(g_type_class_ref(type));
-  GEnumValue *v = g_enum_get_value(k, value);
-  const char *nick = v ? v->value_nick : "";
-  g_type_class_unref(k);
-  return nick;
-}
-
-static gint enum_value(GType type, const std::string &nick) {
-  GEnumClass *k = G_ENUM_CLASS(g_type_class_ref(type));
-  GEnumValue *v = g_enum_get_value_by_nick(k, nick.c_str());
-  gint r = v ? v->value : 0;
-  g_type_class_unref(k);
-  return r;
-}
+VIDEOTRAIN_DEFINE_ENUM(lr_schedule_type, "GstDdpTrainSinkLrSchedule", {0, "Constant after warmup", "constant"},
+                       {1, "Cosine decay to 0 at max-steps", "cosine"}, {2, "Linear decay to 0 at max-steps", "linear"})
+VIDEOTRAIN_DEFINE_ENUM(precision_type, "GstDdpTrainSinkPrecision", {0, "bf16 autocast on CUDA, fp32 on CPU", "auto"},
+                       {1, "float32", "fp32"}, {2, "bfloat16 autocast", "bf16"})
+VIDEOTRAIN_DEFINE_ENUM(backend_type, "GstDdpTrainSinkBackend",
+                       {0, "NCCL for CUDA tensors when available, else Gloo", "auto"}, {1, "NCCL", "nccl"},
+                       {2, "Gloo", "gloo"})
+VIDEOTRAIN_DEFINE_ENUM(nan_policy_type, "GstDdpTrainSinkNanPolicy",
+                       {0, "Warn and skip the optimizer step on every rank", "skip"}, {1, "Stop with an error", "fail"})
 
 static GstStaticPadTemplate *sink_template() {
   static GstStaticPadTemplate t = GST_STATIC_PAD_TEMPLATE(
@@ -137,24 +113,7 @@ static std::shared_ptr<TrainerEngine> get_engine(GstDdpTrainSink *self) {
 
 // Posts what the engine queued: element messages, warnings.
 static void post_messages(GstDdpTrainSink *self, TrainerEngine &engine) {
-  for (auto &m : engine.take_messages()) {
-    if (m.name == "warning") {
-      GST_ELEMENT_WARNING(self, STREAM, FAILED, ("%s", m.strings["text"].c_str()), (nullptr));
-      continue;
-    }
-    GstStructure *s = gst_structure_new_empty(m.name.c_str());
-    for (auto &[k, v] : m.ints) {
-      if (k == "epoch")
-        gst_structure_set(s, k.c_str(), G_TYPE_UINT, static_cast<guint>(v), NULL);
-      else if (k == "skipped" || k == "rescue")
-        gst_structure_set(s, k.c_str(), G_TYPE_BOOLEAN, v != 0, NULL);
-      else
-        gst_structure_set(s, k.c_str(), G_TYPE_UINT64, static_cast<guint64>(v), NULL);
-    }
-    for (auto &[k, v] : m.numbers) gst_structure_set(s, k.c_str(), G_TYPE_DOUBLE, v, NULL);
-    for (auto &[k, v] : m.strings) gst_structure_set(s, k.c_str(), G_TYPE_STRING, v.c_str(), NULL);
-    gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), s));
-  }
+  for (auto &m : engine.take_messages()) post_bus_message(GST_ELEMENT(self), m);
   GST_OBJECT_LOCK(self);
   self->steps = engine.steps_done();
   self->loss = engine.last_loss();
@@ -459,8 +418,8 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
   install(PROP_GRAD_CLIP, g_param_spec_double("grad-clip", "Gradient clip",
                                               "Clip gradients to this global L2 norm; 0: off", 0, G_MAXDOUBLE, 0, rw));
   install(PROP_DEVICE, g_param_spec_string("device", "Device",
-                                           "Training device (cpu, cuda:N); empty: cuda:LOCAL_RANK when CUDA is "
-                                           "available, else cpu",
+                                           "Training device: auto (or empty), cpu, cuda or cuda:N; auto: "
+                                           "cuda:(LOCAL_RANK mod visible GPUs) when CUDA is available, else cpu",
                                            "", rw));
   install(PROP_PRECISION, g_param_spec_enum("precision", "Precision", "Compute precision of forward/backward",
                                             precision_type(), 0, rw));

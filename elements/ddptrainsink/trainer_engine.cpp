@@ -20,7 +20,9 @@
 #include "bucket_reducer.h"
 #include "checkpoint_store.h"
 #include "cpu_heap.h"
+#include "cuda_devices.h"
 #include "default_rng.h"
+#include "device_rule.h"
 #include "dist_env.h"
 #include "first_line.h"
 #include "dist_group.h"
@@ -28,6 +30,7 @@
 #include "models/train_model.h"
 #include "tensor_buffer.h"
 #include "run_log.h"
+#include "seeded_hash.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -38,16 +41,6 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Seed of a step's generator: the same on reruns and resumes, different per rank.
-uint64_t step_seed(uint64_t seed, int rank, uint64_t step) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(rank) + 1) * 0xC2B2AE3D27D4EB4Full ^
-               (step + 1) * 0x165667B19E3779F9ull;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return x & 0x7fffffffffffffffull;
 }
 
 // bf16 autocast for the forward pass (CUDA, or CPU when asked).
@@ -171,10 +164,7 @@ struct TrainerEngine::Impl {
   }
   double clock() const { return cfg.clock ? cfg.clock() : now_s(); }
   void warn(const std::string &text) {
-    Message m;
-    m.name = "warning";
-    m.strings["text"] = text;
-    messages.push_back(std::move(m));
+    messages.push_back(Message::warning(text));
   }
 
   bool resolve();
@@ -228,23 +218,10 @@ bool TrainerEngine::Impl::resolve() {
     return fail("rank " + std::to_string(rank) + " is not below world-size " + std::to_string(world) +
                 " (properties rank/world-size or RANK/WORLD_SIZE)");
   // Device.
-  const bool cuda_ok = torch::cuda::is_available();
-  if (cfg.device.empty() || cfg.device == "auto") {
-    device = cuda_ok ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % torch::cuda::device_count()))
-                     : c10::Device(c10::kCPU);
-  } else {
-    try {
-      device = c10::Device(cfg.device);
-    } catch (const std::exception &) {
-      return fail("device '" + cfg.device + "' is not a device name (property device: cpu, cuda or cuda:N)");
-    }
-    if (device.is_cuda() && !cuda_ok)
-      return fail("device '" + cfg.device + "' asked for but this LibTorch sees no CUDA device (property device)");
-    if (device.is_cuda() && !device.has_index())
-      device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % torch::cuda::device_count()));
-    if (!device.is_cpu() && !device.is_cuda())
-      return fail("device '" + cfg.device + "' is not supported (property device: cpu or cuda:N)");
-  }
+  std::string device_error;
+  const std::string dev = resolve_device(cfg.device, local_rank, visible_cuda_devices(), &device_error);
+  if (dev.empty()) return fail(device_error);
+  device = c10::Device(dev);
   if (device.is_cpu() && cfg.tune_malloc) {
     std::string why;
     if (!retain_cpu_heap(&why)) warn("tune-malloc: " + why);
@@ -407,16 +384,10 @@ void TrainerEngine::Impl::append_metrics(const json &j) {
 void TrainerEngine::Impl::report(const StepReport &r) {
   const bool log = cfg.log_every > 0 && (r.step % cfg.log_every == 0);
   if (log) {
-    Message m;
-    m.name = "ddptrainsink-step";
-    m.ints["step"] = static_cast<int64_t>(r.step);
-    m.ints["epoch"] = r.epoch;
-    m.numbers["loss"] = r.loss;
-    m.numbers["lr"] = r.lr;
-    m.numbers["grad-norm"] = r.grad_norm;
-    m.numbers["samples-per-second"] = r.samples_per_s;
-    m.numbers["data-wait"] = r.data_wait;
-    m.ints["skipped"] = r.skipped ? 1 : 0;
+    Message m("ddptrainsink-step");
+    m.set_uint64("step", r.step).set_uint("epoch", r.epoch).set_bool("skipped", r.skipped);
+    m.set_double("loss", r.loss).set_double("lr", r.lr).set_double("grad-norm", r.grad_norm);
+    m.set_double("samples-per-second", r.samples_per_s).set_double("data-wait", r.data_wait);
     messages.push_back(m);
     auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
     append_metrics({{"type", "step"},
@@ -722,11 +693,9 @@ std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
   // Only now, with a newer checkpoint complete and verified, may older ones go (local
   // files only, no collective: also on the rescue path).
   store->prune(cfg.keep_checkpoints, steps_done);
-  Message m;
-  m.name = "ddptrainsink-checkpoint";
-  m.ints["step"] = static_cast<int64_t>(steps_done);
-  m.strings["path"] = final_dir;
-  if (rescue) m.ints["rescue"] = 1;
+  Message m("ddptrainsink-checkpoint");
+  m.set_uint64("step", steps_done).set_string("path", final_dir);
+  if (rescue) m.set_bool("rescue", true);
   messages.push_back(m);
   json rec = {{"type", "checkpoint"}, {"step", steps_done}, {"path", final_dir}};
   if (rescue) rec["rescue"] = true;

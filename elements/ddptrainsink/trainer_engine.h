@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "bus_message.h"
 #include "run_context.h"
 
 namespace at {
@@ -37,7 +38,7 @@ struct TrainerConfig {
   uint64_t warmup_steps = 0;
   uint64_t max_steps = 0;         // 0: until EOS
   double grad_clip = 0.0;         // global norm; 0: off
-  std::string device;             // "" / "auto": cuda:LOCAL_RANK when available, else cpu
+  std::string device;             // "" / "auto": resolve_device() (device_rule.h)
   std::string precision = "auto"; // auto | fp32 | bf16
   bool tune_malloc = true;        // on CPU: retain_cpu_heap() (process-wide)
   uint64_t seed = 0;
@@ -140,12 +141,8 @@ class TrainerEngine : public RunContext {
 
   const std::string &error() const;
   // Messages that a face posts: drained by the caller after each call.
-  struct Message {
-    std::string name;  // ddptrainsink-step | ddptrainsink-checkpoint | warning (text in "text")
-    std::map<std::string, int64_t> ints;
-    std::map<std::string, double> numbers;
-    std::map<std::string, std::string> strings;
-  };
+  // ddptrainsink-step | ddptrainsink-checkpoint | warning (text in "text")
+  using Message = BusMessage;
   std::vector<Message> take_messages();
 
   // RunContext.

@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 
+#include "bus_message_gst.h"
 #include "metas.h"
 #include "run_context_gst.h"
 #include "tensor_caps.h"
@@ -65,19 +66,11 @@ static GstStaticPadTemplate sink_template =
 static void post_messages(GstDdpValSink *self) {
   if (!self->engine) return;
   for (auto &m : self->engine->take_messages()) {
-    if (m.name == "warning") {
-      GST_ELEMENT_WARNING(self, STREAM, FAILED, ("%s", m.strings["text"].c_str()), (nullptr));
-      continue;
-    }
-    GstStructure *s = gst_structure_new_empty(m.name.c_str());
-    for (auto &[k, v] : m.ints) gst_structure_set(s, k.c_str(), G_TYPE_UINT64, (guint64)v, NULL);
-    for (auto &[k, v] : m.numbers) gst_structure_set(s, k.c_str(), G_TYPE_DOUBLE, v, NULL);
-    for (auto &[k, v] : m.strings) gst_structure_set(s, k.c_str(), G_TYPE_STRING, v.c_str(), NULL);
     if (m.name == "ddpvalsink-result") {
       GST_INFO_OBJECT(self, "validation of step %" G_GINT64_FORMAT ": loss %g over %" G_GINT64_FORMAT " samples",
                       m.ints["step"], m.numbers["loss"], m.ints["samples"]);
     }
-    gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), s));
+    post_bus_message(GST_ELEMENT(self), m);
   }
   GST_OBJECT_LOCK(self);
   self->loss = self->engine->last_loss();
@@ -383,7 +376,8 @@ static void gst_ddp_val_sink_class_init(GstDdpValSinkClass *klass) {
                                              "Latent samples evaluated together (micro-batches keep their size)", 1,
                                              4096, d.batch_size, rw));
   install(PROP_DEVICE, g_param_spec_string("device", "Device",
-                                           "Device of the validation model: cpu, cuda:N; empty: the trainer's device",
+                                           "Device of the validation model: auto (or empty), cpu, cuda or cuda:N; "
+                                           "auto: the trainer's device",
                                            "", rw));
   install(PROP_LAST_LOSS, g_param_spec_double("last-loss", "Last loss",
                                               "Mean validation loss of the last completed validation (NaN: none yet)",

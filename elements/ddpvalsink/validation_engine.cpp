@@ -18,13 +18,16 @@
 #include <sstream>
 
 #include "c10d_setup.h"
+#include "cuda_devices.h"
 #include "default_rng.h"
+#include "device_rule.h"
 #include "dist_env.h"
 #include "first_line.h"
 #include "models/param_snapshot.h"
 #include "models/train_model.h"
 #include "roll_call.h"
 #include "run_context.h"
+#include "seeded_hash.h"
 #include "tensor_buffer.h"
 
 namespace videotrain {
@@ -129,16 +132,6 @@ class ValGroup {
 
 }  // namespace
 
-int64_t validation_seed(uint64_t sample_id) {
-  uint64_t x = sample_id * 0x9E3779B97F4A7C15ull + 0x5EED5EED5EEDull;
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return static_cast<int64_t>(x & 0x7fffffffffffffffull);
-}
-
 /* ---------------- the hub: one per run, kept in its RunContext ---------------- */
 
 struct Hub {
@@ -193,10 +186,8 @@ struct Hub {
   }
 
   void note(const std::string &name, uint64_t step, const std::string &text) {
-    ValidationEngine::Message m;
-    m.name = name;
-    m.ints["step"] = static_cast<int64_t>(step);
-    m.strings["text"] = text;
+    ValidationEngine::Message m(name);
+    m.set_uint64("step", step).set_string("text", text);
     messages.push_back(std::move(m));
   }
 
@@ -429,14 +420,10 @@ struct ValidationEngine::Impl {
       // No validation_step: training_step per sample under a generator seeded from its id.
       if (!warned_fallback) {
         warned_fallback = true;
-        Message m;
-        m.name = "warning";
-        m.strings["text"] = "model '" + model_spec +
-                            "' has no validation_step(latents, captions | text_embeds, text_mask, seeds): using "
-                            "training_step with torch's "
-                            "default generator seeded per sample, which makes its forwards take turns with the "
-                            "trainer's";
-        messages.push_back(m);
+        messages.push_back(Message::warning(
+            "model '" + model_spec +
+            "' has no validation_step(latents, captions | text_embeds, text_mask, seeds): using training_step with "
+            "torch's default generator seeded per sample, which makes its forwards take turns with the trainer's"));
       }
       std::vector<at::Tensor> ls;
       for (int64_t i = 0; i < x.size(0); i++) {
@@ -529,19 +516,12 @@ ValidationEngine::Result ValidationEngine::Impl::finish_pass() {
   if (!err.empty()) return fail(err);
   const double loss = count > 0 ? sum / count : std::numeric_limits<double>::quiet_NaN();
   if (count == 0) {
-    Message m;
-    m.name = "warning";
-    m.strings["text"] = "validation of step " + std::to_string(pass_step) +
-                        " saw no samples (all padding, or no sample for any shard-index)";
-    messages.push_back(m);
+    messages.push_back(Message::warning("validation of step " + std::to_string(pass_step) +
+                                        " saw no samples (all padding, or no sample for any shard-index)"));
   }
   if (h.rank == 0) {
-    Message m;
-    m.name = "ddpvalsink-result";
-    m.ints["step"] = static_cast<int64_t>(pass_step);
-    m.numbers["loss"] = loss;
-    m.ints["samples"] = static_cast<int64_t>(count);
-    m.numbers["seconds"] = seconds;
+    Message m("ddpvalsink-result");
+    m.set_uint64("step", pass_step).set_double("loss", loss).set_uint64("samples", count).set_double("seconds", seconds);
     messages.push_back(m);
     std::lock_guard<std::mutex> lock(h.mu);
     h.append_result(pass_step, loss, static_cast<uint64_t>(count), seconds);
@@ -601,18 +581,19 @@ bool ValidationEngine::attach(std::shared_ptr<RunContext> trainer) {
   if (c.master_addr.empty()) c.master_addr = trainer->master_addr();
   if (c.master_port <= 0) c.master_port = trainer->master_port();
   if (c.timeout_s <= 0) c.timeout_s = trainer->timeout_s();
-  try {
-    const std::string dev = (c.device.empty() || c.device == "auto") ? trainer->device_name() : c.device;
+  {
+    // auto: the trainer's device, itself chosen by the shared rule (an explicit device of the
+    // trainer included). The trainer's device name is always "cpu" or "cuda:N".
+    const bool follow = c.device.empty() || c.device == "auto";
+    std::string device_error;
+    const std::string dev =
+        resolve_device(follow ? trainer->device_name() : c.device, dist_env_from_environment().local_rank,
+                       visible_cuda_devices(), &device_error);
+    if (dev.empty()) {
+      im.error = device_error;
+      return false;
+    }
     im.device = c10::Device(dev);
-    if (im.device.is_cuda() && !torch::cuda::is_available())
-      throw std::runtime_error("no CUDA device visible to this LibTorch");
-    if (im.device.is_cuda() && im.device.has_index() &&
-        im.device.index() >= static_cast<int>(torch::cuda::device_count()))
-      throw std::runtime_error("this process sees " + std::to_string(torch::cuda::device_count()) +
-                               " CUDA device(s)");
-  } catch (const std::exception &e) {
-    im.error = "device '" + c.device + "' cannot be used (property device: cpu or cuda:N): " + first_line(e.what());
-    return false;
   }
   // The shards of one run share a hub, kept by the run itself (nothing process-wide).
   std::function<std::shared_ptr<Hub>()> make = [&]() {

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "bus_message.h"
+
 namespace at {
 class Tensor;
 }
@@ -89,12 +91,8 @@ class ValidationEngine {
   // take_messages() may be called from it.
   void set_message_hook(std::function<void()> hook);
 
-  struct Message {
-    std::string name;  // ddpvalsink-result | ddpvalsink-skipped | warning ("text")
-    std::map<std::string, int64_t> ints;
-    std::map<std::string, double> numbers;
-    std::map<std::string, std::string> strings;
-  };
+  // ddpvalsink-result | ddpvalsink-skipped | warning ("text")
+  using Message = BusMessage;
   std::vector<Message> take_messages();
   const std::string &error() const;
 
@@ -111,8 +109,5 @@ class ValidationEngine {
  private:
   std::unique_ptr<Impl> impl_;
 };
-
-// Seed of a validation sample's noise: a function of its id only.
-int64_t validation_seed(uint64_t sample_id);
 
 }  // namespace videotrain

@@ -315,8 +315,8 @@ static void gst_text_encoder_class_init(GstTextEncoderClass *klass) {
   g_object_class_install_property(
       oc, PROP_DEVICE,
       g_param_spec_string("device", "Device",
-                          "Device of the text encoder: cpu, cuda or cuda:N; empty: cuda:LOCAL_RANK when CUDA is "
-                          "available, else cpu",
+                          "Device of the text encoder: auto (or empty), cpu, cuda or cuda:N; auto: "
+                          "cuda:(LOCAL_RANK mod visible GPUs) when CUDA is available, else cpu",
                           "", rw));
   g_object_class_install_property(
       oc, PROP_DTYPE,

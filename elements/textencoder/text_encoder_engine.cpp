@@ -9,10 +9,13 @@
 #include <unordered_map>
 
 #include "content_digest.h"
+#include "cuda_devices.h"
+#include "device_rule.h"
 #include "dist_env.h"
 #include "first_line.h"
 #include "jit_load.h"
 #include "latent_store.h"
+#include "seeded_hash.h"
 #include "t5_tokenizer.h"
 #include "tensor_buffer.h"
 
@@ -149,18 +152,13 @@ std::unique_ptr<TextEncoderEngine> TextEncoderEngine::create(const TextEncoderOp
   std::unique_ptr<TextEncoderEngine> e(new TextEncoderEngine());
   Impl &im = *e->im_;
   im.opts = opts;
-  const bool cuda = torch::cuda::is_available();
-  try {
-    if (opts.device.empty())
-      im.device = cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(dist_env_from_environment().local_rank %
-                                                                               std::max<int>(1, torch::cuda::device_count())))
-                       : c10::Device(c10::kCPU);
-    else
-      im.device = c10::Device(opts.device);
-  } catch (const std::exception &) {
-    return fail("device '" + opts.device + "' is not a device name (cpu, cuda, cuda:N)");
+  {
+    std::string device_error;
+    const std::string dev = resolve_device(opts.device, dist_env_from_environment().local_rank,
+                                           visible_cuda_devices(), &device_error);
+    if (dev.empty()) return fail(device_error);
+    im.device = c10::Device(dev);
   }
-  if (im.device.is_cuda() && !cuda) return fail("device '" + opts.device + "': this LibTorch sees no CUDA device");
   if (opts.dtype.empty()) {
     im.dtype = im.device.is_cuda() ? c10::kBFloat16 : c10::kFloat;
   } else {
@@ -211,9 +209,7 @@ bool TextEncoderEngine::drops(uint64_t sample_id, uint32_t epoch) const {
   if (p >= 1.0) return true;
   const uint64_t key[3] = {im_->opts.seed, sample_id, epoch};
   uint64_t h = content_digest(key, sizeof key);
-  h ^= h >> 31;  // FNV's high bits mix poorly over a few bytes
-  h *= 0x9e3779b97f4a7c15ull;
-  h ^= h >> 29;
+  h = short_finalize(h, kGolden64);  // FNV's high bits mix poorly over a few bytes
   return static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0) < p;
 }
 

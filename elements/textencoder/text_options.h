@@ -11,7 +11,7 @@ struct TextEncoderOptions {
   std::string tokenizer;         // spiece.model
   std::string model;             // TorchScript text encoder
   int max_length = 226;          // tokens, EOS included (CogVideoX: 226)
-  std::string device;            // "" = cuda:LOCAL_RANK when CUDA is available, else cpu
+  std::string device;            // "" = auto: resolve_device() (device_rule.h)
   std::string dtype;             // "" = bfloat16 on CUDA, float32 on CPU; float32|bfloat16|float16
   int batch_size = 8;            // captions per forward call
   double caption_dropout = 0.0;  // probability of the empty caption, drawn from seed, sample id, epoch

@@ -13,12 +13,12 @@
 
 #include <gst/video/video.h>
 
-#include <cstdlib>
 #include <memory>
 #include <string>
 
 #include "cpu_heap.h"
 #include "first_line.h"
+#include "gst_enum.h"
 #include "metas.h"
 #include "tensor_caps.h"
 #include "cache_protocol.h"
@@ -31,6 +31,9 @@ GST_DEBUG_CATEGORY_STATIC(vaeencoder_debug);
 
 using namespace videotrain;
 using videotrain::vae::CacheMode;
+using videotrain::vae::DroppedClip;
+using videotrain::vae::FrameInfo;
+using videotrain::vae::FrameOutcome;
 using videotrain::vae::LatentCache;
 using videotrain::vae::LatentKind;
 using videotrain::vae::NormScope;
@@ -52,10 +55,6 @@ struct _GstVaeEncoder {
   std::unique_ptr<LatentCache> *cache;  // set from READY with cache-dir; its own lock
   GstVideoInfo vinfo;
   gboolean have_info;
-  GstBuffer *clip_holder;      // empty buffer carrying the current clip's clip meta
-  GstClockTime clip_pts, clip_end;
-  gboolean skipping;           // frames of a dropped clip are being skipped
-  guint64 skip_sample, skip_clip_index;
   GstClockTime last_clip_duration;
   guint64 clips_encoded, clips_dropped;
 };
@@ -94,77 +93,43 @@ static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
     GST_STATIC_CAPS("video/x-raw, format=(string)RGB, width=(int)[1, 16384], height=(int)[1, 16384], "
                     "framerate=(fraction)[0/1, 1000/1]"));
 
-static GType gst_vae_encoder_latent_get_type(void) {
-  static GType type = 0;
-  static const GEnumValue values[] = {
-      {(gint)LatentKind::Sample, "Posterior sample (mean + std * noise drawn from seed, sample id and epoch) times scaling_factor", "sample"},
-      {(gint)LatentKind::Mode, "Posterior mean times scaling_factor", "mode"},
-      {(gint)LatentKind::Moments, "Mean and log-variance concatenated on channels (unscaled)", "moments"},
-      {0, nullptr, nullptr}};
-  if (g_once_init_enter(&type)) {
-    GType t = g_enum_register_static("GstVaeEncoderLatent", values);
-    g_once_init_leave(&type, t);
-  }
-  return type;
-}
-
-static GType gst_vae_encoder_norm_scope_get_type(void) {
-  static GType type = 0;
-  static const GEnumValue values[] = {
-      {(gint)NormScope::Chunk, "GroupNorm statistics per temporal chunk, as diffusers' chunked encode", "chunk"},
-      {(gint)NormScope::Clip, "GroupNorm statistics over the whole clip (and frame), as a single pass", "clip"},
-      {0, nullptr, nullptr}};
-  if (g_once_init_enter(&type)) {
-    GType t = g_enum_register_static("GstVaeEncoderNormScope", values);
-    g_once_init_leave(&type, t);
-  }
-  return type;
-}
-
-static GType gst_vae_encoder_cache_mode_get_type(void) {
-  static GType type = 0;
-  static const GEnumValue values[] = {
-      {(gint)CacheMode::ReadWrite, "Use cached clips and store the ones encoded", "readwrite"},
-      {(gint)CacheMode::Read, "Use cached clips, store nothing (a read-only cache)", "read"},
-      {(gint)CacheMode::Write, "Encode every clip and store it (refill)", "write"},
-      {0, nullptr, nullptr}};
-  if (g_once_init_enter(&type)) {
-    GType t = g_enum_register_static("GstVaeEncoderCacheMode", values);
-    g_once_init_leave(&type, t);
-  }
-  return type;
-}
+VIDEOTRAIN_DEFINE_ENUM(gst_vae_encoder_latent_get_type, "GstVaeEncoderLatent",
+                       {(gint)LatentKind::Sample,
+                        "Posterior sample (mean + std * noise drawn from seed, sample id and epoch) times "
+                        "scaling_factor",
+                        "sample"},
+                       {(gint)LatentKind::Mode, "Posterior mean times scaling_factor", "mode"},
+                       {(gint)LatentKind::Moments, "Mean and log-variance concatenated on channels (unscaled)",
+                        "moments"})
+VIDEOTRAIN_DEFINE_ENUM(gst_vae_encoder_norm_scope_get_type, "GstVaeEncoderNormScope",
+                       {(gint)NormScope::Chunk,
+                        "GroupNorm statistics per temporal chunk, as diffusers' chunked encode", "chunk"},
+                       {(gint)NormScope::Clip,
+                        "GroupNorm statistics over the whole clip (and frame), as a single pass", "clip"})
+VIDEOTRAIN_DEFINE_ENUM(gst_vae_encoder_cache_mode_get_type, "GstVaeEncoderCacheMode",
+                       {(gint)CacheMode::ReadWrite, "Use cached clips and store the ones encoded", "readwrite"},
+                       {(gint)CacheMode::Read, "Use cached clips, store nothing (a read-only cache)", "read"},
+                       {(gint)CacheMode::Write, "Encode every clip and store it (refill)", "write"})
 
 static VaeEngine *engine_of(GstVaeEncoder *self) { return self->engine ? self->engine->get() : nullptr; }
 static LatentCache *cache_of(GstVaeEncoder *self) { return self->cache ? self->cache->get() : nullptr; }
 
 static void clear_clip(GstVaeEncoder *self) {
-  if (VaeEngine *e = engine_of(self)) e->abort_clip();
-  gst_clear_buffer(&self->clip_holder);
-  self->clip_pts = self->clip_end = GST_CLOCK_TIME_NONE;
+  if (VaeEngine *e = engine_of(self)) e->reset_framing();
 }
 
 // Warning + element message for one clip that will not come out.
-static void drop_clip(GstVaeEncoder *self, const GstVideoTrainClipMeta *meta, const std::string &reason) {
-  guint64 sample = meta ? meta->sample_id : 0;
-  GST_WARNING_OBJECT(self, "dropping clip of sample %" G_GUINT64_FORMAT ": %s", sample, reason.c_str());
-  GST_ELEMENT_WARNING(self, STREAM, DECODE, ("Dropped the clip of sample %" G_GUINT64_FORMAT, sample),
-                      ("%s", reason.c_str()));
-  GstStructure *s = gst_structure_new("vaeencoder-dropped", "sample-id", G_TYPE_UINT64, sample, "reason",
-                                      G_TYPE_STRING, reason.c_str(), nullptr);
-  if (meta)
-    gst_structure_set(s, "epoch", G_TYPE_UINT, meta->epoch, "clip-index", G_TYPE_UINT64, meta->clip_index,
-                      "num-frames", G_TYPE_UINT, meta->num_frames, nullptr);
+static void drop_clip(GstVaeEncoder *self, const DroppedClip &d) {
+  GST_WARNING_OBJECT(self, "dropping clip of sample %" G_GUINT64_FORMAT ": %s", d.sample_id, d.reason.c_str());
+  GST_ELEMENT_WARNING(self, STREAM, DECODE, ("Dropped the clip of sample %" G_GUINT64_FORMAT, d.sample_id),
+                      ("%s", d.reason.c_str()));
+  GstStructure *s = gst_structure_new("vaeencoder-dropped", "sample-id", G_TYPE_UINT64, d.sample_id, "reason",
+                                      G_TYPE_STRING, d.reason.c_str(), "epoch", G_TYPE_UINT, d.epoch, "clip-index",
+                                      G_TYPE_UINT64, d.clip_index, "num-frames", G_TYPE_UINT, d.num_frames, nullptr);
   gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), s));
   GST_OBJECT_LOCK(self);
   self->clips_dropped++;
   GST_OBJECT_UNLOCK(self);
-  if (meta) {
-    self->skipping = TRUE;
-    self->skip_sample = meta->sample_id;
-    self->skip_clip_index = meta->clip_index;
-  }
-  clear_clip(self);
 }
 
 // A failure from the settings or the model, not the clip: an element error, the stream stops.
@@ -175,10 +140,6 @@ static GstFlowReturn settings_error(GstVaeEncoder *self, const std::string &why)
   return GST_FLOW_ERROR;
 }
 
-static GstVideoTrainClipMeta *holder_meta(GstVaeEncoder *self) {
-  return self->clip_holder ? gst_buffer_get_videotrain_clip_meta(self->clip_holder) : nullptr;
-}
-
 // Out of memory even with the smallest tiles: later clips would fail the same way.
 static GstFlowReturn out_of_memory_error(GstVaeEncoder *self, const std::string &why) {
   GST_ELEMENT_ERROR(self, RESOURCE, NO_SPACE_LEFT, ("VAE encoder ran out of memory"),
@@ -187,36 +148,56 @@ static GstFlowReturn out_of_memory_error(GstVaeEncoder *self, const std::string 
   return GST_FLOW_ERROR;
 }
 
-static GstFlowReturn finish_clip(GstVaeEncoder *self) {
-  VaeEngine *eng = engine_of(self);
-  std::string why;
-  GstBuffer *out = eng->finish_clip(&why);
-  GstVideoTrainClipMeta *meta = holder_meta(self);
-  if (!out && eng->failure_is_settings()) return settings_error(self, why);
-  if (!out && eng->failure_is_fatal()) return out_of_memory_error(self, why);
-  if (!out) {
-    drop_clip(self, meta, why);
-    return GST_FLOW_OK;
-  }
-  if (meta) gst_buffer_add_videotrain_sample_meta_from_clip(out, meta);
-  if (LatentCache *cache = cache_of(self); cache && meta) {
+static void add_sample_meta(GstBuffer *out, const FrameInfo &clip) {
+  GstVideoTrainSampleMeta *m = gst_buffer_add_videotrain_sample_meta(out, clip.caption.c_str(), clip.path.c_str());
+  m->sample_id = clip.sample_id;
+  m->epoch = clip.epoch;
+  m->clip_index = clip.clip_index;
+  m->padding = clip.padding;
+}
+
+// A finished clip's latent: its sample meta, into the cache, downstream.
+static GstFlowReturn push_latent(GstVaeEncoder *self, FrameOutcome &r) {
+  GstBuffer *out = r.latent;
+  const FrameInfo &clip = r.clip;
+  add_sample_meta(out, clip);
+  if (LatentCache *cache = cache_of(self)) {
     CacheEntry entry;
     std::string err;
-    if (eng->last_moments(&entry) && !cache->store(meta->sample_id, meta->epoch, meta->clip_index, entry, &err))
+    if (engine_of(self)->last_moments(&entry) &&
+        !cache->store(clip.sample_id, clip.epoch, clip.clip_index, entry, &err))
       GST_ELEMENT_WARNING(self, RESOURCE, WRITE, ("Cannot write to the latent cache"), ("%s (property cache-dir)", err.c_str()));
   }
-  GST_BUFFER_PTS(out) = self->clip_pts;
+  GST_BUFFER_PTS(out) = r.pts;
   GST_BUFFER_DTS(out) = GST_CLOCK_TIME_NONE;
-  if (GST_CLOCK_TIME_IS_VALID(self->clip_pts) && GST_CLOCK_TIME_IS_VALID(self->clip_end) &&
-      self->clip_end >= self->clip_pts) {
-    GST_BUFFER_DURATION(out) = self->clip_end - self->clip_pts;
-    self->last_clip_duration = GST_BUFFER_DURATION(out);
+  if (GST_CLOCK_TIME_IS_VALID(r.duration)) {
+    GST_BUFFER_DURATION(out) = r.duration;
+    self->last_clip_duration = r.duration;
   }
-  clear_clip(self);
   GST_OBJECT_LOCK(self);
   self->clips_encoded++;
   GST_OBJECT_UNLOCK(self);
   return gst_pad_push(self->srcpad, out);
+}
+
+// The values of a frame's buffer and clip meta that the engine frames clips with.
+static FrameInfo frame_info(GstVaeEncoder *self, GstBuffer *buf, const GstVideoTrainClipMeta *meta) {
+  FrameInfo f;
+  f.sample_id = meta->sample_id;
+  f.epoch = meta->epoch;
+  f.clip_index = meta->clip_index;
+  f.frame_index = meta->frame_index;
+  f.num_frames = meta->num_frames;
+  f.width = GST_VIDEO_INFO_WIDTH(&self->vinfo);
+  f.height = GST_VIDEO_INFO_HEIGHT(&self->vinfo);
+  f.pts = GST_BUFFER_PTS(buf);
+  f.duration = GST_BUFFER_DURATION(buf);
+  if (meta->frame_index == 0) {
+    f.padding = meta->padding;
+    f.caption = meta->caption ? meta->caption : "";
+    f.path = meta->path ? meta->path : "";
+  }
+  return f;
 }
 
 static GstFlowReturn chain(GstVaeEncoder *self, GstBuffer *buf) {
@@ -227,7 +208,7 @@ static GstFlowReturn chain(GstVaeEncoder *self, GstBuffer *buf) {
                       (nullptr));
     return GST_FLOW_NOT_NEGOTIATED;
   }
-  GstVideoTrainClipMeta *meta = gst_buffer_get_videotrain_clip_meta(buf);
+  const GstVideoTrainClipMeta *meta = gst_buffer_get_videotrain_clip_meta(buf);
   if (!meta) {
     gst_buffer_unref(buf);
     GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("Frames carry no clip meta"),
@@ -235,71 +216,25 @@ static GstFlowReturn chain(GstVaeEncoder *self, GstBuffer *buf) {
                        "csvvideosrc (or attach a GstVideoTrainClipMeta to every frame)"));
     return GST_FLOW_ERROR;
   }
-  GstClockTime pts = GST_BUFFER_PTS(buf), dur = GST_BUFFER_DURATION(buf);
-
-  if (meta->frame_index == 0) {
-    self->skipping = FALSE;
-    if (eng->in_clip()) {
-      GstVideoTrainClipMeta *cur = holder_meta(self);
-      drop_clip(self, cur,
-                "clip ended after " + std::to_string(eng->frames_received()) + " of " +
-                    std::to_string(eng->frames_expected()) + " frames (the next clip started)");
-      self->skipping = FALSE;
-    }
-    std::string why;
-    int w = GST_VIDEO_INFO_WIDTH(&self->vinfo), h = GST_VIDEO_INFO_HEIGHT(&self->vinfo);
-    if (!eng->begin_clip(meta->sample_id, static_cast<int>(meta->num_frames), w, h, &why, meta->epoch)) {
-      gst_buffer_unref(buf);
-      if (eng->failure_is_settings()) return settings_error(self, why);
-      drop_clip(self, meta, why);
-      return GST_FLOW_OK;
-    }
-    self->clip_holder = gst_buffer_new();
-    gst_buffer_copy_into(self->clip_holder, buf, GST_BUFFER_COPY_META, 0, -1);
-    self->clip_pts = pts;
-  } else if (!eng->in_clip()) {
-    bool known = self->skipping && meta->sample_id == self->skip_sample && meta->clip_index == self->skip_clip_index;
-    if (!known)  // joined in the middle of a clip (e.g. after a flush)
-      drop_clip(self, meta, "clip started at frame " + std::to_string(meta->frame_index) + ", not at frame 0");
-    gst_buffer_unref(buf);
-    return GST_FLOW_OK;
-  } else {
-    GstVideoTrainClipMeta *cur = holder_meta(self);
-    if (!cur || meta->sample_id != cur->sample_id || meta->clip_index != cur->clip_index ||
-        static_cast<int>(meta->frame_index) != eng->frames_received() ||
-        static_cast<int>(meta->num_frames) != eng->frames_expected()) {
-      std::string reason = "frame " + std::to_string(meta->frame_index) + " of sample " +
-                           std::to_string(meta->sample_id) + " arrived where frame " +
-                           std::to_string(eng->frames_received()) + " of the current clip was expected";
-      drop_clip(self, cur, reason);
-      gst_buffer_unref(buf);
-      return GST_FLOW_OK;
-    }
-  }
-
+  const FrameInfo info = frame_info(self, buf, meta);
   GstVideoFrame frame;
-  if (!gst_video_frame_map(&frame, &self->vinfo, buf, GST_MAP_READ)) {
-    std::string reason = "frame " + std::to_string(meta->frame_index) + " has " +
-                         std::to_string(gst_buffer_get_size(buf)) + " bytes, too few for " +
-                         std::to_string(GST_VIDEO_INFO_WIDTH(&self->vinfo)) + "x" +
-                         std::to_string(GST_VIDEO_INFO_HEIGHT(&self->vinfo)) + " RGB";
-    drop_clip(self, holder_meta(self), reason);
-    gst_buffer_unref(buf);
-    return GST_FLOW_OK;
-  }
-  std::string why;
-  bool ok = eng->push_frame(static_cast<const uint8_t *>(GST_VIDEO_FRAME_PLANE_DATA(&frame, 0)),
-                            GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0), &why);
-  gst_video_frame_unmap(&frame);
-  if (GST_CLOCK_TIME_IS_VALID(pts)) self->clip_end = pts + (GST_CLOCK_TIME_IS_VALID(dur) ? dur : 0);
+  const bool mapped = gst_video_frame_map(&frame, &self->vinfo, buf, GST_MAP_READ);
+  // An unmappable (too small) buffer goes in as null: the engine drops its clip.
+  const auto *rgb = mapped ? static_cast<const uint8_t *>(GST_VIDEO_FRAME_PLANE_DATA(&frame, 0)) : nullptr;
+  FrameOutcome r = eng->push(info, rgb, mapped ? GST_VIDEO_FRAME_PLANE_STRIDE(&frame, 0) : 0, gst_buffer_get_size(buf));
+  if (mapped) gst_video_frame_unmap(&frame);
   gst_buffer_unref(buf);
-  if (!ok && eng->failure_is_settings()) return settings_error(self, why);
-  if (!ok && eng->failure_is_fatal()) return out_of_memory_error(self, why);
-  if (!ok) {
-    drop_clip(self, holder_meta(self), why);
-    return GST_FLOW_OK;
+  for (const DroppedClip &d : r.dropped) drop_clip(self, d);
+  switch (r.kind) {
+    case FrameOutcome::Kind::kSettingsError:
+      return settings_error(self, r.error);
+    case FrameOutcome::Kind::kOutOfMemory:
+      return out_of_memory_error(self, r.error);
+    case FrameOutcome::Kind::kLatent:
+      return push_latent(self, r);
+    case FrameOutcome::Kind::kAccepted:
+      break;
   }
-  if (eng->clip_complete()) return finish_clip(self);
   return GST_FLOW_OK;
 }
 
@@ -339,11 +274,10 @@ static gboolean set_sink_caps(GstVaeEncoder *self, GstCaps *caps) {
   // framerate, say) keep the clip going.
   const bool resized = !self->have_info || GST_VIDEO_INFO_WIDTH(&info) != GST_VIDEO_INFO_WIDTH(&self->vinfo) ||
                        GST_VIDEO_INFO_HEIGHT(&info) != GST_VIDEO_INFO_HEIGHT(&self->vinfo);
-  if (resized && eng->in_clip())
-    drop_clip(self, holder_meta(self),
-              "frame size changed to " + std::to_string(GST_VIDEO_INFO_WIDTH(&info)) + "x" +
-                  std::to_string(GST_VIDEO_INFO_HEIGHT(&info)) + " in the middle of the clip (after frame " +
-                  std::to_string(eng->frames_received()) + ")");
+  if (resized) {
+    if (auto d = eng->frame_size_changed(GST_VIDEO_INFO_WIDTH(&info), GST_VIDEO_INFO_HEIGHT(&info)))
+      drop_clip(self, *d);
+  }
   self->vinfo = info;
   self->have_info = TRUE;
   // The latent caps do not depend on the frame size (each buffer carries its shape): sent once.
@@ -411,16 +345,11 @@ static gboolean gst_vae_encoder_sink_event(GstPad *pad, GstObject *parent, GstEv
     }
     case GST_EVENT_FLUSH_STOP:
       clear_clip(self);
-      self->skipping = FALSE;
       if (LatentCache *c = cache_of(self)) c->clear();
       break;
     case GST_EVENT_EOS:
-      if (engine_of(self) && engine_of(self)->in_clip()) {
-        VaeEngine *eng = engine_of(self);
-        drop_clip(self, holder_meta(self),
-                  "stream ended after " + std::to_string(eng->frames_received()) + " of " +
-                      std::to_string(eng->frames_expected()) + " frames of the clip");
-      }
+      if (VaeEngine *eng = engine_of(self))
+        if (auto d = eng->end_of_stream()) drop_clip(self, *d);
       break;
     default:
       break;
@@ -537,10 +466,6 @@ static gboolean load_engine(GstVaeEncoder *self) {
   o.device = self->device ? self->device : "";
   o.dtype = self->dtype ? self->dtype : "";
   GST_OBJECT_UNLOCK(self);
-  // Test hook: pretend tiles over N pixels run out of memory (exercises the retry on CPU).
-  // (g_ascii_strtoll: atoll is undefined out of range.)
-  if (const char *fake = std::getenv("VIDEOTRAIN_VAEENCODER_FAKE_OOM_PIXELS"))
-    o.fake_oom_pixels = g_ascii_strtoll(fake, nullptr, 10);
   std::string error;
   std::unique_ptr<VaeEngine> eng;
   try {  // create() reports its own failures; nothing may unwind into GStreamer
@@ -587,7 +512,7 @@ static GstStateChangeReturn gst_vae_encoder_change_state(GstElement *element, Gs
       break;
     case GST_STATE_CHANGE_READY_TO_PAUSED:
       self->have_info = FALSE;
-      self->skipping = FALSE;
+      clear_clip(self);
       self->last_clip_duration = GST_CLOCK_TIME_NONE;
       break;
     default:
@@ -672,7 +597,6 @@ static void gst_vae_encoder_get_property(GObject *object, guint id, GValue *valu
 
 static void gst_vae_encoder_finalize(GObject *object) {
   auto *self = GST_VAE_ENCODER(object);
-  gst_clear_buffer(&self->clip_holder);
   delete self->engine;
   delete self->cache;
   g_free(self->cache_dir);
@@ -758,7 +682,8 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
   g_object_class_install_property(
       gobject_class, PROP_DEVICE,
       g_param_spec_string("device", "Device",
-                          "cpu, cuda or cuda:N (default: cuda:LOCAL_RANK when CUDA is available, else cpu)", nullptr,
+                          "auto (or empty), cpu, cuda or cuda:N; auto: cuda:(LOCAL_RANK mod visible GPUs) when CUDA "
+                          "is available, else cpu", nullptr,
                           rw));
   g_object_class_install_property(
       gobject_class, PROP_DTYPE,
@@ -835,6 +760,5 @@ static void gst_vae_encoder_init(GstVaeEncoder *self) {
   self->engine = new std::unique_ptr<VaeEngine>();
   self->cache = new std::unique_ptr<LatentCache>();
   self->cache_mode = (gint)CacheMode::ReadWrite;
-  self->clip_pts = self->clip_end = GST_CLOCK_TIME_NONE;
   self->last_clip_duration = GST_CLOCK_TIME_NONE;
 }

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "safetensors.h"
+#include "seeded_hash.h"
 
 namespace videotrain::vae {
 
@@ -256,22 +257,6 @@ VaeConfig mid_config() {
   return c;
 }
 
-namespace {
-
-// splitmix64: a small seeded generator whose stream is the same on every platform.
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return (next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
-};
-
-}  // namespace
-
 bool make_random_vae(const std::string &dir, const VaeConfig &cfg, uint64_t seed, const std::string &dtype,
                      std::string *error) {
   std::string bad = check_supported(cfg);
@@ -284,7 +269,7 @@ bool make_random_vae(const std::string &dir, const VaeConfig &cfg, uint64_t seed
     return false;
   }
   mkdir(dir.c_str(), 0755);  // may exist already
-  Rng rng{seed * 0x2545F4914F6CDD1DULL + 1};
+  SplitMix64 rng{seed * 0x2545F4914F6CDD1DULL + 1};
   std::vector<SafetensorsOutTensor> out;
   const auto table = encoder_tensor_table(cfg);
   std::map<std::string, std::vector<int64_t>> shapes(table.begin(), table.end());

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -16,11 +17,14 @@
 
 #include "cogvideox_encoder.h"
 #include "cpu_heap.h"
+#include "cuda_devices.h"
+#include "device_rule.h"
 #include "dist_env.h"
 #include "first_line.h"
 #include "jit_load.h"
 #include "latent_store.h"
 #include "metas.h"
+#include "seeded_hash.h"
 #include "tensor_buffer.h"
 #include "vae_engine_tensors.h"
 #include "wan_config.h"
@@ -208,13 +212,6 @@ struct OutOfMemoryFatal : std::runtime_error {
 bool is_oom(const c10::Error &e) {
   if (dynamic_cast<const c10::OutOfMemoryError *>(&e)) return true;
   return e.msg().find("out of memory") != std::string::npos;
-}
-
-uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
 }
 
 // "" when norm-scope=clip can run on this model, else why not (naming the property).
@@ -726,6 +723,12 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
   std::unique_ptr<VaeEngine> eng(new VaeEngine());
   Impl &im = *eng->impl_;
   im.opts = opts;
+  // Test hook for element tests, which cannot reach the options: tiles over N pixels fail as if
+  // out of memory (exercises the retry on CPU). Read once per engine, here rather than in the face.
+  // (g_ascii_strtoll: atoll is undefined out of range.)
+  if (im.opts.fake_oom_pixels == 0)
+    if (const char *fake = std::getenv("VIDEOTRAIN_VAEENCODER_FAKE_OOM_PIXELS"))
+      im.opts.fake_oom_pixels = g_ascii_strtoll(fake, nullptr, 10);
   if (opts.model.empty()) return fail("property 'model' is not set (a CogVideoX or Wan VAE folder or a TorchScript file)");
   if (opts.chunk_frames < 1) return fail("chunk-frames must be at least 1");
   if (opts.micro_batch_size < 1) return fail("micro-batch-size must be at least 1");
@@ -735,21 +738,13 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
     return fail("tile-overlap-height and tile-overlap-width must be in [0, 1)");
 
   // Device and dtype.
-  bool cuda = torch::cuda::is_available();
-  try {
-    if (opts.device.empty())
-      im.device = cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(dist_env_from_environment().local_rank))
-                       : c10::Device(c10::kCPU);
-    else
-      im.device = c10::Device(opts.device);
-  } catch (const std::exception &) {
-    return fail("device '" + opts.device + "' is not a device name (cpu, cuda, cuda:N)");
+  {
+    std::string device_error;
+    const std::string dev = resolve_device(opts.device, dist_env_from_environment().local_rank,
+                                           visible_cuda_devices(), &device_error);
+    if (dev.empty()) return fail(device_error);
+    im.device = c10::Device(dev);
   }
-  if (im.device.is_cuda() && !cuda)
-    return fail("device '" + opts.device + "' needs CUDA, but LibTorch reports no usable CUDA device");
-  if (!im.device.is_cpu() && !im.device.is_cuda()) return fail("device '" + opts.device + "' is not cpu or cuda");
-  if (im.device.is_cuda() && !im.device.has_index())
-    im.device = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(dist_env_from_environment().local_rank));
   // Best effort (not glibc: no tuning). Large blocks too: full-resolution activations.
   if (im.device.is_cpu() && opts.tune_malloc) retain_large_cpu_blocks();
   if (opts.dtype.empty()) {
@@ -759,7 +754,8 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
     if (!d) return fail("dtype '" + opts.dtype + "' is not float32, bfloat16 or float16");
     im.dtype = *d;
   }
-  im.retain = opts.retain_frames > 0 || (opts.retain_frames < 0 && (im.device.is_cuda() || opts.fake_oom_pixels > 0));
+  im.retain = opts.retain_frames > 0 ||
+              (opts.retain_frames < 0 && (im.device.is_cuda() || im.opts.fake_oom_pixels > 0));
 
   struct stat st;
   if (stat(opts.model.c_str(), &st) != 0) return fail("model '" + opts.model + "' does not exist");

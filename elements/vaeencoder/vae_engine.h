@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "latent_store.h"
 
@@ -44,7 +46,7 @@ struct EngineOptions {
   NormScope norm_scope = NormScope::Chunk;
   ClipSpill clip_spill = ClipSpill::Auto;
   uint64_t seed = 0;
-  std::string device;           // "" = cuda:LOCAL_RANK when CUDA is available, else cpu
+  std::string device;           // "" = auto: see device_rule.h (cuda:LOCAL_RANK % count, else cpu)
   std::string dtype;            // "" = bfloat16 on CUDA, float32 on CPU
   bool tune_malloc = true;      // on CPU: retain_cpu_heap() (process-wide)
   // Clips whose length the VAE cannot use (T mod temporal_compression != 1) are refused
@@ -57,6 +59,47 @@ struct EngineOptions {
   // Test hook: any tile (or untiled frame) of more than this many pixels fails as if the
   // device ran out of memory. 0 = off.
   int64_t fake_oom_pixels = 0;
+};
+
+// One frame as the face reads it from its buffer and clip meta (plain values).
+struct FrameInfo {
+  uint64_t sample_id = 0;
+  uint32_t epoch = 0;
+  uint64_t clip_index = 0;
+  uint32_t frame_index = 0;  // 0 starts a clip
+  uint32_t num_frames = 0;
+  int width = 0, height = 0;  // the negotiated frame size
+  GstClockTime pts = GST_CLOCK_TIME_NONE, duration = GST_CLOCK_TIME_NONE;
+  // Read at a clip's first frame only: they go into the latent's sample meta.
+  bool padding = false;
+  std::string caption, path;
+};
+
+// A clip that will not come out, and why (the face warns and posts vaeencoder-dropped).
+struct DroppedClip {
+  uint64_t sample_id = 0;
+  uint32_t epoch = 0;
+  uint64_t clip_index = 0;
+  uint32_t num_frames = 0;
+  std::string reason;
+};
+
+// What VaeEngine::push() made of a frame.
+struct FrameOutcome {
+  enum class Kind {
+    kAccepted,       // taken into the clip, or skipped (see dropped)
+    kLatent,         // the clip's last frame: its latent is ready
+    kSettingsError,  // every clip would fail the same way (error names what to change)
+    kOutOfMemory,    // out of memory even with the smallest tiles
+  };
+  Kind kind = Kind::kAccepted;
+  std::vector<DroppedClip> dropped;  // clips given up on this frame, in order (whatever the kind)
+  std::string error;                 // kSettingsError, kOutOfMemory
+  // kLatent: the latent as a tensor buffer (the caller owns it; no metas, no timestamps), the
+  // clip's first frame, and the time from its first frame's pts to its last frame's end.
+  GstBuffer *latent = nullptr;
+  FrameInfo clip;
+  GstClockTime pts = GST_CLOCK_TIME_NONE, duration = GST_CLOCK_TIME_NONE;
 };
 
 class VaeEngine {
@@ -74,6 +117,18 @@ class VaeEngine {
 
   // "" when a clip of this size can be encoded, else why not.
   std::string check_clip(int num_frames, int width, int height) const;
+
+  // Clip framing, for the element: frames in stream order, each with its clip meta's values.
+  // Starts, continues and finishes clips; drops a clip that arrives broken (no frame 0, a frame
+  // out of place, another clip starting early, a buffer too small: rgb null, `bytes` its size)
+  // and skips the rest of its frames quietly.
+  FrameOutcome push(const FrameInfo &frame, const uint8_t *rgb, size_t stride, size_t bytes);
+  // The clip in progress, given up: at end of stream, or when the frame size changes to
+  // width x height in its middle (no drop when the size is the clip's).
+  std::optional<DroppedClip> end_of_stream();
+  std::optional<DroppedClip> frame_size_changed(int width, int height);
+  // After a flush: no clip in progress, nothing being skipped.
+  void reset_framing();
 
   // Streaming. begin_clip() then exactly num_frames push_frame() calls, then finish_clip().
   // A false return (reason in *why) abandons the clip; the engine is ready for the next one.
@@ -121,6 +176,16 @@ class VaeEngine {
  private:
   VaeEngine();
   std::unique_ptr<Impl> impl_;
+
+  // push()'s state (clip_framing.cpp): the clip in progress and the clip whose frames are skipped.
+  struct Framing {
+    FrameInfo clip;  // its first frame
+    GstClockTime end = GST_CLOCK_TIME_NONE;
+    bool skipping = false;
+    uint64_t skip_sample = 0, skip_clip_index = 0;
+  };
+  Framing framing_;
+  DroppedClip drop(const FrameInfo &clip, std::string reason);
 };
 
 const char *latent_kind_name(LatentKind k);

@@ -3,7 +3,9 @@
 
 #include <cstdlib>
 
+#include "device_rule.h"
 #include "dist_env.h"
+#include "gst_enum.h"
 #include "metas.h"
 #include "tensor_caps.h"
 
@@ -149,4 +151,46 @@ TEST(TensorCaps, RoundTripAndRefusal) {
   EXPECT_FALSE(tensor_caps_parse(caps, &info, &why));
   EXPECT_NE(why.find("weights"), std::string::npos) << why;
   gst_caps_unref(caps);
+}
+
+namespace {
+VIDEOTRAIN_DEFINE_ENUM(test_enum_get_type, "VideotrainTestEnum", {0, "Zero", "zero"}, {5, "Five", "five"})
+}  // namespace
+
+TEST(GstEnum, RegistersOnceAndMapsNicks) {
+  GType t = test_enum_get_type();
+  ASSERT_TRUE(G_TYPE_IS_ENUM(t));
+  EXPECT_EQ(t, test_enum_get_type());
+  EXPECT_STREQ(g_type_name(t), "VideotrainTestEnum");
+  EXPECT_EQ(enum_nick(t, 5), "five");
+  EXPECT_EQ(enum_nick(t, 3), "");
+  EXPECT_EQ(enum_value(t, "five"), 5);
+  EXPECT_EQ(enum_value(t, "six", -1), -1);
+}
+
+TEST(DeviceRule, AutoSpreadsLocalRanksOverTheVisibleGpus) {
+  std::string err;
+  EXPECT_EQ(resolve_device("", 0, 0, &err), "cpu");
+  EXPECT_EQ(resolve_device("auto", 3, 0, &err), "cpu");
+  EXPECT_EQ(resolve_device("auto", 0, 4, &err), "cuda:0");
+  EXPECT_EQ(resolve_device("", 5, 4, &err), "cuda:1");
+  EXPECT_EQ(resolve_device("cuda", 6, 4, &err), "cuda:2");
+  EXPECT_EQ(resolve_device("cpu", 1, 4, &err), "cpu");
+  EXPECT_EQ(resolve_device("cuda:3", 0, 4, &err), "cuda:3");
+  EXPECT_EQ(err, "");
+}
+
+TEST(DeviceRule, UnusableDevicesAreErrorsNamingTheProperty) {
+  auto error_of = [](const std::string &requested, int cuda_devices) {
+    std::string err;
+    EXPECT_EQ(resolve_device(requested, 0, cuda_devices, &err), "") << requested;
+    EXPECT_NE(err.find("property device"), std::string::npos) << err;
+    EXPECT_NE(err.find("'" + requested + "'"), std::string::npos) << err;
+    return err;
+  };
+  EXPECT_NE(error_of("cuda:4", 4).find("sees 4 CUDA device(s)"), std::string::npos);
+  EXPECT_NE(error_of("cuda:0", 0).find("no CUDA device"), std::string::npos);
+  EXPECT_NE(error_of("cuda", 0).find("no CUDA device"), std::string::npos);
+  for (const char *bad : {"gpu", "cuda:", "cuda:x", "cuda0", "cuda:-1", "cuda:99999", "CPU", "mps"})
+    EXPECT_NE(error_of(bad, 2).find("not a device name"), std::string::npos) << bad;
 }

@@ -340,6 +340,106 @@ TEST_F(TinyVae, UnusableClipsAreRefusedAndTheEngineGoesOn) {
   EXPECT_FALSE(eng->push_frame(f0.data_ptr<uint8_t>(), 48, &why)) << "a frame outside a clip";
 }
 
+// ---------------------------------------------------------------- clip framing (push)
+
+namespace {
+// Frame i of a clip of T frames, 16x16, 40 ms each.
+FrameInfo frame_of(uint64_t sample, uint64_t clip_index, uint32_t i, uint32_t T) {
+  FrameInfo f;
+  f.sample_id = sample;
+  f.epoch = 2;
+  f.clip_index = clip_index;
+  f.frame_index = i;
+  f.num_frames = T;
+  f.width = f.height = 16;
+  f.pts = (clip_index * 100 + i) * 40 * GST_MSECOND;
+  f.duration = 40 * GST_MSECOND;
+  if (i == 0) f.caption = "clip " + std::to_string(sample);
+  return f;
+}
+}  // namespace
+
+TEST_F(TinyVae, PushFramesClipsAndDropsBrokenOnes) {
+  auto eng = vaetest::make_engine(options());
+  ASSERT_TRUE(eng);
+  at::Tensor u8 = at::randint(0, 256, {5, 16, 16, 3}, at::TensorOptions().dtype(at::kByte));
+  auto push = [&](const FrameInfo &f) {
+    return eng->push(f, u8[f.frame_index % 5].contiguous().data_ptr<uint8_t>(), 48, 768);
+  };
+  using Kind = FrameOutcome::Kind;
+
+  // A whole clip: its latent at the last frame, equal to the plain streaming API's, with its times.
+  for (uint32_t i = 0; i < 4; i++) {
+    FrameOutcome r = push(frame_of(7, 0, i, 5));
+    EXPECT_EQ(r.kind, Kind::kAccepted);
+    EXPECT_TRUE(r.dropped.empty());
+  }
+  FrameOutcome r = push(frame_of(7, 0, 4, 5));
+  ASSERT_EQ(r.kind, Kind::kLatent) << r.error;
+  ASSERT_NE(r.latent, nullptr);
+  auto latent = tensor_from_buffer(r.latent, nullptr);
+  ASSERT_TRUE(latent);
+  EXPECT_TRUE(at::equal(latent->clone(), stream(*eng, u8, 7)));
+  gst_buffer_unref(r.latent);
+  EXPECT_EQ(r.clip.sample_id, 7u);
+  EXPECT_EQ(r.clip.caption, "clip 7");
+  EXPECT_EQ(r.pts, 0u);
+  EXPECT_EQ(r.duration, 5 * 40 * GST_MSECOND);
+
+  // Joined mid-clip: one drop, the clip's later frames skipped quietly.
+  r = push(frame_of(8, 1, 2, 5));
+  ASSERT_EQ(r.dropped.size(), 1u);
+  EXPECT_EQ(r.dropped[0].sample_id, 8u);
+  EXPECT_EQ(r.dropped[0].epoch, 2u);
+  EXPECT_EQ(r.dropped[0].clip_index, 1u);
+  EXPECT_NE(r.dropped[0].reason.find("started at frame 2"), std::string::npos) << r.dropped[0].reason;
+  EXPECT_TRUE(push(frame_of(8, 1, 3, 5)).dropped.empty());
+
+  // The next clip starts before this one is complete: this one dropped, the next one taken.
+  push(frame_of(9, 2, 0, 5));
+  push(frame_of(9, 2, 1, 5));
+  r = push(frame_of(10, 3, 0, 5));
+  EXPECT_EQ(r.kind, Kind::kAccepted);
+  ASSERT_EQ(r.dropped.size(), 1u);
+  EXPECT_EQ(r.dropped[0].sample_id, 9u);
+  EXPECT_NE(r.dropped[0].reason.find("after 2 of 5 frames"), std::string::npos) << r.dropped[0].reason;
+  EXPECT_TRUE(eng->in_clip());
+
+  // A frame out of place drops the clip; so does a buffer too small to map.
+  r = push(frame_of(10, 3, 3, 5));
+  ASSERT_EQ(r.dropped.size(), 1u);
+  EXPECT_NE(r.dropped[0].reason.find("where frame 1"), std::string::npos) << r.dropped[0].reason;
+  EXPECT_TRUE(push(frame_of(10, 3, 4, 5)).dropped.empty()) << "the rest of a dropped clip is skipped";
+  push(frame_of(11, 4, 0, 5));
+  r = eng->push(frame_of(11, 4, 1, 5), nullptr, 0, 100);
+  ASSERT_EQ(r.dropped.size(), 1u);
+  EXPECT_NE(r.dropped[0].reason.find("100 bytes, too few for 16x16 RGB"), std::string::npos) << r.dropped[0].reason;
+
+  // End of stream and a size change give up the clip in progress, once.
+  push(frame_of(12, 5, 0, 5));
+  EXPECT_FALSE(eng->frame_size_changed(16, 16)) << "the clip's own size";
+  auto d = eng->frame_size_changed(32, 16);
+  ASSERT_TRUE(d);
+  EXPECT_NE(d->reason.find("changed to 32x16"), std::string::npos) << d->reason;
+  EXPECT_FALSE(eng->end_of_stream());
+  push(frame_of(13, 6, 0, 5));
+  d = eng->end_of_stream();
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->sample_id, 13u);
+  EXPECT_NE(d->reason.find("after 1 of 5"), std::string::npos) << d->reason;
+
+  // A clip length the VAE cannot use is the settings' fault: an error, not a drop.
+  auto strict = options();
+  strict.allow_any_length = false;
+  auto e2 = vaetest::make_engine(strict);
+  ASSERT_TRUE(e2);
+  r = e2->push(frame_of(1, 0, 0, 4), u8[0].contiguous().data_ptr<uint8_t>(), 48, 768);
+  EXPECT_EQ(r.kind, Kind::kSettingsError);
+  EXPECT_NE(r.error.find("1 + 4n"), std::string::npos) << r.error;
+  EXPECT_TRUE(r.dropped.empty());
+  EXPECT_FALSE(e2->in_clip());
+}
+
 // ---------------------------------------------------------------- out of memory
 
 TEST_F(TinyVae, OutOfMemoryRetriesWithSmallerTiles) {
