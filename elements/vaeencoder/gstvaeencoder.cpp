@@ -154,6 +154,8 @@ static void add_sample_meta(GstBuffer *out, const FrameInfo &clip) {
   m->epoch = clip.epoch;
   m->clip_index = clip.clip_index;
   m->padding = clip.padding;
+  m->group = clip.group;
+  m->group_size = clip.group_size;
 }
 
 // A finished clip's latent: its sample meta, into the cache, downstream.
@@ -194,6 +196,8 @@ static FrameInfo frame_info(GstVaeEncoder *self, GstBuffer *buf, const GstVideoT
   f.duration = GST_BUFFER_DURATION(buf);
   if (meta->frame_index == 0) {
     f.padding = meta->padding;
+    f.group = meta->group;
+    f.group_size = meta->group_size;
     f.caption = meta->caption ? meta->caption : "";
     f.path = meta->path ? meta->path : "";
   }

@@ -72,6 +72,8 @@ struct FrameInfo {
   GstClockTime pts = GST_CLOCK_TIME_NONE, duration = GST_CLOCK_TIME_NONE;
   // Read at a clip's first frame only: they go into the latent's sample meta.
   bool padding = false;
+  uint64_t group = 0;  // csvvideosrc buckets: the clip's step group and its size
+  uint32_t group_size = 0;
   std::string caption, path;
 };
 
