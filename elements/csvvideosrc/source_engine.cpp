@@ -126,14 +126,27 @@ void SourceEngine::set_flushing(bool flushing) {
   out_cv_.notify_all();
 }
 
+namespace {
+
+// The shapes a configuration asks for, parsed from its properties.
+bool bucket_spec(const SourceConfig &config, BucketSpec *spec, std::string *error) {
+  if (!parse_size_buckets(config.buckets, &spec->sizes, error) ||
+      !parse_frame_buckets(config.frame_buckets, &spec->frames, error))
+    return false;
+  spec->width = config.width;
+  spec->height = config.height;
+  spec->num_frames = config.num_frames;
+  spec->frame_stride = config.frame_stride;
+  spec->fps = config.fps;
+  spec->pad_short = config.short_clips == ShortClips::Pad;
+  return true;
+}
+
+}  // namespace
+
 bool SourceEngine::shapes(const SourceConfig &config, std::vector<ClipShape> *out, std::string *error) {
   BucketSpec spec;
-  if (!parse_size_buckets(config.buckets, &spec.sizes, error) ||
-      !parse_frame_buckets(config.frame_buckets, &spec.frames, error))
-    return false;
-  spec.width = config.width;
-  spec.height = config.height;
-  spec.num_frames = config.num_frames;
+  if (!bucket_spec(config, &spec, error)) return false;
   out->clear();
   for (uint32_t b = 0; b < spec.count(); b++) {
     const FrameSize s = spec.size_of(b);
@@ -143,15 +156,7 @@ bool SourceEngine::shapes(const SourceConfig &config, std::vector<ClipShape> *ou
 }
 
 bool SourceEngine::start_buckets(std::string *error) {
-  if (!parse_size_buckets(cfg_.buckets, &spec_.sizes, error) ||
-      !parse_frame_buckets(cfg_.frame_buckets, &spec_.frames, error))
-    return false;
-  spec_.width = cfg_.width;
-  spec_.height = cfg_.height;
-  spec_.num_frames = cfg_.num_frames;
-  spec_.frame_stride = cfg_.frame_stride;
-  spec_.fps = cfg_.fps;
-  spec_.pad_short = cfg_.short_clips == ShortClips::Pad;
+  if (!bucket_spec(cfg_, &spec_, error)) return false;
   std::atomic<bool> never{false};
   if (!assign_buckets(*manifest_, manifest_.get(), spec_, cfg_.probe_threads, &never, &assignment_, error))
     return false;

@@ -308,13 +308,16 @@ static gboolean push_cached_clip(GstVaeEncoder *self, const ClipIdentity &clip) 
                         ("%s", why.c_str()));
     return TRUE;
   }
-  GstVideoTrainSampleMeta *m = gst_buffer_add_videotrain_sample_meta(out, clip.caption.c_str(), clip.path.c_str());
-  m->sample_id = clip.sample_id;
-  m->epoch = clip.epoch;
-  m->clip_index = clip.clip_index;
-  m->padding = clip.padding;
-  m->group = clip.group;
-  m->group_size = clip.group_size;
+  FrameInfo info;
+  info.sample_id = clip.sample_id;
+  info.epoch = clip.epoch;
+  info.clip_index = clip.clip_index;
+  info.padding = clip.padding;
+  info.group = clip.group;
+  info.group_size = clip.group_size;
+  info.caption = clip.caption;
+  info.path = clip.path;
+  add_sample_meta(out, info);
   GST_BUFFER_PTS(out) = clip.pts;
   GST_BUFFER_DURATION(out) = clip.duration;
   // GstBaseSrc sends its segment with its first buffer; a stream that starts with cached clips
