@@ -515,7 +515,9 @@ static void gst_micro_batcher_class_init(GstMicroBatcherClass *klass) {
   g_object_class_install_property(
       oc, PROP_DROP_LAST,
       g_param_spec_boolean("drop-last", "Drop last",
-                           "Drop a partial step at an epoch end or EOS instead of emitting it", FALSE, rw));
+                           "Drop a partial step at an epoch end or EOS instead of emitting it (never a csvvideosrc "
+                           "bucket group: every rank runs each of its groups as a step)",
+                           FALSE, rw));
   g_object_class_install_property(
       oc, PROP_EPOCH_BOUNDARY,
       g_param_spec_boolean("epoch-boundary", "Epoch boundary",

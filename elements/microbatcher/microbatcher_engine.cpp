@@ -48,7 +48,7 @@ bool MicroBatcherEngine::push(MicroBatcherSample sample, std::vector<MicroBatch>
   if (!pending_.empty() && (sample.group_size > 0 || pending_.back().group_size > 0)) {
     const MicroBatcherSample &prev = pending_.back();
     if (prev.epoch != sample.epoch || prev.group != sample.group || prev.group_size != sample.group_size)
-      close_step(out);
+      close_step(out, false);
   }
 
   if (!cfg_.bucket) {
@@ -67,17 +67,20 @@ bool MicroBatcherEngine::push(MicroBatcherSample sample, std::vector<MicroBatch>
   }
   pending_.push_back(std::move(sample));
   const uint32_t group_size = pending_.back().group_size;
-  if (pending_.size() >= cfg_.batch_size || (group_size > 0 && pending_.size() >= group_size)) close_step(out);
+  // A group is a step on every rank, full or not: drop-last must not drop it on some ranks only.
+  if (pending_.size() >= cfg_.batch_size || (group_size > 0 && pending_.size() >= group_size)) close_step(out, false);
   return true;
 }
 
-void MicroBatcherEngine::finish(std::vector<MicroBatch> *out) { close_step(out); }
+void MicroBatcherEngine::finish(std::vector<MicroBatch> *out) {
+  close_step(out, pending_.empty() || pending_.back().group_size == 0);  // a group is never dropped
+}
 
 void MicroBatcherEngine::flush() { release_pending(); }
 
-void MicroBatcherEngine::close_step(std::vector<MicroBatch> *out) {
+void MicroBatcherEngine::close_step(std::vector<MicroBatch> *out, bool droppable) {
   if (pending_.empty()) return;
-  if (pending_.size() < cfg_.batch_size && cfg_.drop_last) {
+  if (droppable && pending_.size() < cfg_.batch_size && cfg_.drop_last) {
     dropped_ += pending_.size();
     release_pending();
     return;

@@ -82,7 +82,8 @@ class MicroBatcherEngine {
   uint64_t dropped_samples() const { return dropped_; }
 
  private:
-  void close_step(std::vector<MicroBatch> *out);
+  // droppable: an epoch end or EOS, where drop-last drops a partial step.
+  void close_step(std::vector<MicroBatch> *out, bool droppable);
   void release_pending();
 
   MicroBatcherConfig cfg_;

@@ -42,8 +42,10 @@ struct Fixture {
     return ids;
   }
   bool push(uint64_t id, std::vector<int64_t> shape, uint32_t epoch = 0, uint64_t clip = 0,
-            std::string *why = nullptr) {
+            std::string *why = nullptr, uint64_t group = 0, uint32_t group_size = 0) {
     MicroBatcherSample s;
+    s.group = group;
+    s.group_size = group_size;
     auto *h = new int(static_cast<int>(id));
     live.insert(h);
     s.handle = h;
@@ -267,4 +269,38 @@ TEST(MicroBatcherEngine, NoBucketKeepsArrivalOrderAndRejectsMixedMicroBatch) {
   ASSERT_EQ(f.out.size(), 2u);
   EXPECT_EQ(f.take(f.out[0]), (std::vector<uint64_t>{0, 1}));
   EXPECT_EQ(f.take(f.out[1]), (std::vector<uint64_t>{2, 4}));
+}
+
+// csvvideosrc buckets: a step is one group (one shape), closed at the group's size, or early when
+// the next sample belongs to another group (a clip lost upstream); drop-last never drops a group,
+// since every rank runs each of its groups as a step.
+TEST(MicroBatcherEngineTest, BucketGroupsAreSteps) {
+  MicroBatcherConfig cfg;
+  cfg.batch_size = 4;
+  cfg.micro_batch_size = 2;
+  cfg.drop_last = true;
+  Fixture f(cfg);
+  const std::vector<int64_t> a = {4, 2, 3, 4}, b = {4, 3, 4, 3};
+  f.push(1, a, 0, 0, nullptr, 5, 4);
+  f.push(2, a, 0, 1, nullptr, 5, 4);
+  f.push(3, a, 0, 2, nullptr, 5, 4);
+  EXPECT_TRUE(f.out.empty());
+  f.push(4, a, 0, 3, nullptr, 5, 4);  // group 5 complete: a full step
+  ASSERT_EQ(f.out.size(), 2u);
+  EXPECT_EQ(f.out[1].step_samples, 4u);
+  f.push(5, b, 0, 4, nullptr, 7, 1);  // a partial group of one: a step of its own, not dropped
+  ASSERT_EQ(f.out.size(), 3u);
+  EXPECT_EQ(f.out[2].step, 1u);
+  EXPECT_EQ(f.take(f.out[2]), (std::vector<uint64_t>{5}));
+  EXPECT_TRUE(f.out[2].sync);
+  f.push(6, a, 0, 5, nullptr, 9, 3);
+  f.push(7, a, 0, 6, nullptr, 9, 3);
+  f.push(8, b, 0, 7, nullptr, 11, 2);  // group 9 lost its third clip: closed when group 11 starts
+  ASSERT_EQ(f.out.size(), 4u);
+  EXPECT_EQ(f.out[3].step, 2u);
+  EXPECT_EQ(f.out[3].step_samples, 2u);
+  EXPECT_EQ(f.engine->dropped_samples(), 0u);
+  f.engine->finish(&f.out);  // epoch end: group 11's partial step (no drop: it is a group)
+  ASSERT_EQ(f.out.size(), 5u);
+  EXPECT_EQ(f.out[4].step_samples, 1u);
 }
