@@ -102,9 +102,10 @@ bool TrainerEngine::Impl::end_step() {
   at::Tensor local_loss = step_loss.defined() ? step_loss.to(torch::kCPU, torch::kDouble) : torch::zeros({}, stats_opts);
   const double l = local_loss.item<double>();
   // [loss, non-finite ranks, ranks with samples, (epoch, clip) of each rank, checkpoint
-  // due on rank 0's clock]: checkpoint-interval is decided once, so that every rank
-  // takes its checkpoint at the same step.
-  auto stats = torch::zeros({4 + 2 * world}, stats_opts);
+  // due on rank 0's clock, ranks with step callbacks]: checkpoint-interval is decided
+  // once, so that every rank takes its checkpoint at the same step; the callbacks'
+  // count, so that validators joining at different steps start at the same one.
+  auto stats = torch::zeros({5 + 2 * world}, stats_opts);
   stats[0] = std::isfinite(l) ? l : 0.0;
   stats[1] = std::isfinite(l) ? 0.0 : 1.0;
   stats[2] = joining ? 0.0 : 1.0;
@@ -112,6 +113,10 @@ bool TrainerEngine::Impl::end_step() {
   stats[4 + 2 * rank] = static_cast<double>(next_clip);
   if (rank == 0 && store && cfg.checkpoint_interval_s > 0 && clock() - last_ckpt_time >= cfg.checkpoint_interval_s)
     stats[3 + 2 * world] = 1.0;
+  {
+    std::lock_guard<std::mutex> lock(cb_mu);
+    stats[4 + 2 * world] = callbacks.empty() ? 0.0 : 1.0;
+  }
   if (group) {
     std::vector<at::Tensor> t{backend == "nccl" ? stats.to(device) : stats};
     group->allreduce(t, "loss/position all-reduce at step " + std::to_string(steps_done + 1));
@@ -136,6 +141,7 @@ bool TrainerEngine::Impl::end_step() {
   rep.epoch = epoch;
   rep.lr = lr_at(steps_done);
   rep.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  rep.every_rank_subscribed = acc[4 + 2 * world] > world - 0.5;
   // Why this step is not applied ("" when it is). A non-finite loss on any rank comes
   // from the all-reduced flag. Gradients are checked after the all-reduce: every rank
   // then holds the same gradients (BucketReducer::finish() copies the reduced buckets
@@ -383,7 +389,11 @@ bool TrainerEngine::finish() {
       StepReport r;
       r.step = im.steps_done;
       r.finished = true;
-      im.notify(r);
+      try {
+        im.notify(r);
+      } catch (const std::exception &e) {  // a destructor: what a callback threw becomes a warning
+        im.warn("after end of stream: " + first_line(e.what()));
+      }
     }
   } finished{im};
   im.interrupted = false;
