@@ -1,4 +1,5 @@
-/* TrainerEngine::Impl, shared by the engine's torch TUs: trainer_engine.cpp (the steps)
+/* TrainerEngine::Impl, shared by the engine's torch TUs: trainer_engine.cpp (the steps),
+ * trainer_setup.cpp (start: rank, device, rendezvous, model)
  * and trainer_checkpoints.cpp (writing, rescuing and resuming checkpoints). Private to
  * ddptrainsink. */
 #pragma once

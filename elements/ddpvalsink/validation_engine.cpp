@@ -673,6 +673,10 @@ bool ValidationEngine::attach(std::shared_ptr<RunContext> trainer) {
       if (r.step == 1) h->at_start_held(r);
       if (every != 0 && r.step % every == 0) h->due(r);
     });
+    // The model may have been built between the first look and subscribing, its
+    // model_built callback gone by: step 0's weights are taken now instead (at_start_held()
+    // drops them if step 1's all-reduce came before the subscription).
+    if (hub->world > 1) hub->maybe_at_start();
     return hub;
   };
   std::shared_ptr<Hub> hub = trainer->shared_state<Hub>("ddpvalsink/hub", make);
