@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <future>
+#include <iostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -146,6 +147,7 @@ TEST(DdpTrainSinkUnlock, StoppingEndsARenderWaitingForAStalledPeerAndKeepsTheLas
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // A hang check (the collective's timeout is 300 s), not a measure of speed.
   EXPECT_LT(took, 60.0) << "set_state(NULL) waited for the stalled peer";
+  std::cerr << "set_state(NULL) with rank 0 waiting for its stalled peer returned after " << took << " s\n";
   ASSERT_EQ(pushed.wait_for(std::chrono::seconds(5)), std::future_status::ready);
   EXPECT_EQ(pushed.get(), GST_FLOW_FLUSHING);
   const auto errors = ranks.errors();
