@@ -31,6 +31,10 @@ struct StepReport {
   bool skipped = false;        // non-finite loss or gradients: optimizer step skipped
   bool model_built = false;    // not a step: the model was just built (or resumed), before its first step
   bool finished = false;       // not a step: the run's end of stream is done (every rank ended), or failed
+  // Every rank had a step callback when this step's all-reduce ran (the same on every
+  // rank): subscribers that join a fast run at different steps (validators) all see the
+  // steps where this is set, so that they can start at the same one.
+  bool every_rank_subscribed = true;
 };
 
 // Copy of the trained state at a step boundary (torch types: models/param_snapshot.h).
@@ -60,7 +64,8 @@ class RunContext {
    * on the training thread right after each optimizer step, once with model_built set
    * when the model exists, before its first micro-batch is trained, and once with
    * finished set at the end of the run's end of stream (keep them short; they may call
-   * snapshot_state()). */
+   * snapshot_state()). A callback added before a step's all-reduce sees that step; which
+   * steps every rank's callbacks see says StepReport::every_rank_subscribed. */
   virtual std::shared_ptr<const ParamSnapshot> snapshot_state() const = 0;
   using StepCallback = std::function<void(const StepReport &)>;
   virtual int add_step_callback(StepCallback cb) = 0;

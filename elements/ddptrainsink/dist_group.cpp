@@ -11,7 +11,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
+#include <mutex>
+#include <thread>
 #include <optional>
 #include <sstream>
 
@@ -116,30 +119,103 @@ DistGroup::~DistGroup() {
     }
   }
 #endif
+  if (broken_) {
+    // An interrupted collective may still be running in Gloo's threads, which the group's
+    // destructor joins: let it end (peer back, peer gone, or timeout) on a thread of its own.
+    std::thread([pg = std::move(impl_->pg), prefixed = std::move(impl_->prefixed),
+                 tcp = std::move(impl_->tcp)]() mutable {
+      pg.reset();
+      prefixed.reset();
+      tcp.reset();
+    }).detach();
+    return;
+  }
   impl_->pg.reset();
   impl_->prefixed.reset();
   impl_->tcp.reset();
 }
 
+void DistGroup::check_usable(const std::string &what) {
+  if (broken_)
+    throw DistError(opts_.backend + " " + what + " on rank " + std::to_string(opts_.rank) +
+                    ": the process group was interrupted in an earlier collective (the pipeline stopped or "
+                    "flushed) and cannot be used again; restart the run (resume=true continues from a checkpoint)");
+  if (cancel_) {
+    broken_ = true;  // the peers may already be in this collective
+    throw DistError(opts_.backend + " " + what + " on rank " + std::to_string(opts_.rank) +
+                    " was interrupted (the pipeline stopped or flushed)");
+  }
+}
+
 c10::intrusive_ptr<c10d::Store> DistGroup::store() const { return impl_->prefixed; }
 
 c10::intrusive_ptr<c10d::Work> DistGroup::allreduce_async(std::vector<at::Tensor> &tensors) {
+  check_usable("all-reduce");
   c10d::AllreduceOptions o;
   o.timeout = opts_.timeout;
   return impl_->pg->allreduce(tensors, o);
 }
 
 c10::intrusive_ptr<c10d::Work> DistGroup::broadcast_async(std::vector<at::Tensor> &tensors, int root) {
+  check_usable("broadcast");
   c10d::BroadcastOptions o;
   o.rootRank = root;
   o.timeout = opts_.timeout;
   return impl_->pg->broadcast(tensors, o);
 }
 
-void DistGroup::wait(const c10::intrusive_ptr<c10d::Work> &work, const std::string &what) {
+namespace {
+
+// Waits for a Gloo work in short slices, so that `cancelled` is seen within milliseconds.
+// True when it completed (its error, if any, comes from work->wait()), false when cancelled.
+bool wait_sliced(const c10::intrusive_ptr<c10d::Work> &work, std::chrono::milliseconds timeout,
+                 const std::atomic<bool> &cancelled) {
+  struct Done {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto done = std::make_shared<Done>();
+  bool notified = false;
   try {
+    // The work's future completes (or fails) with it; the callback runs at once when it has.
+    work->getFuture()->addCallback([done](c10::ivalue::Future &) {
+      std::lock_guard<std::mutex> lock(done->mu);
+      done->done = true;
+      done->cv.notify_all();
+    });
+    notified = true;
+  } catch (const std::exception &) {
+    // A work without a future: polled below.
+  }
+  const auto slice = std::chrono::milliseconds(notified ? 20 : 1);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (work->isCompleted()) return true;
+    if (cancelled.load()) return false;
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("timed out after " + std::to_string(timeout.count() / 1000) + " s");
+    std::unique_lock<std::mutex> lock(done->mu);
+    if (done->cv.wait_for(lock, slice, [&] { return done->done; })) return true;
+  }
+}
+
+}  // namespace
+
+void DistGroup::wait(const c10::intrusive_ptr<c10d::Work> &work, const std::string &what) {
+  check_usable(what);
+  try {
+    if (opts_.backend != "nccl" && !wait_sliced(work, opts_.timeout, cancel_)) {
+      broken_ = true;
+      throw DistError(opts_.backend + " " + what + " on rank " + std::to_string(opts_.rank) + " of " +
+                      std::to_string(opts_.world_size) + " was interrupted (the pipeline stopped or flushed)");
+    }
+    // Gloo: returns at once with the work's result (its error rethrown). NCCL: makes the
+    // current stream wait for the collective.
     if (!work->wait(opts_.timeout))
       throw std::runtime_error("timed out after " + std::to_string(opts_.timeout.count() / 1000) + " s");
+  } catch (const DistError &) {
+    throw;
   } catch (const std::exception &e) {
     const std::string msg = first_line(e.what());
     throw DistError(opts_.backend + " " + what + " failed on rank " + std::to_string(opts_.rank) + " of " +
@@ -151,6 +227,8 @@ void DistGroup::allreduce(std::vector<at::Tensor> &tensors, const std::string &w
   c10::intrusive_ptr<c10d::Work> w;
   try {
     w = allreduce_async(tensors);
+  } catch (const DistError &) {
+    throw;
   } catch (const std::exception &e) {
     throw DistError(opts_.backend + " " + what + " could not be started on rank " + std::to_string(opts_.rank) +
                     ": " + describe_peers() + " (" + e.what() + ")");

@@ -8,11 +8,14 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "step_agreement.h"
 
 namespace videotrain {
 
@@ -35,7 +38,7 @@ class DistError : public std::runtime_error {
 // True when this LibTorch was built with NCCL and the headers were compiled in.
 bool nccl_available();
 
-class DistGroup {
+class DistGroup : public PeerMarks {
  public:
   // Connects to (rank 0: serves) the store and builds the process group. Throws DistError.
   explicit DistGroup(const DistOptions &opts);
@@ -52,7 +55,8 @@ class DistGroup {
   // In-place sum over ranks; async (wait with wait()).
   c10::intrusive_ptr<c10d::Work> allreduce_async(std::vector<at::Tensor> &tensors);
   c10::intrusive_ptr<c10d::Work> broadcast_async(std::vector<at::Tensor> &tensors, int root);
-  // Waits within the timeout; throws DistError naming `what` and the suspect peer(s).
+  // Waits within the timeout; throws DistError naming `what` and the suspect peer(s). With
+  // Gloo the wait wakes every few milliseconds to honour cancel().
   void wait(const c10::intrusive_ptr<c10d::Work> &work, const std::string &what);
   void allreduce(std::vector<at::Tensor> &tensors, const std::string &what);
 
@@ -63,21 +67,35 @@ class DistGroup {
   // End-of-stream agreement (store keys, see TrainerEngine::finish): the step this rank
   // is starting, and the steps it had done when its data ended. Throw DistError when
   // the store is gone.
-  void mark_begin(uint64_t step);
-  void mark_end(uint64_t steps_done);
-  uint64_t max_peer_begin();               // highest step a peer has started (0: none)
-  bool all_ended_at(uint64_t steps_done);  // every rank's data ended with this many steps
+  void mark_begin(uint64_t step) override;
+  void mark_end(uint64_t steps_done) override;
+  uint64_t max_peer_begin() override;               // highest step a peer has started (0: none)
+  bool all_ended_at(uint64_t steps_done) override;  // every rank's data ended with this many steps
   // A peer that stopped (mark_exit) without ending at `steps_done`: -1 if none.
-  int peer_gone_before(uint64_t steps_done);
+  int peer_gone_before(uint64_t steps_done) override;
   // "rank 1 (last finished step 1) stopped responding" or the store's state.
-  std::string describe_peers();
+  std::string describe_peers() override;
+
+  /* Interruption (ddptrainsink's unlock): from any thread, cancel(true) makes a wait() in
+   * progress, and every later one until cancel(false), throw DistError at once. A
+   * collective left that way may still be running in Gloo's threads with the peers out of
+   * step, so the group is broken from then on: every later collective throws, and the
+   * destructor hands it to a thread of its own (Gloo joins its threads only once the
+   * stalled collective ends or times out), so that it returns at once. With NCCL the host
+   * does not wait in wait() (the GPU does): there, cancel() is seen between collectives. */
+  void cancel(bool on) { cancel_.store(on); }
+  bool cancelled() const { return cancel_.load(); }
+  bool broken() const { return broken_.load(); }
 
  private:
   // The error for a store operation that failed at `when` ("end of stream on rank 1").
   DistError store_gone(const std::string &when, const std::exception &e);
+  // Throws DistError when the group is broken or cancelled, naming `what`.
+  void check_usable(const std::string &what);
   struct Impl;
   DistOptions opts_;
   std::unique_ptr<Impl> impl_;
+  std::atomic<bool> cancel_{false}, broken_{false};
 };
 
 }  // namespace videotrain

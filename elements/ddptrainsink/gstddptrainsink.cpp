@@ -161,6 +161,20 @@ static gboolean gst_ddp_train_sink_stop(GstBaseSink *sink) {
   return TRUE;
 }
 
+/* unlock: a render (or the EOS event) waiting in a collective for a stalled peer returns at
+ * once when the pipeline stops or flushes, instead of after `timeout`. The run cannot go on
+ * after that (see TrainerEngine::interrupt); unlock_stop lets later collectives wait again,
+ * so that a flush that came between two collectives costs nothing. */
+static gboolean gst_ddp_train_sink_unlock(GstBaseSink *sink) {
+  if (auto engine = get_engine(GST_DDP_TRAIN_SINK(sink))) engine->interrupt(true);
+  return TRUE;
+}
+
+static gboolean gst_ddp_train_sink_unlock_stop(GstBaseSink *sink) {
+  if (auto engine = get_engine(GST_DDP_TRAIN_SINK(sink))) engine->interrupt(false);
+  return TRUE;
+}
+
 static gboolean gst_ddp_train_sink_set_caps(GstBaseSink *sink, GstCaps *caps) {
   TensorCapsInfo info;
   std::string why;
@@ -193,6 +207,10 @@ static GstFlowReturn gst_ddp_train_sink_render(GstBaseSink *sink, GstBuffer *buf
   switch (r) {
     case ProcessResult::kOk:
       return GST_FLOW_OK;
+    case ProcessResult::kInterrupted:
+      GST_INFO_OBJECT(self, "interrupted in step %" G_GUINT64_FORMAT " (stopping or flushing)",
+                      engine->steps_done() + 1);
+      return GST_FLOW_FLUSHING;
     case ProcessResult::kDone:
       GST_INFO_OBJECT(self, "max-steps reached at step %" G_GUINT64_FORMAT, engine->steps_done());
       self->done = true;
@@ -212,7 +230,9 @@ static gboolean gst_ddp_train_sink_event(GstBaseSink *sink, GstEvent *event) {
     if (auto engine = get_engine(self)) {
       bool ok = engine->finish();
       post_messages(self, *engine);
-      if (!ok)
+      if (!ok && engine->interrupted())
+        GST_INFO_OBJECT(self, "end of stream interrupted: %s", engine->error().c_str());
+      else if (!ok)
         GST_ELEMENT_ERROR(self, STREAM, FAILED,
                           ("Cannot finish training at end of stream: %s", engine->error().c_str()),
                           ("rank %d of %d, after %" G_GUINT64_FORMAT " optimizer steps (the other ranks' ends are "
@@ -381,6 +401,8 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
   bc->stop = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_stop);
   bc->set_caps = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_set_caps);
   bc->render = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_render);
+  bc->unlock = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_unlock);
+  bc->unlock_stop = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_unlock_stop);
   bc->event = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_event);
   bc->query = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_query);
   ec->query = GST_DEBUG_FUNCPTR(gst_ddp_train_sink_element_query);

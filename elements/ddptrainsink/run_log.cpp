@@ -1,7 +1,9 @@
 /* See run_log.h. */
 #include "run_log.h"
 
-#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -47,21 +49,34 @@ bool RunLog::append(const std::string &line, uint64_t step, const std::vector<st
   return append_line(line);
 }
 
+bool RunLog::log_step(const StepReport &r) {
+  using json = nlohmann::json;
+  auto num = [](double v) { return std::isfinite(v) ? json(v) : json(nullptr); };
+  const json j = {{"type", "step"},
+                  {"step", r.step},
+                  {"epoch", r.epoch},
+                  {"loss", num(r.loss)},
+                  {"lr", r.lr},
+                  {"grad_norm", num(r.grad_norm)},
+                  {"samples_per_second", r.samples_per_s},
+                  {"data_wait", r.data_wait},
+                  {"skipped", r.skipped},
+                  {"time", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}};
+
+  const bool ok = append_line(j.dump());
+  std::vector<std::pair<std::string, float>> s{{"train/loss", static_cast<float>(r.loss)},
+                                              {"train/lr", static_cast<float>(r.lr)},
+                                              {"train/samples_per_second", static_cast<float>(r.samples_per_s)},
+                                              {"train/data_wait", static_cast<float>(r.data_wait)}};
+  if (std::isfinite(r.grad_norm)) s.emplace_back("train/grad_norm", static_cast<float>(r.grad_norm));
+  add_scalars(r.step, s);
+  return ok;
+}
+
 void RunLog::close() {
   std::lock_guard<std::mutex> lock(mu_);
   tb_.close();
   tb_open_ = false;
-}
-
-double scheduled_lr(double base, const std::string &schedule, uint64_t warmup_steps, uint64_t max_steps,
-                    uint64_t done) {
-  if (warmup_steps > 0 && done < warmup_steps)
-    return base * static_cast<double>(done + 1) / static_cast<double>(warmup_steps);
-  if (schedule == "constant" || max_steps == 0 || max_steps <= warmup_steps) return base;
-  double p = static_cast<double>(done - warmup_steps) / static_cast<double>(max_steps - warmup_steps);
-  p = std::min(std::max(p, 0.0), 1.0);
-  if (schedule == "cosine") return base * 0.5 * (1.0 + std::cos(M_PI * p));
-  return base * (1.0 - p);
 }
 
 }  // namespace videotrain

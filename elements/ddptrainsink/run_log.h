@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "run_context.h"
 #include "tfevents.h"
 
 namespace videotrain {
@@ -23,6 +24,9 @@ class RunLog {
   // One JSON line; false when the metrics file cannot be written.
   bool append_line(const std::string &line);
   void add_scalars(uint64_t step, const std::vector<std::pair<std::string, float>> &scalars);
+  // A step's record (type "step") and its train/ scalars; false when the metrics file
+  // cannot be written.
+  bool log_step(const StepReport &r);
   // A record with its scalars (validation results).
   bool append(const std::string &line, uint64_t step, const std::vector<std::pair<std::string, float>> &scalars);
   void close();
@@ -35,11 +39,5 @@ class RunLog {
   TfEventsWriter tb_;
   bool tb_open_ = false;
 };
-
-// The learning rate of the step after `done` optimizer steps: linear warmup over
-// warmup_steps, then constant, or cosine / linear decay to 0 at max_steps (constant when
-// max_steps is 0).
-double scheduled_lr(double base, const std::string &schedule, uint64_t warmup_steps, uint64_t max_steps,
-                    uint64_t done);
 
 }  // namespace videotrain

@@ -97,7 +97,12 @@ struct ReducerInfo {
 // Latents with captions or text embeddings (torch types: see models/train_model.h).
 struct ModelInputs;
 
-enum class ProcessResult { kOk, kDone /* max-steps reached: EOS */, kError };
+enum class ProcessResult {
+  kOk,
+  kDone,         // max-steps reached: EOS
+  kError,
+  kInterrupted,  // interrupt() ended the wait in a collective: no error to report
+};
 
 class TrainerEngine : public RunContext {
  public:
@@ -138,6 +143,16 @@ class TrainerEngine : public RunContext {
   // when they fail (not with backend=nccl, where a failed collective may hold the GPU).
   // A warning names it, or says which steps are lost and why.
   void stop();
+
+  /* From any thread (the element's unlock): interrupt(true) makes a process_*() or finish()
+   * waiting in a collective return at once (kInterrupted; finish(): false with
+   * interrupted()), instead of waiting up to `timeout` for a stalled peer; interrupt(false)
+   * lets later collectives wait again. An interrupted collective leaves the ranks out of
+   * step: the run cannot train on (later process_*() fail with an error saying so), and
+   * stop() still writes the rescue checkpoint of the last completed step. Gloo only: with
+   * NCCL the wait is on the GPU, and the interruption is seen at the next collective. */
+  void interrupt(bool on);
+  bool interrupted() const;  // the last failure came from interrupt()
 
   const std::string &error() const;
   // Messages that a face posts: drained by the caller after each call.

@@ -159,6 +159,9 @@ struct Hub {
   bool closing = false;
   bool finished = false;       // trainer EOS: no snapshot after the final one
   bool at_start_done = false;
+  // With peers, step 0's snapshot waits for step 1 to say whether every rank's validators
+  // had joined by then (see at_start_held()).
+  std::shared_ptr<const ParamSnapshot> at_start_snap;
   uint64_t last_dispatched = kNone;
   std::map<uint64_t, double> dispatched_at;
   std::map<uint64_t, Combine> combines;
@@ -193,7 +196,7 @@ struct Hub {
 
   // Hands a snapshot of the trainer's weights to every shard (see header). Runs on the
   // training thread (step callback, trainer EOS) or a shard's thread (at-start).
-  void dispatch(uint64_t step, bool final) {
+  void dispatch(uint64_t step, bool final, std::shared_ptr<const ParamSnapshot> held = nullptr) {
     std::lock_guard<std::mutex> dlock(dispatch_mu);
     {
       std::unique_lock<std::mutex> lock(mu);
@@ -244,7 +247,8 @@ struct Hub {
       }
       if (closing) return;
     }
-    auto snap = trainer->snapshot_state();  // between two optimizer steps, on the training device
+    // Between two optimizer steps, on the training device (or step 0's, held since).
+    auto snap = held ? std::move(held) : trainer->snapshot_state();
     std::lock_guard<std::mutex> lock(mu);
     if (!snap) {
       if (final) finished = true;
@@ -258,9 +262,23 @@ struct Hub {
     cv.notify_all();
   }
 
+  /* A due step (every `every`). The validators of all ranks must validate the same steps,
+   * but each subscribes when its branch starts, maybe steps after its peers in a fast run:
+   * only steps that every rank's validators see (the trainer's all-reduce says so) are
+   * validated, so that they all start at the same one. */
+  void due(const StepReport &r) {
+    if (r.every_rank_subscribed) return dispatch(r.step, false);
+    std::lock_guard<std::mutex> lock(mu);
+    note("ddpvalsink-skipped", r.step,
+         "validation of step " + std::to_string(r.step) +
+             " skipped on every rank: the validators of some rank had not joined the run yet");
+  }
+
   // at-start: step 0's weights, once the trainer has its model (builtin models build
-  // theirs at the first micro-batch). Called by each shard at its first buffer and by
-  // the trainer's model_built callback; whichever finds the model first dispatches.
+  // theirs at the first micro-batch). Alone: called by each shard at its first buffer and
+  // by the trainer's model_built callback; whichever finds the model first dispatches.
+  // With peers: by attach (before the step callback is added) and model_built only, so
+  // that a hub holds step 0 exactly when it was subscribed before step 1's all-reduce.
   void maybe_at_start() {
     const bool built = trainer->has_model();
     {
@@ -274,7 +292,28 @@ struct Hub {
         return;
       }
     }
-    dispatch(0, false);
+    if (world == 1) return dispatch(0, false);
+    auto snap = trainer->snapshot_state();
+    std::lock_guard<std::mutex> lock(mu);
+    if (snap && snap->step == 0) at_start_snap = std::move(snap);
+  }
+
+  // Step 1's report: step 0's held snapshot goes to the shards when every rank held one.
+  void at_start_held(const StepReport &r) {
+    std::shared_ptr<const ParamSnapshot> snap;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      snap = std::move(at_start_snap);
+      at_start_snap.reset();
+      if (!snap || !cfg.at_start || world == 1) return;
+      if (!r.every_rank_subscribed) {
+        note("ddpvalsink-skipped", 0,
+             "at-start validation of step 0 skipped on every rank: the validators of some rank joined the run "
+             "after its first step");
+        return;
+      }
+    }
+    dispatch(0, false, snap);
   }
 
   void append_result(uint64_t step, double loss, uint64_t samples, double seconds) {
@@ -604,15 +643,21 @@ bool ValidationEngine::attach(std::shared_ptr<RunContext> trainer) {
     hub->rank = trainer->rank();
     hub->world = trainer->world_size();
     hub->slots.resize(c.num_shards);
+    if (hub->world > 1) hub->maybe_at_start();  // before subscribing: see maybe_at_start()
     std::weak_ptr<Hub> weak = hub;
     const uint64_t every = c.every;
     hub->cb_id = trainer->add_step_callback([weak, every](const StepReport &r) {
       auto h = weak.lock();
       if (!h) return;
-      if (r.finished) h->dispatch(0, true);
-      else if (r.model_built) h->maybe_at_start();
-      else if (every != 0 && r.step % every == 0) h->dispatch(r.step, false);
+      if (r.finished) return h->dispatch(0, true);
+      if (r.model_built) return h->maybe_at_start();
+      if (r.step == 1) h->at_start_held(r);
+      if (every != 0 && r.step % every == 0) h->due(r);
     });
+    // The model may have been built between the first look and subscribing, its
+    // model_built callback gone by: step 0's weights are taken now instead (at_start_held()
+    // drops them if step 1's all-reduce came before the subscription).
+    if (hub->world > 1) hub->maybe_at_start();
     return hub;
   };
   std::shared_ptr<Hub> hub = trainer->shared_state<Hub>("ddpvalsink/hub", make);
@@ -689,7 +734,7 @@ ValidationEngine::Result ValidationEngine::push(const at::Tensor &tensor, const 
     }
   }
   try {
-    im.hub->maybe_at_start();
+    if (im.hub->world == 1) im.hub->maybe_at_start();
   } catch (const std::exception &e) {
     return im.fail("at-start validation: " + first_line(e.what()));
   }

@@ -5,6 +5,8 @@
  *  - skip-if-busy decides alike on every rank: a rank whose own validation is idle
  *    skips the steps that a busy peer skips; ranks whose training data ends after
  *    different steps all validate the same final step (ValStepsWorker.Rank);
+ *  - validators that join a fast run at different steps (rank 1's after step 3) validate
+ *    the same steps: the first that every rank's validator saw (ValJoinWorker.Rank);
  *  - a rank that dies before validating, or in the middle of a pass once the validation
  *    group exists (ValDeathWorker.Rank), makes the other fail within the timeout. */
 #include <gtest/gtest.h>
@@ -159,6 +161,58 @@ TEST(ValStepsWorker, Rank) {
   _exit(0);
 }
 
+// every=2, at-start: rank 0's validator attaches before training, rank 1's only after
+// step 3 (as a validation branch that starts late in a fast run). Both must skip step 0
+// and step 2, which rank 1's validator never saw, and validate steps 4 and 6, instead of
+// rank 0 reducing its step 0 with rank 1's step 4 ('ranks validated different steps').
+// Writes "verdict", "skipped:", "results:", "trained:", "last:" lines and the error.
+TEST(ValJoinWorker, Rank) {
+  const std::string out = vttest::env_or("VT_VAL_OUT", "");
+  ASSERT_FALSE(out.empty()) << "run by ValMultiRank.ValidatorsJoiningAtDifferentStepsValidateTheSameSteps only";
+  auto tc = trainer_config();
+  tc.timeout_s = 20;
+  auto trainer = std::make_shared<TrainerEngine>(tc);
+  ASSERT_TRUE(trainer->start()) << trainer->error();
+  const int rank = trainer->rank();
+  auto vc = vconfig(0, 1);
+  vc.every = 2;
+  vc.timeout_s = 20;
+  ValidationEngine e(vc);
+  R fed = R::kOk;
+  std::thread feeder;
+  auto join = [&] {
+    EXPECT_TRUE(e.attach(trainer)) << e.error();
+    feeder = std::thread([&] {
+      for (unsigned ep = 0; ep < 10 && fed == R::kOk; ep++)
+        for (auto &s : rank_samples(kTotal, rank, 2, ep))
+          if ((fed = e.push(latent(s.sample_id), {s})) != R::kOk) break;
+    });
+  };
+  if (rank == 0) join();
+  std::string error;
+  MicroBatchInfo info;
+  info.captions = {"x", "y"};
+  for (int s = 0; s < 6 && error.empty(); s++) {
+    if (s == 3 && rank == 1) join();
+    if (trainer->process_tensor(at::stack({latent(10 * s + rank), latent(10 * s + 5)}), info) != ProcessResult::kOk)
+      error = trainer->error();
+  }
+  if (!trainer->finish() && error.empty()) error = trainer->error();
+  feeder.join();
+  if (error.empty() && fed == R::kError) error = e.error();
+  std::ostringstream skipped, results;
+  for (auto &m : e.take_messages()) {
+    if (m.name == "ddpvalsink-skipped") skipped << m.ints["step"] << ",";
+    if (m.name == "ddpvalsink-result") results << m.ints["step"] << ",";
+  }
+  std::ofstream f(out);
+  f << (error.empty() ? "ok" : "error") << "\nskipped:" << skipped.str() << "\nresults:" << results.str()
+    << "\ntrained:" << trainer->steps_done() << "\nlast:" << e.last_step() << "\n" << error << "\n";
+  f.close();
+  trainer->stop();
+  _exit(0);
+}
+
 // Rank 1 exits abruptly in the middle of its second pass (step 1), after the first pass
 // (step 0) created the validation group: rank 0 must fail in the next all-reduce rather
 // than wait for the peer. Writes "verdict passes seconds" and the error.
@@ -221,11 +275,11 @@ TEST(ValMultiRank, ARankDyingInAPassMakesTheOtherFailBeforeTheTimeout) {
 }
 
 // Runs ValStepsWorker in `mode` on 2 ranks; per rank: verdict, skipped, results, trained, last.
-static std::vector<std::vector<std::string>> run_steps_worker(const std::string &mode) {
+static std::vector<std::vector<std::string>> run_steps_worker(const std::string &mode,
+                                                              const std::string &worker = "ValStepsWorker.Rank") {
   vttest::TempDir dir;
   const int port = vttest::free_port();
-  std::vector<pid_t> pids{spawn(mode, 0, port, dir.file("r0"), "ValStepsWorker.Rank"),
-                          spawn(mode, 1, port, dir.file("r1"), "ValStepsWorker.Rank")};
+  std::vector<pid_t> pids{spawn(mode, 0, port, dir.file("r0"), worker), spawn(mode, 1, port, dir.file("r1"), worker)};
   std::vector<int> st;
   EXPECT_TRUE(vttest::wait_all(pids, &st, 120)) << "a rank hung";
   std::vector<std::vector<std::string>> out;
@@ -245,6 +299,16 @@ TEST(ValMultiRank, SkipIfBusyDecidesAlikeOnEveryRank) {
     EXPECT_EQ(ranks[r][1], "skipped:2,3,") << "rank " << r;
     EXPECT_EQ(ranks[r][2], r == 0 ? "results:1,3," : "results:") << "rank " << r << " (rank 0 posts the results)";
     EXPECT_EQ(ranks[r][4], "last:3") << "rank " << r << " validated the final step";
+  }
+}
+
+TEST(ValMultiRank, ValidatorsJoiningAtDifferentStepsValidateTheSameSteps) {
+  auto ranks = run_steps_worker("join", "ValJoinWorker.Rank");
+  for (int r = 0; r < 2; r++) {
+    EXPECT_EQ(ranks[r][1], r == 0 ? "skipped:0,2," : "skipped:") << "rank " << r << " (rank 1 never saw them)";
+    EXPECT_EQ(ranks[r][2], r == 0 ? "results:4,6," : "results:") << "rank " << r;
+    EXPECT_EQ(ranks[r][3], "trained:6") << "rank " << r;
+    EXPECT_EQ(ranks[r][4], "last:6") << "rank " << r;
   }
 }
 

@@ -1,0 +1,232 @@
+/* TrainerEngine's checkpoints: the step a run writes (rank 0), the rescue of the last
+ * completed step when a run stops without end of stream, and resuming (find the newest
+ * checkpoint that verifies and loads, then agree on it with the peers). The files
+ * themselves: checkpoint_store.h. */
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <sstream>
+#include <type_traits>
+
+#include "first_line.h"
+#include "models/param_snapshot.h"
+#include "trainer_engine_impl.h"
+
+using json = nlohmann::json;
+
+namespace videotrain {
+
+std::string TrainerEngine::Impl::load_checkpoint(const FoundCheckpoint &c) {
+  // Local only (no collective): ranks agree on the step found afterwards.
+  ModelDims d;
+  d.latent_channels = cfg.latent_channels > 0 ? cfg.latent_channels : c.state.value("latent_channels", 0);
+  d.text_dim = c.state.value("text_dim", 0);
+  try {
+    if (!model || d.latent_channels != dims.latent_channels || d.text_dim != dims.text_dim) construct_model(d);
+    std::lock_guard<std::mutex> lock(state_mu);
+    model->load(c.dir);
+    torch::load(*opt, c.dir + "/optimizer.pt", device);
+  } catch (const std::exception &e) {
+    // Files that verified and still do not load are this run's problem (another model):
+    // an error. A legacy checkpoint's files were never checked: damaged, try an older one.
+    if (!c.legacy) throw std::runtime_error("cannot resume from checkpoint '" + c.dir + "': " + first_line(e.what()));
+    return "it cannot be loaded (" + first_line(e.what()) + ")";
+  }
+  // Checksums say the bytes are those written, not that they are numbers: a checkpoint
+  // with NaN/Inf would make every step after the resume non-finite.
+  if (std::string bad = first_non_finite(*model); !bad.empty()) return "its weights hold NaN/Inf (first: " + bad + ")";
+  if (std::string bad = first_non_finite_optimizer(); !bad.empty())
+    return "its optimizer state holds NaN/Inf (first: " + bad + ")";
+  return "";
+}
+
+template <class Key>
+static Key optimizer_state_key(const at::Tensor &p) {
+  // LibTorch 1.x keys the state by the printed TensorImpl address, 2.x by the address.
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream s;
+    s << p.unsafeGetTensorImpl();
+    return s.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+std::string TrainerEngine::Impl::first_non_finite_optimizer() {
+  using Key = typename std::decay_t<decltype(opt->state())>::key_type;
+  NamedTensors moments;
+  std::lock_guard<std::mutex> lock(state_mu);
+  auto &state = opt->state();
+  for (size_t i = 0; i < params.size(); i++) {
+    auto it = state.find(optimizer_state_key<Key>(params[i]));
+    if (it == state.end()) continue;
+    auto *s = dynamic_cast<torch::optim::AdamWParamState *>(it->second.get());
+    if (!s) continue;
+    moments.emplace_back("exp_avg of " + param_names[i], s->exp_avg());
+    moments.emplace_back("exp_avg_sq of " + param_names[i], s->exp_avg_sq());
+    moments.emplace_back("max_exp_avg_sq of " + param_names[i], s->max_exp_avg_sq());
+  }
+  return first_non_finite(moments);
+}
+
+void TrainerEngine::Impl::find_checkpoint() {
+  ResumeRun run;
+  run.world = world;
+  run.rank = rank;
+  run.model = cfg.model;
+  run.lr_schedule = cfg.lr_schedule;
+  run.max_steps = cfg.max_steps;
+  run.warmup_steps = cfg.warmup_steps;
+  if (!find_resume(
+          *store, run, &resume_from, &rp.epoch, &rp.clip, [this](const std::string &t) { warn(t); },
+          [this](const FoundCheckpoint &c) { return load_checkpoint(c); }))
+    return;  // no step- folder at all: nothing was loaded
+  last_ckpt_step = resume_from.step;
+  resumed = true;
+  rp.step = resume_from.step;
+  steps_done = resume_from.step;
+  if (cfg.latent_channels <= 0) cfg.latent_channels = resume_from.state.value("latent_channels", 0);
+}
+
+void TrainerEngine::Impl::agree_resume_step() {
+  // Without a shared filesystem a rank may find no checkpoint (or an older one) and
+  // would train out of step with the others, silently: every rank's step, then compare.
+  // -1: this rank cannot resume at all (its error follows the agreement, so that no rank
+  // is left waiting in it).
+  auto steps = torch::zeros({world}, torch::TensorOptions().dtype(torch::kLong));
+  steps[rank] = resume_error.empty() ? static_cast<int64_t>(resumed ? resume_from.step : 0) : -1;
+  std::vector<at::Tensor> t{backend == "nccl" ? steps.to(device) : steps};
+  group->allreduce(t, "resume step agreement");
+  steps = t[0].to(torch::kCPU);
+  const auto *v = steps.data_ptr<int64_t>();
+  if (!resume_error.empty()) throw std::runtime_error(resume_error);
+  for (int r = 0; r < world; r++)
+    if (v[r] < 0)
+      throw std::runtime_error("resume=true: rank " + std::to_string(r) + " cannot resume (its error says why)");
+  if (std::all_of(v, v + world, [&](int64_t x) { return x == v[0]; })) return;
+  std::string who;
+  for (int r = 0; r < world; r++)
+    who += (r ? ", " : "") + ("rank " + std::to_string(r) + ": " + (v[r] ? "step " + std::to_string(v[r]) : "none"));
+  throw std::runtime_error("resume=true: the ranks found different checkpoints in checkpoint-dir (" + who +
+                           "); every rank must see the same checkpoint-dir (a shared filesystem)");
+}
+
+void TrainerEngine::Impl::write_checkpoint() {
+  if (!model || last_ckpt_step == steps_done) return;
+  // Non-finite weights would load without a word and make every later step non-finite:
+  // an error, not a warning, because the run cannot recover from them either.
+  // Every rank holds the same weights, so every rank stops here alike.
+  if (const std::string bad = first_non_finite(*model); !bad.empty())
+    throw std::runtime_error("the weights hold NaN/Inf at step " + std::to_string(steps_done) + " (first: " + bad +
+                             "): no checkpoint written, the checkpoints in checkpoint-dir are kept; training cannot "
+                             "recover from this (lower lr, set grad-clip)");
+  const uint64_t prev_step = last_ckpt_step;
+  last_ckpt_step = steps_done;
+  last_ckpt_time = clock();
+  if (rank != 0) return;  // every rank holds the same weights; rank 0 writes
+  try {
+    save_checkpoint(false);
+  } catch (...) {
+    last_ckpt_step = prev_step;  // not written: a rescue may try again, the stop warning counts it lost
+    throw;
+  }
+}
+
+std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
+  const std::string tmp = store->begin(steps_done);
+  std::string model_file;
+  {
+    std::lock_guard<std::mutex> lock(state_mu);
+    model_file = model->save(tmp);
+    torch::save(*opt, tmp + "/optimizer.pt");
+  }
+  // No generator state: every step reseeds from (seed, rank, step), so a resume draws
+  // the same numbers as an uninterrupted run.
+  json pos = json::array();
+  for (int r = 0; r < static_cast<int>(positions.size()); r++)
+    pos.push_back({{"rank", r}, {"epoch", positions[r].first}, {"clip", positions[r].second}});
+  json state = {{"format", 1},
+                {"model", cfg.model},
+                {"model_file", model_file},
+                {"latent_channels", dims.latent_channels},
+                {"text_dim", dims.text_dim},
+                {"step", steps_done},
+                {"lr", lr_at(steps_done ? steps_done - 1 : 0)},
+                {"lr_schedule", cfg.lr_schedule},
+                {"warmup_steps", cfg.warmup_steps},
+                {"max_steps", cfg.max_steps},
+                {"seed", cfg.seed},
+                {"world_size", world},
+                {"positions", pos},
+                {"optimizer_file", "optimizer.pt"},
+                {"rng_note", "no generator state: each step reseeds from seed, rank and step"}};
+  if (rescue) state["rescue"] = true;  // informative only: resume reads it like any other
+  const std::string final_dir = store->commit(tmp, steps_done, state);
+  // Only now, with a newer checkpoint complete and verified, may older ones go (local
+  // files only, no collective: also on the rescue path).
+  store->prune(cfg.keep_checkpoints, steps_done);
+  Message m("ddptrainsink-checkpoint");
+  m.set_uint64("step", steps_done).set_string("path", final_dir);
+  if (rescue) m.set_bool("rescue", true);
+  messages.push_back(m);
+  json rec = {{"type", "checkpoint"}, {"step", steps_done}, {"path", final_dir}};
+  if (rescue) rec["rescue"] = true;
+  metrics_written(run_log.append_line(rec.dump()));
+  return final_dir;
+}
+
+bool TrainerEngine::Impl::rescue(const std::string &context) {
+  // After every completed optimizer step every rank holds the same weights and optimizer
+  // state, so rank 0 alone can write them: no collective, no barrier, no store access
+  // (the peers may be dead).
+  if (rescue_tried || finished || rank != 0 || !store || !model) return false;
+  const uint64_t saved = saved_step();
+  if (steps_done <= saved) return false;
+  rescue_tried = true;
+  if (step_failed && backend == "nccl") {
+    // A failed NCCL collective can leave its kernel waiting on the GPU, and the copies
+    // that save the weights would queue behind it (until NCCL's watchdog ends the
+    // process): no rescue rather than a hang. Gloo ops fail on the host.
+    rescue_why = "backend=nccl, and after a failed step the GPU may still be waiting in a collective";
+    return false;
+  }
+  if (updating) {
+    rescue_why = "step " + std::to_string(steps_done + 1) + " failed while the optimizer was updating the weights";
+    return false;
+  }
+  if (all_steps_skipped()) {
+    rescue_why = "every step of this run was skipped (non-finite)";
+    return false;
+  }
+  try {
+    if (std::string bad = first_non_finite(*model); !bad.empty()) {
+      rescue_why = "the weights hold NaN/Inf (first: " + bad + ")";
+      return false;
+    }
+    if (std::string bad = first_non_finite_optimizer(); !bad.empty()) {
+      rescue_why = "the optimizer state holds NaN/Inf (first: " + bad + ")";
+      return false;
+    }
+    for (const auto &[step, dir] : store->step_folders())
+      if (step >= steps_done) {
+        rescue_why = "checkpoint-dir already holds '" + dir + "'";
+        return false;
+      }
+    const std::string dir = save_checkpoint(true);
+    last_ckpt_step = steps_done;
+    warn("wrote a rescue checkpoint of step " + std::to_string(steps_done) + " to " + dir + " (" + context +
+         "; rank 0 alone, the last completed step)");
+    return true;
+  } catch (const std::exception &e) {
+    rescue_why = "writing it failed: " + first_line(e.what());
+    return false;
+  }
+}
+
+std::string TrainerEngine::Impl::all_skipped_text() const {
+  return "all " + std::to_string(steps_run) +
+         " optimizer steps of this run had a non-finite loss or gradient and were skipped: nothing was trained, "
+         "no checkpoint written (check the input and lr)";
+}
+
+}  // namespace videotrain

@@ -1,0 +1,143 @@
+/* TrainerEngine::Impl, shared by the engine's torch TUs: trainer_engine.cpp (the steps),
+ * trainer_setup.cpp (start: rank, device, rendezvous, model)
+ * and trainer_checkpoints.cpp (writing, rescuing and resuming checkpoints). Private to
+ * ddptrainsink. */
+#pragma once
+
+#include <torch/torch.h>
+
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "bucket_reducer.h"
+#include "checkpoint_store.h"
+#include "dist_group.h"
+#include "lr_schedule.h"
+#include "models/train_model.h"
+#include "run_log.h"
+#include "step_agreement.h"
+#include "trainer_engine.h"
+
+namespace videotrain {
+
+double now_s();  // the steady clock, in seconds
+
+struct TrainerEngine::Impl {
+  TrainerConfig cfg;
+  std::string error;
+  int rank = 0, world = 1, local_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
+  c10::Device device{c10::kCPU};
+  bool bf16 = false;
+  std::string backend = "gloo";
+  std::unique_ptr<DistGroup> group;
+  std::unique_ptr<StepAgreement> agreement;  // with group
+  std::unique_ptr<TrainModel> model;
+  ModelDims dims;  // what the model was built for
+  // The stream's conditioning from its caps (set_stream_text), checked against the model
+  // when both are known: -1 unknown, 0 captions, 1 text embeddings.
+  int stream_text = -1;
+  std::vector<at::Tensor> params;
+  std::unique_ptr<torch::optim::AdamW> opt;
+  std::unique_ptr<BucketReducer> reducer;
+
+  uint64_t steps_done = 0;
+  // The step in progress.
+  bool in_step = false;
+  bool joining = false;  // taking part in a step with no samples (data ended here)
+  at::Tensor step_loss;  // sum of weighted micro-batch losses (device)
+  unsigned step_samples = 0;
+  unsigned epoch = 0;
+  uint64_t next_clip = 0;
+  std::vector<std::pair<unsigned, uint64_t>> positions;  // every rank's data position after the last step
+  double last_loss = std::numeric_limits<double>::quiet_NaN();
+
+  bool resumed = false;
+  ResumePoint rp;
+  FoundCheckpoint resume_from;
+  std::string resume_error;  // why this rank cannot resume (reported after the ranks agree)
+  std::unique_ptr<CheckpointStore> store;  // with checkpoint-dir
+  uint64_t last_ckpt_step = std::numeric_limits<uint64_t>::max();
+  // The step the newest checkpoint of this run holds; 0 when none was written.
+  uint64_t saved_step() const { return last_ckpt_step == std::numeric_limits<uint64_t>::max() ? 0 : last_ckpt_step; }
+  double last_ckpt_time = 0;  // clock() at the last checkpoint or the start
+  bool finished = false;      // finish() succeeded
+  // Set while the optimizer updates the weights, cleared once the step is counted: still
+  // set after an exception means the weights may be half-updated (no rescue checkpoint).
+  bool updating = false;
+  bool rescue_tried = false;
+  bool step_failed = false;  // an exception left process_*() or finish() (a collective may be pending)
+  bool interrupted = false;  // the last failure was interrupt(): no error to report
+  std::string rescue_why;  // why no rescue checkpoint was written ("" when none was needed)
+
+  // Non-finite steps: in a row (nan-policy=skip's bound) and over the run.
+  uint64_t skipped_in_row = 0, steps_run = 0, steps_applied = 0;
+
+  // Throughput window (since the last log).
+  double window_start = 0, window_wait = 0;
+  uint64_t window_samples = 0;
+
+  std::vector<Message> messages;
+  RunLog run_log;  // metrics file and events: the training thread and validation write
+  bool metrics_warned = false;
+
+  mutable std::mutex state_mu;  // parameters change under it (optimizer step, loads)
+  std::mutex cb_mu;
+  std::map<int, StepCallback> callbacks;
+  int next_cb = 1;
+
+  bool fail(const std::string &msg) {
+    error = msg;
+    return false;
+  }
+  double clock() const;  // cfg.clock, or the steady clock
+  void warn(const std::string &text) {
+    messages.push_back(Message::warning(text));
+  }
+
+  bool resolve();
+  std::vector<std::string> param_names;  // of params
+  // The model and optimizer on this rank (no collective); build_model() then broadcasts
+  // rank 0's weights and sets up the reducer.
+  void construct_model(const ModelDims &d);
+  void build_model(const ModelDims &d);
+  // "" when the model takes what the stream carries (or either is not known yet).
+  std::string inputs_mismatch() const {
+    return model && stream_text >= 0 ? check_model_inputs(*model, stream_text == 1) : "";
+  }
+  LrScheduleParams lr_params;  // from cfg, parsed by resolve()
+  double lr_at(uint64_t done) const { return videotrain::lr_at(lr_params, done); }
+  double grad_norm() const;
+  // Reduces, steps the optimizer, reports; false when no rank had samples (no step).
+  bool end_step();
+  // After this rank's end of stream, with peers (step_agreement.h): step steps_done + 1
+  // with no samples.
+  void join_step();
+  void write_checkpoint();
+  // Rank 0's files, commit, local prune and messages of a checkpoint of steps_done.
+  std::string save_checkpoint(bool rescue);
+  // Stopped without the final checkpoint (stop without EOS, an error): rank 0 alone, no
+  // collective, writes the last completed step when it is newer than the last checkpoint
+  // and the state is whole and finite. True when it wrote one; else rescue_why says why not.
+  bool rescue(const std::string &context);
+  bool all_steps_skipped() const { return steps_run > 0 && steps_applied == 0; }
+  std::string all_skipped_text() const;
+  // Loads `c` into the model (built as needed): "" when its weights and optimizer state
+  // are finite, else why it cannot be used. Throws when a verified one does not load.
+  std::string load_checkpoint(const FoundCheckpoint &c);
+  std::string first_non_finite_optimizer();  // "exp_avg_sq of NAME", or ""
+  std::string first_non_finite_grad() const;  // parameter name, or ""
+  void find_checkpoint();
+  void agree_resume_step();
+  bool logged_step(uint64_t step) const { return cfg.log_every > 0 && step % cfg.log_every == 0; }
+  void report(const StepReport &r);  // a message and the run log every log-every steps, then notify()
+  void notify(const StepReport &r);  // the step callbacks
+  void metrics_written(bool ok);  // warns once when rank 0's metrics file cannot be written
+};
+
+}  // namespace videotrain

@@ -1,0 +1,176 @@
+/* TrainerEngine's start: resolving rank, world, device, precision and backend from the
+ * properties and the environment, the rendezvous, resuming, and building the model
+ * (on every rank from rank 0's weights). See trainer_engine.h. */
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <mutex>
+
+#include "cpu_heap.h"
+#include "cuda_devices.h"
+#include "default_rng.h"
+#include "device_rule.h"
+#include "dist_env.h"
+#include "first_line.h"
+#include "trainer_engine_impl.h"
+
+namespace fs = std::filesystem;
+
+namespace videotrain {
+
+bool TrainerEngine::Impl::resolve() {
+  DistEnv env = dist_env_from_environment();
+  rank = cfg.rank >= 0 ? cfg.rank : env.rank;
+  world = cfg.world_size > 0 ? cfg.world_size : env.world_size;
+  local_rank = env.source == "default" ? rank : env.local_rank;
+  master_addr = cfg.master_addr.empty() ? env.master_addr : cfg.master_addr;
+  master_port = cfg.master_port > 0 ? cfg.master_port : env.master_port;
+  if (rank < 0 || rank >= world)
+    return fail("rank " + std::to_string(rank) + " is not below world-size " + std::to_string(world) +
+                " (properties rank/world-size or RANK/WORLD_SIZE)");
+  // Device.
+  std::string device_error;
+  const std::string dev = resolve_device(cfg.device, local_rank, visible_cuda_devices(), &device_error);
+  if (dev.empty()) return fail(device_error);
+  device = c10::Device(dev);
+  if (device.is_cpu() && cfg.tune_malloc) {
+    std::string why;
+    if (!retain_cpu_heap(&why)) warn("tune-malloc: " + why);
+  }
+  if (cfg.precision == "auto")
+    bf16 = device.is_cuda();
+  else if (cfg.precision == "bf16")
+    bf16 = true;
+  else if (cfg.precision == "fp32")
+    bf16 = false;
+  else
+    return fail("precision '" + cfg.precision + "' is not one of auto, fp32, bf16 (property precision)");
+  if (!parse_lr_schedule(cfg.lr_schedule, &lr_params.schedule))
+    return fail("lr-schedule '" + cfg.lr_schedule + "' is not one of constant, cosine, linear");
+  lr_params.base = cfg.lr;
+  lr_params.warmup_steps = cfg.warmup_steps;
+  lr_params.max_steps = cfg.max_steps;
+  if (cfg.nan_policy != "skip" && cfg.nan_policy != "fail")
+    return fail("nan-policy '" + cfg.nan_policy + "' is not one of skip, fail");
+  if (cfg.model.empty()) return fail("no model: set the model property (a TorchScript file or builtin:NAME)");
+  if (!is_builtin_spec(cfg.model)) {
+    std::error_code ec;
+    if (!fs::is_regular_file(cfg.model, ec))
+      return fail("model file '" + cfg.model + "' does not exist or is not a file (property model)");
+  }
+  if (cfg.resume && cfg.checkpoint_dir.empty()) return fail("resume=true needs checkpoint-dir");
+  // Backend.
+  if (cfg.backend == "auto")
+    backend = (device.is_cuda() && nccl_available()) ? "nccl" : "gloo";
+  else if (cfg.backend == "gloo" || cfg.backend == "nccl")
+    backend = cfg.backend;
+  else
+    return fail("backend '" + cfg.backend + "' is not one of auto, nccl, gloo");
+  if (backend == "nccl" && !device.is_cuda()) return fail("backend=nccl needs a CUDA device (property device)");
+  if (backend == "nccl" && !nccl_available())
+    return fail("backend=nccl but this LibTorch was built without NCCL (use backend=gloo)");
+  return true;
+}
+
+void TrainerEngine::Impl::construct_model(const ModelDims &d) {
+  dims = d;
+  std::unique_lock<std::mutex> rng(default_rng_mutex());  // see default_rng.h
+  torch::manual_seed(cfg.seed);  // the same initial weights on every rank (and broadcast anyway)
+  auto m = make_model(cfg.model, d, device);
+  rng.unlock();
+  std::vector<at::Tensor> ps;
+  std::vector<std::string> names;
+  for (auto &[name, p] : m->named_parameters())
+    if (p.requires_grad()) {
+      ps.push_back(p);
+      names.push_back(name);
+    }
+  if (ps.empty()) throw std::runtime_error("model " + cfg.model + " has no trainable parameters");
+  auto o = torch::optim::AdamWOptions(cfg.lr)
+               .betas(std::make_tuple(cfg.beta1, cfg.beta2))
+               .eps(cfg.eps)
+               .weight_decay(cfg.weight_decay);
+  std::lock_guard<std::mutex> lock(state_mu);
+  model = std::move(m);
+  params = ps;
+  param_names = names;
+  opt = std::make_unique<torch::optim::AdamW>(params, o);
+}
+
+void TrainerEngine::Impl::build_model(const ModelDims &d) {
+  // A resumed model was built and loaded by find_checkpoint().
+  if (!model) construct_model(d);
+  if (group) {
+    // Rank 0's weights everywhere (TorchScript files may differ per host; random inits).
+    torch::NoGradGuard ng;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    std::vector<at::Tensor> all;
+    for (auto &[n, p] : model->named_parameters()) all.push_back(p);
+    for (auto &[n, b] : model->named_buffers()) all.push_back(b);
+    for (auto &t : all) {
+      std::vector<at::Tensor> one{t.detach()};
+      works.push_back(group->broadcast_async(one, 0));
+    }
+    for (size_t i = 0; i < works.size(); i++) group->wait(works[i], "initial parameter broadcast");
+    reducer = std::make_unique<BucketReducer>(params, group.get(), cfg.bucket_cap_mb, 1.0);
+  }
+  // ddpvalsink's at-start needs these weights; builtin models only exist from here.
+  StepReport built;
+  built.step = steps_done;
+  built.model_built = true;
+  notify(built);
+}
+
+bool TrainerEngine::start() {
+  auto &im = *impl_;
+  if (!im.resolve()) return false;
+  if (!im.cfg.checkpoint_dir.empty()) {
+    // Now, not at the first checkpoint hours later; before the rendezvous, so that with
+    // a shared folder every rank fails at once.
+    im.store = std::make_unique<CheckpointStore>(im.cfg.checkpoint_dir);
+    std::string why;
+    if (!im.store->prepare(&why)) return im.fail(why + " (property checkpoint-dir)");
+  }
+  if (std::string w = im.run_log.open(im.rank, im.cfg.metrics_file); !w.empty()) im.warn(w);
+  try {
+    if (im.world > 1) {
+      DistOptions o;
+      o.rank = im.rank;
+      o.world_size = im.world;
+      o.master_addr = im.master_addr;
+      o.master_port = im.master_port;
+      o.backend = im.backend;
+      o.timeout = std::chrono::milliseconds(static_cast<int64_t>(im.cfg.timeout_s * 1000));
+      im.group = std::make_unique<DistGroup>(o);
+      DistGroup *g = im.group.get();
+      im.agreement = std::make_unique<StepAgreement>(*g, im.cfg.timeout_s, [g] { return g->cancelled(); });
+    }
+    if (im.rank == 0 && im.store) im.store->remove_stale();
+    if (im.cfg.resume) {
+      try {
+        im.find_checkpoint();
+      } catch (const std::exception &e) {
+        if (!im.group) throw;
+        im.resume_error = first_line(e.what());
+      }
+      // Before any model collective: a rank that resumes builds its model now.
+      if (im.group) im.agree_resume_step();
+    }
+    // Built-in models whose sizes are not known yet are built at the first micro-batch.
+    const ModelDims known = im.model ? im.dims : ModelDims{im.cfg.latent_channels, 0};
+    if (im.model || model_dims_known(im.cfg.model, known)) im.build_model(known);
+    if (std::string m = im.inputs_mismatch(); !m.empty()) return im.fail(m);
+    if (std::string err = im.run_log.open_tensorboard(im.cfg.tensorboard_dir); !err.empty()) im.warn(err);
+  } catch (const std::exception &e) {
+    return im.fail(first_line(e.what()));
+  }
+  im.window_start = now_s();
+  im.last_ckpt_time = im.clock();
+  return true;
+}
+
+bool TrainerEngine::resumed() const { return impl_->resumed; }
+ResumePoint TrainerEngine::resume_point() const { return impl_->rp; }
+
+}  // namespace videotrain
