@@ -61,7 +61,7 @@ std::unique_ptr<CogVideoXEncoder> CogVideoXEncoder::load(const std::string &dir,
   enc->cfg_ = cfg;
   enc->device_ = device;
   enc->dtype_ = dtype;
-  auto conv = [&](const std::string &p) { return Conv{w.at(p + ".weight"), w.at(p + ".bias")}; };
+  auto conv = [&](const std::string &p) { return Conv{w.at(p + ".weight"), w.at(p + ".bias"), at::Tensor()}; };
   auto norm = [&](const std::string &p) { return Norm{w.at(p + ".weight"), w.at(p + ".bias")}; };
   auto resnet = [&](const std::string &p) {
     Resnet r;

@@ -285,7 +285,7 @@ static gboolean set_sink_caps(GstVaeEncoder *self, GstCaps *caps) {
   self->vinfo = info;
   self->have_info = TRUE;
   // The latent caps do not depend on the frame size (each buffer carries its shape): sent once.
-  GstCaps *out = tensor_caps_new({"latents", eng->dtype_name(), eng->device_name()});
+  GstCaps *out = tensor_caps_new({"latents", eng->dtype_name(), eng->device_name(), ""});
   GstCaps *cur = gst_pad_get_current_caps(self->srcpad);
   gboolean ok = TRUE;
   if (!cur || !gst_caps_is_equal(cur, out)) ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(out));
@@ -422,7 +422,7 @@ static gboolean gst_vae_encoder_src_query(GstPad *pad, GstObject *parent, GstQue
       GstCaps *caps;
       VaeEngine *eng = engine_of(self);
       if (eng)
-        caps = tensor_caps_new({"latents", eng->dtype_name(), eng->device_name()});
+        caps = tensor_caps_new({"latents", eng->dtype_name(), eng->device_name(), ""});
       else
         caps = gst_pad_get_pad_template_caps(pad);
       GstCaps *filter;

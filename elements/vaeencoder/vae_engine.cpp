@@ -973,7 +973,7 @@ std::string VaeEngine::cache_key(std::string *why) {
   if (::stat(im.opts.model.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     for (const auto &e : std::filesystem::directory_iterator(im.opts.model)) {
       const std::string name = e.path().filename().string();
-      if (name == "config.json" || name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0)
+      if (name == "config.json" || (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0))
         files.push_back(e.path().string());
     }
     std::sort(files.begin(), files.end());

@@ -136,7 +136,7 @@ TEST(Metas, BatchMetaCopiesItsLists) {
 }
 
 TEST(TensorCaps, RoundTripAndRefusal) {
-  GstCaps *caps = tensor_caps_new({"latents", "bfloat16", "cuda:1"});
+  GstCaps *caps = tensor_caps_new({"latents", "bfloat16", "cuda:1", ""});
   TensorCapsInfo info;
   std::string why;
   ASSERT_TRUE(tensor_caps_parse(caps, &info, &why)) << why;

@@ -256,7 +256,9 @@ void check_training_run(uint32_t batch, uint32_t micro, bool text = false) {
   const std::string vae = make_vae(dir);
   ASSERT_FALSE(vae.empty());
   const std::string textencoder = text ? make_text_encoder(dir) : "";
-  if (text) ASSERT_FALSE(textencoder.empty());
+  if (text) {
+    ASSERT_FALSE(textencoder.empty());
+  }
   const auto clips = mixed_clips();
   const auto reference = latents_alone(vae, clips);
   Recorded r;
