@@ -97,6 +97,25 @@ TEST(ValWorker, Rank) {
   _exit(0);  // no static teardown racing Gloo threads
 }
 
+
+// A worker's verdict for its parent: "ok"/"error", the steps skipped and validated, steps
+// trained, the last validated step and the error; then the process ends.
+[[noreturn]] void write_verdict(const std::string &out, std::string error, R fed, ValidationEngine &e,
+                                TrainerEngine &trainer) {
+  if (error.empty() && fed == R::kError) error = e.error();
+  std::ostringstream skipped, results;
+  for (auto &m : e.take_messages()) {
+    if (m.name == "ddpvalsink-skipped") skipped << m.ints["step"] << ",";
+    if (m.name == "ddpvalsink-result") results << m.ints["step"] << ",";
+  }
+  std::ofstream f(out);
+  f << (error.empty() ? "ok" : "error") << "\nskipped:" << skipped.str() << "\nresults:" << results.str()
+    << "\ntrained:" << trainer.steps_done() << "\nlast:" << e.last_step() << "\n" << error << "\n";
+  f.close();
+  trainer.stop();
+  _exit(0);
+}
+
 // Training steps with one validation shard per rank, as VT_VAL_MODE says:
 //  skip: every=1, skip-if-busy. Rank 1 validates each snapshot at once, rank 0 only after
 //        training steps 1-3: rank 0 is busy at steps 2 and 3 (its snapshot of step 1
@@ -147,18 +166,7 @@ TEST(ValStepsWorker, Rank) {
   go = true;
   if (!trainer->finish() && error.empty()) error = trainer->error();
   feeder.join();
-  if (error.empty() && fed == R::kError) error = e.error();
-  std::ostringstream skipped, results;
-  for (auto &m : e.take_messages()) {
-    if (m.name == "ddpvalsink-skipped") skipped << m.ints["step"] << ",";
-    if (m.name == "ddpvalsink-result") results << m.ints["step"] << ",";
-  }
-  std::ofstream f(out);
-  f << (error.empty() ? "ok" : "error") << "\nskipped:" << skipped.str() << "\nresults:" << results.str()
-    << "\ntrained:" << trainer->steps_done() << "\nlast:" << e.last_step() << "\n" << error << "\n";
-  f.close();
-  trainer->stop();
-  _exit(0);
+  write_verdict(out, error, fed, e, *trainer);
 }
 
 // every=2, at-start: rank 0's validator attaches before training, rank 1's only after
@@ -199,18 +207,7 @@ TEST(ValJoinWorker, Rank) {
   }
   if (!trainer->finish() && error.empty()) error = trainer->error();
   feeder.join();
-  if (error.empty() && fed == R::kError) error = e.error();
-  std::ostringstream skipped, results;
-  for (auto &m : e.take_messages()) {
-    if (m.name == "ddpvalsink-skipped") skipped << m.ints["step"] << ",";
-    if (m.name == "ddpvalsink-result") results << m.ints["step"] << ",";
-  }
-  std::ofstream f(out);
-  f << (error.empty() ? "ok" : "error") << "\nskipped:" << skipped.str() << "\nresults:" << results.str()
-    << "\ntrained:" << trainer->steps_done() << "\nlast:" << e.last_step() << "\n" << error << "\n";
-  f.close();
-  trainer->stop();
-  _exit(0);
+  write_verdict(out, error, fed, e, *trainer);
 }
 
 // Rank 1 exits abruptly in the middle of its second pass (step 1), after the first pass
