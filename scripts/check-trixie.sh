@@ -19,10 +19,18 @@ trap cleanup EXIT
 for d in "${mounts[@]}"; do mountpoint -q "$root/$d" || mount --bind "/$d" "$root/$d"; done
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 # The working tree (tracked and untracked files, not ignored ones) beside ../shared, as in CI.
-dst=$root/work/main
-mkdir -p "$dst"
-find "$dst" -mindepth 1 -maxdepth 1 ! -name build -exec rm -rf {} +
-(cd "$src" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -xf - -C "$dst"
+# Only files whose content changed are copied, with the time of the copy: a file edited after the
+# kept build/ was made but dated before it (a merge, a checkout) must still be rebuilt.
+dst=$root/work/main stage=$root/work/stage
+rm -rf "$stage" && mkdir -p "$dst" "$stage"
+(cd "$src" && git ls-files -co --exclude-standard -z | tar --null -T - -cf -) | tar -xf - -C "$stage"
+(cd "$dst" && find . -path ./build -prune -o -type f -print0) | while IFS= read -r -d '' f; do
+  [[ -e $stage/$f ]] || rm -f "$dst/$f"
+done
+(cd "$stage" && find . -type f -print0) | while IFS= read -r -d '' f; do
+  cmp -s "$stage/$f" "$dst/$f" || { mkdir -p "$(dirname "$dst/$f")" && cp "$stage/$f" "$dst/$f"; }
+done
+rm -rf "$stage"
 if [[ -d $src/../shared ]]; then rm -rf "$root/work/shared" && cp -a "$src/../shared" "$root/work/shared"; fi
 chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
   bash -c 'cd /work/main && apt-get update -q >/dev/null && bash scripts/test.sh --no-suite torchrun'
