@@ -173,7 +173,7 @@ int main(int argc, char **argv) {
   auto mb = Manifest::open(ob, &err);
   const double sized_s = now() - t;
   videotrain::BucketAssignment asg;
-  if (!mb || !videotrain::assign_buckets(*mb, mb.get(), spec, 1, nullptr, &asg, &err)) {
+  if (!mb || !videotrain::assign_buckets(*mb, spec, 1, nullptr, &asg, &err)) {
     std::fprintf(stderr, "buckets failed: %s\n", err.c_str());
     return 1;
   }

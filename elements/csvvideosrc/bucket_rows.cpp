@@ -34,8 +34,8 @@ bool needs_probe(const BucketSpec &spec, const VideoSize &v) {
 
 }  // namespace
 
-bool assign_buckets(const Manifest &manifest, Manifest *probe_into, const BucketSpec &spec, int threads,
-                    const std::atomic<bool> *cancel, BucketAssignment *out, std::string *why) {
+bool assign_buckets(Manifest &manifest, const BucketSpec &spec, int threads, const std::atomic<bool> *cancel,
+                    BucketAssignment *out, std::string *why) {
   const size_t n = manifest.size();
   out->row_bucket.assign(n, BucketSchedule::kNoBucket);
   // Probe the rows the columns leave unknown, on `threads` threads, each with its discoverer.
@@ -61,7 +61,7 @@ bool assign_buckets(const Manifest &manifest, Manifest *probe_into, const Bucket
             if (!v.known_shape()) v.width = uint32_t(p.width), v.height = uint32_t(p.height);
             if (v.frames == 0) v.frames = uint32_t(std::max<int64_t>(p.num_frames, 0));
             if (v.fps <= 0) v.fps = float(p.fps);
-            probe_into->set_video_size(i, v);
+            manifest.set_video_size(i, v);
           } else {
             failed[i] = row.path + ": " + reason;
           }

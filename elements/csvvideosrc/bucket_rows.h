@@ -35,8 +35,8 @@ struct BucketAssignment {
   std::string examples;                    // a few of them, for the warning
 };
 
-// False (with a reason) only when nothing can be assigned at all or the run was cancelled.
-bool assign_buckets(const Manifest &manifest, Manifest *probe_into, const BucketSpec &spec, int threads,
-                    const std::atomic<bool> *cancel, BucketAssignment *out, std::string *why);
+// False (with a reason) only when the run was cancelled. Probed sizes are kept in the manifest.
+bool assign_buckets(Manifest &manifest, const BucketSpec &spec, int threads, const std::atomic<bool> *cancel,
+                    BucketAssignment *out, std::string *why);
 
 }  // namespace videotrain

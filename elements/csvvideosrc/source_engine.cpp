@@ -30,8 +30,6 @@ bool SourceEngine::start(std::string *error) {
     return false;
   }
   const bool bucketed = !cfg_.buckets.empty() || !cfg_.frame_buckets.empty();
-  std::vector<ClipShape> all_shapes;
-  if (bucketed && !shapes(cfg_, &all_shapes, error)) return false;
   cfg_.manifest.sizes = bucketed;
   if (!manifest_) {
     manifest_ = Manifest::open(cfg_.manifest, error);
@@ -158,7 +156,7 @@ bool SourceEngine::shapes(const SourceConfig &config, std::vector<ClipShape> *ou
 bool SourceEngine::start_buckets(std::string *error) {
   if (!bucket_spec(cfg_, &spec_, error)) return false;
   std::atomic<bool> never{false};
-  if (!assign_buckets(*manifest_, manifest_.get(), spec_, cfg_.probe_threads, &never, &assignment_, error))
+  if (!assign_buckets(*manifest_, spec_, cfg_.probe_threads, &never, &assignment_, error))
     return false;
   if (cfg_.short_clips == ShortClips::Fail && assignment_.too_short > 0) {
     *error = std::to_string(assignment_.too_short) + " rows are shorter than every frame-buckets length (" +
