@@ -33,6 +33,8 @@ bool read_sample_meta(GstBuffer *buffer, SampleInfo *out) {
   out->epoch = m->epoch;
   out->clip_index = m->clip_index;
   out->padding = m->padding;
+  out->group = m->group;
+  out->group_size = m->group_size;
   out->caption = m->caption ? m->caption : "";
   out->path = m->path ? m->path : "";
   return true;

@@ -46,6 +46,8 @@ struct SampleInfo {
   uint32_t epoch = 0;
   uint64_t clip_index = 0;
   bool padding = false;
+  uint64_t group = 0;        // csvvideosrc buckets: the step group and its size (0: none)
+  uint32_t group_size = 0;
   std::string caption;
   std::string path;
 };

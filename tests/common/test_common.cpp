@@ -130,6 +130,21 @@ TEST(Metas, BatchMetaCopiesItsLists) {
   BatchInfo none;
   GstBuffer *plain = gst_buffer_new();
   EXPECT_FALSE(read_batch_meta(plain, &none));
+  // A clip meta's bucket group reaches the sample meta and its reader.
+  auto *clip = gst_buffer_add_videotrain_clip_meta(plain, "c", "v.mp4", nullptr);
+  clip->sample_id = 4;
+  clip->group = 9;
+  clip->group_size = 3;
+  GstBuffer *latent = gst_buffer_new();
+  gst_buffer_add_videotrain_sample_meta_from_clip(latent, clip);
+  GstBuffer *latent_copy = gst_buffer_copy(latent);
+  SampleInfo si;
+  ASSERT_TRUE(read_sample_meta(latent_copy, &si));
+  EXPECT_EQ(si.sample_id, 4u);
+  EXPECT_EQ(si.group, 9u);
+  EXPECT_EQ(si.group_size, 3u);
+  gst_buffer_unref(latent_copy);
+  gst_buffer_unref(latent);
   gst_buffer_unref(plain);
   gst_buffer_unref(d);
   gst_buffer_unref(c);
