@@ -135,6 +135,6 @@ if __name__ == "__main__":
     if len(sys.argv) >= 2 and sys.argv[1] == "--check":
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         ref = sys.argv[2] if len(sys.argv) > 2 else os.environ.get(
-            "VIDEOTRAIN_REFERENCE_DIR", os.path.join(here, "..", "shared", "reference"))
+            "VIDEOTRAIN_REFERENCE_DIR", os.path.join(here, "tests", "reference"))
         sys.exit(0 if check(ref) else 1)
     print(__doc__)

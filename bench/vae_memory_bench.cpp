@@ -11,7 +11,7 @@
  * cases do not see each other's allocations. Without --model, a seeded random
  * CogVideoX-architecture VAE is written to a temporary folder (no downloads): tiny (the
  * reference's shape, 16-32 channels) or mid (64-256 channels, 2 resnets per block, 32 groups);
- * --family wan21|wan22 takes the tiny Wan VAEs of ../shared/reference/wan_vae
+ * --family wan21|wan22 takes the tiny Wan VAEs of tests/reference/wan_vae
  * (VIDEOTRAIN_REFERENCE_DIR), which stream frame 0 then groups of 4 (no clip scope: no GroupNorm),
  * and prints the encode time per frame.
  * A clip-scope case's activations go where --spill says (auto: a temporary file on CPU); a
@@ -230,7 +230,7 @@ int main(int argc, char **argv) {
   std::string tmp;
   if (su.model.empty() && family != "cogvideox") {
     const char *ref = std::getenv("VIDEOTRAIN_REFERENCE_DIR");
-    su.model = std::string(ref ? ref : "../shared/reference") + "/wan_vae/tiny_" + family;
+    su.model = std::string(ref ? ref : "tests/reference") + "/wan_vae/tiny_" + family;
     modes.erase(std::remove(modes.begin(), modes.end(), Mode::Clip), modes.end());
   }
   if (su.model.empty()) {

@@ -18,7 +18,7 @@ cleanup() { for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do umount "$root/${mount
 trap cleanup EXIT
 for d in "${mounts[@]}"; do mountpoint -q "$root/$d" || mount --bind "/$d" "$root/$d"; done
 cp /etc/resolv.conf "$root/etc/resolv.conf"
-# The working tree (tracked and untracked files, not ignored ones) beside ../shared, as in CI.
+# The working tree (tracked and untracked files, not ignored ones), with nothing beside it (a clone has no shared folder).
 # Only files whose content changed are copied, with the time of the copy: a file edited after the
 # kept build/ was made but dated before it (a merge, a checkout) must still be rebuilt.
 dst=$root/work/main stage=$root/work/stage
@@ -31,6 +31,5 @@ done
   cmp -s "$stage/$f" "$dst/$f" || { mkdir -p "$(dirname "$dst/$f")" && cp "$stage/$f" "$dst/$f"; }
 done
 rm -rf "$stage"
-if [[ -d $src/../shared ]]; then rm -rf "$root/work/shared" && cp -a "$src/../shared" "$root/work/shared"; fi
 chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
   bash -c 'cd /work/main && apt-get update -q >/dev/null && bash scripts/test.sh --no-suite torchrun'

@@ -75,7 +75,10 @@ std::string env_or(const char *name, const std::string &fallback) {
   return (v && *v) ? std::string(v) : fallback;
 }
 
-std::string reference_dir() { return env_or("VIDEOTRAIN_REFERENCE_DIR", "../shared/reference"); }
+// tests/reference of the source tree (meson test sets VIDEOTRAIN_REFERENCE_DIR to it).
+std::string reference_dir() {
+  return env_or("VIDEOTRAIN_REFERENCE_DIR", env_or("VIDEOTRAIN_SOURCE_DIR", ".") + "/tests/reference");
+}
 
 std::string heap_keeps_large_blocks() {
   constexpr size_t kBlock = size_t(16) << 20;

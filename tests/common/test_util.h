@@ -79,7 +79,7 @@ class StalledFifo {
 // Environment variable with a default.
 std::string env_or(const char *name, const std::string &fallback);
 
-// ../shared/reference (VIDEOTRAIN_REFERENCE_DIR).
+// tests/reference (VIDEOTRAIN_REFERENCE_DIR).
 std::string reference_dir();
 
 // What tune-malloc (retain_cpu_heap) promises, checked with a 16 MiB block: the heap

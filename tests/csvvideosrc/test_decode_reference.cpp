@@ -1,5 +1,5 @@
 /* csvvideosrc's decoder against independent references: a video-decoding library's frame
- * (../shared/reference/decode), the textbook colour equations applied by numpy to the planes
+ * (tests/reference/decode), the textbook colour equations applied by numpy to the planes
  * ffmpeg dumps (8 and 10 bits, full and limited range, BT.601/709/2020 and untagged),
  * ffmpeg's own choice of stream and its fps filter's choice of frames by timestamp.
  * Needs ffmpeg (scripts/deps.sh) and $PYTHON with numpy. */

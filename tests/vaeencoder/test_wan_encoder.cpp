@@ -1,5 +1,5 @@
 /* The Wan 2.1 and 2.2 VAE encoders against diffusers' AutoencoderKLWan
- * (../shared/reference/wan_vae: moments, tiled moments, normalised mode and sample latents). */
+ * (tests/reference/wan_vae: moments, tiled moments, normalised mode and sample latents). */
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 

@@ -56,7 +56,7 @@ class Cases {
 
 inline std::string wan_dir(const std::string &name) { return vttest::reference_dir() + "/wan_vae/" + name; }
 
-// diffusers' AutoencoderKLWan outputs (../shared/reference/wan_vae/NAME/cases.safetensors).
+// diffusers' AutoencoderKLWan outputs (tests/reference/wan_vae/NAME/cases.safetensors).
 class WanCases {
  public:
   explicit WanCases(const std::string &name) {
