@@ -21,6 +21,9 @@ constexpr int64_t kCaptionBuckets = 4096;
 
 // A TorchScript file (script_model.cpp). Throws naming the file.
 std::unique_ptr<TrainModel> make_script_model(const std::string &path, const c10::Device &device);
+// A diffusers transformer folder (native_model.cpp). Throws naming the folder and what is wrong.
+std::unique_ptr<TrainModel> make_native_model(const std::string &dir, const c10::Device &device,
+                                              const ModelOptions &options);
 // builtin:tiny-unet3d and builtin:tiny-t2v (builtin_models.cpp); null for another name.
 std::unique_ptr<TrainModel> make_public_builtin(const std::string &name, const ModelDims &dims,
                                                 const c10::Device &device);

@@ -37,6 +37,8 @@ std::string first_non_finite(TrainModel &model) {
 ModelInputs ModelInputs::narrow(int64_t start, int64_t n) const {
   ModelInputs out;
   out.latents = latents.narrow(0, start, n);
+  for (int64_t i = start; i < start + n && i < static_cast<int64_t>(sample_ids.size()); i++) out.sample_ids.push_back(sample_ids[i]);
+  out.epoch = epoch;
   for (int64_t i = start; i < start + n && i < static_cast<int64_t>(captions.size()); i++) out.captions.push_back(captions[i]);
   if (text_embeds.defined()) out.text_embeds = text_embeds.narrow(0, start, n);
   if (text_mask.defined()) out.text_mask = text_mask.narrow(0, start, n);
@@ -88,7 +90,9 @@ std::vector<int64_t> caption_token_ids(const std::string &caption, int64_t bucke
   return ids;
 }
 
-std::unique_ptr<TrainModel> make_model(const std::string &spec, const ModelDims &dims, const c10::Device &device) {
+std::unique_ptr<TrainModel> make_model(const std::string &spec, const ModelDims &dims, const c10::Device &device,
+                                       const ModelOptions &options) {
+  if (is_model_folder(spec)) return make_native_model(spec, device, options);
   if (!is_builtin_spec(spec)) return make_script_model(spec, device);
   const std::string name = spec.substr(std::string(kBuiltinPrefix).size());
   if (dims.latent_channels <= 0)

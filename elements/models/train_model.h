@@ -21,6 +21,10 @@ struct ModelInputs {
   at::Tensor latents;
   std::vector<std::string> captions;
   at::Tensor text_embeds, text_mask;  // undefined without a textencoder
+  // Each sample's manifest row and the epoch (the batch meta's), for noise drawn per sample; empty
+  // when the caller has none (models then draw from the step's default generator).
+  std::vector<uint64_t> sample_ids;
+  unsigned epoch = 0;
   bool has_text() const { return text_embeds.defined(); }
   // Samples [start, start + n) (validation's per-sample fallback).
   ModelInputs narrow(int64_t start, int64_t n) const;
@@ -30,6 +34,18 @@ struct ModelInputs {
 struct ModelDims {
   int latent_channels = 0;
   int text_dim = 0;  // D of text_embeds; only text-conditioned built-ins need it
+};
+
+// How a native model (a diffusers folder) trains: the objective's sampling and memory options.
+// The TorchScript and built-in models ignore them.
+struct ModelOptions {
+  uint64_t seed = 0;                         // with (sample id, epoch): each sample's noise and sigma
+  std::string timestep_sampling = "logit-normal";  // uniform | logit-normal
+  double logit_mean = 0.0, logit_std = 1.0;
+  double flow_shift = 3.0;                   // sigma' = s sigma / (1 + (s - 1) sigma)
+  double timestep_lo = 0.0, timestep_hi = 1000.0;  // sigma' rescaled into [lo, hi] / 1000
+  std::vector<double> val_sigmas{0.25, 0.5, 0.75};
+  bool gradient_checkpointing = false;
 };
 
 class TrainModel {
@@ -77,9 +93,13 @@ bool is_builtin_spec(const std::string &spec);
 // latent channels, text-conditioned ones the text dim too).
 bool model_dims_known(const std::string &spec, const ModelDims &dims);
 
-// Loads a TorchScript file or builds a builtin model on `device` (see model_dims_known).
-// Throws std::runtime_error naming the file / name.
-std::unique_ptr<TrainModel> make_model(const std::string &spec, const ModelDims &dims, const c10::Device &device);
+// A folder with a config.json: a diffusers transformer folder (native_model.cpp).
+bool is_model_folder(const std::string &spec);
+
+// Loads a TorchScript file, a diffusers transformer folder, or builds a builtin model on `device`
+// (see model_dims_known). Throws std::runtime_error naming the file / name.
+std::unique_ptr<TrainModel> make_model(const std::string &spec, const ModelDims &dims, const c10::Device &device,
+                                       const ModelOptions &options = {});
 
 // Hashes caption words into `buckets` ids (builtin models' caption embedding).
 std::vector<int64_t> caption_token_ids(const std::string &caption, int64_t buckets);

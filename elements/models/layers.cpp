@@ -1,0 +1,199 @@
+/* The layers the native transformers share: see layers.h. */
+#include "layers.h"
+
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/version.h>
+
+#include <cmath>
+
+#include "autocast_guard.h"
+
+namespace videotrain::models {
+
+LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias) {
+  weight = register_parameter("weight", torch::empty({out, in}));
+  torch::nn::init::kaiming_uniform_(weight, std::sqrt(5.0));  // torch.nn.Linear's init
+  if (with_bias) {
+    const double bound = in > 0 ? 1.0 / std::sqrt(static_cast<double>(in)) : 0.0;
+    bias = register_parameter("bias", torch::empty({out}).uniform_(-bound, bound));
+  }
+}
+
+at::Tensor LinearImpl::forward(const at::Tensor &x) { return torch::nn::functional::linear(x, weight, bias); }
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, bool affine) : eps(eps_) {
+  if (affine) weight = register_parameter("weight", torch::ones({dim}));
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor &x) {
+  auto h = x.to(at::kFloat);
+  h = h * torch::rsqrt(h.pow(2).mean(-1, true) + eps);
+  return weight.defined() ? h * weight.to(at::kFloat) : h;
+}
+
+LayerNorm32Impl::LayerNorm32Impl(int64_t dim_, double eps_, bool affine) : dim(dim_), eps(eps_) {
+  if (affine) {
+    weight = register_parameter("weight", torch::ones({dim}));
+    bias = register_parameter("bias", torch::zeros({dim}));
+  }
+}
+
+at::Tensor LayerNorm32Impl::forward(const at::Tensor &x) {
+  return at::layer_norm(x.to(at::kFloat), {dim}, weight.defined() ? weight.to(at::kFloat) : at::Tensor(),
+                        bias.defined() ? bias.to(at::kFloat) : at::Tensor(), eps);
+}
+
+at::Tensor gelu_tanh(const at::Tensor &x) { return at::gelu(x, "tanh"); }
+
+namespace {
+
+int64_t default_chunk(const at::Tensor &q, const at::Tensor &k) {
+  const int64_t per_row = q.size(0) * q.size(1) * k.size(2) * 4;  // float32 scores of one query row
+  const int64_t rows = std::max<int64_t>(1, (int64_t(64) << 20) / std::max<int64_t>(1, per_row));
+  return std::min<int64_t>(rows, q.size(2));
+}
+
+// Scores and softmax in float32 (double stays double).
+at::ScalarType accumulate_type(const at::Tensor &t) { return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+struct ChunkedAttention : torch::autograd::Function<ChunkedAttention> {
+  static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &q, const at::Tensor &k,
+                            const at::Tensor &v, int64_t chunk) {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+    const auto acc = accumulate_type(q);
+    auto out = torch::empty_like(q);
+    auto lse = torch::empty({q.size(0), q.size(1), q.size(2), 1}, q.options().dtype(acc));
+    const auto kt = k.transpose(-1, -2);
+    for (int64_t s = 0; s < q.size(2); s += chunk) {
+      const int64_t n = std::min(chunk, q.size(2) - s);
+      auto scores = at::matmul(q.narrow(2, s, n), kt).to(acc) * scale;
+      auto l = at::logsumexp(scores, -1, true);
+      out.narrow(2, s, n).copy_(at::matmul((scores - l).exp_().to(v.scalar_type()), v));
+      lse.narrow(2, s, n).copy_(l);
+    }
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["chunk"] = chunk;
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+    const auto acc = accumulate_type(q);
+    const auto go = grads[0].to(out.scalar_type());
+    auto dq = torch::empty_like(q);
+    auto dk = torch::zeros(k.sizes(), k.options().dtype(acc));
+    auto dv = torch::zeros(v.sizes(), v.options().dtype(acc));
+    const auto kt = k.transpose(-1, -2), vt = v.transpose(-1, -2);
+    for (int64_t s = 0; s < q.size(2); s += chunk) {
+      const int64_t n = std::min(chunk, q.size(2) - s);
+      const auto qc = q.narrow(2, s, n), goc = go.narrow(2, s, n);
+      auto p = (at::matmul(qc, kt).to(acc) * scale - lse.narrow(2, s, n)).exp_();
+      dv += at::matmul(p.transpose(-1, -2), goc.to(acc));
+      auto dp = at::matmul(goc, vt).to(acc);
+      const auto delta = (goc.to(acc) * out.narrow(2, s, n).to(acc)).sum(-1, true);
+      auto ds = p.mul_(dp.sub_(delta)).mul_(scale);
+      dq.narrow(2, s, n).copy_(at::matmul(ds.to(k.scalar_type()), k));
+      dk += at::matmul(ds.transpose(-1, -2), qc.to(acc));
+    }
+    return {dq, dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor()};
+  }
+};
+
+bool fused_attention_here(const at::Tensor &q) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+  (void)q;
+  return true;  // CUDA flash/memory-efficient kernels, CPU flash attention
+#elif TORCH_VERSION_MAJOR == 2
+  return q.is_cuda();
+#else
+  (void)q;
+  return false;
+#endif
+}
+
+}  // namespace
+
+at::Tensor chunked_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t chunk) {
+  if (chunk <= 0) chunk = default_chunk(q, k);
+  // One dtype for the three (autocast may have cast only some of the projections).
+  const auto dt = at::promote_types(at::promote_types(q.scalar_type(), k.scalar_type()), v.scalar_type());
+  return ChunkedAttention::apply(q.to(dt), k.to(dt), v.to(dt), chunk);
+}
+
+at::Tensor attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t chunk) {
+#if TORCH_VERSION_MAJOR >= 2
+  if (fused_attention_here(q)) return at::scaled_dot_product_attention(q, k, v);
+#endif
+  return chunked_attention(q, k, v, chunk);
+}
+
+namespace {
+
+// The backward of a checkpointed block: runs the block again with gradients on, then
+// back-propagates the incoming gradient through it (parameters accumulate their .grad as
+// usual, so the trainer's gradient hooks see them) and hands on the inputs' gradients.
+struct CheckpointBackward : torch::autograd::Node {
+  BlockFn fn;
+  std::vector<at::Tensor> inputs;  // detached
+  std::vector<bool> needs_grad;
+  bool autocast = false, autocast_cuda = false;
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
+    std::vector<at::Tensor> xs;
+    for (size_t i = 0; i < inputs.size(); i++) {
+      auto x = inputs[i].detach();
+      if (needs_grad[i]) x.requires_grad_(true);
+      xs.push_back(x);
+    }
+    at::Tensor out;
+    {
+      torch::AutoGradMode on(true);
+      AutocastGuard cast(autocast, autocast_cuda);
+      out = fn(xs);
+    }
+    if (out.requires_grad()) torch::autograd::backward({out}, {grads[0]});
+    torch::autograd::variable_list res;
+    for (size_t i = 0; i < xs.size(); i++) res.push_back(needs_grad[i] ? xs[i].grad() : at::Tensor());
+    return res;
+  }
+  void release_variables() override {
+    inputs.clear();
+    fn = nullptr;
+  }
+};
+
+bool autocast_on(bool cuda) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  return at::autocast::is_autocast_enabled(cuda ? at::kCUDA : at::kCPU);
+#else
+  return cuda ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+#endif
+}
+
+}  // namespace
+
+at::Tensor checkpointed(BlockFn fn, const std::vector<at::Tensor> &inputs) {
+  if (!torch::GradMode::is_enabled()) return fn(inputs);
+  at::Tensor out;
+  {
+    torch::NoGradGuard ng;
+    out = fn(inputs);
+  }
+  auto node = std::shared_ptr<CheckpointBackward>(new CheckpointBackward(), torch::autograd::deleteNode);
+  node->fn = std::move(fn);
+  for (const auto &x : inputs) {
+    node->inputs.push_back(x.detach());
+    node->needs_grad.push_back(x.requires_grad());
+  }
+  const bool cuda = out.is_cuda();
+  node->autocast = autocast_on(cuda);
+  node->autocast_cuda = cuda;
+  node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+  torch::autograd::set_history(out, node);
+  return out;
+}
+
+}  // namespace videotrain::models

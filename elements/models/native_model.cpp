@@ -1,0 +1,225 @@
+/* Native transformers from diffusers folders and their objectives: see native_model.h. */
+#include "native_model.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <filesystem>
+
+#include "model_parts.h"
+#include "seeded_hash.h"
+#include "wan_transformer.h"
+#include "weights_io.h"
+
+namespace videotrain {
+
+namespace models {
+
+std::vector<std::string> DitModel::linear_names() {
+  std::vector<std::string> out;
+  for (const auto &item : module().named_modules("", false))
+    if (item.value()->as<LinearImpl>()) out.push_back(item.key());
+  return out;
+}
+
+std::string DitModel::save(const std::string &dir, at::ScalarType dtype, uint64_t max_shard_bytes) {
+  return save_folder(module(), dir, config_json(), "diffusion_pytorch_model", dtype, max_shard_bytes);
+}
+
+namespace {
+
+class WanDit : public DitModel {
+ public:
+  explicit WanDit(const WanConfig &c) : net_(c) {}
+  std::string family() const override { return "wan"; }
+  std::string class_name() const override { return "WanTransformer3DModel"; }
+  torch::nn::Module &module() override { return *net_; }
+  at::Tensor forward(const at::Tensor &x, const at::Tensor &t, const at::Tensor &text) override {
+    return net_->forward(x, t, text);
+  }
+  void set_gradient_checkpointing(bool on) override { net_->gradient_checkpointing = on; }
+  std::string config_json() const override { return wan_transformer_config_json(net_->cfg); }
+  int64_t latent_channels() const override { return net_->cfg.in_channels; }
+  int64_t text_dim() const override { return net_->cfg.text_dim; }
+
+ private:
+  WanTransformer net_;
+};
+
+std::string class_of(const std::string &config_text) {
+  const auto j = nlohmann::json::parse(config_text, nullptr, false);
+  if (j.is_object() && j.contains("_class_name") && j["_class_name"].is_string()) return j["_class_name"].get<std::string>();
+  return "";
+}
+
+std::unique_ptr<DitModel> build_from(const std::string &config_text, const std::string &where, const c10::Device &device) {
+  const std::string cls = class_of(config_text);
+  std::unique_ptr<DitModel> m;
+  if (cls == "WanTransformer3DModel") {
+    WanConfig c;
+    std::string err;
+    if (!parse_wan_transformer_config(config_text, &c, &err)) throw std::runtime_error("'" + where + "': " + err);
+    m = std::make_unique<WanDit>(c);
+  } else {
+    throw std::runtime_error("'" + where + "' is a " + (cls.empty() ? std::string("folder without a _class_name") : cls) +
+                             "; ddptrainsink trains WanTransformer3DModel folders (a diffusers transformer/ "
+                             "subfolder), TorchScript files or builtin: models");
+  }
+  m->module().to(device);
+  return m;
+}
+
+}  // namespace
+
+std::unique_ptr<DitModel> build_dit(const std::string &config_json, const c10::Device &device) {
+  return build_from(config_json, "config.json", device);
+}
+
+std::unique_ptr<DitModel> open_dit(const std::string &dir, const c10::Device &device) {
+  DiffusersFolder folder;
+  std::string err;
+  if (!open_diffusers_folder(dir, "diffusion_pytorch_model", &folder, &err)) throw std::runtime_error(err);
+  auto m = build_from(folder.config_text, dir + "/config.json", device);
+  load_strict(m->module(), folder);
+  return m;
+}
+
+double shift_sigma(double s, double shift) { return shift * s / (1 + (shift - 1) * s); }
+
+void draw_flow(const at::Tensor &x0, const std::vector<uint64_t> &ids, unsigned epoch, const ModelOptions &o,
+               at::Tensor *sigma, at::Tensor *noise) {
+  const int64_t m = x0.size(0);
+  std::vector<double> sig(m);
+  std::vector<at::Tensor> ns;
+  const auto cpu = torch::TensorOptions().dtype(torch::kFloat);
+  for (int64_t i = 0; i < m; i++) {
+    const uint64_t seed = hash_combine(hash_combine(o.seed, ids.at(i)), epoch) & 0x7fffffffffffffffull;
+    auto g = at::detail::createCPUGenerator(seed);
+    double u;
+    if (o.timestep_sampling == "uniform")
+      u = at::rand({1}, g, torch::TensorOptions().dtype(torch::kDouble)).item<double>();
+    else
+      u = 1.0 / (1.0 + std::exp(-(o.logit_mean + o.logit_std * at::randn({1}, g, torch::TensorOptions().dtype(torch::kDouble)).item<double>())));
+    sig[i] = (o.timestep_lo + (o.timestep_hi - o.timestep_lo) * shift_sigma(u, o.flow_shift)) / 1000.0;
+    ns.push_back(at::randn(x0[i].sizes(), g, cpu));
+  }
+  *sigma = torch::tensor(sig, torch::kDouble).to(x0.device(), torch::kFloat);
+  *noise = torch::stack(ns).to(x0.device(), x0.scalar_type());
+}
+
+void flow_terms(const at::Tensor &x0, const at::Tensor &noise, const at::Tensor &sigma, at::Tensor *x_t,
+                at::Tensor *timestep, at::Tensor *target) {
+  std::vector<int64_t> shape(x0.dim(), 1);
+  shape[0] = x0.size(0);
+  const auto s = sigma.to(x0.scalar_type()).view(shape);
+  *x_t = (1 - s) * x0 + s * noise;
+  *timestep = sigma.to(torch::kFloat) * 1000.0;
+  *target = noise - x0;
+}
+
+at::Tensor zero_text_padding(const at::Tensor &text_embeds, const at::Tensor &text_mask) {
+  if (!text_mask.defined()) return text_embeds;
+  return text_embeds * (text_mask != 0).unsqueeze(-1).to(text_embeds.scalar_type());
+}
+
+}  // namespace models
+
+namespace {
+
+// A diffusers folder's transformer as ddptrainsink's model: its family's objective, per-sample noise.
+class NativeTrainModel : public TrainModel {
+ public:
+  NativeTrainModel(std::string dir, std::unique_ptr<models::DitModel> dit, const ModelOptions &o)
+      : dir_(std::move(dir)), dit_(std::move(dit)), opt_(o) {
+    dit_->set_gradient_checkpointing(o.gradient_checkpointing);
+  }
+  std::string spec() const override { return dir_; }
+  NamedTensors named_parameters() override {
+    NamedTensors out;
+    for (const auto &p : dit_->module().named_parameters(true)) out.emplace_back(p.key(), p.value());
+    return out;
+  }
+  NamedTensors named_buffers() override { return {}; }
+  bool takes_text() const override { return true; }
+  void train(bool on) override { dit_->module().train(on); }
+
+  at::Tensor training_step(const ModelInputs &in) override {
+    const auto x0 = checked_latents(in);
+    at::Tensor sigma, noise, x_t, t, target;
+    if (in.sample_ids.size() == static_cast<size_t>(x0.size(0))) {
+      models::draw_flow(x0, in.sample_ids, in.epoch, opt_, &sigma, &noise);
+    } else {  // no sample ids (an app's own stream): the step's default generator
+      std::vector<uint64_t> ids(x0.size(0));
+      for (auto &id : ids) id = static_cast<uint64_t>(torch::randint(INT64_MAX, {1}, torch::kLong).item<int64_t>());
+      models::draw_flow(x0, ids, 0, opt_, &sigma, &noise);
+    }
+    models::flow_terms(x0, noise, sigma, &x_t, &t, &target);
+    const auto pred = dit_->forward(x_t, t, models::zero_text_padding(in.text_embeds, in.text_mask));
+    return torch::mse_loss(pred.to(torch::kFloat), target.to(torch::kFloat));
+  }
+
+  at::Tensor validation_step(const ModelInputs &in, const std::vector<int64_t> &seeds) override {
+    const auto x0 = checked_latents(in);
+    const int64_t m = x0.size(0);
+    std::vector<at::Tensor> ns;
+    for (int64_t i = 0; i < m; i++) {
+      auto g = at::detail::createCPUGenerator(static_cast<uint64_t>(seeds.at(i)));
+      ns.push_back(at::randn(x0[i].sizes(), g, torch::TensorOptions().dtype(torch::kFloat)));
+    }
+    const auto noise = torch::stack(ns).to(x0.device(), x0.scalar_type());
+    const auto text = models::zero_text_padding(in.text_embeds, in.text_mask);
+    at::Tensor total;
+    for (double s : opt_.val_sigmas) {
+      at::Tensor x_t, t, target;
+      models::flow_terms(x0, noise, torch::full({m}, s, x0.options().dtype(torch::kFloat)), &x_t, &t, &target);
+      const auto pred = dit_->forward(x_t, t, text);
+      const auto l = (pred.to(torch::kFloat) - target.to(torch::kFloat)).pow(2).flatten(1).mean(1);
+      total = total.defined() ? total + l : l;
+    }
+    return total / static_cast<double>(opt_.val_sigmas.size());
+  }
+
+  std::string save(const std::string &dir) override {
+    // float32 and one file up to 4 GiB a shard: a checkpoint resumes bit for bit.
+    return dit_->save(dir, torch::kFloat, uint64_t(4) << 30);
+  }
+  void load(const std::string &dir) override {
+    models::DiffusersFolder folder;
+    std::string err;
+    if (!models::open_diffusers_folder(dir, "diffusion_pytorch_model", &folder, &err)) throw std::runtime_error(err);
+    models::load_strict(dit_->module(), folder);
+  }
+
+ private:
+  at::Tensor checked_latents(const ModelInputs &in) const {
+    if (in.latents.size(1) != dit_->latent_channels())
+      throw std::runtime_error("micro-batch has " + std::to_string(in.latents.size(1)) + " latent channels; " + dir_ +
+                               " (" + dit_->class_name() + ") takes " + std::to_string(dit_->latent_channels()) +
+                               ": use the VAE of the same model family");
+    if (!in.has_text())
+      throw std::runtime_error(dir_ + " (" + dit_->class_name() + ") needs text embeddings: put a textencoder after vaeencoder");
+    if (in.text_embeds.size(2) != dit_->text_dim())
+      throw std::runtime_error("text embeddings have " + std::to_string(in.text_embeds.size(2)) + " dimensions; " +
+                               dir_ + " takes " + std::to_string(dit_->text_dim()) +
+                               " (the family's text encoder: umT5-XXL for Wan)");
+    return in.latents;
+  }
+  std::string dir_;
+  std::unique_ptr<models::DitModel> dit_;
+  ModelOptions opt_;
+};
+
+}  // namespace
+
+bool is_model_folder(const std::string &spec) {
+  std::error_code ec;
+  return std::filesystem::is_directory(spec, ec) && std::filesystem::exists(spec + "/config.json", ec);
+}
+
+std::unique_ptr<TrainModel> make_native_model(const std::string &dir, const c10::Device &device,
+                                              const ModelOptions &options) {
+  return std::make_unique<NativeTrainModel>(dir, models::open_dit(dir, device), options);
+}
+
+}  // namespace videotrain

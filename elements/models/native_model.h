@@ -1,0 +1,56 @@
+/* Native transformers from diffusers folders (Wan today): the family-independent face the trainer,
+ * the validators and videotrain-model use, and the training objective each family trains with.
+ * Torch TUs only. */
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "train_model.h"
+
+namespace videotrain::models {
+
+// A transformer built from a folder's config.json and loaded from its weights, strictly.
+class DitModel {
+ public:
+  virtual ~DitModel() = default;
+  virtual std::string family() const = 0;      // "wan"
+  virtual std::string class_name() const = 0;  // "WanTransformer3DModel"
+  virtual torch::nn::Module &module() = 0;
+  // The class's own call in diffusers' layout (Wan: hidden_states [B, C, T, H, W], timestep [B] or
+  // [B, tokens], encoder_hidden_states [B, L, D]). Throws std::invalid_argument on shapes.
+  virtual at::Tensor forward(const at::Tensor &hidden_states, const at::Tensor &timestep,
+                             const at::Tensor &encoder_hidden_states) = 0;
+  virtual void set_gradient_checkpointing(bool on) = 0;
+  virtual std::string config_json() const = 0;
+  virtual int64_t latent_channels() const = 0;
+  virtual int64_t text_dim() const = 0;
+  // Module names LoRA can target (Linear layers), e.g. blocks.0.attn1.to_q.
+  std::vector<std::string> linear_names();
+  // Writes the folder (config.json + weights in `dtype`, sharded over max_shard_bytes). Throws.
+  std::string save(const std::string &dir, at::ScalarType dtype, uint64_t max_shard_bytes);
+};
+
+// Opens a diffusers transformer folder: its class from config.json, built on `device` in float32,
+// weights loaded strictly. Throws std::runtime_error naming the folder, the key or the tensor.
+std::unique_ptr<DitModel> open_dit(const std::string &dir, const c10::Device &device);
+// Builds a model from config.json text alone, weights as initialised (seeded by torch's generator).
+std::unique_ptr<DitModel> build_dit(const std::string &config_json, const c10::Device &device);
+
+// Rectified flow as the Wan trainers use it: sigma' = s sigma / (1 + (s - 1) sigma).
+double shift_sigma(double sigma, double shift);
+// Each sample's sigma [m] and noise [m, ...] from a CPU generator seeded by (seed, sample id, epoch):
+// sigma from uniform or logit-normal, shifted, rescaled into [lo, hi] / 1000.
+void draw_flow(const at::Tensor &x0, const std::vector<uint64_t> &sample_ids, unsigned epoch, const ModelOptions &o,
+               at::Tensor *sigma, at::Tensor *noise);
+// x_t = (1 - sigma) x0 + sigma noise; the model's timestep sigma * 1000; target noise - x0.
+void flow_terms(const at::Tensor &x0, const at::Tensor &noise, const at::Tensor &sigma, at::Tensor *x_t,
+                at::Tensor *timestep, at::Tensor *target);
+// Text embeddings with the positions the mask marks as padding zeroed (Wan's pipelines pass the
+// encoder's output trimmed to the tokens and zero-padded).
+at::Tensor zero_text_padding(const at::Tensor &text_embeds, const at::Tensor &text_mask);
+
+}  // namespace videotrain::models

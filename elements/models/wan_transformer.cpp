@@ -1,0 +1,310 @@
+/* Wan 2.1 / 2.2 transformer: see wan_transformer.h. The computation follows diffusers'
+ * transformer_wan.py (commit 58eb52c), checked against its outputs and gradients in
+ * tests/models/test_wan_transformer.cpp. */
+#include "wan_transformer.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+namespace videotrain::models {
+
+using json = nlohmann::json;
+
+/* ---------------- config ---------------- */
+
+namespace {
+
+bool get_count(const json &j, const char *key, int64_t lo, int64_t hi, int64_t *out, std::string *error) {
+  if (!j.contains(key)) return true;  // diffusers' default stands
+  const auto &v = j[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+    *error = std::string("'") + key + "' is " + v.dump() + ", expected a whole number in [" + std::to_string(lo) +
+             ", " + std::to_string(hi) + "]";
+    return false;
+  }
+  *out = v.get<int64_t>();
+  return true;
+}
+
+}  // namespace
+
+bool parse_wan_transformer_config(const std::string &text, WanConfig *out, std::string *error) {
+  const json j = json::parse(text, nullptr, false);
+  auto fail = [&](const std::string &why) {
+    *error = why;
+    return false;
+  };
+  if (!j.is_object()) return fail("config.json is not a JSON object");
+  if (!j.contains("_class_name") || j["_class_name"] != "WanTransformer3DModel")
+    return fail("config.json's _class_name is " + (j.contains("_class_name") ? j["_class_name"].dump() : "missing") +
+                ", not \"WanTransformer3DModel\"");
+  static const char *known[] = {"patch_size", "num_attention_heads", "attention_head_dim", "in_channels",
+                                "out_channels", "text_dim", "freq_dim", "ffn_dim", "num_layers", "cross_attn_norm",
+                                "qk_norm", "eps", "image_dim", "added_kv_proj_dim", "rope_max_seq_len",
+                                "pos_embed_seq_len"};
+  for (const auto &[key, value] : j.items()) {
+    if (key.rfind('_', 0) == 0) continue;  // _class_name, _diffusers_version, _name_or_path
+    bool ok = false;
+    for (const char *k : known) ok = ok || key == k;
+    if (!ok) return fail("config.json key '" + key + "' is not one this Wan port supports");
+  }
+  WanConfig c;
+  for (const char *k : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
+    if (j.contains(k) && !j[k].is_null())
+      return fail(std::string("config.json key '") + k + "' is " + j[k].dump() +
+                  ": image-conditioned Wan models (I2V, FLF2V) are not supported yet; use a text-to-video folder");
+  std::string e;
+  if (!get_count(j, "num_attention_heads", 1, 1024, &c.num_attention_heads, &e) ||
+      !get_count(j, "attention_head_dim", 6, 1024, &c.attention_head_dim, &e) ||
+      !get_count(j, "in_channels", 1, 4096, &c.in_channels, &e) ||
+      !get_count(j, "out_channels", 1, 4096, &c.out_channels, &e) || !get_count(j, "text_dim", 1, 65536, &c.text_dim, &e) ||
+      !get_count(j, "freq_dim", 2, 65536, &c.freq_dim, &e) || !get_count(j, "ffn_dim", 1, 1 << 20, &c.ffn_dim, &e) ||
+      !get_count(j, "num_layers", 1, 1000, &c.num_layers, &e) ||
+      !get_count(j, "rope_max_seq_len", 1, 1 << 20, &c.rope_max_seq_len, &e))
+    return fail("config.json " + e);
+  if (c.attention_head_dim % 2 || c.freq_dim % 2)
+    return fail("config.json: attention_head_dim and freq_dim must be even (rotary pairs, sin/cos halves)");
+  if (c.dim() > 65536) return fail("config.json: num_attention_heads x attention_head_dim is over 65536");
+  if (j.contains("patch_size")) {
+    const auto &p = j["patch_size"];
+    if (!p.is_array() || p.size() != 3) return fail("config.json 'patch_size' is " + p.dump() + ", expected [t, h, w]");
+    for (size_t i = 0; i < 3; i++) {
+      if (!p[i].is_number_integer() || p[i].get<int64_t>() < 1 || p[i].get<int64_t>() > 64)
+        return fail("config.json 'patch_size' is " + p.dump() + ", expected three whole numbers in [1, 64]");
+      c.patch_size[i] = p[i].get<int64_t>();
+    }
+  }
+  if (j.contains("cross_attn_norm")) {
+    if (!j["cross_attn_norm"].is_boolean()) return fail("config.json 'cross_attn_norm' is not true or false");
+    c.cross_attn_norm = j["cross_attn_norm"].get<bool>();
+  }
+  if (j.contains("qk_norm") && j["qk_norm"] != "rms_norm_across_heads")
+    return fail("config.json 'qk_norm' is " + j["qk_norm"].dump() + "; only \"rms_norm_across_heads\" (every published "
+                "Wan checkpoint) is supported");
+  if (j.contains("eps")) {
+    if (!j["eps"].is_number() || !(j["eps"].get<double>() > 0 && j["eps"].get<double>() < 1))
+      return fail("config.json 'eps' is " + j["eps"].dump() + ", expected a number in (0, 1)");
+    c.eps = j["eps"].get<double>();
+  }
+  if (c.in_channels != c.out_channels)
+    return fail("config.json has in_channels " + std::to_string(c.in_channels) + " and out_channels " +
+                std::to_string(c.out_channels) + ": an image-to-video model (image latents concatenated to the "
+                "input), not supported yet; use a text-to-video folder");
+  *out = c;
+  return true;
+}
+
+std::string wan_transformer_config_json(const WanConfig &c) {
+  json j;
+  j["_class_name"] = "WanTransformer3DModel";
+  j["_diffusers_version"] = "0.35.0";
+  j["added_kv_proj_dim"] = nullptr;
+  j["attention_head_dim"] = c.attention_head_dim;
+  j["cross_attn_norm"] = c.cross_attn_norm;
+  j["eps"] = c.eps;
+  j["ffn_dim"] = c.ffn_dim;
+  j["freq_dim"] = c.freq_dim;
+  j["image_dim"] = nullptr;
+  j["in_channels"] = c.in_channels;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_layers"] = c.num_layers;
+  j["out_channels"] = c.out_channels;
+  j["patch_size"] = c.patch_size;
+  j["pos_embed_seq_len"] = nullptr;
+  j["qk_norm"] = "rms_norm_across_heads";
+  j["rope_max_seq_len"] = c.rope_max_seq_len;
+  j["text_dim"] = c.text_dim;
+  return j.dump(2) + "\n";
+}
+
+/* ---------------- attention ---------------- */
+
+namespace {
+
+// Rotary positions on x [B, S, H, D] with cos, sin [S, D] (pairs (2i, 2i+1) rotate together).
+at::Tensor apply_rope(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &sin) {
+  const auto xf = x.to(at::kFloat).unflatten(-1, {-1, 2});
+  const auto x1 = xf.select(-1, 0), x2 = xf.select(-1, 1);
+  const auto c = cos.slice(-1, 0, c10::nullopt, 2).unsqueeze(1), s = sin.slice(-1, 1, c10::nullopt, 2).unsqueeze(1);
+  return at::stack({x1 * c - x2 * s, x1 * s + x2 * c}, -1).flatten(-2).to(x.scalar_type());
+}
+
+}  // namespace
+
+WanAttentionImpl::WanAttentionImpl(int64_t dim, int64_t heads_, double eps) : heads(heads_) {
+  to_q = register_module("to_q", Linear(dim, dim));
+  to_k = register_module("to_k", Linear(dim, dim));
+  to_v = register_module("to_v", Linear(dim, dim));
+  to_out = register_module("to_out", torch::nn::ModuleList());
+  to_out->push_back(Linear(dim, dim));
+  to_out->push_back(torch::nn::Identity());  // diffusers' dropout: no parameters
+  norm_q = register_module("norm_q", RMSNorm(dim, eps));
+  norm_k = register_module("norm_k", RMSNorm(dim, eps));
+}
+
+at::Tensor WanAttentionImpl::forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &cos,
+                                     const at::Tensor &sin) {
+  const auto v = to_v(context);
+  auto q = norm_q(to_q(x)).to(v.scalar_type()).unflatten(2, {heads, -1});
+  auto k = norm_k(to_k(context)).to(v.scalar_type()).unflatten(2, {heads, -1});
+  if (cos.defined()) {
+    q = apply_rope(q, cos, sin);
+    k = apply_rope(k, cos, sin);
+  }
+  auto o = attention(q.transpose(1, 2), k.transpose(1, 2), v.unflatten(2, {heads, -1}).transpose(1, 2));
+  o = o.transpose(1, 2).flatten(2);
+  return to_out[0]->as<Linear>()->forward(o);
+}
+
+/* ---------------- block ---------------- */
+
+namespace {
+struct GeluProjImpl : torch::nn::Module {  // diffusers' GELU(approximate="tanh"): net.0.proj
+  GeluProjImpl(int64_t in, int64_t out) { proj = register_module("proj", Linear(in, out)); }
+  at::Tensor forward(const at::Tensor &x) { return gelu_tanh(proj(x)); }
+  Linear proj{nullptr};
+};
+TORCH_MODULE(GeluProj);
+}  // namespace
+
+WanBlockImpl::WanBlockImpl(const WanConfig &c) {
+  const int64_t dim = c.dim();
+  norm1 = LayerNorm32(dim, c.eps, false);  // no parameters: not registered, as in diffusers' state dict
+  attn1 = register_module("attn1", WanAttention(dim, c.num_attention_heads, c.eps));
+  attn2 = register_module("attn2", WanAttention(dim, c.num_attention_heads, c.eps));
+  if (c.cross_attn_norm) norm2 = register_module("norm2", LayerNorm32(dim, c.eps, true));
+  norm3 = LayerNorm32(dim, c.eps, false);
+  auto ffn = register_module("ffn", std::make_shared<torch::nn::Module>());
+  ffn_net = ffn->register_module("net", torch::nn::ModuleList());
+  ffn_net->push_back(GeluProj(dim, c.ffn_dim));
+  ffn_net->push_back(torch::nn::Identity());
+  ffn_net->push_back(Linear(c.ffn_dim, dim));
+  scale_shift_table = register_parameter("scale_shift_table", torch::randn({1, 6, dim}) / std::sqrt(double(dim)));
+}
+
+at::Tensor WanBlockImpl::forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &mod,
+                                 const at::Tensor &cos, const at::Tensor &sin) {
+  // mod [B, 1|S, 6, dim] + table [1, 6, dim] -> six [B, 1|S, dim] (shift, scale, gate; then for the FFN).
+  const auto m = (scale_shift_table.to(at::kFloat).unsqueeze(0) + mod.to(at::kFloat)).unbind(2);
+  auto h = x;
+  auto n = (norm1(h) * (1 + m[1]) + m[0]).to(h.scalar_type());
+  h = (h.to(at::kFloat) + attn1(n, n, cos, sin) * m[2]).to(h.scalar_type());
+  n = norm2 ? norm2(h).to(h.scalar_type()) : h;
+  h = h + attn2(n, context, at::Tensor(), at::Tensor());
+  n = (norm3(h) * (1 + m[4]) + m[3]).to(h.scalar_type());
+  auto ff = ffn_net[2]->as<Linear>()->forward(ffn_net[0]->as<GeluProj>()->forward(n));
+  return (h.to(at::kFloat) + ff.to(at::kFloat) * m[5]).to(h.scalar_type());
+}
+
+/* ---------------- model ---------------- */
+
+namespace {
+
+std::shared_ptr<torch::nn::Module> two_linears(int64_t in, int64_t mid, int64_t out, Linear *l1, Linear *l2) {
+  auto m = std::make_shared<torch::nn::Module>();
+  *l1 = m->register_module("linear_1", Linear(in, mid));
+  *l2 = m->register_module("linear_2", Linear(mid, out));
+  return m;
+}
+
+// diffusers' Timesteps(flip_sin_to_cos=True, downscale_freq_shift=0): [cos, sin] of t * 10000^(-i/half).
+at::Tensor timestep_sinusoid(const at::Tensor &t, int64_t dim) {
+  const int64_t half = dim / 2;
+  const auto freqs = at::exp(at::arange(half, t.options().dtype(at::kFloat)) * (-std::log(10000.0) / half));
+  const auto a = t.to(at::kFloat).unsqueeze(1) * freqs.unsqueeze(0);
+  return at::cat({a.cos(), a.sin()}, -1);
+}
+
+// The rotary axes' sizes: h and w get 2 * (head_dim / 6) each, t the rest.
+std::array<int64_t, 3> rope_axes(int64_t head_dim) {
+  const int64_t hw = 2 * (head_dim / 6);
+  return {head_dim - 2 * hw, hw, hw};
+}
+
+std::string shape_of(const at::Tensor &t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+}  // namespace
+
+WanTransformerImpl::WanTransformerImpl(const WanConfig &c) : cfg(c) {
+  const int64_t dim = c.dim();
+  const auto &p = c.patch_size;
+  patch_embedding = register_module(
+      "patch_embedding", torch::nn::Conv3d(torch::nn::Conv3dOptions(c.in_channels, dim, {p[0], p[1], p[2]})
+                                               .stride({p[0], p[1], p[2]})));
+  auto ce = register_module("condition_embedder", std::make_shared<torch::nn::Module>());
+  ce->register_module("time_embedder", two_linears(c.freq_dim, dim, dim, &time_1, &time_2));
+  time_proj = ce->register_module("time_proj", Linear(dim, 6 * dim));
+  ce->register_module("text_embedder", two_linears(c.text_dim, dim, dim, &text_1, &text_2));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_layers; i++) blocks->push_back(WanBlock(c));
+  proj_out = register_module("proj_out", Linear(dim, c.out_channels * p[0] * p[1] * p[2]));
+  scale_shift_table = register_parameter("scale_shift_table", torch::randn({1, 2, dim}) / std::sqrt(double(dim)));
+  // Angles in float64, as diffusers computes them before storing cos/sin in float32.
+  const auto axes = rope_axes(c.attention_head_dim);
+  const auto pos = torch::arange(c.rope_max_seq_len, torch::kDouble);
+  for (int a = 0; a < 3; a++) {
+    const auto inv = 1.0 / torch::pow(10000.0, torch::arange(0, axes[a], 2, torch::kDouble) / double(axes[a]));
+    rope_angles_[a] = torch::outer(pos, inv);
+  }
+}
+
+at::Tensor WanTransformerImpl::forward(const at::Tensor &x, const at::Tensor &timestep, const at::Tensor &text) {
+  const auto &p = cfg.patch_size;
+  if (x.dim() != 5 || x.size(1) != cfg.in_channels || x.size(2) % p[0] || x.size(3) % p[1] || x.size(4) % p[2])
+    throw std::invalid_argument("hidden_states has shape " + shape_of(x) + "; this Wan model takes [B, " +
+                                std::to_string(cfg.in_channels) + ", T, H, W] with T, H, W multiples of the patch " +
+                                std::to_string(p[0]) + "x" + std::to_string(p[1]) + "x" + std::to_string(p[2]));
+  const int64_t B = x.size(0), f = x.size(2) / p[0], h = x.size(3) / p[1], w = x.size(4) / p[2], S = f * h * w;
+  if (f > cfg.rope_max_seq_len || h > cfg.rope_max_seq_len || w > cfg.rope_max_seq_len)
+    throw std::invalid_argument("hidden_states " + shape_of(x) + " has more patches along an axis than the model's "
+                                "rope_max_seq_len " + std::to_string(cfg.rope_max_seq_len));
+  if (!((timestep.dim() == 1 && timestep.size(0) == B) || (timestep.dim() == 2 && timestep.size(0) == B && timestep.size(1) == S)))
+    throw std::invalid_argument("timestep has shape " + shape_of(timestep) + "; expected [" + std::to_string(B) +
+                                "] or, per token, [" + std::to_string(B) + ", " + std::to_string(S) + "]");
+  if (text.dim() != 3 || text.size(0) != B || text.size(2) != cfg.text_dim)
+    throw std::invalid_argument("encoder_hidden_states has shape " + shape_of(text) + "; expected [" +
+                                std::to_string(B) + ", L, " + std::to_string(cfg.text_dim) + "]");
+  // Rotary tables for this grid: [S, head_dim], axes t, h, w concatenated, each repeated per pair.
+  std::vector<at::Tensor> cs, ss;
+  const int64_t n[3] = {f, h, w};
+  for (int a = 0; a < 3; a++) {
+    auto ang = rope_angles_[a].narrow(0, 0, n[a]).repeat_interleave(2, 1);
+    std::vector<int64_t> shape{1, 1, 1, ang.size(1)};
+    shape[a] = n[a];
+    ang = ang.view(shape).expand({f, h, w, shape[3]});
+    cs.push_back(ang.cos().to(at::kFloat));
+    ss.push_back(ang.sin().to(at::kFloat));
+  }
+  const auto cos = at::cat(cs, -1).reshape({S, -1}).to(x.device()), sin = at::cat(ss, -1).reshape({S, -1}).to(x.device());
+
+  auto hs = patch_embedding(x).flatten(2).transpose(1, 2);  // [B, S, dim]
+  // Time: [B] -> [B, 1, ...]; per token [B, S] -> [B, S, ...].
+  const auto t = timestep.dim() == 1 ? timestep.unsqueeze(1) : timestep;
+  const auto temb = time_2(torch::silu(time_1(timestep_sinusoid(t.flatten(), cfg.freq_dim)))).unflatten(0, {B, t.size(1)});
+  const auto mod = time_proj(torch::silu(temb)).unflatten(-1, {6, -1});  // [B, 1|S, 6, dim]
+  const auto context = text_2(gelu_tanh(text_1(text)));
+  for (const auto &blk : *blocks) {
+    auto block = blk->as<WanBlock>();
+    if (gradient_checkpointing && torch::GradMode::is_enabled()) {
+      hs = checkpointed(
+          [block, cos, sin](const std::vector<at::Tensor> &in) { return block->forward(in[0], in[1], in[2], cos, sin); },
+          {hs, context, mod});
+    } else {
+      hs = block->forward(hs, context, mod, cos, sin);
+    }
+  }
+  const auto m = (scale_shift_table.to(at::kFloat).unsqueeze(0) + temb.to(at::kFloat).unsqueeze(2)).unbind(2);
+  hs = (torch::layer_norm(hs.to(at::kFloat), {cfg.dim()}, {}, {}, cfg.eps) * (1 + m[1]) + m[0]).to(hs.scalar_type());
+  hs = proj_out(hs);  // [B, S, C_out * pt * ph * pw]
+  return hs.reshape({B, f, h, w, p[0], p[1], p[2], cfg.out_channels})
+      .permute({0, 7, 1, 4, 2, 5, 3, 6})
+      .reshape({B, cfg.out_channels, f * p[0], h * p[1], w * p[2]});
+}
+
+}  // namespace videotrain::models

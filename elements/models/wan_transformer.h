@@ -1,0 +1,75 @@
+/* Wan 2.1 / 2.2 text-to-video transformer (diffusers' WanTransformer3DModel), in LibTorch with
+ * diffusers' parameter names, so that a diffusers folder loads by name and shape. Read top to
+ * bottom as the data flows: config, attention, block, model. Torch TUs only. */
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "layers.h"
+
+namespace videotrain::models {
+
+struct WanConfig {
+  std::vector<int64_t> patch_size{1, 2, 2};
+  int64_t num_attention_heads = 12, attention_head_dim = 128, in_channels = 16, out_channels = 16;
+  int64_t text_dim = 4096, freq_dim = 256, ffn_dim = 8960, num_layers = 30, rope_max_seq_len = 1024;
+  bool cross_attn_norm = true;
+  double eps = 1e-6;
+  int64_t dim() const { return num_attention_heads * attention_head_dim; }
+};
+
+// config.json of a WanTransformer3DModel folder. Every key must be one this port knows, with a
+// value it supports (image-conditioned variants are refused, naming the key); false with a reason.
+bool parse_wan_transformer_config(const std::string &json_text, WanConfig *out, std::string *error);
+// The config.json diffusers writes for `c` (every key, so that from_pretrained reads it).
+std::string wan_transformer_config_json(const WanConfig &c);
+
+// Self- or cross-attention with q/k RMS norms across heads (to_q, to_k, to_v, to_out.0, norm_q, norm_k).
+struct WanAttentionImpl : torch::nn::Module {
+  WanAttentionImpl(int64_t dim, int64_t heads, double eps);
+  // x [B, S, dim], context [B, L, dim]; rope: cos and sin [S, head_dim] or undefined (cross-attention).
+  at::Tensor forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &cos, const at::Tensor &sin);
+  int64_t heads;
+  Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
+  torch::nn::ModuleList to_out;
+  RMSNorm norm_q{nullptr}, norm_k{nullptr};
+};
+TORCH_MODULE(WanAttention);
+
+struct WanBlockImpl : torch::nn::Module {
+  explicit WanBlockImpl(const WanConfig &c);
+  // x [B, S, dim]; context [B, L, dim] (embedded text); mod [B, 1 or S, 6, dim] (time projection).
+  at::Tensor forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &mod, const at::Tensor &cos,
+                     const at::Tensor &sin);
+  LayerNorm32 norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
+  WanAttention attn1{nullptr}, attn2{nullptr};
+  torch::nn::ModuleList ffn_net;  // registered as ffn.net (0: GELU-tanh projection, 2: output)
+  at::Tensor scale_shift_table;
+};
+TORCH_MODULE(WanBlock);
+
+struct WanTransformerImpl : torch::nn::Module {
+  explicit WanTransformerImpl(const WanConfig &c);
+  // hidden_states [B, C, T, H, W]; timestep [B] or [B, tokens] (Wan 2.2's per-token timesteps, token
+  // order t, h, w), any numeric dtype; encoder_hidden_states [B, L, text_dim]. Returns [B, C_out, T, H, W].
+  // Throws std::invalid_argument naming the input whose shape does not fit.
+  at::Tensor forward(const at::Tensor &hidden_states, const at::Tensor &timestep,
+                     const at::Tensor &encoder_hidden_states);
+  WanConfig cfg;
+  bool gradient_checkpointing = false;
+  torch::nn::Conv3d patch_embedding{nullptr};
+  torch::nn::ModuleList blocks;
+  Linear proj_out{nullptr};
+  at::Tensor scale_shift_table;
+  // condition_embedder.{time_embedder.linear_1/2, time_proj, text_embedder.linear_1/2}
+  Linear time_1{nullptr}, time_2{nullptr}, time_proj{nullptr}, text_1{nullptr}, text_2{nullptr};
+
+ private:
+  at::Tensor rope_angles_[3];  // float64 angles [rope_max_seq_len, axis dim / 2] for t, h, w
+};
+TORCH_MODULE(WanTransformer);
+
+}  // namespace videotrain::models

@@ -1,0 +1,147 @@
+#include "weights_io.h"
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+namespace videotrain::models {
+
+namespace {
+
+at::ScalarType dtype_of(const std::string &d) {
+  if (d == "F32") return at::kFloat;
+  if (d == "F16") return at::kHalf;
+  if (d == "BF16") return at::kBFloat16;
+  if (d == "F64") return at::kDouble;
+  return at::ScalarType::Undefined;
+}
+
+const char *name_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "F32";
+    case at::kHalf: return "F16";
+    case at::kBFloat16: return "BF16";
+    default: return "";
+  }
+}
+
+std::string shape_text(c10::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); i++) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+void load_strict(torch::nn::Module &m, const DiffusersFolder &folder, const std::vector<std::string> &optional) {
+  std::map<std::string, at::Tensor> wanted;
+  for (const auto &p : m.named_parameters(true)) wanted.emplace(p.key(), p.value());
+  for (const auto &b : m.named_buffers(true)) wanted.emplace(b.key(), b.value());
+  const std::string where = folder.weights_description();
+  for (const auto &[name, e] : folder.tensors)
+    if (!wanted.count(name))
+      throw std::runtime_error("'" + where + "' holds '" + name + "', which this model (" + folder.class_name +
+                               ") does not have: another model's weights, or a config.json that does not match them");
+  torch::NoGradGuard ng;
+  for (auto &[name, t] : wanted) {
+    auto it = folder.tensors.find(name);
+    if (it == folder.tensors.end()) {
+      if (std::find(optional.begin(), optional.end(), name) != optional.end()) continue;
+      throw std::runtime_error("'" + where + "' lacks '" + name + "' " + shape_text(t.sizes()) +
+                               ", which this model (" + folder.class_name + " of its config.json) needs");
+    }
+    const SafetensorsEntry &e = *it->second;
+    if (e.shape != t.sizes().vec())
+      throw std::runtime_error("'" + where + "' holds '" + name + "' as " + shape_text(e.shape) + ", the model (" +
+                               folder.class_name + " of its config.json) has " + shape_text(t.sizes()));
+    const auto dt = dtype_of(e.dtype);
+    if (dt == at::ScalarType::Undefined)
+      throw std::runtime_error("'" + where + "' holds '" + name + "' as " + e.dtype + "; weights must be F32, F16 or BF16");
+    // Copied into an aligned tensor first: a safetensors payload may start at any byte.
+    auto src = torch::empty(e.shape, torch::TensorOptions().dtype(dt));
+    std::memcpy(src.data_ptr(), e.data, e.nbytes);
+    t.copy_(src);
+  }
+}
+
+bool parse_save_dtype(const std::string &name, at::ScalarType *out) {
+  if (name == "bf16" || name == "bfloat16") *out = at::kBFloat16;
+  else if (name == "fp16" || name == "float16") *out = at::kHalf;
+  else if (name == "fp32" || name == "float32") *out = at::kFloat;
+  else return false;
+  return true;
+}
+
+std::string save_folder(torch::nn::Module &m, const std::string &dir, const std::string &config_json,
+                        const std::string &stem, at::ScalarType dtype, uint64_t max_shard_bytes) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error("cannot create '" + dir + "': " + ec.message());
+  {
+    const std::string tmp = dir + "/config.json.tmp";
+    std::ofstream f(tmp, std::ios::trunc);
+    f << config_json;
+    f.close();
+    if (!f) throw std::runtime_error("cannot write '" + dir + "/config.json'");
+    fs::rename(tmp, dir + "/config.json", ec);
+    if (ec) throw std::runtime_error("cannot write '" + dir + "/config.json': " + ec.message());
+  }
+  // Shards in name order (as diffusers' split writes them), each at most max_shard_bytes.
+  std::vector<std::pair<std::string, at::Tensor>> all;
+  for (const auto &p : m.named_parameters(true)) all.emplace_back(p.key(), p.value());
+  for (const auto &b : m.named_buffers(true)) all.emplace_back(b.key(), b.value());
+  std::sort(all.begin(), all.end(), [](const auto &a, const auto &b) { return a.first < b.first; });
+  const size_t esize = c10::elementSize(dtype);
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t in_shard = 0, total = 0;
+  for (size_t i = 0; i < all.size(); i++) {
+    const uint64_t n = all[i].second.numel() * esize;
+    if (!shards.back().empty() && in_shard + n > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(i);
+    in_shard += n;
+    total += n;
+  }
+  auto shard_name = [&](size_t k) {
+    if (shards.size() == 1) return stem + ".safetensors";
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+    return stem + buf;
+  };
+  std::map<std::string, std::string> weight_map;
+  for (size_t k = 0; k < shards.size(); k++) {
+    std::vector<SafetensorsOutTensor> out;
+    for (size_t i : shards[k]) {
+      auto c = all[i].second.detach().to(torch::kCPU, dtype).contiguous();
+      SafetensorsOutTensor o;
+      o.name = all[i].first;
+      o.dtype = name_of(dtype);
+      o.shape = c.sizes().vec();
+      o.bytes.resize(c.numel() * esize);
+      std::memcpy(o.bytes.data(), c.data_ptr(), o.bytes.size());
+      out.push_back(std::move(o));
+      weight_map[all[i].first] = shard_name(k);
+    }
+    std::string err;
+    if (!write_safetensors(dir + "/" + shard_name(k), out, {{"format", "pt"}}, &err)) throw std::runtime_error(err);
+  }
+  if (shards.size() == 1) {
+    fs::remove(dir + "/" + stem + ".safetensors.index.json", ec);
+    return stem + ".safetensors";
+  }
+  const std::string index = stem + ".safetensors.index.json";
+  std::ofstream f(dir + "/" + index + ".tmp", std::ios::trunc);
+  f << shard_index_json(weight_map, total);
+  f.close();
+  if (!f) throw std::runtime_error("cannot write '" + dir + "/" + index + "'");
+  fs::rename(dir + "/" + index + ".tmp", dir + "/" + index, ec);
+  if (ec) throw std::runtime_error("cannot write '" + dir + "/" + index + "': " + ec.message());
+  fs::remove(dir + "/" + stem + ".safetensors", ec);  // a single file left from before would shadow the index
+  return index;
+}
+
+}  // namespace videotrain::models

@@ -1,0 +1,261 @@
+/* The native Wan transformer against diffusers' WanTransformer3DModel (tests/reference/dit:
+ * wan_t2v_tiny, wan22_ti2v_tiny): outputs, input gradients and every parameter's gradient, with and
+ * without gradient checkpointing and chunked attention; folders that must load (sharded, bf16) and
+ * folders that must not; the flow-matching objective against finetrainers' numbers. */
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "models/diffusers_folder.h"
+#include "models/layers.h"
+#include "models/native_model.h"
+#include "models/wan_transformer.h"
+#include "ref_cases.h"
+#include "test_util.h"
+
+using namespace videotrain;
+using namespace videotrain::models;
+using modeltest::RefFile;
+using modeltest::rel_l2;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string dit_dir(const std::string &name) { return vttest::reference_dir() + "/dit/" + name; }
+
+struct CaseResult {
+  double output = 1, grad_x = 1, grad_text = 0, worst_param = 0;
+  std::string worst_name;
+};
+
+CaseResult run_case(DitModel &m, const RefFile &cases, const std::string &c, bool params) {
+  for (auto &p : m.module().parameters()) p.mutable_grad() = at::Tensor();
+  auto x = cases.get("input." + c + ".hidden_states").requires_grad_(true);
+  auto text = cases.get("input." + c + ".encoder_hidden_states").requires_grad_(true);
+  auto out = m.forward(x, cases.get("input." + c + ".timestep"), text);
+  (out * cases.get("cotangent." + c)).sum().backward();
+  CaseResult r;
+  r.output = rel_l2(out.detach(), cases.get("output." + c));
+  r.grad_x = rel_l2(x.grad(), cases.get("grad_input." + c + ".hidden_states"));
+  if (params) {
+    r.grad_text = rel_l2(text.grad(), cases.get("grad_input." + c + ".encoder_hidden_states"));
+    int n = 0;
+    for (const auto &p : m.module().named_parameters(true)) {
+      const double e = rel_l2(p.value().grad(), cases.get("grad." + c + "." + p.key()));
+      if (e > r.worst_param) r.worst_param = e, r.worst_name = p.key();
+      n++;
+    }
+    EXPECT_GT(n, 40);
+  }
+  return r;
+}
+
+void check_family(const std::string &name, bool checkpointing) {
+  auto m = open_dit(dit_dir(name), torch::kCPU);
+  m->set_gradient_checkpointing(checkpointing);
+  RefFile cases("dit/" + name + "/cases.safetensors");
+  ASSERT_TRUE(cases.ok());
+  const auto list = nlohmann::json::parse(cases.meta("cases"));
+  ASSERT_EQ(list.size(), 3u);
+  for (const auto &[c, info] : list.items()) {
+    const bool params = info.value("parameter_gradients", false);
+    const auto r = run_case(*m, cases, c, params);
+    SCOPED_TRACE(name + "/" + c + (checkpointing ? " (checkpointing)" : ""));
+    EXPECT_LT(r.output, 1e-5);
+    EXPECT_LT(r.grad_x, 1e-5);
+    if (params) {
+      EXPECT_LT(r.grad_text, 1e-5);
+      EXPECT_LT(r.worst_param, 1e-4) << r.worst_name;
+    }
+    std::printf("%s/%s%s: output %.2g, grad hidden_states %.2g%s\n", name.c_str(), c.c_str(),
+                checkpointing ? " (checkpointing)" : "", r.output, r.grad_x,
+                params ? (", grad text " + std::to_string(r.grad_text) + ", worst parameter gradient " +
+                          std::to_string(r.worst_param) + " (" + r.worst_name + ")").c_str()
+                       : "");
+  }
+}
+
+std::string tmp_dir(const std::string &tag) {
+  auto d = fs::temp_directory_path() / ("vt-wan-" + tag + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+void copy_folder(const std::string &from, const std::string &to) {
+  fs::create_directories(to);
+  for (const char *f : {"config.json", "diffusion_pytorch_model.safetensors"}) fs::copy_file(from + "/" + f, to + "/" + f);
+}
+
+void edit_config(const std::string &dir, const std::function<void(nlohmann::json &)> &edit) {
+  auto j = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  edit(j);
+  std::ofstream(dir + "/config.json", std::ios::trunc) << j.dump(2);
+}
+
+std::string open_error(const std::string &dir) {
+  try {
+    open_dit(dir, torch::kCPU);
+  } catch (const std::exception &e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(WanTransformer, MatchesDiffusersWan21) { check_family("wan_t2v_tiny", false); }
+TEST(WanTransformer, MatchesDiffusersWan22PerTokenTimesteps) { check_family("wan22_ti2v_tiny", false); }
+TEST(WanTransformer, GradientCheckpointingGivesTheSameGradients) {
+  check_family("wan_t2v_tiny", true);
+  check_family("wan22_ti2v_tiny", true);
+}
+
+// The chunked attention (LibTorch 1.13's path, and the fallback) equals plain softmax attention in
+// both passes, with chunks that do not divide the query count.
+TEST(WanTransformer, ChunkedAttentionEqualsPlainAttention) {
+  torch::manual_seed(3);
+  auto q = torch::randn({2, 3, 37, 16}, torch::kDouble).requires_grad_(true);
+  auto k = torch::randn({2, 3, 29, 16}, torch::kDouble).requires_grad_(true);
+  auto v = torch::randn({2, 3, 29, 16}, torch::kDouble).requires_grad_(true);
+  auto go = torch::randn({2, 3, 37, 16}, torch::kDouble);
+  auto plain = torch::softmax(torch::matmul(q, k.transpose(-1, -2)) / 4.0, -1).matmul(v);
+  auto gp = torch::autograd::grad({plain}, {q, k, v}, {go});
+  auto chunked = chunked_attention(q, k, v, 5);
+  auto gc = torch::autograd::grad({chunked}, {q, k, v}, {go});
+  EXPECT_LT(rel_l2(chunked, plain), 1e-12);
+  for (int i = 0; i < 3; i++) EXPECT_LT(rel_l2(gc[i], gp[i]), 1e-12) << i;
+}
+
+// The exported folder (bf16, sharded with an index) reloads; its outputs equal the float32 model's
+// to bf16 precision, and a float32 export reloads bit for bit.
+TEST(WanTransformer, ShardedFolderRoundTrip) {
+  auto m = open_dit(dit_dir("wan_t2v_tiny"), torch::kCPU);
+  const std::string d32 = tmp_dir("f32"), d16 = tmp_dir("bf16");
+  EXPECT_EQ(m->save(d32, torch::kFloat, 1 << 30), "diffusion_pytorch_model.safetensors");
+  EXPECT_EQ(m->save(d16, torch::kBFloat16, 20000), "diffusion_pytorch_model.safetensors.index.json");
+  int shards = 0;
+  for (const auto &e : fs::directory_iterator(d16)) shards += e.path().filename().string().find("-of-") != std::string::npos;
+  EXPECT_GE(shards, 3);
+  RefFile cases("dit/wan_t2v_tiny/cases.safetensors");
+  const std::string c = "b2_t3_h8_w12";
+  torch::NoGradGuard ng;
+  const auto x = cases.get("input." + c + ".hidden_states"), t = cases.get("input." + c + ".timestep"),
+             text = cases.get("input." + c + ".encoder_hidden_states");
+  const auto ref = m->forward(x, t, text);
+  EXPECT_TRUE(torch::equal(open_dit(d32, torch::kCPU)->forward(x, t, text), ref));
+  const double e16 = rel_l2(open_dit(d16, torch::kCPU)->forward(x, t, text), ref);
+  EXPECT_LT(e16, 3e-2);
+  EXPECT_GT(e16, 0.0);
+  fs::remove_all(d32);
+  fs::remove_all(d16);
+}
+
+TEST(WanTransformer, BadFoldersAreErrorsNamingWhatIsWrong) {
+  const std::string base = tmp_dir("bad");
+  auto fresh = [&](const std::string &tag) {
+    const std::string d = base + "/" + tag;
+    copy_folder(dit_dir("wan_t2v_tiny"), d);
+    return d;
+  };
+  std::string d = fresh("class");
+  edit_config(d, [](nlohmann::json &j) { j["_class_name"] = "CogVideoXTransformer3DModel"; });
+  EXPECT_NE(open_error(d).find("CogVideoXTransformer3DModel"), std::string::npos) << open_error(d);
+  d = fresh("key");
+  edit_config(d, [](nlohmann::json &j) { j["sliding_window"] = 4; });
+  EXPECT_NE(open_error(d).find("'sliding_window'"), std::string::npos) << open_error(d);
+  d = fresh("i2v");
+  edit_config(d, [](nlohmann::json &j) { j["image_dim"] = 1280; });
+  EXPECT_NE(open_error(d).find("image-conditioned"), std::string::npos) << open_error(d);
+  d = fresh("i2v22");
+  edit_config(d, [](nlohmann::json &j) { j["in_channels"] = 36; j["out_channels"] = 16; });
+  EXPECT_NE(open_error(d).find("image-to-video"), std::string::npos) << open_error(d);
+  d = fresh("huge");
+  edit_config(d, [](nlohmann::json &j) { j["ffn_dim"] = int64_t(1) << 62; });
+  EXPECT_NE(open_error(d).find("'ffn_dim'"), std::string::npos) << open_error(d);
+  d = fresh("shape");  // a config that does not match the weights
+  edit_config(d, [](nlohmann::json &j) { j["ffn_dim"] = 48; });
+  EXPECT_NE(open_error(d).find("blocks.0.ffn.net.0.proj"), std::string::npos) << open_error(d);
+  d = fresh("layers");  // one layer fewer: the folder holds tensors the model lacks
+  edit_config(d, [](nlohmann::json &j) { j["num_layers"] = 1; });
+  EXPECT_NE(open_error(d).find("blocks.1."), std::string::npos) << open_error(d);
+  d = fresh("missing");  // one layer more: blocks.2 is missing
+  edit_config(d, [](nlohmann::json &j) { j["num_layers"] = 3; });
+  EXPECT_NE(open_error(d).find("lacks 'blocks.2."), std::string::npos) << open_error(d);
+  // Sharded folders: an index naming a missing shard, a truncated shard, a FIFO in place of a shard.
+  auto m = open_dit(dit_dir("wan_t2v_tiny"), torch::kCPU);
+  d = base + "/sharded";
+  m->save(d, torch::kFloat, 20000);
+  std::string second;
+  for (const auto &e : fs::directory_iterator(d))
+    if (e.path().filename().string().find("-00002-of-") != std::string::npos) second = e.path().string();
+  ASSERT_FALSE(second.empty());
+  fs::rename(second, second + ".away");
+  EXPECT_NE(open_error(d).find("does not exist"), std::string::npos) << open_error(d);
+  fs::copy_file(second + ".away", second);
+  fs::resize_file(second, fs::file_size(second) - 100);
+  EXPECT_NE(open_error(d).find(fs::path(second).filename().string()), std::string::npos) << open_error(d);
+  fs::remove(second);
+  ASSERT_EQ(::mkfifo(second.c_str(), 0600), 0);
+  EXPECT_NE(open_error(d).find("not a regular file"), std::string::npos) << open_error(d);
+  fs::remove_all(base);
+}
+
+// finetrainers' flow-matching step for Wan (schedulers/training_objectives.safetensors): x_t,
+// target and the loss of the model's prediction, from its x0, noise, sigmas and (integer) timesteps.
+TEST(WanTransformer, FlowObjectiveMatchesFinetrainers) {
+  RefFile ref("schedulers/training_objectives.safetensors");
+  auto m = open_dit(dit_dir("wan_t2v_tiny"), torch::kCPU);
+  torch::NoGradGuard ng;
+  const auto x0 = ref.get("flow.x0"), noise = ref.get("flow.noise"), text = ref.get("flow.encoder_hidden_states");
+  for (const std::string scheme : {"none", "logit_normal"}) {
+    const std::string k = "flow." + scheme + ".";
+    at::Tensor x_t, t, target;
+    flow_terms(x0, noise, ref.get(k + "sigmas").flatten(), &x_t, &t, &target);
+    EXPECT_LT(rel_l2(x_t, ref.get(k + "x_t")), 1e-6) << scheme;
+    EXPECT_LT(rel_l2(target, ref.get(k + "target")), 1e-6) << scheme;
+    EXPECT_LT(rel_l2(t, ref.get(k + "sigmas").flatten() * 1000), 1e-6) << scheme;
+    // finetrainers hands the model the truncated integer timesteps.
+    const auto pred = m->forward(x_t, ref.get(k + "timesteps"), text);
+    EXPECT_LT(rel_l2(pred, ref.get(k + "pred")), 1e-5) << scheme;
+    const auto loss = (pred - target).pow(2).mean();
+    EXPECT_LT(rel_l2(loss, ref.get(k + "loss")), 1e-5) << scheme;
+  }
+}
+
+// Each sample's sigma and noise depend on (seed, sample id, epoch) alone: the same sample gives the
+// same draw in any batch, another epoch another draw; shift and range apply as documented.
+TEST(WanTransformer, FlowDrawsArePerSample) {
+  ModelOptions o;
+  o.seed = 7;
+  const auto x0 = torch::zeros({3, 4, 2, 4, 6});
+  at::Tensor s1, n1, s2, n2, s3, n3;
+  draw_flow(x0, {10, 11, 12}, 0, o, &s1, &n1);
+  draw_flow(x0.narrow(0, 0, 1), {11}, 0, o, &s2, &n2);
+  EXPECT_TRUE(torch::equal(n1[1], n2[0]));
+  EXPECT_EQ(s1[1].item<float>(), s2[0].item<float>());
+  draw_flow(x0.narrow(0, 0, 1), {11}, 1, o, &s3, &n3);
+  EXPECT_FALSE(torch::equal(n1[1], n3[0]));
+  o.timestep_lo = 875;
+  o.timestep_hi = 1000;
+  draw_flow(x0, {10, 11, 12}, 0, o, &s2, &n2);
+  EXPECT_TRUE((s2 >= 0.875).all().item<bool>());
+  EXPECT_TRUE(torch::equal(n1, n2));
+  EXPECT_NEAR(shift_sigma(0.5, 3.0), 0.75, 1e-12);
+}
+
+// The Wan pipelines zero the text positions past the caption; the mask says which.
+TEST(WanTransformer, TextPaddingIsZeroedByTheMask) {
+  const auto e = torch::ones({2, 4, 3});
+  const auto mask = torch::tensor({1, 1, 0, 0, 1, 1, 1, 0}, torch::kLong).view({2, 4});
+  const auto z = zero_text_padding(e, mask);
+  EXPECT_EQ(z.sum().item<float>(), 15.0f);
+  EXPECT_EQ(z[0][2].sum().item<float>(), 0.0f);
+}
