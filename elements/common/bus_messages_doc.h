@@ -31,6 +31,8 @@
   "step spent waiting for data), skipped (boolean: the step was skipped for a non-finite loss or gradient).\n" \
   "  ddptrainsink-checkpoint (element message): step (guint64), path (string), rescue (boolean, present and "  \
   "true for a rescue checkpoint).\n"                                                                           \
+  "  ddptrainsink-export (element message, rank 0, a native model's finished run): step (guint64), path "      \
+  "(string: the diffusers folder written), dtype (string).\n"                                                  \
   "Warnings: skipped steps, a changed schedule on resume, metrics-file problems, lost steps."
 
 #define VIDEOTRAIN_DOC_DDPVALSINK_MESSAGES                                                                     \

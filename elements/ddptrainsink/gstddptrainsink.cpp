@@ -80,6 +80,15 @@ enum {
   PROP_LOG_EVERY,
   PROP_METRICS_FILE,
   PROP_TENSORBOARD_DIR,
+  PROP_GRADIENT_CHECKPOINTING,
+  PROP_TIMESTEP_SAMPLING,
+  PROP_LOGIT_MEAN,
+  PROP_LOGIT_STD,
+  PROP_FLOW_SHIFT,
+  PROP_TIMESTEP_RANGE,
+  PROP_VAL_SIGMAS,
+  PROP_SAVE_DTYPE,
+  PROP_EXPORT_DIR,
   PROP_STEPS,
   PROP_LOSS,
 };
@@ -93,6 +102,11 @@ VIDEOTRAIN_DEFINE_ENUM(precision_type, "GstDdpTrainSinkPrecision", {0, "bf16 aut
 VIDEOTRAIN_DEFINE_ENUM(backend_type, "GstDdpTrainSinkBackend",
                        {0, "NCCL for CUDA tensors when available, else Gloo", "auto"}, {1, "NCCL", "nccl"},
                        {2, "Gloo", "gloo"})
+VIDEOTRAIN_DEFINE_ENUM(timestep_sampling_type, "GstDdpTrainSinkTimestepSampling",
+                       {0, "sigma = sigmoid(N(logit-mean, logit-std))", "logit-normal"},
+                       {1, "sigma uniform in [0, 1)", "uniform"})
+VIDEOTRAIN_DEFINE_ENUM(save_dtype_type, "GstDdpTrainSinkSaveDtype", {0, "bfloat16", "bf16"}, {1, "float16", "fp16"},
+                       {2, "float32", "fp32"})
 VIDEOTRAIN_DEFINE_ENUM(nan_policy_type, "GstDdpTrainSinkNanPolicy",
                        {0, "Warn and skip the optimizer step on every rank", "skip"}, {1, "Stop with an error", "fail"})
 
@@ -315,6 +329,15 @@ static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GVa
     case PROP_LOG_EVERY: c.log_every = g_value_get_uint(v); break;
     case PROP_METRICS_FILE: c.metrics_file = str(); break;
     case PROP_TENSORBOARD_DIR: c.tensorboard_dir = str(); break;
+    case PROP_GRADIENT_CHECKPOINTING: c.gradient_checkpointing = g_value_get_boolean(v); break;
+    case PROP_TIMESTEP_SAMPLING: c.timestep_sampling = enum_nick(timestep_sampling_type(), g_value_get_enum(v)); break;
+    case PROP_LOGIT_MEAN: c.logit_mean = g_value_get_double(v); break;
+    case PROP_LOGIT_STD: c.logit_std = g_value_get_double(v); break;
+    case PROP_FLOW_SHIFT: c.flow_shift = g_value_get_double(v); break;
+    case PROP_TIMESTEP_RANGE: c.timestep_range = str(); break;
+    case PROP_VAL_SIGMAS: c.val_sigmas = str(); break;
+    case PROP_SAVE_DTYPE: c.save_dtype = enum_nick(save_dtype_type(), g_value_get_enum(v)); break;
+    case PROP_EXPORT_DIR: c.export_dir = str(); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -357,6 +380,15 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
     case PROP_LOG_EVERY: g_value_set_uint(v, c.log_every); break;
     case PROP_METRICS_FILE: g_value_set_string(v, c.metrics_file.c_str()); break;
     case PROP_TENSORBOARD_DIR: g_value_set_string(v, c.tensorboard_dir.c_str()); break;
+    case PROP_GRADIENT_CHECKPOINTING: g_value_set_boolean(v, c.gradient_checkpointing); break;
+    case PROP_TIMESTEP_SAMPLING: g_value_set_enum(v, enum_value(timestep_sampling_type(), c.timestep_sampling)); break;
+    case PROP_LOGIT_MEAN: g_value_set_double(v, c.logit_mean); break;
+    case PROP_LOGIT_STD: g_value_set_double(v, c.logit_std); break;
+    case PROP_FLOW_SHIFT: g_value_set_double(v, c.flow_shift); break;
+    case PROP_TIMESTEP_RANGE: g_value_set_string(v, c.timestep_range.c_str()); break;
+    case PROP_VAL_SIGMAS: g_value_set_string(v, c.val_sigmas.c_str()); break;
+    case PROP_SAVE_DTYPE: g_value_set_enum(v, enum_value(save_dtype_type(), c.save_dtype)); break;
+    case PROP_EXPORT_DIR: g_value_set_string(v, c.export_dir.c_str()); break;
     case PROP_STEPS: g_value_set_uint64(v, self->steps); break;
     case PROP_LOSS: g_value_set_double(v, self->loss); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
@@ -415,8 +447,10 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                                           "TorchScript file whose module has training_step(latents: Tensor, "
                                           "captions: List[str]) -> Tensor (scalar loss), or, for streams with a "
                                           "textencoder, training_step(latents: Tensor, text_embeds: Tensor, "
-                                          "text_mask: Tensor) -> Tensor; or builtin:tiny-unet3d (captions) / "
-                                          "builtin:tiny-t2v (text embeddings)",
+                                          "text_mask: Tensor) -> Tensor; or a diffusers transformer folder "
+                                          "(config.json with _class_name WanTransformer3DModel, weights single or "
+                                          "sharded, F32/F16/BF16), trained natively with its family's objective; or "
+                                          "builtin:tiny-unet3d (captions) / builtin:tiny-t2v (text embeddings)",
                                           "", rw));
   install(PROP_LATENT_CHANNELS,
           g_param_spec_uint("latent-channels", "Latent channels",
@@ -495,6 +529,44 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                                             "(newer ones passed over are warned about) at start and answer the "
                                             "resume query with this rank's data position",
                                             FALSE, rw));
+  install(PROP_GRADIENT_CHECKPOINTING,
+          g_param_spec_boolean("gradient-checkpointing", "Gradient checkpointing",
+                               "Native models: recompute each transformer block in backward instead of keeping its "
+                               "activations (memory of one block's activations, about a third more compute)",
+                               FALSE, rw));
+  install(PROP_TIMESTEP_SAMPLING,
+          g_param_spec_enum("timestep-sampling", "Timestep sampling",
+                            "Native Wan models (rectified flow): how each sample's sigma is drawn before flow-shift",
+                            timestep_sampling_type(), 0, rw));
+  install(PROP_LOGIT_MEAN, g_param_spec_double("logit-mean", "Logit mean",
+                                               "Mean of the normal draw of timestep-sampling=logit-normal", -10, 10,
+                                               d.logit_mean, rw));
+  install(PROP_LOGIT_STD, g_param_spec_double("logit-std", "Logit std",
+                                              "Standard deviation of the normal draw of timestep-sampling=logit-normal",
+                                              0.001, 10, d.logit_std, rw));
+  install(PROP_FLOW_SHIFT, g_param_spec_double("flow-shift", "Flow shift",
+                                               "Native Wan models: sigma' = s*sigma / (1 + (s-1)*sigma); 1: no shift "
+                                               "(3.0 is the Wan 480p recipe, 5.0 for 720p)",
+                                               0.01, 100, d.flow_shift, rw));
+  install(PROP_TIMESTEP_RANGE,
+          g_param_spec_string("timestep-range", "Timestep range",
+                              "Native Wan models: LO,HI in [0, 1000]: shifted sigmas are rescaled into [LO, HI]/1000 "
+                              "(Wan 2.2 A14B: 875,1000 for the high-noise expert, 0,875 for the low-noise one)",
+                              d.timestep_range.c_str(), rw));
+  install(PROP_VAL_SIGMAS, g_param_spec_string("val-sigmas", "Validation sigmas",
+                                               "Native models: the fixed sigmas (comma list in (0, 1]) at which "
+                                               "validation evaluates every sample; its loss is their mean",
+                                               d.val_sigmas.c_str(), rw));
+  install(PROP_SAVE_DTYPE, g_param_spec_enum("save-dtype", "Save dtype",
+                                             "Native models: weights dtype of the diffusers folder a finished run "
+                                             "exports (checkpoints stay float32 for exact resume)",
+                                             save_dtype_type(), 0, rw));
+  install(PROP_EXPORT_DIR,
+          g_param_spec_string("export-dir", "Export folder",
+                              "Native models: where a finished run writes its diffusers transformer folder (config.json "
+                              "+ sharded safetensors + index; from_pretrained and model= load it); empty: "
+                              "<checkpoint-dir>/transformer, none without checkpoint-dir",
+                              "", rw));
   install(PROP_NAN_POLICY, g_param_spec_enum("nan-policy", "NaN policy", "What a non-finite loss or gradient does",
                                              nan_policy_type(), 0, rw));
   install(PROP_MAX_SKIPPED_STEPS,

@@ -229,4 +229,22 @@ std::string TrainerEngine::Impl::all_skipped_text() const {
          "no checkpoint written (check the input and lr)";
 }
 
+void TrainerEngine::Impl::export_model() {
+  if (rank != 0 || exported_step == steps_done) return;
+  std::string dir = cfg.export_dir;
+  if (dir.empty() && !cfg.checkpoint_dir.empty()) dir = cfg.checkpoint_dir + "/transformer";
+  if (dir.empty()) return;
+  bool written;
+  {
+    std::lock_guard<std::mutex> lock(state_mu);
+    written = model->export_folder(dir, cfg.save_dtype);
+  }
+  if (!written) return;  // TorchScript and built-in models have their checkpoints alone
+  exported_step = steps_done;
+  Message m("ddptrainsink-export");
+  m.set_uint64("step", steps_done).set_string("path", dir).set_string("dtype", cfg.save_dtype);
+  messages.push_back(m);
+  metrics_written(run_log.append_line(json{{"type", "export"}, {"step", steps_done}, {"path", dir}}.dump()));
+}
+
 }  // namespace videotrain

@@ -306,6 +306,8 @@ ProcessResult TrainerEngine::process_inputs(const ModelInputs &in, const MicroBa
     if (im.reducer) im.reducer->prepare(reduce, im.steps_done);
     ModelInputs x = in;
     x.latents = batch.to(im.device, torch::kFloat, /*non_blocking=*/true);
+    x.sample_ids = info.sample_ids;
+    x.epoch = info.epoch;
     if (x.has_text()) {
       x.text_embeds = in.text_embeds.to(im.device, torch::kFloat, /*non_blocking=*/true);
       x.text_mask = in.text_mask.to(im.device, torch::kLong, /*non_blocking=*/true);
@@ -398,6 +400,7 @@ bool TrainerEngine::finish() {
     // Every rank skipped the same steps (agreed), so every rank fails here alike.
     if (im.all_steps_skipped()) return im.fail(im.all_skipped_text());
     if (im.store && im.model && im.steps_done > 0) im.write_checkpoint();
+    if (im.model && im.steps_done > 0) im.export_model();
   } catch (const std::exception &e) {
     im.fail(first_line(e.what()));
     im.step_failed = true;

@@ -31,7 +31,7 @@ namespace videotrain {
 
 struct TrainerConfig {
   // Model and optimisation.
-  std::string model;              // TorchScript file, or builtin:NAME
+  std::string model;              // TorchScript file, diffusers transformer folder, or builtin:NAME
   int latent_channels = 0;        // 0: from the first micro-batch (builtin models)
   double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   std::string lr_schedule = "constant";  // constant | cosine | linear
@@ -42,6 +42,14 @@ struct TrainerConfig {
   std::string precision = "auto"; // auto | fp32 | bf16
   bool tune_malloc = true;        // on CPU: retain_cpu_heap() (process-wide)
   uint64_t seed = 0;
+  // Native models (diffusers folders): objective and memory (models/train_model.h ModelOptions).
+  bool gradient_checkpointing = false;
+  std::string timestep_sampling = "logit-normal";  // uniform | logit-normal
+  double logit_mean = 0.0, logit_std = 1.0, flow_shift = 3.0;
+  std::string timestep_range = "0,1000";  // LO,HI in [0, 1000]
+  std::string val_sigmas = "0.25,0.5,0.75";
+  std::string save_dtype = "bf16";        // bf16 | fp16 | fp32: the exported folder's weights
+  std::string export_dir;                 // "": <checkpoint-dir>/transformer when the model is a folder
   // Distributed (-1 / 0 / "" = from the environment).
   int rank = -1, world_size = 0, master_port = 0;
   std::string master_addr;

@@ -39,6 +39,8 @@ struct TrainerEngine::Impl {
   std::unique_ptr<StepAgreement> agreement;  // with group
   std::unique_ptr<TrainModel> model;
   ModelDims dims;  // what the model was built for
+  ModelOptions model_opts;  // native models' objective (from the properties)
+  uint64_t exported_step = 0;  // the step export_model() last wrote (0: none)
   // The stream's conditioning from its caps (set_stream_text), checked against the model
   // when both are known: -1 unknown, 0 captions, 1 text embeddings.
   int stream_text = -1;
@@ -105,6 +107,10 @@ struct TrainerEngine::Impl {
   // The model and optimizer on this rank (no collective); build_model() then broadcasts
   // rank 0's weights and sets up the reducer.
   void construct_model(const ModelDims &d);
+  // model_opts from the properties: "" or what is wrong, naming the property.
+  std::string resolve_model_options();
+  // A finished run of a native model: rank 0 writes its diffusers folder (export-dir).
+  void export_model();
   void build_model(const ModelDims &d);
   // "" when the model takes what the stream carries (or either is not known yet).
   std::string inputs_mismatch() const {

@@ -4,7 +4,9 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <sstream>
 #include <mutex>
 
 #include "cpu_heap.h"
@@ -53,12 +55,17 @@ bool TrainerEngine::Impl::resolve() {
   lr_params.max_steps = cfg.max_steps;
   if (cfg.nan_policy != "skip" && cfg.nan_policy != "fail")
     return fail("nan-policy '" + cfg.nan_policy + "' is not one of skip, fail");
-  if (cfg.model.empty()) return fail("no model: set the model property (a TorchScript file or builtin:NAME)");
-  if (!is_builtin_spec(cfg.model)) {
+  if (cfg.model.empty())
+    return fail("no model: set the model property (a diffusers transformer folder, a TorchScript file or builtin:NAME)");
+  if (!is_builtin_spec(cfg.model) && !is_model_folder(cfg.model)) {
     std::error_code ec;
+    if (fs::is_directory(cfg.model, ec))
+      return fail("model folder '" + cfg.model + "' has no config.json (property model: point it at a diffusers "
+                  "transformer folder, e.g. Wan2.1-T2V-1.3B-Diffusers/transformer)");
     if (!fs::is_regular_file(cfg.model, ec))
       return fail("model file '" + cfg.model + "' does not exist or is not a file (property model)");
   }
+  if (std::string why = resolve_model_options(); !why.empty()) return fail(why);
   if (cfg.resume && cfg.checkpoint_dir.empty()) return fail("resume=true needs checkpoint-dir");
   // Backend.
   if (cfg.backend == "auto")
@@ -73,11 +80,43 @@ bool TrainerEngine::Impl::resolve() {
   return true;
 }
 
+std::string TrainerEngine::Impl::resolve_model_options() {
+  ModelOptions &o = model_opts;
+  o.seed = cfg.seed;
+  o.gradient_checkpointing = cfg.gradient_checkpointing;
+  if (cfg.timestep_sampling != "uniform" && cfg.timestep_sampling != "logit-normal")
+    return "timestep-sampling '" + cfg.timestep_sampling + "' is not one of uniform, logit-normal";
+  o.timestep_sampling = cfg.timestep_sampling;
+  o.logit_mean = cfg.logit_mean;
+  o.logit_std = cfg.logit_std;
+  o.flow_shift = cfg.flow_shift;
+  double lo = 0, hi = 0;
+  char tail = 0;
+  if (std::sscanf(cfg.timestep_range.c_str(), "%lf , %lf %c", &lo, &hi, &tail) != 2 || !(lo >= 0 && lo < hi && hi <= 1000))
+    return "timestep-range '" + cfg.timestep_range + "' is not LO,HI with 0 <= LO < HI <= 1000 (e.g. 875,1000)";
+  o.timestep_lo = lo;
+  o.timestep_hi = hi;
+  o.val_sigmas.clear();
+  std::stringstream vs(cfg.val_sigmas);
+  for (std::string item; std::getline(vs, item, ',');) {
+    char *end = nullptr;
+    const double v = std::strtod(item.c_str(), &end);
+    while (end && *end == ' ') end++;
+    if (item.empty() || !end || *end || !(v > 0 && v <= 1))
+      return "val-sigmas '" + cfg.val_sigmas + "' is not a comma list of numbers in (0, 1]";
+    o.val_sigmas.push_back(v);
+  }
+  if (o.val_sigmas.empty()) return "val-sigmas is empty: give at least one sigma in (0, 1]";
+  if (cfg.save_dtype != "bf16" && cfg.save_dtype != "fp16" && cfg.save_dtype != "fp32")
+    return "save-dtype '" + cfg.save_dtype + "' is not one of bf16, fp16, fp32";
+  return "";
+}
+
 void TrainerEngine::Impl::construct_model(const ModelDims &d) {
   dims = d;
   std::unique_lock<std::mutex> rng(default_rng_mutex());  // see default_rng.h
   torch::manual_seed(cfg.seed);  // the same initial weights on every rank (and broadcast anyway)
-  auto m = make_model(cfg.model, d, device);
+  auto m = make_model(cfg.model, d, device, model_opts);
   rng.unlock();
   std::vector<at::Tensor> ps;
   std::vector<std::string> names;

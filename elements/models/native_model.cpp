@@ -184,6 +184,12 @@ class NativeTrainModel : public TrainModel {
     // float32 and one file up to 4 GiB a shard: a checkpoint resumes bit for bit.
     return dit_->save(dir, torch::kFloat, uint64_t(4) << 30);
   }
+  bool export_folder(const std::string &dir, const std::string &dtype) override {
+    at::ScalarType t;
+    if (!models::parse_save_dtype(dtype, &t)) throw std::runtime_error("save dtype '" + dtype + "' is not bf16, fp16 or fp32");
+    dit_->save(dir, t, uint64_t(5) << 30);  // 5 GB shards, as the published checkpoints
+    return true;
+  }
   void load(const std::string &dir) override {
     models::DiffusersFolder folder;
     std::string err;

@@ -74,6 +74,12 @@ class TrainModel {
   virtual std::string save(const std::string &dir) = 0;
   // Copies weights saved by save() into this model (same architecture). Throws.
   virtual void load(const std::string &dir) = 0;
+  // Native models: writes the folder their class loads from (diffusers: config.json + sharded
+  // safetensors in `dtype`, "bf16" | "fp16" | "fp32"). False: this model has no such form.
+  virtual bool export_folder(const std::string &dir, const std::string &dtype) {
+    (void)dir, (void)dtype;
+    return false;
+  }
 };
 
 // Name of the first defined floating-point tensor holding NaN/Inf; "" when all are finite.
