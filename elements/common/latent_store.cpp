@@ -74,6 +74,20 @@ int64_t first_non_finite(const std::string &dtype, const char *p, size_t n) {
   return -1;
 }
 
+// A JSON whole number in [lo, hi]; nlohmann's get<int64_t>() of 1e300 is undefined behaviour.
+int64_t whole(const json &v, int64_t lo, const char *what) {
+  if (v.is_number_unsigned() && v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)) return v.get<int64_t>();
+  if (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() >= lo) return v.get<int64_t>();
+  throw std::runtime_error(std::string(what) + " is " + v.dump() + ", not a whole number from " + std::to_string(lo));
+}
+
+std::vector<int64_t> shape_of(const json &v) {
+  if (!v.is_array() || v.size() > 16) throw std::runtime_error("shape " + v.dump().substr(0, 64) + " is not a list of up to 16 sizes");
+  std::vector<int64_t> out;
+  for (const auto &d : v) out.push_back(whole(d, -1, "a shape's size"));
+  return out;
+}
+
 // An entry's fixed part and header, checked against the size of what holds it.
 struct Layout {
   uint64_t hlen = 0, plen = 0;
@@ -126,8 +140,9 @@ bool parse_header(const char *h, uint64_t hlen, Layout *l, const std::string &ke
       CachedTensor c;
       c.name = t.at("name").get<std::string>();
       c.dtype = t.at("dtype").get<std::string>();
-      c.shape = t.at("shape").get<std::vector<int64_t>>();
-      const uint64_t off = t.at("offset").get<uint64_t>(), size = t.at("size").get<uint64_t>();
+      c.shape = shape_of(t.at("shape"));
+      const uint64_t off = static_cast<uint64_t>(whole(t.at("offset"), 0, "offset")),
+                     size = static_cast<uint64_t>(whole(t.at("size"), 0, "size"));
       const size_t es = element_size(c.dtype);
       if (es == 0) throw std::runtime_error("tensor " + c.name + " has dtype '" + c.dtype + "'");
       uint64_t n = es;
@@ -149,7 +164,7 @@ bool parse_header(const char *h, uint64_t hlen, Layout *l, const std::string &ke
     if (j.contains("expect"))
       for (const auto &t : j.at("expect"))
         e->expect.push_back({t.at("name").get<std::string>(), t.at("dtype").get<std::string>(),
-                             t.at("shape").get<std::vector<int64_t>>()});
+                             shape_of(t.at("shape"))});
   } catch (const std::exception &ex) {
     *why = std::string("bad entry header: ") + ex.what();
     return false;
