@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian (bookworm) packages gst-videotrain needs, if any are missing.
-# Usage: scripts/deps.sh [--bench]   (--bench adds what the benchmarks compare against)
+# Usage: scripts/deps.sh [--bench] [--fuzz]   (--bench adds what the benchmarks compare against,
+# --fuzz clang's libFuzzer for scripts/fuzz.sh)
 set -euo pipefail
 pkgs=(g++ pkg-config meson ninja-build openmpi-bin python3-gi gir1.2-gstreamer-1.0
       libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev gstreamer1.0-tools
@@ -11,9 +12,13 @@ pkgs+=(googletest)  # its sources: tests/subprojects builds the gtest wrap offli
 pkgs+=(libsentencepiece-dev python3-sentencepiece)  # textencoder's tokenizer; the tests' reference
 pkgs+=(gobject-introspection libgirepository1.0-dev)  # the GstVideoTrain-1.0 typelib of the public library
 pkgs+=(ffmpeg python3-numpy)  # csvvideosrc's decode-reference test makes its videos and references with them
-if [[ "${1:-}" == "--bench" ]]; then
-  pkgs+=(python3-torchvision python3-av time)
-fi
+for arg in "$@"; do
+  case $arg in
+    --bench) pkgs+=(python3-torchvision python3-av time) ;;
+    --fuzz) pkgs+=(clang) ;;
+    *) ;;  # build.sh passes its arguments on
+  esac
+done
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

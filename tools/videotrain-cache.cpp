@@ -1,7 +1,11 @@
 /* videotrain-cache: look after a latent cache folder (vaeencoder cache-dir=DIR).
  *
  *   videotrain-cache stats DIR                 entries, bytes, leftover temporary files
- *   videotrain-cache verify DIR [--remove]     checks every entry's checksum; --remove deletes bad ones
+ *   videotrain-cache verify DIR [--remove]     checks every entry as a lookup would (a regular file,
+ *                                              lengths, the key it was written for, its tensors'
+ *                                              shapes and dtypes against what its writer expected,
+ *                                              checksum, finite values), reading each in bounded
+ *                                              pieces; --remove deletes bad ones
  *   videotrain-cache prune DIR [--max-bytes N[KMGT]] [--older-than D[smhd]]
  *                                              deletes entries not used for D, then the least recently
  *                                              used until the cache holds at most N bytes; temporary

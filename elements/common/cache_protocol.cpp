@@ -16,7 +16,7 @@ GstStructure *clip_structure(const char *name, const ClipIdentity &c) {
                            G_TYPE_STRING, c.path.c_str(), "split", G_TYPE_STRING, c.split.c_str(), "source-key",
                            G_TYPE_STRING, c.source_key.c_str(), "pts", G_TYPE_UINT64, c.pts, "duration",
                            G_TYPE_UINT64, c.duration, "group", G_TYPE_UINT64, c.group, "group-size", G_TYPE_UINT,
-                           c.group_size, nullptr);
+                           c.group_size, "width", G_TYPE_INT, c.width, "height", G_TYPE_INT, c.height, nullptr);
 }
 
 bool read_clip(const GstStructure *s, ClipIdentity *c) {
@@ -29,6 +29,8 @@ bool read_clip(const GstStructure *s, ClipIdentity *c) {
   gst_structure_get_uint64(s, "source-frame", &c->source_frame);
   gst_structure_get_uint64(s, "group", &c->group);
   gst_structure_get_uint(s, "group-size", &c->group_size);
+  gst_structure_get_int(s, "width", &c->width);
+  gst_structure_get_int(s, "height", &c->height);
   gst_structure_get_boolean(s, "padding", &padding);
   c->padding = padding;
   auto str = [s](const char *f) {

@@ -25,6 +25,7 @@ struct ClipIdentity {
   unsigned epoch = 0;
   uint64_t clip_index = 0;
   unsigned num_frames = 0;
+  int width = 0, height = 0;  // of the frames the source sends (0: not said)
   uint64_t source_frame = 0;
   bool padding = false;
   uint64_t group = 0;        // buckets: the clip's step group, and its size (0: none)

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "regular_file.h"
+
 namespace videotrain {
 
 size_t safetensors_dtype_size(const std::string &d) {
@@ -84,20 +86,17 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string &path, 
     if (error) *error = path + ": " + why;
     return nullptr;
   };
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fail(std::string("cannot open: ") + strerror(errno));
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    ::close(fd);
-    return fail(std::string("cannot stat: ") + strerror(errno));
+  // Never blocks on a FIFO, never maps a device: a regular file, with its size.
+  RegularFile file;
+  std::string why;
+  if (!file.open(path, &why)) {
+    if (error) *error = "cannot open " + why;
+    return nullptr;
   }
-  size_t size = static_cast<size_t>(st.st_size);
-  if (size < 8) {
-    ::close(fd);
-    return fail("too short for a safetensors file (" + std::to_string(size) + " bytes)");
-  }
-  void *map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
+  size_t size = static_cast<size_t>(file.size());
+  if (size < 8) return fail("too short for a safetensors file (" + std::to_string(size) + " bytes)");
+  void *map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, file.fd(), 0);
+  file.close();
   if (map == MAP_FAILED) return fail(std::string("cannot map: ") + strerror(errno));
 
   std::unique_ptr<SafetensorsFile> f(new SafetensorsFile());

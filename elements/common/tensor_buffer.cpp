@@ -5,6 +5,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "first_line.h"
 #include "tensor_caps.h"
 
 namespace {
@@ -250,22 +251,29 @@ std::optional<at::Tensor> tensor_of_cached(const CachedTensor &c, std::string *w
     *why = "tensor " + c.name + " has dtype '" + c.dtype + "'";
     return std::nullopt;
   }
-  int64_t n = 1;
+  // The byte count first: a declared shape allocates nothing until the bytes are there for it.
+  const uint64_t es = c10::elementSize(*type);
+  uint64_t n = es;
   for (int64_t d : c.shape) {
-    if (d < 0 || (d > 0 && n > INT64_MAX / d)) {
+    if (d < 0 || (d > 0 && n > UINT64_MAX / static_cast<uint64_t>(d))) {
       *why = "tensor " + c.name + " has a bad shape";
       return std::nullopt;
     }
-    n *= d;
+    n *= static_cast<uint64_t>(d);
   }
-  at::Tensor t = at::empty(c.shape, at::TensorOptions().dtype(*type));
-  if (static_cast<uint64_t>(n) * t.element_size() != c.bytes.size()) {
+  if (n != c.bytes.size()) {
     *why = "tensor " + c.name + " holds " + std::to_string(c.bytes.size()) + " bytes for its shape's " +
-           std::to_string(n * t.element_size());
+           std::to_string(n);
     return std::nullopt;
   }
-  std::memcpy(t.data_ptr(), c.bytes.data(), c.bytes.size());
-  return t;
+  try {
+    at::Tensor t = at::empty(c.shape, at::TensorOptions().dtype(*type));
+    std::memcpy(t.data_ptr(), c.bytes.data(), c.bytes.size());
+    return t;
+  } catch (const std::exception &e) {
+    *why = "tensor " + c.name + ": " + first_line(e.what());
+    return std::nullopt;
+  }
 }
 
 }  // namespace videotrain

@@ -38,6 +38,7 @@ struct _GstCsvVideoSrc {
   guint64 seed, start_clip;
   guint num_epochs, start_epoch;
   gdouble decode_timeout;
+  guint max_caption_bytes;
   gint fps_n, fps_d;
   // Streaming state.
   std::unique_ptr<SourceEngine> *engine;
@@ -84,6 +85,7 @@ enum {
   PROP_PREFETCH,
   PROP_DECODE_THREADS,
   PROP_DECODE_TIMEOUT,
+  PROP_MAX_CAPTION_BYTES,
   PROP_FRAMERATE,
   PROP_REPLACED,
   PROP_CLIPS_PER_EPOCH,
@@ -160,6 +162,7 @@ static void gst_csv_video_src_set_property(GObject *object, guint id, const GVal
     case PROP_PREFETCH: self->prefetch = g_value_get_int(v); break;
     case PROP_DECODE_THREADS: self->decode_threads = g_value_get_int(v); break;
     case PROP_DECODE_TIMEOUT: self->decode_timeout = g_value_get_double(v); break;
+    case PROP_MAX_CAPTION_BYTES: self->max_caption_bytes = g_value_get_uint(v); break;
     case PROP_FRAMERATE:
       self->fps_n = gst_value_get_fraction_numerator(v);
       self->fps_d = gst_value_get_fraction_denominator(v);
@@ -201,6 +204,7 @@ static void gst_csv_video_src_get_property(GObject *object, guint id, GValue *v,
     case PROP_PREFETCH: g_value_set_int(v, self->prefetch); break;
     case PROP_DECODE_THREADS: g_value_set_int(v, self->decode_threads); break;
     case PROP_DECODE_TIMEOUT: g_value_set_double(v, self->decode_timeout); break;
+    case PROP_MAX_CAPTION_BYTES: g_value_set_uint(v, self->max_caption_bytes); break;
     case PROP_FRAMERATE: gst_value_set_fraction(v, self->fps_n, self->fps_d); break;
     case PROP_REPLACED: {
       SourceEngine *e = engine_of(self);
@@ -232,6 +236,7 @@ static SourceConfig config_from_properties(GstCsvVideoSrc *self) {
   c.manifest.path_column = self->path_column ? self->path_column : "";
   c.manifest.caption_column = self->caption_column ? self->caption_column : "";
   c.manifest.split = self->split ? self->split : "";
+  c.manifest.max_caption_bytes = self->max_caption_bytes;
   c.num_frames = self->num_frames;
   c.frame_stride = self->frame_stride;
   c.fps = self->fps;
@@ -282,6 +287,10 @@ static gboolean gst_csv_video_src_start(GstBaseSrc *src) {
                              gst_message_new_warning_with_details(GST_OBJECT(self), err, text, s));
     g_error_free(err);
     g_free(text);
+  };
+  cb.row_warning = [self](uint64_t row, const std::string &path, const std::string &w) {
+    GST_ELEMENT_WARNING(self, RESOURCE, READ, ("Manifest row %" G_GUINT64_FORMAT " changed: %s", row, w.c_str()),
+                        ("%s", path.c_str()));
   };
   cb.epoch_done = [self](uint32_t epoch, uint64_t clips, uint64_t replaced, uint64_t decoded, uint64_t cached) {
     GST_INFO_OBJECT(self,
@@ -564,6 +573,7 @@ static void gst_csv_video_src_init(GstCsvVideoSrc *self) {
   self->prefetch = 4;
   self->decode_threads = 1;
   self->decode_timeout = 60.0;
+  self->max_caption_bytes = 16384;
   self->fps_n = 8;
   self->fps_d = 1;
   self->engine = nullptr;
@@ -715,6 +725,12 @@ static void gst_csv_video_src_class_init(GstCsvVideoSrcClass *klass) {
       g_param_spec_double("decode-timeout", "Decode timeout",
                           "Seconds one clip may take to decode before the video counts as bad", 0.1, 86400.0, 60.0,
                           rw));
+  g_object_class_install_property(
+      oc, PROP_MAX_CAPTION_BYTES,
+      g_param_spec_uint("max-caption-bytes", "Max caption bytes",
+                        "Longest caption kept, in bytes: a longer one is cut at a UTF-8 character boundary, with one "
+                        "warning per row (a caption is copied into every clip's metadata)",
+                        1, 1 << 30, 16384, rw));
   g_object_class_install_property(
       oc, PROP_FRAMERATE,
       gst_param_spec_fraction("framerate", "Frame rate", "Frame rate of the output timestamps and caps", 1, 1, 1000,

@@ -1,6 +1,7 @@
 #include "manifest.h"
 
 #include "csv_scan.h"
+#include "regular_file.h"
 
 #include <fcntl.h>
 #include <glib.h>
@@ -197,6 +198,12 @@ Manifest::~Manifest() {
   if (prompts_fd_ >= 0) close(prompts_fd_);
 }
 
+// A manifest file's descriptor: a regular file only (a FIFO would block the open and every read).
+static int open_manifest_file(const std::string &path, std::string *why) {
+  RegularFile f;
+  return f.open(path, why) ? f.release() : -1;
+}
+
 std::unique_ptr<Manifest> Manifest::open(const ManifestOptions &opts, std::string *error) {
   std::unique_ptr<Manifest> m(new Manifest());
   if (opts.location.empty()) {
@@ -208,6 +215,7 @@ std::unique_ptr<Manifest> Manifest::open(const ManifestOptions &opts, std::strin
     *error = "cannot open manifest " + opts.location + ": " + std::strerror(errno);
     return nullptr;
   }
+  m->max_caption_bytes_ = opts.max_caption_bytes;
   bool ok = S_ISDIR(st.st_mode) ? m->open_folder(opts, error) : m->open_csv(opts, error);
   if (!ok) return nullptr;
   m->offsets_.shrink_to_fit();
@@ -303,9 +311,10 @@ bool Manifest::resolve_columns(const ManifestOptions &opts, const std::vector<st
 bool Manifest::open_csv(const ManifestOptions &opts, std::string *error) {
   csv_ = true;
   const std::string &loc = opts.location;
-  fd_ = ::open(loc.c_str(), O_RDONLY | O_CLOEXEC);
+  std::string why;
+  fd_ = open_manifest_file(loc, &why);
   if (fd_ < 0) {
-    *error = "cannot open manifest " + loc + ": " + std::strerror(errno);
+    *error = "cannot open manifest " + why;
     return false;
   }
   gchar *dir = g_path_get_dirname(loc.c_str());
@@ -358,13 +367,12 @@ bool Manifest::open_csv(const ManifestOptions &opts, std::string *error) {
 bool Manifest::open_folder(const ManifestOptions &opts, std::string *error) {
   csv_ = false;
   const std::string videos = opts.location + "/videos.txt", prompts = opts.location + "/prompts.txt";
-  fd_ = ::open(videos.c_str(), O_RDONLY | O_CLOEXEC);
-  int videos_errno = errno;
-  prompts_fd_ = ::open(prompts.c_str(), O_RDONLY | O_CLOEXEC);
+  std::string videos_why, prompts_why;
+  fd_ = open_manifest_file(videos, &videos_why);
+  prompts_fd_ = open_manifest_file(prompts, &prompts_why);
   if (fd_ < 0 || prompts_fd_ < 0) {
-    *error = "manifest folder " + opts.location +
-             " is not a CogVideo dataset (videos.txt + prompts.txt): cannot open " + (fd_ < 0 ? videos : prompts) +
-             ": " + std::strerror(fd_ < 0 ? videos_errno : errno);
+    *error = "manifest folder " + opts.location + " is not a CogVideo dataset (videos.txt + prompts.txt): cannot open " +
+             (fd_ < 0 ? videos_why : prompts_why);
     return false;
   }
   if (!opts.split.empty()) {
@@ -472,6 +480,15 @@ ManifestRow Manifest::row(size_t index) const {
     r.split.clear();
     r.path = path_ok ? path : "(not UTF-8)";
     return r;
+  }
+  if (r.caption.size() > max_caption_bytes_) {
+    // Cut where a character starts, so that the caption stays valid UTF-8.
+    size_t cut = max_caption_bytes_;
+    while (cut > 0 && (static_cast<unsigned char>(r.caption[cut]) & 0xC0) == 0x80) cut--;
+    r.warning = "caption of " + std::to_string(r.caption.size()) + " bytes cut to " + std::to_string(cut) +
+                " (max-caption-bytes=" + std::to_string(max_caption_bytes_) + ")";
+    r.caption.resize(cut);
+    r.caption.shrink_to_fit();
   }
   if (path.empty()) {
     r.error = "empty path";

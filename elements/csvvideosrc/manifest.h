@@ -23,6 +23,7 @@ struct ManifestOptions {
   std::string caption_column;  // override; empty = auto
   std::string split;           // keep only rows whose split column equals this; empty = all
   bool sizes = false;          // keep each row's num_frames, height, width and fps columns (buckets)
+  size_t max_caption_bytes = 16384;  // longer captions are cut (at a UTF-8 boundary) with a warning
 };
 
 // A video's size as the manifest gives it (Open-Sora columns; videotrain-probe writes them).
@@ -41,6 +42,7 @@ struct ManifestRow {
   std::string split;
   double fps = 0;       // the video's frame rate from an `fps` column (Open-Sora); 0 = none
   std::string error;    // non-empty: row unusable (missing path, bad UTF-8, ...)
+  std::string warning;  // non-empty: the row is used, changed (a caption cut to max_caption_bytes)
 };
 
 class Manifest {
@@ -72,6 +74,7 @@ class Manifest {
   int fd_ = -1, prompts_fd_ = -1;
   std::string base_;                // folder relative paths resolve against
   int path_col_ = -1, caption_col_ = -1, split_col_ = -1, fps_col_ = -1;
+  size_t max_caption_bytes_ = 16384;
   int frames_col_ = -1, height_col_ = -1, width_col_ = -1;
   std::string size_columns_description() const;
   std::vector<uint64_t> offsets_;   // record starts (CSV or videos.txt)

@@ -396,6 +396,14 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
     const Claim c = claim(cand.index, cancel, &known);
     if (c == Claim::Cancelled) return r;
     ManifestRow row = manifest_->row(cand.index);
+    if (!row.warning.empty() && cb_.row_warning) {
+      bool first;
+      {
+        std::lock_guard<std::mutex> g(warned_lock_);
+        first = warned_rows_.insert(row.row).second;
+      }
+      if (first) cb_.row_warning(row.row, row.path, row.warning);
+    }
     if (c == Claim::KnownBad) {
       reason = known.reason;
       if (known.epoch < pos.epoch) reason += " (bad since epoch " + std::to_string(known.epoch) + ": not tried again)";
@@ -425,6 +433,8 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
         id.epoch = pos.epoch;
         id.clip_index = pos.clip;
         id.num_frames = static_cast<unsigned>(cand.shape.frames);
+        id.width = cand.shape.width;
+        id.height = cand.shape.height;
         id.padding = slot0.padding || k > 0;
         id.group = cand.group;
         id.group_size = cand.group_size;

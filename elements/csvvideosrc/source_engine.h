@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "bucket_rows.h"
@@ -79,6 +80,8 @@ struct SourceCallbacks {
   // Set when downstream may hold clips (a latent cache): asked, on a worker thread, before a clip
   // is decoded; true: the clip is not decoded and next() hands out its identity instead.
   std::function<bool(const ClipIdentity &)> cached;
+  // A row used with a change (a caption cut to max-caption-bytes): once per row and run.
+  std::function<void(uint64_t row, const std::string &path, const std::string &warning)> row_warning;
 };
 
 struct SourceStats {
@@ -215,6 +218,8 @@ class SourceEngine {
   std::atomic<uint64_t> stat_clips_{0}, stat_frames_{0}, stat_replaced_{0}, stat_decoded_{0};
   uint64_t epoch_cached_ = 0, epoch_clips_ = 0;  // lock_: clips of the current epoch handed out, and cached
   // Content digests by (path, size, mtime, inode): each video is read once per run for its key.
+  std::mutex warned_lock_;
+  std::unordered_set<uint64_t> warned_rows_;
   std::mutex digest_lock_;
   std::unordered_map<std::string, std::string> digests_;
 };

@@ -375,9 +375,15 @@ static gboolean gst_vae_encoder_sink_query(GstPad *pad, GstObject *parent, GstQu
   if (parse_cache_query(query, &clip)) {
     // csvvideosrc, before decoding a clip (one of its decoding threads).
     LatentCache *cache = cache_of(self);
-    if (!cache) return FALSE;  // nobody holds clips: decode
+    VaeEngine *eng = engine_of(self);
+    if (!cache || !eng) return FALSE;  // nobody holds clips: decode
     std::string warning;
-    const bool held = cache->lookup(clip, upstream_chain_fingerprint(self->sinkpad, "csvvideosrc"), &warning);
+    const std::string chain = upstream_chain_fingerprint(self->sinkpad, "csvvideosrc");
+    // The source's frame size is the encoder's when nothing between them transforms the frames.
+    const bool direct = chain.empty();
+    const std::vector<TensorSpec> expect = {
+        eng->moments_spec(static_cast<int>(clip.num_frames), direct ? clip.width : 0, direct ? clip.height : 0)};
+    const bool held = cache->lookup(clip, chain, expect, &warning);
     if (!warning.empty())
       GST_ELEMENT_WARNING(self, RESOURCE, READ, ("Latent cache entry unusable"), ("%s", warning.c_str()));
     answer_cache_query(query, held);

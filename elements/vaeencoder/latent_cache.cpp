@@ -14,12 +14,13 @@ std::unique_ptr<LatentCache> LatentCache::open(const std::string &dir, CacheMode
   return c;
 }
 
-bool LatentCache::lookup(const ClipIdentity &clip, const std::string &chain, std::string *warning) {
+bool LatentCache::lookup(const ClipIdentity &clip, const std::string &chain, const std::vector<TensorSpec> &expect,
+                         std::string *warning) {
   const std::string key = sha256_hex("videotrain latent 1\n" + clip.source_key + "\nchain " + chain + "\n" + encoder_key_);
   const ClipKey id{clip.sample_id, clip.epoch, clip.clip_index};
   CacheEntry e;
   std::string why;
-  const auto r = mode_ == CacheMode::Write ? LatentStore::Lookup::kMiss : store_->get(key, &e, &why);
+  const auto r = mode_ == CacheMode::Write ? LatentStore::Lookup::kMiss : store_->get(key, &e, &why, &expect);
   std::lock_guard<std::mutex> g(lock_);
   if (r == LatentStore::Lookup::kHit) {
     hits_++;
@@ -28,7 +29,7 @@ bool LatentCache::lookup(const ClipIdentity &clip, const std::string &chain, std
   }
   if (r == LatentStore::Lookup::kCorrupt) *warning = "unusable latent cache entry, encoding the clip again: " + why;
   misses_++;
-  if (mode_ != CacheMode::Read) to_write_[id] = key;
+  if (mode_ != CacheMode::Read) to_write_[id] = {key, expect};
   return false;
 }
 
@@ -44,14 +45,25 @@ bool LatentCache::take(const ClipIdentity &clip, CacheEntry *out) {
 bool LatentCache::store(uint64_t sample_id, uint32_t epoch, uint64_t clip_index, const CacheEntry &entry,
                         std::string *why) {
   std::string key;
+  CacheEntry bound = entry;
   {
     std::lock_guard<std::mutex> g(lock_);
     auto it = to_write_.find({sample_id, epoch, clip_index});
     if (it == to_write_.end()) return true;
-    key = std::move(it->second);
+    key = std::move(it->second.first);
+    bound.expect = std::move(it->second.second);
     to_write_.erase(it);
   }
-  return store_->put(key, entry, why);
+  // What the encoder computed must be what its lookups expect, else every later lookup misses.
+  for (const TensorSpec &s : bound.expect) {
+    const CachedTensor *t = bound.find(s.name);
+    const std::string bad = t ? spec_mismatch(s, *t) : "no " + s.name;
+    if (!bad.empty()) {
+      *why = "not stored: " + bad;
+      return false;
+    }
+  }
+  return store_->put(key, bound, why);
 }
 
 void LatentCache::clear() {

@@ -12,6 +12,8 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "cache_protocol.h"
 #include "latent_store.h"
@@ -26,10 +28,13 @@ class LatentCache {
   static std::unique_ptr<LatentCache> open(const std::string &dir, CacheMode mode, const std::string &encoder_key,
                                            std::string *why);
 
-  // A lookup for a clip not yet decoded: true when the cache holds it (the entry is kept for
-  // take()). A miss is remembered so that store() writes the clip once encoded. *warning: an
-  // unusable entry (it is then encoded again and rewritten).
-  bool lookup(const ClipIdentity &clip, const std::string &chain, std::string *warning);
+  // A lookup for a clip not yet decoded: true when the cache holds it under its key, with the
+  // tensors `expect` describes (the entry is kept for take()). A miss is remembered so that
+  // store() writes the clip once encoded, recording `expect`. *warning: an unusable entry (another
+  // key's, another shape or dtype, damaged, non-finite, not a file): it is encoded again and
+  // rewritten.
+  bool lookup(const ClipIdentity &clip, const std::string &chain, const std::vector<TensorSpec> &expect,
+              std::string *warning);
   // The entry kept for a held clip; false when there is none (a flush dropped it).
   bool take(const ClipIdentity &clip, CacheEntry *out);
   // After a clip was encoded: writes its moments when a lookup asked for it (false with *why on
@@ -47,7 +52,7 @@ class LatentCache {
   std::string encoder_key_;
   mutable std::mutex lock_;
   std::map<ClipKey, CacheEntry> held_;
-  std::map<ClipKey, std::string> to_write_;
+  std::map<ClipKey, std::pair<std::string, std::vector<TensorSpec>>> to_write_;  // key, expectation
   uint64_t hits_ = 0, misses_ = 0;
 };
 

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "safetensors.h"
+#include "regular_file.h"
 #include "seeded_hash.h"
 
 namespace videotrain::vae {
@@ -101,15 +102,12 @@ bool parse_vae_config(const std::string &text, VaeConfig *out, std::string *erro
 }
 
 bool load_vae_config(const std::string &path, VaeConfig *out, std::string *error) {
-  std::ifstream f(path);
-  if (!f) {
-    if (error) *error = path + ": cannot open";
+  std::string text, why;
+  if (!read_small_file(path, kMaxConfigBytes, &text, &why)) {
+    if (error) *error = "cannot read " + why;
     return false;
   }
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string why;
-  if (!parse_vae_config(ss.str(), out, &why)) {
+  if (!parse_vae_config(text, out, &why)) {
     if (error) *error = path + ": " + why;
     return false;
   }

@@ -24,6 +24,7 @@
 #include "jit_load.h"
 #include "latent_store.h"
 #include "metas.h"
+#include "regular_file.h"
 #include "seeded_hash.h"
 #include "tensor_buffer.h"
 #include "vae_engine_tensors.h"
@@ -219,10 +220,9 @@ std::string clip_scope_unsupported(const std::string &model, bool dir) {
   if (!dir)
     return "norm-scope=clip sets the statistics of a CogVideoX VAE's GroupNorms, but model '" + model +
            "' is a TorchScript file whose normalisation the encoder cannot reach: use norm-scope=chunk";
-  std::ifstream f(model + "/config.json");
-  std::stringstream text;
-  text << f.rdbuf();
-  if (f && config_class_name(text.str()) == "AutoencoderKLWan")
+  std::string text, why;
+  if (read_small_file(model + "/config.json", kMaxConfigBytes, &text, &why) &&
+      config_class_name(text) == "AutoencoderKLWan")
     return "norm-scope=clip applies to CogVideoX VAEs (GroupNorm); model '" + model +
            "' is a Wan VAE (AutoencoderKLWan), whose RMS norms use no statistics across frames, so its chunked "
            "encode already equals a single pass: use norm-scope=chunk";
@@ -288,6 +288,7 @@ struct VaeEngine::Impl {
   std::string cache_key;            // the encoder's part of latent cache keys, once computed
   bool native = false;
   int tcomp = 1, scomp = 1;
+  int moment_channels = -1;  // mean and log-variance channels (native VAEs)
   double scaling = 1.0;
   bool retain = false;
   std::function<void(const std::string &)> warn;
@@ -643,11 +644,9 @@ enum class Family { CogVideoX, Wan, Other };
 // read as CogVideoX (as before the Wan family came), and an unreadable one is left to the
 // CogVideoX loader, which names the file.
 Family folder_family(const std::string &dir, std::string *class_name) {
-  std::ifstream in(dir + "/config.json");
-  if (!in) return Family::CogVideoX;
-  std::stringstream text;
-  text << in.rdbuf();
-  *class_name = config_class_name(text.str());
+  std::string text, why;
+  if (!read_small_file(dir + "/config.json", kMaxConfigBytes, &text, &why)) return Family::CogVideoX;
+  *class_name = config_class_name(text);
   if (class_name->empty() || *class_name == "AutoencoderKLCogVideoX") return Family::CogVideoX;
   if (*class_name == "AutoencoderKLWan") return Family::Wan;
   return Family::Other;
@@ -666,6 +665,7 @@ static std::string load_wan(VaeEngine::Impl &im) {
   im.native = true;
   im.tcomp = cfg.temporal_compression();
   im.scomp = cfg.spatial_compression();
+  im.moment_channels = 2 * cfg.z_dim;
   const int per_pixel = im.scomp / cfg.patch_size;  // compression of the encoder's input pixels
   for (auto [t, name] : {std::pair{im.opts.tile_height, "tile-height"}, std::pair{im.opts.tile_width, "tile-width"}})
     if (t > 0 && t < per_pixel)
@@ -789,6 +789,7 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
     im.native = true;
     im.tcomp = cfg.temporal_compression_ratio;
     im.scomp = cfg.spatial_compression();
+    im.moment_channels = 2 * cfg.latent_channels;
     im.scaling = cfg.scaling_factor;
     im.backend = std::move(nb);
     if (opts.chunk_frames % im.tcomp != 0)
@@ -995,6 +996,17 @@ std::string VaeEngine::cache_key(std::string *why) {
     << o.tile_overlap_width << "\nnorm-scope " << (o.norm_scope == NormScope::Clip ? "clip" : "chunk") << "\n";
   im.cache_key = k.str();
   return im.cache_key;
+}
+
+TensorSpec VaeEngine::moments_spec(int T, int W, int H) const {
+  const Impl &im = *impl_;
+  TensorSpec s{"moments", "float32", {1, -1, -1, -1, -1}};
+  if (!im.native) return s;
+  s.shape[1] = im.moment_channels;
+  if (T >= 1 && (T - 1) % im.tcomp == 0) s.shape[2] = (T - 1) / im.tcomp + 1;
+  if (H > 0 && H % im.scomp == 0) s.shape[3] = H / im.scomp;
+  if (W > 0 && W % im.scomp == 0) s.shape[4] = W / im.scomp;
+  return s;
 }
 
 bool VaeEngine::last_moments(CacheEntry *out) const {

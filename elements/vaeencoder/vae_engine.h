@@ -158,6 +158,9 @@ class VaeEngine {
   // tiles, norm-scope and the implementation's version. Reads the weights once; "" with *why when
   // they cannot be read.
   std::string cache_key(std::string *why);
+  // What last_moments() holds for a clip of T frames of W x H (0: size unknown): float32
+  // [1, 2C, t, h, w], with -1 where the encoder cannot tell in advance (TorchScript models).
+  TensorSpec moments_spec(int num_frames, int width, int height) const;
   // The moments (float32) of the clip that finish_clip() last returned, as a cache entry.
   bool last_moments(CacheEntry *out) const;
   // The latent that finish_clip() gives for these moments: the same bytes for the same seed,

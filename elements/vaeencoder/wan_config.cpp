@@ -1,5 +1,6 @@
 #include "wan_config.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace videotrain::vae {
@@ -62,10 +63,16 @@ bool parse_wan_config(const std::string &json_text, WanConfig *out, std::string 
   if (!j.contains("dim_mult") || !j["dim_mult"].is_array() || j["dim_mult"].empty() || j["dim_mult"].size() > 8)
     return fail("'dim_mult' is missing or not a list of 1 to 8 numbers");
   c.dim_mult.clear();
+  // Bounded before any product: base_dim * 2^62 would overflow (and a uint64 read as int64 wraps).
+  const int64_t max_mult = 65536 / c.base_dim;
   for (const auto &m : j["dim_mult"]) {
-    if (!m.is_number_integer() || m.get<int64_t>() < 1 || m.get<int64_t>() * c.base_dim > 65536)
-      return fail("'dim_mult' holds " + m.dump() + ": expected whole numbers >= 1 (channels up to 65536)");
-    c.dim_mult.push_back(static_cast<int>(m.get<int64_t>()));
+    const bool whole = m.is_number_integer();
+    const int64_t v = !whole ? 0 : m.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(m.get<uint64_t>(), 1u << 20))
+                                                           : m.get<int64_t>();
+    if (v < 1 || v > max_mult)
+      return fail("'dim_mult' holds " + m.dump() + ": expected whole numbers from 1 to " + std::to_string(max_mult) +
+                  " (base_dim " + std::to_string(c.base_dim) + " times it gives the channels, at most 65536)");
+    c.dim_mult.push_back(static_cast<int>(v));
   }
   c.temperal_downsample.clear();
   if (!j.contains("temperal_downsample") || !j["temperal_downsample"].is_array())

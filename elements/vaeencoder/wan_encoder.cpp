@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "safetensors.h"
+#include "regular_file.h"
 #include "vae_config.h"
 
 namespace videotrain::vae {
@@ -26,13 +27,10 @@ struct WanEncoder::Run {
 
 std::unique_ptr<WanEncoder> WanEncoder::load(const std::string &dir, c10::Device device, c10::ScalarType dtype) {
   const std::string cfg_path = dir + "/config.json", st_path = dir + "/diffusion_pytorch_model.safetensors";
-  std::ifstream in(cfg_path);
-  if (!in) throw std::runtime_error("cannot read " + cfg_path);
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string err;
+  std::string text, err;
+  if (!read_small_file(cfg_path, kMaxConfigBytes, &text, &err)) throw std::runtime_error("cannot read " + err);
   std::unique_ptr<WanEncoder> enc(new WanEncoder());
-  if (!parse_wan_config(text.str(), &enc->cfg_, &err)) throw std::runtime_error(cfg_path + ": " + err);
+  if (!parse_wan_config(text, &enc->cfg_, &err)) throw std::runtime_error(cfg_path + ": " + err);
   auto file = SafetensorsFile::open(st_path, &err);
   if (!file) throw std::runtime_error(err);
   for (const auto &[name, shape] : wan_encoder_tensor_table(enc->cfg_)) {

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 #include <glib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -341,4 +342,32 @@ TEST_F(ManifestTest, LargeManifestIsIndexedCompactlyAndReadConcurrently) {
     ASSERT_EQ(r.caption, caption(10 * i + 3));
     ASSERT_EQ(r.split, "val");
   }
+}
+
+// A runaway caption is cut to max_caption_bytes where a character starts (the row says so), and a
+// FIFO or device given as the manifest is refused at once instead of blocking the open.
+TEST_F(ManifestTest, LongCaptionsAreCutAtACharacterAndNonFilesAreRefused) {
+  std::string caption = "ab";
+  while (caption.size() < 20000) caption += "\xe2\x82\xac";  // the euro sign, 3 bytes
+  ManifestOptions o;
+  o.max_caption_bytes = 16384;
+  auto m = open_csv("path,text\na.mp4,\"" + caption + "\"\nb.mp4,short\n", o);
+  ASSERT_NE(m, nullptr);
+  ManifestRow r = m->row(0);
+  EXPECT_TRUE(r.error.empty()) << r.error;
+  EXPECT_EQ(r.caption.size(), 16382u);  // 2 + 3n <= 16384: the last whole character
+  EXPECT_EQ(r.caption, caption.substr(0, 16382));
+  EXPECT_TRUE(g_utf8_validate(r.caption.data(), static_cast<gssize>(r.caption.size()), nullptr));
+  EXPECT_NE(r.warning.find("caption of " + std::to_string(caption.size()) + " bytes cut to 16382"), std::string::npos)
+      << r.warning;
+  EXPECT_EQ(m->row(1).caption, "short");
+  EXPECT_EQ(m->row(1).warning, "");
+
+  ASSERT_EQ(::mkfifo(dir.file("fifo.csv").c_str(), 0644), 0);
+  ManifestOptions f;
+  f.location = dir.file("fifo.csv");
+  EXPECT_NE(open_error("", f).find("not a regular file (a FIFO)"), std::string::npos);
+  ::symlink("/dev/zero", dir.file("zero.csv").c_str());
+  f.location = dir.file("zero.csv");
+  EXPECT_NE(open_error("", f).find("not a regular file (a character device)"), std::string::npos);
 }

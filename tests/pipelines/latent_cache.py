@@ -136,7 +136,7 @@ _, e, _, _ = run(data=f"{tmp}/moved")
 check(e[0][1] == N - 1, f"a video changed in place misses (same path, size and time): {e}")
 
 # Damaged entries: a warning each, encoded again and rewritten.
-for root, _, files in os.walk(f"{tmp}/cache/v1"):
+for root, _, files in os.walk(f"{tmp}/cache/v2"):
     for name in files:
         with open(os.path.join(root, name), "r+b") as f:
             f.seek(-8, 2)

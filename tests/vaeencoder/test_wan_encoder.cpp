@@ -106,6 +106,10 @@ TEST(WanConfig, BadConfigsNameTheKey) {
   };
   EXPECT_NE(error_of([](auto &j) { j.erase("z_dim"); }).find("'z_dim'"), std::string::npos);
   EXPECT_NE(error_of([](auto &j) { j["dim_mult"] = {1, 1e30}; }).find("'dim_mult'"), std::string::npos);
+  // Products that overflow int64 (UBSan at the check before the fix) and uint64 wrapping negative.
+  EXPECT_NE(error_of([](auto &j) { j["dim_mult"] = {1, int64_t(1) << 62, 2, 2}; }).find("'dim_mult'"), std::string::npos);
+  EXPECT_NE(error_of([](auto &j) { j["dim_mult"] = {1, UINT64_MAX, 2, 2}; }).find("'dim_mult'"), std::string::npos);
+  EXPECT_NE(error_of([](auto &j) { j["dim_mult"] = {1, 4097, 2, 2}; }).find("from 1 to 4096"), std::string::npos);
   EXPECT_NE(error_of([](auto &j) { j["latents_std"] = {1, 2}; }).find("'latents_std'"), std::string::npos);
   EXPECT_NE(error_of([](auto &j) { j["in_channels"] = 3; }).find("'in_channels'"), std::string::npos);
   EXPECT_NE(error_of([](auto &j) { j["attn_scales"] = {0.5}; }).find("'attn_scales'"), std::string::npos);
