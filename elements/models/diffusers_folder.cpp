@@ -1,11 +1,9 @@
 #include "diffusers_folder.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include "regular_file.h"
 
-#include <cerrno>
-#include <cstring>
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -14,7 +12,7 @@ namespace videotrain::models {
 using json = nlohmann::json;
 
 namespace {
-constexpr size_t kMaxJson = size_t(64) << 20;
+constexpr uint64_t kMaxJson = kMaxConfigBytes;
 
 bool is_regular(const std::string &path) {
   struct stat st {};
@@ -26,38 +24,6 @@ bool exists(const std::string &path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 }  // namespace
-
-bool read_small_file(const std::string &path, size_t max_bytes, std::string *out, std::string *error) {
-  // O_NONBLOCK: opening a FIFO with no writer would otherwise wait forever.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    *error = "cannot open '" + path + "': " + std::strerror(errno);
-    return false;
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    *error = "'" + path + "' is not a regular file";
-    return false;
-  }
-  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    ::close(fd);
-    *error = "'" + path + "' is " + std::to_string(st.st_size) + " bytes, more than the " + std::to_string(max_bytes) +
-             " such a file may have";
-    return false;
-  }
-  out->assign(static_cast<size_t>(st.st_size), '\0');
-  size_t got = 0;
-  while (got < out->size()) {
-    const ssize_t n = ::read(fd, &(*out)[got], out->size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  out->resize(got);  // a file that shrank while read: what was there
-  return true;
-}
 
 std::string DiffusersFolder::weights_description() const {
   if (files.size() == 1) return files[0]->path();
@@ -100,7 +66,7 @@ std::string shard_index_json(const std::map<std::string, std::string> &weight_ma
 
 bool open_diffusers_folder(const std::string &dir, const std::string &stem, DiffusersFolder *out, std::string *error) {
   out->dir = dir;
-  if (!read_small_file(dir + "/config.json", kMaxJson, &out->config_text, error)) return false;
+  if (!videotrain::read_small_file(dir + "/config.json", kMaxJson, &out->config_text, error)) return false;
   const json cfg = json::parse(out->config_text, nullptr, false);
   if (!cfg.is_object()) {
     *error = "'" + dir + "/config.json' is not a JSON object";
@@ -118,7 +84,7 @@ bool open_diffusers_folder(const std::string &dir, const std::string &stem, Diff
     paths.push_back(single);
   } else if (exists(index)) {
     std::string text;
-    if (!read_small_file(index, kMaxJson, &text, error)) return false;
+    if (!videotrain::read_small_file(index, kMaxJson, &text, error)) return false;
     if (!parse_shard_index(text, &weight_map, error)) {
       *error = "'" + index + "' " + *error;
       return false;

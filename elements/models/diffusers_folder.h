@@ -27,16 +27,12 @@ struct DiffusersFolder {
 // Opens `dir` (stem "diffusion_pytorch_model" for diffusers, "model" for transformers). Errors name
 // the file: a missing config or weights file, a shard the index names that is missing or does not
 // hold the tensor the index says, a tensor in two files, a file that is not a regular file, a
-// config or index over 64 MiB or not JSON.
+// config or index over 16 MiB or not JSON.
 bool open_diffusers_folder(const std::string &dir, const std::string &stem, DiffusersFolder *out, std::string *error);
 
 // The shard index JSON text for tensors laid out in files; total_size is the bytes of all tensors.
 std::string shard_index_json(const std::map<std::string, std::string> &weight_map, uint64_t total_size);
 // Parses an index: weight_map into *out; false with a reason (for the fuzz target and the loader).
 bool parse_shard_index(const std::string &text, std::map<std::string, std::string> *out, std::string *error);
-
-// The whole of a small regular file (configs, indexes): refuses FIFOs, devices and sockets
-// without blocking on them, and files over max_bytes. False with a reason naming the path.
-bool read_small_file(const std::string &path, size_t max_bytes, std::string *out, std::string *error);
 
 }  // namespace videotrain::models

@@ -1,0 +1,115 @@
+/* WanTransformer3DModel's config.json: see wan_transformer_config.h. */
+#include "wan_transformer_config.h"
+
+#include <nlohmann/json.hpp>
+
+namespace videotrain::models {
+
+using json = nlohmann::json;
+
+namespace {
+
+bool get_count(const json &j, const char *key, int64_t lo, int64_t hi, int64_t *out, std::string *error) {
+  if (!j.contains(key)) return true;  // diffusers' default stands
+  const auto &v = j[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+    *error = std::string("'") + key + "' is " + v.dump() + ", expected a whole number in [" + std::to_string(lo) +
+             ", " + std::to_string(hi) + "]";
+    return false;
+  }
+  *out = v.get<int64_t>();
+  return true;
+}
+
+}  // namespace
+
+bool parse_wan_transformer_config(const std::string &text, WanConfig *out, std::string *error) {
+  const json j = json::parse(text, nullptr, false);
+  auto fail = [&](const std::string &why) {
+    *error = why;
+    return false;
+  };
+  if (!j.is_object()) return fail("config.json is not a JSON object");
+  if (!j.contains("_class_name") || j["_class_name"] != "WanTransformer3DModel")
+    return fail("config.json's _class_name is " + (j.contains("_class_name") ? j["_class_name"].dump() : "missing") +
+                ", not \"WanTransformer3DModel\"");
+  static const char *known[] = {"patch_size", "num_attention_heads", "attention_head_dim", "in_channels",
+                                "out_channels", "text_dim", "freq_dim", "ffn_dim", "num_layers", "cross_attn_norm",
+                                "qk_norm", "eps", "image_dim", "added_kv_proj_dim", "rope_max_seq_len",
+                                "pos_embed_seq_len"};
+  for (const auto &[key, value] : j.items()) {
+    if (key.rfind('_', 0) == 0) continue;  // _class_name, _diffusers_version, _name_or_path
+    bool ok = false;
+    for (const char *k : known) ok = ok || key == k;
+    if (!ok) return fail("config.json key '" + key + "' is not one this Wan port supports");
+  }
+  WanConfig c;
+  for (const char *k : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
+    if (j.contains(k) && !j[k].is_null())
+      return fail(std::string("config.json key '") + k + "' is " + j[k].dump() +
+                  ": image-conditioned Wan models (I2V, FLF2V) are not supported yet; use a text-to-video folder");
+  std::string e;
+  if (!get_count(j, "num_attention_heads", 1, 1024, &c.num_attention_heads, &e) ||
+      !get_count(j, "attention_head_dim", 6, 1024, &c.attention_head_dim, &e) ||
+      !get_count(j, "in_channels", 1, 4096, &c.in_channels, &e) ||
+      !get_count(j, "out_channels", 1, 4096, &c.out_channels, &e) || !get_count(j, "text_dim", 1, 65536, &c.text_dim, &e) ||
+      !get_count(j, "freq_dim", 2, 65536, &c.freq_dim, &e) || !get_count(j, "ffn_dim", 1, 1 << 20, &c.ffn_dim, &e) ||
+      !get_count(j, "num_layers", 1, 1000, &c.num_layers, &e) ||
+      !get_count(j, "rope_max_seq_len", 1, 1 << 20, &c.rope_max_seq_len, &e))
+    return fail("config.json " + e);
+  if (c.attention_head_dim % 2 || c.freq_dim % 2)
+    return fail("config.json: attention_head_dim and freq_dim must be even (rotary pairs, sin/cos halves)");
+  if (c.dim() > 65536) return fail("config.json: num_attention_heads x attention_head_dim is over 65536");
+  if (j.contains("patch_size")) {
+    const auto &p = j["patch_size"];
+    if (!p.is_array() || p.size() != 3) return fail("config.json 'patch_size' is " + p.dump() + ", expected [t, h, w]");
+    for (size_t i = 0; i < 3; i++) {
+      if (!p[i].is_number_integer() || p[i].get<int64_t>() < 1 || p[i].get<int64_t>() > 64)
+        return fail("config.json 'patch_size' is " + p.dump() + ", expected three whole numbers in [1, 64]");
+      c.patch_size[i] = p[i].get<int64_t>();
+    }
+  }
+  if (j.contains("cross_attn_norm")) {
+    if (!j["cross_attn_norm"].is_boolean()) return fail("config.json 'cross_attn_norm' is not true or false");
+    c.cross_attn_norm = j["cross_attn_norm"].get<bool>();
+  }
+  if (j.contains("qk_norm") && j["qk_norm"] != "rms_norm_across_heads")
+    return fail("config.json 'qk_norm' is " + j["qk_norm"].dump() + "; only \"rms_norm_across_heads\" (every published "
+                "Wan checkpoint) is supported");
+  if (j.contains("eps")) {
+    if (!j["eps"].is_number() || !(j["eps"].get<double>() > 0 && j["eps"].get<double>() < 1))
+      return fail("config.json 'eps' is " + j["eps"].dump() + ", expected a number in (0, 1)");
+    c.eps = j["eps"].get<double>();
+  }
+  if (c.in_channels != c.out_channels)
+    return fail("config.json has in_channels " + std::to_string(c.in_channels) + " and out_channels " +
+                std::to_string(c.out_channels) + ": an image-to-video model (image latents concatenated to the "
+                "input), not supported yet; use a text-to-video folder");
+  *out = c;
+  return true;
+}
+
+std::string wan_transformer_config_json(const WanConfig &c) {
+  json j;
+  j["_class_name"] = "WanTransformer3DModel";
+  j["_diffusers_version"] = "0.35.0";
+  j["added_kv_proj_dim"] = nullptr;
+  j["attention_head_dim"] = c.attention_head_dim;
+  j["cross_attn_norm"] = c.cross_attn_norm;
+  j["eps"] = c.eps;
+  j["ffn_dim"] = c.ffn_dim;
+  j["freq_dim"] = c.freq_dim;
+  j["image_dim"] = nullptr;
+  j["in_channels"] = c.in_channels;
+  j["num_attention_heads"] = c.num_attention_heads;
+  j["num_layers"] = c.num_layers;
+  j["out_channels"] = c.out_channels;
+  j["patch_size"] = c.patch_size;
+  j["pos_embed_seq_len"] = nullptr;
+  j["qk_norm"] = "rms_norm_across_heads";
+  j["rope_max_seq_len"] = c.rope_max_seq_len;
+  j["text_dim"] = c.text_dim;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace videotrain::models
