@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""videotrain-model as a user checks a folder with it: forward --backward on the reference case's
+inputs (written to a safetensors file here) gives diffusers' output and gradients; export writes a
+bf16 sharded folder that forward reads back; init makes a seeded folder; bad input is an error."""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+build = os.environ["VIDEOTRAIN_BUILD_DIR"]
+ref = os.environ["VIDEOTRAIN_REFERENCE_DIR"]
+tool = os.path.join(build, "tools", "videotrain-model")
+DT = {"F32": torch.float32, "I64": torch.int64, "BF16": torch.bfloat16}
+failures = []
+
+
+def read(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, v in h.items():
+        if k != "__metadata__":
+            b, e = v["data_offsets"]
+            out[k] = torch.frombuffer(bytearray(data[b:e]), dtype=DT[v["dtype"]]).reshape(v["shape"])
+    return out, h.get("__metadata__", {})
+
+
+def write(path, tensors):
+    header, blobs, off = {}, [], 0
+    for k, t in tensors.items():
+        b = t.contiguous().numpy().tobytes()
+        header[k] = {"dtype": {torch.float32: "F32", torch.int64: "I64"}[t.dtype], "shape": list(t.shape),
+                     "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def run(*args):
+    return subprocess.run([tool, *args], capture_output=True, text=True)
+
+
+tmp = tempfile.mkdtemp(prefix="vt-model-tool-")
+model = os.path.join(ref, "dit", "wan_t2v_tiny")
+cases, _ = read(os.path.join(model, "cases.safetensors"))
+c = "b2_t3_h8_w12"
+inp = os.path.join(tmp, "in.safetensors")
+write(inp, {"hidden_states": cases[f"input.{c}.hidden_states"], "timestep": cases[f"input.{c}.timestep"],
+            "encoder_hidden_states": cases[f"input.{c}.encoder_hidden_states"], "cotangent": cases[f"cotangent.{c}"]})
+out = os.path.join(tmp, "out.safetensors")
+r = run("forward", model, inp, out, "--backward")
+check(r.returncode == 0, "forward --backward runs: " + r.stderr.strip())
+got, _ = read(out)
+check(rel(got["output"], cases[f"output.{c}"]) < 1e-5, "output equals diffusers' (1e-5)")
+check(rel(got["grad.hidden_states"], cases[f"grad_input.{c}.hidden_states"]) < 1e-5, "grad.hidden_states (1e-5)")
+check(rel(got["grad.encoder_hidden_states"], cases[f"grad_input.{c}.encoder_hidden_states"]) < 1e-5,
+      "grad.encoder_hidden_states (1e-5)")
+params = [k for k in cases if k.startswith(f"grad.{c}.")]
+worst = max(rel(got["grad." + k[len(f"grad.{c}."):]], cases[k]) for k in params)
+check(len(params) > 40 and worst < 1e-4, f"all {len(params)} parameter gradients (worst {worst:.2g} < 1e-4)")
+
+# The text-padding case through the mask: rows past each caption zeroed by the tool.
+c = "b2_textpad"
+lens = json.loads(read(os.path.join(model, "cases.safetensors"))[1]["cases"])[c]["valid_text_lengths"]
+mask = torch.zeros(2, 16, dtype=torch.int64)
+for i, n in enumerate(lens):
+    mask[i, :n] = 1
+noisy = cases[f"input.{c}.encoder_hidden_states"] + (1 - mask).unsqueeze(-1) * 3.0  # garbage in the padding
+write(inp, {"hidden_states": cases[f"input.{c}.hidden_states"], "timestep": cases[f"input.{c}.timestep"],
+            "encoder_hidden_states": noisy, "encoder_attention_mask": mask})
+r = run("forward", model, inp, out)
+check(r.returncode == 0 and rel(read(out)[0]["output"], cases[f"output.{c}"]) < 1e-5,
+      "encoder_attention_mask zeroes the padding rows as Wan's pipelines do")
+
+# export: bf16 shards with an index; forward reads the folder.
+exp = os.path.join(tmp, "exported")
+r = run("export", model, exp, "--dtype", "bf16", "--max-shard-bytes", "30000")
+idx = os.path.join(exp, "diffusion_pytorch_model.safetensors.index.json")
+check(r.returncode == 0 and os.path.exists(idx), "export writes a sharded bf16 folder with its index")
+shards = set(json.load(open(idx))["weight_map"].values())
+check(len(shards) >= 2 and all(os.path.exists(os.path.join(exp, s)) for s in shards), f"{len(shards)} shards")
+r = run("forward", exp, inp, out)
+check(r.returncode == 0 and 0 < rel(read(out)[0]["output"], cases[f"output.{c}"]) < 3e-2, "the bf16 folder runs")
+
+# init: a seeded folder of a config; the same seed gives the same weights.
+a, b = os.path.join(tmp, "a"), os.path.join(tmp, "b")
+for d in (a, b):
+    r = run("init", os.path.join(model, "config.json"), d, "--seed", "5")
+    check(r.returncode == 0, "init " + r.stderr.strip())
+check(open(os.path.join(a, "diffusion_pytorch_model.safetensors"), "rb").read() ==
+      open(os.path.join(b, "diffusion_pytorch_model.safetensors"), "rb").read(), "init is seeded")
+
+# Errors: a missing input tensor, a wrong shape, a folder of another class.
+write(inp, {"hidden_states": cases[f"input.{c}.hidden_states"][:, :3], "timestep": cases[f"input.{c}.timestep"],
+            "encoder_hidden_states": noisy})
+r = run("forward", model, inp, out)
+check(r.returncode == 1 and "hidden_states has shape" in r.stderr, "a wrong shape is an error: " + r.stderr.strip())
+write(inp, {"hidden_states": cases[f"input.{c}.hidden_states"]})
+r = run("forward", model, inp, out)
+check(r.returncode == 1 and "timestep" in r.stderr, "a missing input is an error: " + r.stderr.strip())
+r = run("info", os.path.join(ref, "wan_vae", "tiny_wan21"))
+check(r.returncode == 1 and "AutoencoderKLWan" in r.stderr, "a VAE folder is refused naming its class: " + r.stderr.strip())
+print(f"{len(failures) == 0 and 'all' or len(failures)} checks " + ("passed" if not failures else "failed"))
+sys.exit(1 if failures else 0)

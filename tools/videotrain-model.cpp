@@ -1,0 +1,237 @@
+/* videotrain-model: checks and converts the native models' folders (diffusers transformer folders).
+ *
+ *   videotrain-model info DIR
+ *   videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] [--dtype float32|bfloat16]
+ *                    [--device cpu|cuda:N] [--checkpointing]
+ *   videotrain-model export CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]
+ *   videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype ...]
+ *
+ * forward: IN holds the class's own inputs in diffusers' layout (Wan: hidden_states [B,C,T,H,W],
+ * timestep [B] or [B, tokens], encoder_hidden_states [B,L,D], optionally encoder_attention_mask
+ * [B,L] whose zeros zero those rows, as Wan's pipelines pass text). OUT gets `output`; with
+ * --backward, IN also holds `cotangent` and OUT gets grad.hidden_states, grad.encoder_hidden_states
+ * and grad.<parameter> of d(sum(output * cotangent)). Rotary tables come from the shape. */
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "autocast_guard.h"
+#include "first_line.h"
+#include "models/diffusers_folder.h"
+#include "models/native_model.h"
+#include "models/weights_io.h"
+#include "regular_file.h"
+#include "safetensors.h"
+
+using namespace videotrain;
+using namespace videotrain::models;
+
+namespace {
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: videotrain-model info DIR\n"
+               "       videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] "
+               "[--dtype float32|bfloat16] [--device cpu|cuda:N] [--checkpointing]\n"
+               "       videotrain-model export CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]\n"
+               "       videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype bf16|fp16|fp32]\n");
+  return 2;
+}
+
+std::string opt(std::vector<std::string> &args, const std::string &name, const std::string &def) {
+  for (size_t i = 0; i + 1 < args.size(); i++)
+    if (args[i] == name) {
+      std::string v = args[i + 1];
+      args.erase(args.begin() + i, args.begin() + i + 2);
+      return v;
+    }
+  return def;
+}
+
+bool flag(std::vector<std::string> &args, const std::string &name) {
+  for (size_t i = 0; i < args.size(); i++)
+    if (args[i] == name) {
+      args.erase(args.begin() + i);
+      return true;
+    }
+  return false;
+}
+
+std::string human(double bytes) {
+  const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int k = 0;
+  while (bytes >= 1024 && k < 4) bytes /= 1024, k++;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", bytes, u[k]);
+  return buf;
+}
+
+// blocks.7.attn1.to_q -> blocks.{i}.attn1.to_q (one line per kind of module).
+std::string pattern_of(const std::string &name) {
+  std::string out;
+  size_t i = 0;
+  while (i < name.size()) {
+    if (std::isdigit(static_cast<unsigned char>(name[i])) && (i == 0 || name[i - 1] == '.') && name.rfind("blocks.", 0) == 0 &&
+        i == 7) {
+      while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) i++;
+      out += "{i}";
+    } else {
+      out += name[i++];
+    }
+  }
+  return out;
+}
+
+int info(const std::string &dir) {
+  DiffusersFolder folder;
+  std::string err;
+  if (!open_diffusers_folder(dir, "diffusion_pytorch_model", &folder, &err)) throw std::runtime_error(err);
+  std::map<std::string, std::pair<uint64_t, uint64_t>> by_dtype;  // dtype -> (count, bytes)
+  uint64_t params = 0;
+  for (const auto &[name, e] : folder.tensors) {
+    uint64_t n = 1;
+    for (int64_t d : e->shape) n *= static_cast<uint64_t>(d);
+    params += n;
+    by_dtype[e->dtype].first += n;
+    by_dtype[e->dtype].second += e->nbytes;
+  }
+  torch::NoGradGuard ng;
+  auto m = open_dit(dir, torch::kCPU);  // checks the folder strictly
+  std::printf("folder: %s\nclass: %s (family %s)\nweights: %s\n", dir.c_str(), m->class_name().c_str(),
+              m->family().c_str(), folder.weights_description().c_str());
+  std::printf("config: %s", nlohmann::json::parse(folder.config_text).dump(1).c_str());
+  std::printf("\nparameters: %llu (%.3f B)\n", (unsigned long long)params, params / 1e9);
+  for (const auto &[dt, cb] : by_dtype)
+    std::printf("  stored %s: %llu parameters, %s\n", dt.c_str(), (unsigned long long)cb.first, human(cb.second).c_str());
+  std::map<std::string, int> kinds;
+  for (const auto &n : m->linear_names()) kinds[pattern_of(n)]++;
+  std::printf("LoRA-targetable modules (Linear layers, diffusers names):\n");
+  for (const auto &[k, n] : kinds) std::printf("  %s%s\n", k.c_str(), n > 1 ? ("  (x" + std::to_string(n) + ")").c_str() : "");
+  // Per-GPU memory for the weights and optimizer (activations: README, bench/wan_bench).
+  const double p = static_cast<double>(params);
+  std::printf("per GPU, before activations (DDP: every rank holds all of it):\n");
+  std::printf("  full fine-tune, fp32 master weights + grads + AdamW moments + bf16 autocast copies: %s\n",
+              human(p * 18).c_str());
+  std::printf("  LoRA over a bf16 base (adapter and its optimizer state negligible): %s\n", human(p * 2).c_str());
+  return 0;
+}
+
+at::Tensor entry_tensor(const SafetensorsFile &f, const std::string &name, bool required) {
+  const auto *e = f.find(name);
+  if (!e) {
+    if (required) throw std::runtime_error("'" + f.path() + "' has no tensor '" + name + "'");
+    return at::Tensor();
+  }
+  const auto dt = e->dtype == "F32" ? at::kFloat : e->dtype == "F16" ? at::kHalf : e->dtype == "BF16" ? at::kBFloat16
+                  : e->dtype == "I64" ? at::kLong : e->dtype == "I32" ? at::kInt : e->dtype == "F64" ? at::kDouble
+                  : at::ScalarType::Undefined;
+  if (dt == at::ScalarType::Undefined) throw std::runtime_error("'" + name + "' is " + e->dtype + ", not a number type");
+  auto t = torch::empty(e->shape, torch::TensorOptions().dtype(dt));
+  std::memcpy(t.data_ptr(), e->data, e->nbytes);
+  return t;
+}
+
+void add_out(std::vector<SafetensorsOutTensor> *out, const std::string &name, const at::Tensor &t) {
+  if (!t.defined()) return;
+  auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
+  SafetensorsOutTensor o;
+  o.name = name;
+  o.dtype = "F32";
+  o.shape = c.sizes().vec();
+  o.bytes.resize(c.numel() * sizeof(float));
+  std::memcpy(o.bytes.data(), c.data_ptr(), o.bytes.size());
+  out->push_back(std::move(o));
+}
+
+int forward(std::vector<std::string> args) {
+  const bool backward = flag(args, "--backward"), ckpt = flag(args, "--checkpointing");
+  const std::string dtype = opt(args, "--dtype", "float32"), device_name = opt(args, "--device", "cpu");
+  if (args.size() != 3 || (dtype != "float32" && dtype != "bfloat16")) return usage();
+  const c10::Device device(device_name);
+  auto m = open_dit(args[0], device);
+  m->set_gradient_checkpointing(ckpt);
+  std::string err;
+  auto in = SafetensorsFile::open(args[1], &err);
+  if (!in) throw std::runtime_error(err);
+  auto x = entry_tensor(*in, "hidden_states", true).to(device, torch::kFloat);
+  auto t = entry_tensor(*in, "timestep", true).to(device);
+  auto text = entry_tensor(*in, "encoder_hidden_states", true).to(device, torch::kFloat);
+  const auto mask = entry_tensor(*in, "encoder_attention_mask", false);
+  if (mask.defined()) text = zero_text_padding(text, mask.to(device));
+  std::vector<SafetensorsOutTensor> out;
+  if (!backward) {
+    torch::NoGradGuard ng;
+    AutocastGuard cast(dtype == "bfloat16", device.is_cuda());
+    add_out(&out, "output", m->forward(x, t, text));
+  } else {
+    x.requires_grad_(true);
+    text.requires_grad_(true);
+    at::Tensor y;
+    {
+      AutocastGuard cast(dtype == "bfloat16", device.is_cuda());
+      y = m->forward(x, t, text);
+    }
+    const auto cot = entry_tensor(*in, "cotangent", true).to(device, torch::kFloat);
+    if (cot.sizes() != y.sizes()) throw std::runtime_error("cotangent's shape differs from the output's");
+    (y.to(torch::kFloat) * cot).sum().backward();
+    add_out(&out, "output", y);
+    add_out(&out, "grad.hidden_states", x.grad());
+    add_out(&out, "grad.encoder_hidden_states", text.grad());
+    for (const auto &p : m->module().named_parameters(true))
+      if (p.value().requires_grad()) add_out(&out, "grad." + p.key(), p.value().grad());
+  }
+  if (!write_safetensors(args[2], out, {{"format", "pt"}, {"model", args[0]}}, &err)) throw std::runtime_error(err);
+  std::printf("wrote %zu tensors to %s\n", out.size(), args[2].c_str());
+  return 0;
+}
+
+int export_folder(std::vector<std::string> args) {
+  const std::string dtype = opt(args, "--dtype", "bf16");
+  const uint64_t shard = std::stoull(opt(args, "--max-shard-bytes", std::to_string(uint64_t(5) << 30)));
+  at::ScalarType t;
+  if (args.size() != 2 || !parse_save_dtype(dtype, &t) || shard == 0) return usage();
+  torch::NoGradGuard ng;
+  auto m = open_dit(args[0], torch::kCPU);
+  const std::string file = m->save(args[1], t, shard);
+  std::printf("exported %s (%s) to %s/%s\n", args[0].c_str(), dtype.c_str(), args[1].c_str(), file.c_str());
+  return 0;
+}
+
+int init(std::vector<std::string> args) {
+  const uint64_t seed = std::stoull(opt(args, "--seed", "0"));
+  const std::string dtype = opt(args, "--dtype", "fp32");
+  at::ScalarType t;
+  if (args.size() != 2 || !parse_save_dtype(dtype, &t)) return usage();
+  std::string text, err;
+  if (!read_small_file(args[0], kMaxConfigBytes, &text, &err)) throw std::runtime_error(err);
+  torch::manual_seed(static_cast<int64_t>(seed & 0x7fffffffffffffffull));
+  auto m = build_dit(text, torch::kCPU);
+  const std::string file = m->save(args[1], t, uint64_t(5) << 30);
+  std::printf("initialised a %s from %s (seed %llu) in %s/%s\n", m->class_name().c_str(), args[0].c_str(),
+              (unsigned long long)seed, args[1].c_str(), file.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc < 3) return usage();
+  const std::string cmd = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  try {
+    if (cmd == "info" && args.size() == 1) return info(args[0]);
+    if (cmd == "forward") return forward(args);
+    if (cmd == "export") return export_folder(args);
+    if (cmd == "init") return init(args);
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "videotrain-model %s: %s\n", cmd.c_str(), first_line(e.what()).c_str());
+    return 1;
+  }
+  return usage();
+}
