@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# A native Wan transformer trained end to end as users run it: pipelines/train-wan.pipeline
+# (csvvideosrc ! vaeencoder (tiny Wan 2.1 VAE) ! textencoder ! queue ! microbatcher ! ddptrainsink
+# model=<tiny Wan DiT folder>). Checks that
+#  - 1 rank x batch 4 and 2 ranks x batch 2 train to the same weights (per-sample noise and sigmas),
+#  - a run stopped at step 2 and resumed to 4 ends with the uninterrupted run's weights,
+#  - the finished run exports a bf16 diffusers folder that videotrain-model and model= load again,
+#  - a folder of another class is an error at start naming it.
+set -euo pipefail
+build=${VIDEOTRAIN_BUILD_DIR:?}
+src=${VIDEOTRAIN_SOURCE_DIR:?}
+ref=${VIDEOTRAIN_REFERENCE_DIR:?}
+work=$(mktemp -d "${TMPDIR:-/tmp}/videotrain-wan-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+export GST_PLUGIN_PATH="$build/plugins/videotrain"
+export OMP_NUM_THREADS=1
+bash "$src/scripts/make_dataset.sh" "$work/data" 8 >/dev/null
+/usr/bin/python3 "$src/scripts/make_text_encoder.py" "$work/text" --captions "$work/data/train.csv" >/dev/null 2>&1
+bash "$src/scripts/make_tiny_wan.sh" "$work/dit" --latent-channels 4 --text-dim 32 --seed 3 --build "$build" >/dev/null
+run() {  # run NAME RANKS BATCH MICRO STEPS RESUME [MODEL]
+  timeout 300 "$build/tools/videotrain-launch" -n "$2" -q -f "$src/pipelines/train-wan.pipeline" \
+    -D DATA="$work/data" -D VAE="$ref/wan_vae/tiny_wan21" -D TOKENIZER="$work/text/spiece.model" \
+    -D TEXT_ENCODER="$work/text/text_encoder.pt" -D MAX_LENGTH=16 -D BUCKETS=32x32 -D FRAME_BUCKETS=5 -D FPS=0 \
+    -D FRAMES=5 -D WIDTH=32 -D HEIGHT=32 -D PREFETCH=1 -D BATCH="$3" -D MICRO="$4" -D STEPS="$5" -D RESUME="$6" \
+    -D MODEL="${7:-$work/dit}" -D CKPT="$work/ckpt-$1" -D CKPT_EVERY=2 -D LR=1e-3 -D SEED=1 -D LATENT=mode \
+    -D CAPTION_DROPOUT=0 -D METRICS="$work/$1.jsonl" -D TIMEOUT=120 > "$work/$1.log" 2>&1
+}
+run one 1 4 2 4 false || { cat "$work/one.log"; echo "FAIL: the 1-rank Wan run did not end"; exit 1; }
+run two 2 2 1 4 false || { cat "$work/two.log"; echo "FAIL: the 2-rank Wan run did not end"; exit 1; }
+run res 1 4 2 2 false || { cat "$work/res.log"; echo "FAIL: the run to step 2 did not end"; exit 1; }
+run res 1 4 2 4 true || { cat "$work/res.log"; echo "FAIL: the resumed run did not end"; exit 1; }
+/usr/bin/python3 - "$work" <<'PY'
+import json, math, struct, sys
+import torch
+w = sys.argv[1]
+def weights(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n)); data = f.read()
+    dt = {"F32": torch.float32, "BF16": torch.bfloat16}
+    return {k: torch.frombuffer(bytearray(data[v["data_offsets"][0]:v["data_offsets"][1]]), dtype=dt[v["dtype"]]).reshape(v["shape"]).float()
+            for k, v in h.items() if k != "__metadata__"}
+def ckpt(run):
+    return weights(f"{w}/ckpt-{run}/step-00000004/diffusion_pytorch_model.safetensors")
+base = weights(f"{w}/dit/diffusion_pytorch_model.safetensors")
+one, two, res = ckpt("one"), ckpt("two"), ckpt("res")
+moved = max((one[k] - base[k]).abs().max().item() for k in base)
+assert moved > 1e-4, f"training did not change the weights (max change {moved})"
+# Over all weights (AdamW turns float rounding of near-zero gradients into steps of up to lr).
+flat = lambda ws: torch.cat([ws[k].flatten() for k in sorted(ws)])
+d12 = ((flat(one) - flat(two)).norm() / flat(one).norm()).item()
+assert d12 < 1e-6, f"1 rank x 4 and 2 ranks x 2 differ: rel L2 {d12}"
+dres = max((one[k] - res[k]).abs().max().item() for k in one)
+assert dres == 0, f"the resumed run's weights differ from the uninterrupted run's by {dres}"
+losses = [json.loads(l)["loss"] for l in open(f"{w}/one.jsonl") if '"loss"' in l and '"type": "validation"' not in l]
+assert len(losses) >= 4 and all(math.isfinite(l) for l in losses), losses
+ex = weights(f"{w}/ckpt-one/transformer/diffusion_pytorch_model.safetensors")
+dex = max(((ex[k] - one[k]).norm() / one[k].norm().clamp_min(1e-12)).item() for k in one)
+assert dex < 1e-2, f"the bf16 export is not the final weights (rel {dex})"
+print(f"wan: weights moved {moved:.3g}; 1 vs 2 ranks rel L2 {d12:.2g}; resume identical; "
+      f"export (bf16) rel {dex:.2g}; losses {[round(l, 3) for l in losses]}")
+PY
+grep -q "ddptrainsink-export" "$work/one.log" || { cat "$work/one.log"; echo "FAIL: no ddptrainsink-export message"; exit 1; }
+"$build/tools/videotrain-model" info "$work/ckpt-one/transformer" | grep -q "stored BF16" || {
+  echo "FAIL: the export is not a bf16 folder that videotrain-model reads"; exit 1; }
+# Fine-tuning from the fine-tune: model= takes the exported folder.
+run again 1 4 2 1 false "$work/ckpt-one/transformer" || { cat "$work/again.log"; echo "FAIL: the exported folder does not train"; exit 1; }
+echo "wan: the exported folder trains again"
+if run bad 1 4 2 1 false "$ref/wan_vae/tiny_wan21"; then
+  echo "FAIL: a VAE folder was taken as the model"; exit 1
+fi
+grep -q "AutoencoderKLWan" "$work/bad.log" || { cat "$work/bad.log"; echo "FAIL: the error does not name the class"; exit 1; }
+echo "wan: a VAE folder as model= fails at start naming its class"
+echo "4 passed, 0 failed"
