@@ -127,6 +127,13 @@ at::Tensor attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor 
 #if TORCH_VERSION_MAJOR >= 2
   if (fused_attention_here(q)) return at::scaled_dot_product_attention(q, k, v);
 #endif
+  // Scores small enough to keep whole: plain autograd (no recompute in backward) is faster.
+  if (chunk <= 0 && default_chunk(q, k) >= q.size(2)) {
+    const auto dt = at::promote_types(at::promote_types(q.scalar_type(), k.scalar_type()), v.scalar_type());
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+    const auto scores = at::matmul(q.to(dt), k.to(dt).transpose(-1, -2)).to(accumulate_type(q)) * scale;
+    return at::matmul(at::softmax(scores, -1).to(dt), v.to(dt));
+  }
   return chunked_attention(q, k, v, chunk);
 }
 

@@ -1,0 +1,120 @@
+/* Native Wan transformer: forward+backward time of a real-width 2-layer Wan 2.1 1.3B config (dim
+ * 1536, 12 heads, ffn 8960, text 4096, 16 latent channels) against bench/wan_peer.py, a plain
+ * PyTorch implementation that matches the same reference cases (wan_peer.py --check), on the same
+ * torch threads; and the peak memory of one training step at a real clip size with gradient
+ * checkpointing (49x480x720: 13x60x90 latents, 17,550 tokens).
+ *
+ *   wan-bench [--frames 3] [--height 30] [--width 52] [--threads 2] [--repeat 3] [--no-peer]
+ *   wan-bench --memory [--frames 13] [--height 60] [--width 90] [--checkpointing 1]
+ * The peer runs through PYTHON (default /usr/bin/python3) from VIDEOTRAIN_SOURCE_DIR or the source
+ * tree this was built from. */
+#include <ATen/Parallel.h>
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "cpu_heap.h"
+#include "models/native_model.h"
+
+using namespace videotrain;
+
+namespace {
+
+std::string run(const std::string &cmd) {
+  std::string out;
+  std::unique_ptr<FILE, int (*)(FILE *)> p(popen(cmd.c_str(), "r"), pclose);
+  if (!p) return out;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), p.get())) out += buf;
+  return out;
+}
+
+double rss_mb() {
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024.0;
+}
+
+const char *kConfig = R"({"_class_name": "WanTransformer3DModel", "attention_head_dim": 128, "cross_attn_norm": true,
+  "eps": 1e-06, "ffn_dim": 8960, "freq_dim": 256, "in_channels": 16, "num_attention_heads": 12, "num_layers": 2,
+  "out_channels": 16, "patch_size": [1, 2, 2], "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 1024,
+  "text_dim": 4096})";
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  int64_t frames = 3, height = 30, width = 52, text = 512;
+  int threads = 2, repeat = 3;
+  bool peer = true, memory = false, checkpointing = true;
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    auto next = [&]() { return i + 1 < argc ? std::atoll(argv[++i]) : 0; };
+    if (a == "--frames") frames = next();
+    else if (a == "--height") height = next();
+    else if (a == "--width") width = next();
+    else if (a == "--threads") threads = static_cast<int>(next());
+    else if (a == "--repeat") repeat = static_cast<int>(next());
+    else if (a == "--checkpointing") checkpointing = next() != 0;
+    else if (a == "--no-peer") peer = false;
+    else if (a == "--memory") memory = true;
+    else {
+      std::fprintf(stderr, "wan-bench: unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (memory && frames == 3 && height == 30 && width == 52) frames = 13, height = 60, width = 90;
+  at::set_num_threads(threads);
+  std::string why;
+  if (!retain_cpu_heap(&why)) std::fprintf(stderr, "wan-bench: tune-malloc: %s\n", why.c_str());  // as ddptrainsink on CPU
+  torch::manual_seed(0);
+  const double rss0 = rss_mb();
+  auto m = models::build_dit(kConfig, torch::kCPU);
+  const double rss_model = rss_mb();
+  m->set_gradient_checkpointing(memory ? checkpointing : false);
+  const auto x = torch::randn({1, 16, frames, height, width});
+  const auto ctx = torch::randn({1, text, 4096});
+  const auto t = torch::full({1}, 500.0);
+  const int64_t tokens = frames * (height / 2) * (width / 2);
+  if (memory) {
+    auto t0 = std::chrono::steady_clock::now();
+    m->forward(x, t, ctx).square().mean().backward();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("{\"what\": \"one training step, real width, 2 layers\", \"tokens\": %lld, \"checkpointing\": %s, "
+                "\"seconds\": %.1f, \"peak_rss_mb\": %.0f, \"model_and_grads_mb\": %.0f, \"step_over_model_mb\": %.0f}\n",
+                (long long)tokens, checkpointing ? "true" : "false", s, rss_mb(), (rss_model - rss0) * 2,
+                rss_mb() - rss_model);
+    return 0;
+  }
+  double best = 1e30;
+  for (int r = 0; r <= repeat; r++) {
+    for (auto &p : m->module().parameters()) p.mutable_grad() = at::Tensor();
+    auto t0 = std::chrono::steady_clock::now();
+    m->forward(x, t, ctx).square().mean().backward();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::min(best, s);  // the first is warm-up
+  }
+  std::printf("{\"ours\": \"native LibTorch\", \"threads\": %d, \"tokens\": %lld, \"seconds_per_step\": %.3f}\n", threads,
+              (long long)tokens, best);
+  if (!peer) return 0;
+  const char *py = std::getenv("PYTHON");
+  const char *src = std::getenv("VIDEOTRAIN_SOURCE_DIR");
+  const std::string cmd = std::string(py ? py : "/usr/bin/python3") + " " + (src ? src : SOURCE_DIR) +
+                          "/bench/wan_peer.py --bench --frames " + std::to_string(frames) + " --height " +
+                          std::to_string(height) + " --width " + std::to_string(width) + " --threads " +
+                          std::to_string(threads) + " --repeat " + std::to_string(repeat);
+  const std::string out = run(cmd);
+  std::printf("%s", out.c_str());
+  const auto at = out.find("\"seconds_per_step\": ");
+  if (at == std::string::npos) {
+    std::fprintf(stderr, "wan-bench: the peer printed no timing (%s)\n", cmd.c_str());
+    return 1;
+  }
+  const double theirs = std::atof(out.c_str() + at + 20);
+  std::printf("ratio ours/peer: %.3f (<= 1: at least as fast)\n", best / theirs);
+  return 0;
+}
