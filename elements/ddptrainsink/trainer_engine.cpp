@@ -476,6 +476,7 @@ std::shared_ptr<const ParamSnapshot> TrainerEngine::snapshot_state() const {
   s->step = im.steps_done;
   s->model = im.cfg.model;
   s->dims = im.dims;
+  s->options = im.model_opts;
   for (auto &[n, p] : im.model->named_parameters()) s->parameters.emplace_back(n, p.detach().clone());
   for (auto &[n, b] : im.model->named_buffers()) s->buffers.emplace_back(n, b.detach().clone());
   return s;

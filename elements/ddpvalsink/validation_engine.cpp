@@ -374,7 +374,7 @@ struct ValidationEngine::Impl {
       // Building draws initial weights (overwritten below) from torch's default generator,
       // which the trainer may be using: borrowed, and put back as it was.
       BorrowedDefaultRng rng(device);
-      model = make_model(snap.model, snap.dims, device);
+      model = make_model(snap.model, snap.dims, device, snap.options);
       model_spec = snap.model;
       model_dims = snap.dims;
     }

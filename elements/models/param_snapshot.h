@@ -13,6 +13,7 @@ struct ParamSnapshot {
   uint64_t step = 0;        // optimizer steps done when the copy was taken
   std::string model;        // the model property (TorchScript path or builtin:NAME)
   ModelDims dims;           // what the model was built for
+  ModelOptions options;     // a native model's objective (val-sigmas), as the trainer built it
   NamedTensors parameters;  // detached copies on the training device
   NamedTensors buffers;
 };

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <cmath>
 #include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -258,4 +259,45 @@ TEST(WanTransformer, TextPaddingIsZeroedByTheMask) {
   const auto z = zero_text_padding(e, mask);
   EXPECT_EQ(z.sum().item<float>(), 15.0f);
   EXPECT_EQ(z[0][2].sum().item<float>(), 0.0f);
+}
+
+// ddptrainsink's face of the folder: validation at fixed sigmas is the same number on every pass
+// (noise from the sample's seed); training draws per sample; wrong inputs name what to change.
+TEST(WanTransformer, TrainModelFace) {
+  ModelOptions o;
+  o.val_sigmas = {0.3, 0.7};
+  auto m = make_model(dit_dir("wan_t2v_tiny"), ModelDims{}, torch::kCPU, o);
+  ASSERT_TRUE(m->takes_text());
+  ModelInputs in;
+  torch::manual_seed(0);
+  in.latents = torch::randn({2, 4, 3, 8, 12});
+  in.text_embeds = torch::randn({2, 7, 32});
+  in.text_mask = torch::ones({2, 7}, torch::kLong);
+  in.sample_ids = {5, 9};
+  torch::NoGradGuard ng;
+  const auto v1 = m->validation_step(in, {11, 12}), v2 = m->validation_step(in, {11, 12});
+  EXPECT_TRUE(torch::equal(v1, v2));
+  EXPECT_EQ(v1.sizes(), (std::vector<int64_t>{2}));
+  EXPECT_FALSE(torch::equal(v1, m->validation_step(in, {13, 12})));
+  const auto l1 = m->training_step(in), l2 = m->training_step(in);
+  EXPECT_TRUE(std::isfinite(l1.item<float>()));
+  EXPECT_EQ(l1.item<float>(), l2.item<float>());  // the same samples, the same draws
+  in.epoch = 1;
+  EXPECT_NE(m->training_step(in).item<float>(), l1.item<float>());
+  auto bad = in;
+  bad.latents = torch::randn({2, 16, 3, 8, 12});
+  try {
+    m->training_step(bad);
+    ADD_FAILURE() << "16 channels trained";
+  } catch (const std::exception &e) {
+    EXPECT_NE(std::string(e.what()).find("16 latent channels"), std::string::npos) << e.what();
+  }
+  bad = in;
+  bad.text_embeds = torch::randn({2, 7, 48});
+  try {
+    m->training_step(bad);
+    ADD_FAILURE() << "48-dimensional text trained";
+  } catch (const std::exception &e) {
+    EXPECT_NE(std::string(e.what()).find("48 dimensions"), std::string::npos) << e.what();
+  }
 }
