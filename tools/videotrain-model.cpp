@@ -2,7 +2,7 @@
  *
  *   videotrain-model info DIR
  *   videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] [--dtype float32|bfloat16]
- *                    [--device cpu|cuda:N] [--checkpointing]
+ *                    [--device cpu|cuda:N] [--checkpointing] [--lora FILE]
  *   videotrain-model export CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]
  *   videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype ...]
  *
@@ -10,7 +10,10 @@
  * timestep [B] or [B, tokens], encoder_hidden_states [B,L,D], optionally encoder_attention_mask
  * [B,L] whose zeros zero those rows, as Wan's pipelines pass text). OUT gets `output`; with
  * --backward, IN also holds `cotangent` and OUT gets grad.hidden_states, grad.encoder_hidden_states
- * and grad.<parameter> of d(sum(output * cotangent)). Rotary tables come from the shape. */
+ * and grad.<parameter> of d(sum(output * cotangent)); with --lora FILE (diffusers, ComfyUI or kohya
+ * naming) the base is frozen and the gradients are the LoRA tensors', in diffusers/PEFT naming
+ * (grad.transformer.blocks.0.attn1.to_q.lora_A.weight), for the tensors as stored. Rotary tables come
+ * from the shape. */
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -24,6 +27,7 @@
 #include "autocast_guard.h"
 #include "first_line.h"
 #include "models/diffusers_folder.h"
+#include "models/lora.h"
 #include "models/native_model.h"
 #include "models/weights_io.h"
 #include "regular_file.h"
@@ -38,7 +42,7 @@ int usage() {
   std::fprintf(stderr,
                "usage: videotrain-model info DIR\n"
                "       videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] "
-               "[--dtype float32|bfloat16] [--device cpu|cuda:N] [--checkpointing]\n"
+               "[--dtype float32|bfloat16] [--device cpu|cuda:N] [--checkpointing] [--lora FILE]\n"
                "       videotrain-model export CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]\n"
                "       videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype bf16|fp16|fp32]\n");
   return 2;
@@ -152,10 +156,19 @@ void add_out(std::vector<SafetensorsOutTensor> *out, const std::string &name, co
 int forward(std::vector<std::string> args) {
   const bool backward = flag(args, "--backward"), ckpt = flag(args, "--checkpointing");
   const std::string dtype = opt(args, "--dtype", "float32"), device_name = opt(args, "--device", "cpu");
+  const std::string lora_file = opt(args, "--lora", "");
   if (args.size() != 3 || (dtype != "float32" && dtype != "bfloat16")) return usage();
   const c10::Device device(device_name);
   auto m = open_dit(args[0], device);
   m->set_gradient_checkpointing(ckpt);
+  if (!lora_file.empty()) {  // the base frozen: --backward gives the LoRA tensors' gradients
+    for (auto &p : m->module().parameters()) p.set_requires_grad(false);
+    const auto lora = read_lora(lora_file, m->module());
+    apply_lora(m->module(), lora, true);
+    m->module().to(device);
+    std::printf("LoRA %s: %s naming, %zu modules, rank %lld\n", lora_file.c_str(), lora.naming.c_str(),
+                lora.modules.size(), (long long)lora.rank);
+  }
   std::string err;
   auto in = SafetensorsFile::open(args[1], &err);
   if (!in) throw std::runtime_error(err);
@@ -183,8 +196,12 @@ int forward(std::vector<std::string> args) {
     add_out(&out, "output", y);
     add_out(&out, "grad.hidden_states", x.grad());
     add_out(&out, "grad.encoder_hidden_states", text.grad());
-    for (const auto &p : m->module().named_parameters(true))
-      if (p.value().requires_grad()) add_out(&out, "grad." + p.key(), p.value().grad());
+    if (!lora_file.empty()) {
+      for (const auto &[name, t] : lora_parameters(m->module())) add_out(&out, "grad." + name, t.grad());
+    } else {
+      for (const auto &p : m->module().named_parameters(true))
+        if (p.value().requires_grad()) add_out(&out, "grad." + p.key(), p.value().grad());
+    }
   }
   if (!write_safetensors(args[2], out, {{"format", "pt"}, {"model", args[0]}}, &err)) throw std::runtime_error(err);
   std::printf("wrote %zu tensors to %s\n", out.size(), args[2].c_str());

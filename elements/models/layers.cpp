@@ -19,7 +19,31 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias) {
   }
 }
 
-at::Tensor LinearImpl::forward(const at::Tensor &x) { return torch::nn::functional::linear(x, weight, bias); }
+at::Tensor LinearImpl::forward(const at::Tensor &x) {
+  auto y = torch::nn::functional::linear(x, weight, bias);
+  if (!lora_a.defined()) return y;
+  const auto xd = lora_dropout > 0 && is_training() ? torch::dropout(x, lora_dropout, true) : x;
+  return y + torch::nn::functional::linear(torch::nn::functional::linear(xd, lora_a), lora_b) * lora_scale;
+}
+
+void LinearImpl::add_lora(int64_t rank, double scale, double dropout) {
+  auto a = std::make_shared<torch::nn::Module>(), b = std::make_shared<torch::nn::Module>();
+  lora_a = a->register_parameter("weight", torch::empty({rank, in_features()}, weight.options().dtype(torch::kFloat)));
+  torch::NoGradGuard ng;
+  torch::nn::init::kaiming_uniform_(lora_a, std::sqrt(5.0));  // PEFT's default for lora_A
+  lora_b = b->register_parameter("weight", torch::zeros({out_features(), rank}, lora_a.options()));
+  replace_module_or_register("lora_A", a);
+  replace_module_or_register("lora_B", b);
+  lora_scale = scale;
+  lora_dropout = dropout;
+}
+
+void LinearImpl::replace_module_or_register(const std::string &name, std::shared_ptr<torch::nn::Module> m) {
+  if (named_children().contains(name))
+    replace_module(name, m);
+  else
+    register_module(name, m);
+}
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, bool affine) : eps(eps_) {
   if (affine) weight = register_parameter("weight", torch::ones({dim}));

@@ -15,8 +15,21 @@ namespace videotrain::models {
 // builds on (LoRA wraps it).
 struct LinearImpl : torch::nn::Module {
   LinearImpl(int64_t in, int64_t out, bool bias = true);
+  // W x + b, plus scale * B(A dropout(x)) when a LoRA is attached (PEFT's unmerged forward).
   at::Tensor forward(const at::Tensor &x);
+  // Attaches (or replaces) a LoRA: children lora_A [rank, in] and lora_B [out, rank], each with a
+  // `weight`, so that parameter names are PEFT's (...to_q.lora_A.weight). A Kaiming-uniform as PEFT
+  // initialises it (from torch's generator), B zero: the output is unchanged until B trains.
+  void add_lora(int64_t rank, double scale, double dropout = 0.0);
+  bool has_lora() const { return lora_a.defined(); }
+  int64_t in_features() const { return weight.size(1); }
+  int64_t out_features() const { return weight.size(0); }
   at::Tensor weight, bias;
+  at::Tensor lora_a, lora_b;  // the children's weights (undefined without a LoRA)
+  double lora_scale = 1.0, lora_dropout = 0.0;
+
+ private:
+  void replace_module_or_register(const std::string &name, std::shared_ptr<torch::nn::Module> m);
 };
 TORCH_MODULE(Linear);
 

@@ -77,6 +77,20 @@ params = [k for k in cases if k.startswith(f"grad.{c}.")]
 worst = max(rel(got["grad." + k[len(f"grad.{c}."):]], cases[k]) for k in params)
 check(len(params) > 40 and worst < 1e-4, f"all {len(params)} parameter gradients (worst {worst:.2g} < 1e-4)")
 
+# --lora in the original/ComfyUI naming: PEFT's output and the LoRA gradients in diffusers' naming.
+lora_cases, _ = read(os.path.join(ref, "dit", "wan_t2v_tiny_lora", "cases.safetensors"))
+write(inp, {"hidden_states": cases[f"input.{c}.hidden_states"], "timestep": cases[f"input.{c}.timestep"],
+            "encoder_hidden_states": cases[f"input.{c}.encoder_hidden_states"], "cotangent": lora_cases[f"cotangent.{c}"]})
+r = run("forward", model, inp, out, "--backward", "--lora",
+        os.path.join(ref, "dit", "wan_t2v_tiny_lora", "lora_original_wan_naming.safetensors"))
+check(r.returncode == 0, "forward --lora (ComfyUI naming) runs: " + r.stderr.strip())
+got, _ = read(out)
+check(rel(got["output"], lora_cases[f"output.{c}"]) < 1e-5, "output with the LoRA equals PEFT's (1e-5)")
+lk = [k for k in lora_cases if k.startswith(f"grad.{c}.")]
+worst = max(rel(got["grad." + k[len(f"grad.{c}."):]], lora_cases[k]) for k in lk)
+check(len(lk) == 40 and worst < 1e-4, f"the 40 LoRA gradients in diffusers naming (worst {worst:.2g})")
+check(not any(k.startswith("grad.blocks.") for k in got), "no base gradients with --lora")
+
 # The text-padding case through the mask: rows past each caption zeroed by the tool.
 c = "b2_textpad"
 lens = json.loads(read(os.path.join(model, "cases.safetensors"))[1]["cases"])[c]["valid_text_lengths"]

@@ -1,0 +1,48 @@
+/* LoRA files in the three namings users meet, mapped onto the native models' Linear layers
+ * (layers.h LinearImpl::add_lora): diffusers/PEFT (`transformer.blocks.0.attn1.to_q.lora_A.weight`,
+ * alpha in the file's lora_adapter_metadata, else alpha = rank), the original Wan naming ComfyUI
+ * loads (`diffusion_model.blocks.0.self_attn.q.lora_A.weight` or lora_down/lora_up, `.alpha`), and
+ * kohya/musubi (`lora_unet_blocks_0_self_attn_q.lora_down.weight`, `.lora_up.weight`, `.alpha`).
+ * The name map between diffusers' and the original names is the one table below, per family.
+ * Torch TUs only. */
+#pragma once
+
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace videotrain::models {
+
+struct LoraModule {
+  at::Tensor a, b;     // [rank, in], [out, rank] as stored (float32)
+  double alpha = -1;   // -1: the file's global alpha
+};
+
+struct LoraFile {
+  std::string path, naming;                   // naming: diffusers | comfyui | kohya
+  std::map<std::string, LoraModule> modules;  // by the model's (diffusers) module name
+  double alpha = -1;                          // global (diffusers metadata); -1: alpha = rank
+  int64_t rank = 0;
+};
+
+// The original Wan name of a diffusers module name ("blocks.0.attn1.to_q" -> "blocks.0.self_attn.q"),
+// or "" when the module has none.
+std::string wan_original_name(const std::string &diffusers_name);
+
+// Reads `path` and maps every key onto a Linear of `model` (whose names are diffusers'). Throws
+// std::runtime_error naming the key: a naming it does not recognise, a module the model does not
+// have (a LoRA for another model), shapes that do not fit the module, a rank that differs between
+// modules, an A without its B.
+LoraFile read_lora(const std::string &path, torch::nn::Module &model);
+
+// Attaches the file's LoRA to the model's Linears (scale alpha / rank, as PEFT); the tensors
+// become the modules' lora_A / lora_B weights. trainable: they take gradients.
+void apply_lora(torch::nn::Module &model, const LoraFile &lora, bool trainable);
+
+// The model's LoRA tensors under PEFT's names in diffusers' file (`transformer.` + module +
+// `.lora_A.weight`), the tensors themselves (not copies).
+std::vector<std::pair<std::string, at::Tensor>> lora_parameters(torch::nn::Module &model);
+
+}  // namespace videotrain::models
