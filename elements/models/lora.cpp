@@ -54,6 +54,34 @@ std::map<std::string, LinearImpl *> linears(torch::nn::Module &model) {
 
 }  // namespace
 
+std::string wan_diffusers_name(const std::string &original) {
+  for (const auto &[d, o] : kWanTop)
+    if (original == o) return d;
+  static const std::regex block(R"(^blocks\.(\d+)\.(.+)$)");
+  std::smatch m;
+  if (std::regex_match(original, m, block))
+    for (const auto &[d, o] : kWanNames)
+      if (m[2] == o) return "blocks." + m[1].str() + "." + d;
+  return "";
+}
+
+std::string wan_kohya_to_original(const std::string &k) {
+  for (const auto &[d, o] : kWanTop) {
+    std::string u = o;
+    for (auto &c : u) if (c == '.') c = '_';
+    if (k == u) return o;
+  }
+  static const std::regex block(R"(^blocks_(\d+)_(.+)$)");
+  std::smatch m;
+  if (std::regex_match(k, m, block))
+    for (const auto &[d, o] : kWanNames) {
+      std::string u = o;
+      for (auto &c : u) if (c == '.') c = '_';
+      if (m[2] == u) return "blocks." + m[1].str() + "." + o;
+    }
+  return "";
+}
+
 std::string wan_original_name(const std::string &name) {
   for (const auto &[d, o] : kWanTop)
     if (name == d) return o;
@@ -65,22 +93,10 @@ std::string wan_original_name(const std::string &name) {
   return "";
 }
 
-LoraFile read_lora(const std::string &path, torch::nn::Module &model) {
+LoraFile read_lora_file(const std::string &path) {
   std::string err;
   auto f = SafetensorsFile::open(path, &err);
   if (!f) throw std::runtime_error(err);
-  const auto targets = linears(model);
-  // Each naming's module name -> the model's.
-  std::map<std::string, std::string> from_original, from_kohya;
-  for (const auto &[name, l] : targets) {
-    const std::string o = wan_original_name(name);
-    if (o.empty()) continue;
-    from_original[o] = name;
-    std::string k = "lora_unet_" + o;
-    for (auto &c : k)
-      if (c == '.') c = '_';
-    from_kohya[k] = name;
-  }
   LoraFile out;
   out.path = path;
   auto naming = [&](const std::string &n, const std::string &key) {
@@ -99,20 +115,20 @@ LoraFile read_lora(const std::string &path, torch::nn::Module &model) {
       throw std::runtime_error("'" + path + "' key '" + key + "' is not a LoRA tensor (lora_A/lora_B, lora_down/"
                                "lora_up or alpha)");
     std::string module;
-    if (stem.rfind("transformer.", 0) == 0 && targets.count(stem.substr(12))) {
+    if (stem.rfind("transformer.", 0) == 0) {
       naming("diffusers", key);
       module = stem.substr(12);
-    } else if (stem.rfind("diffusion_model.", 0) == 0 && from_original.count(stem.substr(16))) {
+    } else if (stem.rfind("diffusion_model.", 0) == 0) {
       naming("comfyui", key);
-      module = from_original[stem.substr(16)];
-    } else if (from_kohya.count(stem)) {
+      module = wan_diffusers_name(stem.substr(16));
+    } else if (stem.rfind("lora_unet_", 0) == 0) {
       naming("kohya", key);
-      module = from_kohya[stem];
-    } else {
-      throw std::runtime_error("'" + path + "' key '" + key + "' names no Linear module of this model: a LoRA for "
-                               "another model, or a naming other than diffusers (transformer.blocks.0.attn1.to_q), "
-                               "ComfyUI (diffusion_model.blocks.0.self_attn.q) or kohya (lora_unet_blocks_0_self_attn_q)");
+      module = wan_diffusers_name(wan_kohya_to_original(stem.substr(10)));
     }
+    if (module.empty())
+      throw std::runtime_error("'" + path + "' key '" + key + "' names no Linear module of a Wan transformer: a LoRA "
+                               "for another model, or a naming other than diffusers (transformer.blocks.0.attn1.to_q), "
+                               "ComfyUI (diffusion_model.blocks.0.self_attn.q) or kohya (lora_unet_blocks_0_self_attn_q)");
     auto &lm = out.modules[module];
     if (part == ".alpha") {
       if (e.nbytes == 0) throw std::runtime_error("'" + path + "' key '" + key + "' is empty");
@@ -125,17 +141,12 @@ LoraFile read_lora(const std::string &path, torch::nn::Module &model) {
   }
   if (out.modules.empty()) throw std::runtime_error("'" + path + "' holds no LoRA tensors");
   for (const auto &[name, lm] : out.modules) {
-    const LinearImpl *l = targets.at(name);
     if (!lm.a.defined() || !lm.b.defined())
       throw std::runtime_error("'" + path + "' has " + (lm.a.defined() ? "lora_A" : "lora_B") + " for module '" + name +
                                "' but not its " + (lm.a.defined() ? "lora_B" : "lora_A"));
     const int64_t r = lm.a.size(0);
-    if (lm.a.dim() != 2 || lm.b.dim() != 2 || lm.a.size(1) != l->in_features() || lm.b.size(0) != l->out_features() ||
-        lm.b.size(1) != r)
-      throw std::runtime_error("'" + path + "' LoRA of module '" + name + "' has A " + std::to_string(lm.a.size(0)) +
-                               "x" + std::to_string(lm.a.size(1)) + " and B " + std::to_string(lm.b.size(0)) + "x" +
-                               std::to_string(lm.b.size(1)) + "; the module maps " + std::to_string(l->in_features()) +
-                               " to " + std::to_string(l->out_features()) + " features: a LoRA for another model");
+    if (lm.a.dim() != 2 || lm.b.dim() != 2 || lm.b.size(1) != r)
+      throw std::runtime_error("'" + path + "' LoRA of module '" + name + "' has A and B whose ranks differ");
     if (out.rank && r != out.rank)
       throw std::runtime_error("'" + path + "' has rank " + std::to_string(r) + " at module '" + name + "' and rank " +
                                std::to_string(out.rank) + " elsewhere; one rank per file is supported");
@@ -151,12 +162,97 @@ LoraFile read_lora(const std::string &path, torch::nn::Module &model) {
   return out;
 }
 
+LoraFile read_lora(const std::string &path, torch::nn::Module &model) {
+  LoraFile out = read_lora_file(path);
+  const auto targets = linears(model);
+  for (const auto &[name, lm] : out.modules) {
+    auto it = targets.find(name);
+    if (it == targets.end())
+      throw std::runtime_error("'" + path + "' has a LoRA for module '" + name + "', which this model does not have: "
+                               "a LoRA for another model");
+    const LinearImpl *l = it->second;
+    if (lm.a.size(1) != l->in_features() || lm.b.size(0) != l->out_features())
+      throw std::runtime_error("'" + path + "' LoRA of module '" + name + "' has A " + std::to_string(lm.a.size(0)) +
+                               "x" + std::to_string(lm.a.size(1)) + " and B " + std::to_string(lm.b.size(0)) + "x" +
+                               std::to_string(lm.b.size(1)) + "; the module maps " + std::to_string(l->in_features()) +
+                               " to " + std::to_string(l->out_features()) + " features: a LoRA for another model");
+  }
+  return out;
+}
+
+double LoraFile::alpha_of(const LoraModule &m) const {
+  return m.alpha >= 0 ? m.alpha : alpha >= 0 ? alpha : static_cast<double>(m.a.size(0));
+}
+
+void write_lora_file(const std::string &path, const LoraFile &lora, const std::string &naming) {
+  std::vector<SafetensorsOutTensor> out;
+  auto add = [&](const std::string &name, const at::Tensor &t) {
+    auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
+    SafetensorsOutTensor o{name, "F32", c.sizes().vec(), std::vector<uint8_t>(c.numel() * 4)};
+    std::memcpy(o.bytes.data(), c.data_ptr(), o.bytes.size());
+    out.push_back(std::move(o));
+  };
+  std::map<std::string, std::string> meta{{"format", "pt"}};
+  nlohmann::json targets = nlohmann::json::array(), alpha_pattern = nlohmann::json::object();
+  const double global = lora.modules.empty() ? 0 : lora.alpha_of(lora.modules.begin()->second);
+  for (const auto &[name, m] : lora.modules) {
+    const double a = lora.alpha_of(m);
+    if (naming == "diffusers") {
+      add("transformer." + name + ".lora_A.weight", m.a);
+      add("transformer." + name + ".lora_B.weight", m.b);
+      targets.push_back(name);
+      if (a != global) alpha_pattern[name] = a;
+      continue;
+    }
+    const std::string o = wan_original_name(name);
+    if (o.empty()) throw std::runtime_error("module '" + name + "' has no name in the " + naming + " naming");
+    std::string stem = "diffusion_model." + o, down = ".lora_A.weight", up = ".lora_B.weight";
+    if (naming == "kohya") {
+      stem = "lora_unet_" + o;
+      for (size_t i = 10; i < stem.size(); i++) if (stem[i] == '.') stem[i] = '_';
+      down = ".lora_down.weight";
+      up = ".lora_up.weight";
+    }
+    add(stem + down, m.a);
+    add(stem + up, m.b);
+    add(stem + ".alpha", torch::tensor(a, torch::kFloat).reshape({}));
+  }
+  if (naming == "diffusers") {
+    // PEFT's LoraConfig as diffusers' save_lora_weights stores it (keys prefixed transformer.), so that
+    // load_lora_weights takes r and lora_alpha from the file.
+    const nlohmann::json cfg = {{"transformer.r", lora.rank}, {"transformer.lora_alpha", global},
+                                {"transformer.target_modules", targets}, {"transformer.lora_dropout", 0.0},
+                                {"transformer.use_rslora", false}, {"transformer.use_dora", false},
+                                {"transformer.bias", "none"}, {"transformer.fan_in_fan_out", false},
+                                {"transformer.init_lora_weights", true}, {"transformer.rank_pattern", nlohmann::json::object()},
+                                {"transformer.alpha_pattern", alpha_pattern}};
+    meta["lora_adapter_metadata"] = cfg.dump(2);
+  }
+  std::string err;
+  if (!write_safetensors(path, out, meta, &err)) throw std::runtime_error(err);
+}
+
+LoraFile lora_of(torch::nn::Module &model) {
+  LoraFile out;
+  for (const auto &[name, l] : linears(model))
+    if (l->has_lora()) {
+      LoraModule m;
+      m.a = l->lora_a;
+      m.b = l->lora_b;
+      m.alpha = l->lora_scale * static_cast<double>(l->lora_a.size(0));
+      out.rank = l->lora_a.size(0);
+      out.modules[name] = m;
+    }
+  return out;
+}
+
 void apply_lora(torch::nn::Module &model, const LoraFile &lora, bool trainable) {
   auto targets = linears(model);
   for (const auto &[name, lm] : lora.modules) {
-    LinearImpl *l = targets.at(name);
-    const double alpha = lm.alpha >= 0 ? lm.alpha : lora.alpha >= 0 ? lora.alpha : static_cast<double>(lora.rank);
-    l->add_lora(lm.a.size(0), alpha / static_cast<double>(lm.a.size(0)));
+    auto it = targets.find(name);
+    if (it == targets.end()) throw std::runtime_error("this model has no module '" + name + "' for the LoRA of " + lora.path);
+    LinearImpl *l = it->second;
+    l->add_lora(lm.a.size(0), lora.alpha_of(lm) / static_cast<double>(lm.a.size(0)));
     torch::NoGradGuard ng;
     l->lora_a.copy_(lm.a);
     l->lora_b.copy_(lm.b);

@@ -25,17 +25,26 @@ struct LoraFile {
   std::map<std::string, LoraModule> modules;  // by the model's (diffusers) module name
   double alpha = -1;                          // global (diffusers metadata); -1: alpha = rank
   int64_t rank = 0;
+  double alpha_of(const LoraModule &m) const;  // the module's, else the file's, else its rank
 };
 
 // The original Wan name of a diffusers module name ("blocks.0.attn1.to_q" -> "blocks.0.self_attn.q"),
 // or "" when the module has none.
 std::string wan_original_name(const std::string &diffusers_name);
 
-// Reads `path` and maps every key onto a Linear of `model` (whose names are diffusers'). Throws
-// std::runtime_error naming the key: a naming it does not recognise, a module the model does not
-// have (a LoRA for another model), shapes that do not fit the module, a rank that differs between
-// modules, an A without its B.
+// Reads `path` into diffusers' module names (Wan's name table; no model needed). Throws
+// std::runtime_error naming the key: a naming it does not recognise, a module no Wan model has, a
+// rank that differs between modules, an A without its B.
+LoraFile read_lora_file(const std::string &path);
+// The same, checked against `model`'s Linears: a module it lacks or shapes that do not fit (a LoRA
+// for another model) are errors naming the module.
 LoraFile read_lora(const std::string &path, torch::nn::Module &model);
+// Writes `lora` in `naming`: diffusers (PEFT keys, raw A and B, r and lora_alpha in the metadata as
+// diffusers' save_lora_weights writes them), comfyui (original Wan names, per-module .alpha) or kohya
+// (lora_unet_ names, lora_down/lora_up, .alpha). Throws.
+void write_lora_file(const std::string &path, const LoraFile &lora, const std::string &naming);
+// The model's attached LoRA as a file's contents (tensors shared, alpha = scale * rank).
+LoraFile lora_of(torch::nn::Module &model);
 
 // Attaches the file's LoRA to the model's Linears (scale alpha / rank, as PEFT); the tensors
 // become the modules' lora_A / lora_B weights. trainable: they take gradients.

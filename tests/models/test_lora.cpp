@@ -141,7 +141,11 @@ TEST(WanLora, FilesThatDoNotFitAreErrorsNamingTheKey) {
     return SafetensorsOutTensor{name, "F32", shape, std::vector<uint8_t>(n * 4, 0)};
   };
   // Another model's module (CogVideoX's names), another width, an A without its B, mixed ranks.
-  EXPECT_NE(err_of({t("transformer.transformer_blocks.0.attn1.to_q.lora_A.weight", {4, 32})}).find("names no Linear"),
+  EXPECT_NE(err_of({t("transformer.transformer_blocks.0.attn1.to_q.lora_A.weight", {4, 32}),
+                    t("transformer.transformer_blocks.0.attn1.to_q.lora_B.weight", {32, 4})})
+                .find("'transformer_blocks.0.attn1.to_q', which this model does not have"),
+            std::string::npos);
+  EXPECT_NE(err_of({t("diffusion_model.transformer_blocks.0.attn1.q.lora_A.weight", {4, 32})}).find("names no Linear"),
             std::string::npos);
   EXPECT_NE(err_of({t("transformer.blocks.0.attn1.to_q.lora_A.weight", {4, 64}),
                     t("transformer.blocks.0.attn1.to_q.lora_B.weight", {32, 4})}).find("another model"),
