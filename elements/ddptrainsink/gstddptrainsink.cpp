@@ -89,6 +89,13 @@ enum {
   PROP_VAL_SIGMAS,
   PROP_SAVE_DTYPE,
   PROP_EXPORT_DIR,
+  PROP_LORA_RANK,
+  PROP_LORA_ALPHA,
+  PROP_LORA_TARGETS,
+  PROP_LORA_DROPOUT,
+  PROP_LORA_INIT,
+  PROP_LORA_FORMAT,
+  PROP_TRAINABLE,
   PROP_STEPS,
   PROP_LOSS,
 };
@@ -107,6 +114,10 @@ VIDEOTRAIN_DEFINE_ENUM(timestep_sampling_type, "GstDdpTrainSinkTimestepSampling"
                        {1, "sigma uniform in [0, 1)", "uniform"})
 VIDEOTRAIN_DEFINE_ENUM(save_dtype_type, "GstDdpTrainSinkSaveDtype", {0, "bfloat16", "bf16"}, {1, "float16", "fp16"},
                        {2, "float32", "fp32"})
+VIDEOTRAIN_DEFINE_ENUM(lora_format_type, "GstDdpTrainSinkLoraFormat",
+                       {0, "diffusers/PEFT keys (pytorch_lora_weights.safetensors)", "diffusers"},
+                       {1, "original Wan naming ComfyUI loads (lora_comfyui.safetensors)", "comfyui"},
+                       {2, "kohya/musubi naming (lora_kohya.safetensors)", "kohya"}, {3, "all three", "all"})
 VIDEOTRAIN_DEFINE_ENUM(nan_policy_type, "GstDdpTrainSinkNanPolicy",
                        {0, "Warn and skip the optimizer step on every rank", "skip"}, {1, "Stop with an error", "fail"})
 
@@ -338,6 +349,13 @@ static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GVa
     case PROP_VAL_SIGMAS: c.val_sigmas = str(); break;
     case PROP_SAVE_DTYPE: c.save_dtype = enum_nick(save_dtype_type(), g_value_get_enum(v)); break;
     case PROP_EXPORT_DIR: c.export_dir = str(); break;
+    case PROP_LORA_RANK: c.lora_rank = g_value_get_uint(v); break;
+    case PROP_LORA_ALPHA: c.lora_alpha = g_value_get_double(v); break;
+    case PROP_LORA_TARGETS: c.lora_targets = str(); break;
+    case PROP_LORA_DROPOUT: c.lora_dropout = g_value_get_double(v); break;
+    case PROP_LORA_INIT: c.lora_init = str(); break;
+    case PROP_LORA_FORMAT: c.lora_format = enum_nick(lora_format_type(), g_value_get_enum(v)); break;
+    case PROP_TRAINABLE: c.trainable = str(); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -389,6 +407,13 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
     case PROP_VAL_SIGMAS: g_value_set_string(v, c.val_sigmas.c_str()); break;
     case PROP_SAVE_DTYPE: g_value_set_enum(v, enum_value(save_dtype_type(), c.save_dtype)); break;
     case PROP_EXPORT_DIR: g_value_set_string(v, c.export_dir.c_str()); break;
+    case PROP_LORA_RANK: g_value_set_uint(v, c.lora_rank); break;
+    case PROP_LORA_ALPHA: g_value_set_double(v, c.lora_alpha); break;
+    case PROP_LORA_TARGETS: g_value_set_string(v, c.lora_targets.c_str()); break;
+    case PROP_LORA_DROPOUT: g_value_set_double(v, c.lora_dropout); break;
+    case PROP_LORA_INIT: g_value_set_string(v, c.lora_init.c_str()); break;
+    case PROP_LORA_FORMAT: g_value_set_enum(v, enum_value(lora_format_type(), c.lora_format)); break;
+    case PROP_TRAINABLE: g_value_set_string(v, c.trainable.c_str()); break;
     case PROP_STEPS: g_value_set_uint64(v, self->steps); break;
     case PROP_LOSS: g_value_set_double(v, self->loss); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
@@ -566,6 +591,33 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                               "Native models: where a finished run writes its diffusers transformer folder (config.json "
                               "+ sharded safetensors + index; from_pretrained and model= load it); empty: "
                               "<checkpoint-dir>/transformer, none without checkpoint-dir",
+                              "", rw));
+  install(PROP_LORA_RANK, g_param_spec_uint("lora-rank", "LoRA rank",
+                                            "Native models: train a LoRA of this rank over the frozen base (only "
+                                            "its tensors are in the optimizer, the all-reduce and checkpoints); 0: off",
+                                            0, 4096, 0, rw));
+  install(PROP_LORA_ALPHA, g_param_spec_double("lora-alpha", "LoRA alpha",
+                                               "LoRA scale alpha/rank; 0: alpha = rank (scale 1)", 0, 1e6, 0, rw));
+  install(PROP_LORA_TARGETS,
+          g_param_spec_string("lora-targets", "LoRA targets",
+                              "Linear modules that get a LoRA, by diffusers name: a comma list of suffixes (default: "
+                              "the attention projections of every block) or a regular expression; "
+                              "videotrain-model info lists the candidates",
+                              d.lora_targets.c_str(), rw));
+  install(PROP_LORA_DROPOUT, g_param_spec_double("lora-dropout", "LoRA dropout",
+                                                 "Dropout on the LoRA branch's input while training", 0, 0.99, 0, rw));
+  install(PROP_LORA_INIT, g_param_spec_string("lora-init", "LoRA init",
+                                              "Continue from this LoRA file (diffusers/PEFT, ComfyUI/original Wan or "
+                                              "kohya/musubi naming); its rank and alphas are kept",
+                                              "", rw));
+  install(PROP_LORA_FORMAT, g_param_spec_enum("lora-format", "LoRA format",
+                                              "Naming of the LoRA file(s) a finished LoRA run writes to export-dir "
+                                              "(default <checkpoint-dir>/lora)",
+                                              lora_format_type(), 0, rw));
+  install(PROP_TRAINABLE,
+          g_param_spec_string("trainable", "Trainable",
+                              "Native models: a regular expression on parameter names; only the matching parameters "
+                              "train (partial fine-tune), the rest stay frozen; empty: all",
                               "", rw));
   install(PROP_NAN_POLICY, g_param_spec_enum("nan-policy", "NaN policy", "What a non-finite loss or gradient does",
                                              nan_policy_type(), 0, rw));

@@ -232,7 +232,7 @@ std::string TrainerEngine::Impl::all_skipped_text() const {
 void TrainerEngine::Impl::export_model() {
   if (rank != 0 || exported_step == steps_done) return;
   std::string dir = cfg.export_dir;
-  if (dir.empty() && !cfg.checkpoint_dir.empty()) dir = cfg.checkpoint_dir + "/transformer";
+  if (dir.empty() && !cfg.checkpoint_dir.empty()) dir = cfg.checkpoint_dir + "/" + model->export_name();
   if (dir.empty()) return;
   bool written;
   {

@@ -49,7 +49,11 @@ struct TrainerConfig {
   std::string timestep_range = "0,1000";  // LO,HI in [0, 1000]
   std::string val_sigmas = "0.25,0.5,0.75";
   std::string save_dtype = "bf16";        // bf16 | fp16 | fp32: the exported folder's weights
-  std::string export_dir;                 // "": <checkpoint-dir>/transformer when the model is a folder
+  std::string export_dir;                 // "": <checkpoint-dir>/transformer (or /lora) when the model is a folder
+  unsigned lora_rank = 0;                 // LoRA over the frozen base; 0: off
+  double lora_alpha = 0, lora_dropout = 0;
+  std::string lora_targets = "to_q,to_k,to_v,to_out.0", lora_init, lora_format = "diffusers";
+  std::string trainable;                  // regex: partial fine-tune
   // Distributed (-1 / 0 / "" = from the environment).
   int rank = -1, world_size = 0, master_port = 0;
   std::string master_addr;

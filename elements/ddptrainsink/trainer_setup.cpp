@@ -107,6 +107,22 @@ std::string TrainerEngine::Impl::resolve_model_options() {
     o.val_sigmas.push_back(v);
   }
   if (o.val_sigmas.empty()) return "val-sigmas is empty: give at least one sigma in (0, 1]";
+  o.lora_rank = cfg.lora_rank;
+  o.lora_alpha = cfg.lora_alpha;
+  o.lora_targets = cfg.lora_targets;
+  o.lora_dropout = cfg.lora_dropout;
+  o.lora_init = cfg.lora_init;
+  o.lora_format = cfg.lora_format;
+  o.trainable = cfg.trainable;
+  if ((o.lora_rank > 0 || !o.lora_init.empty()) && !o.trainable.empty())
+    return "lora-rank/lora-init and trainable are exclusive: a LoRA trains its own tensors, trainable picks base "
+           "parameters";
+  if ((o.lora_rank > 0 || !o.lora_init.empty() || !o.trainable.empty()) && !is_model_folder(cfg.model))
+    return "lora-rank, lora-init and trainable apply to a diffusers transformer folder (property model), not to " +
+           cfg.model;
+  if (!o.lora_init.empty() && !fs::is_regular_file(o.lora_init))
+    return "lora-init '" + o.lora_init + "' does not exist or is not a file";
+  if (o.lora_targets.empty()) return "lora-targets is empty";
   if (cfg.save_dtype != "bf16" && cfg.save_dtype != "fp16" && cfg.save_dtype != "fp32")
     return "save-dtype '" + cfg.save_dtype + "' is not one of bf16, fp16, fp32";
   return "";

@@ -6,7 +6,12 @@
 
 #include <cmath>
 #include <filesystem>
+#include <regex>
+#include <set>
+#include <sstream>
 
+#include "layers.h"
+#include "lora.h"
 #include "model_parts.h"
 #include "seeded_hash.h"
 #include "wan_transformer.h"
@@ -133,11 +138,35 @@ class NativeTrainModel : public TrainModel {
   NativeTrainModel(std::string dir, std::unique_ptr<models::DitModel> dit, const ModelOptions &o)
       : dir_(std::move(dir)), dit_(std::move(dit)), opt_(o) {
     dit_->set_gradient_checkpointing(o.gradient_checkpointing);
+    if (o.lora_rank > 0 || !o.lora_init.empty()) {
+      attach_lora();
+    } else if (!o.trainable.empty()) {
+      std::regex re;
+      try {
+        re = std::regex(o.trainable);
+      } catch (const std::regex_error &e) {
+        throw std::runtime_error("trainable '" + o.trainable + "' is not a regular expression: " + e.what());
+      }
+      size_t n = 0;
+      for (auto &p : dit_->module().named_parameters(true)) {
+        const bool on = std::regex_search(p.key(), re);
+        p.value().set_requires_grad(on);
+        n += on;
+      }
+      if (n == 0) throw std::runtime_error("trainable '" + o.trainable + "' matches no parameter of " + dir_);
+    }
   }
   std::string spec() const override { return dir_; }
+  // What trains: every parameter, or the LoRA tensors (PEFT names), or the `trainable` ones. The frozen
+  // base is not in the optimizer, the all-reduce, a checkpoint or a validator's snapshot.
   NamedTensors named_parameters() override {
     NamedTensors out;
-    for (const auto &p : dit_->module().named_parameters(true)) out.emplace_back(p.key(), p.value());
+    if (lora_) {
+      for (auto &[n, t] : models::lora_parameters(dit_->module())) out.emplace_back(n, t);
+      return out;
+    }
+    for (const auto &p : dit_->module().named_parameters(true))
+      if (p.value().requires_grad()) out.emplace_back(p.key(), p.value());
     return out;
   }
   NamedTensors named_buffers() override { return {}; }
@@ -181,16 +210,37 @@ class NativeTrainModel : public TrainModel {
   }
 
   std::string save(const std::string &dir) override {
+    if (lora_) {  // LoRA-sized: the base is the folder of `model`
+      models::write_lora_file(dir + "/pytorch_lora_weights.safetensors", models::lora_of(dit_->module()), "diffusers");
+      return "pytorch_lora_weights.safetensors";
+    }
+    if (!opt_.trainable.empty()) return save_trained(dir + "/trained_parameters.safetensors");
     // float32 and one file up to 4 GiB a shard: a checkpoint resumes bit for bit.
     return dit_->save(dir, torch::kFloat, uint64_t(4) << 30);
   }
+  std::string export_name() const override { return lora_ ? "lora" : "transformer"; }
   bool export_folder(const std::string &dir, const std::string &dtype) override {
+    if (lora_) {
+      std::filesystem::create_directories(dir);
+      const auto lora = models::lora_of(dit_->module());
+      const std::string f = opt_.lora_format;
+      if (f == "diffusers" || f == "all") models::write_lora_file(dir + "/pytorch_lora_weights.safetensors", lora, "diffusers");
+      if (f == "comfyui" || f == "all") models::write_lora_file(dir + "/lora_comfyui.safetensors", lora, "comfyui");
+      if (f == "kohya" || f == "all") models::write_lora_file(dir + "/lora_kohya.safetensors", lora, "kohya");
+      return true;
+    }
     at::ScalarType t;
     if (!models::parse_save_dtype(dtype, &t)) throw std::runtime_error("save dtype '" + dtype + "' is not bf16, fp16 or fp32");
     dit_->save(dir, t, uint64_t(5) << 30);  // 5 GB shards, as the published checkpoints
     return true;
   }
   void load(const std::string &dir) override {
+    if (lora_) {
+      const auto file = models::read_lora(dir + "/pytorch_lora_weights.safetensors", dit_->module());
+      copy_lora(file);
+      return;
+    }
+    if (!opt_.trainable.empty()) return load_trained(dir + "/trained_parameters.safetensors");
     models::DiffusersFolder folder;
     std::string err;
     if (!models::open_diffusers_folder(dir, "diffusion_pytorch_model", &folder, &err)) throw std::runtime_error(err);
@@ -211,9 +261,103 @@ class NativeTrainModel : public TrainModel {
                                " (the family's text encoder: umT5-XXL for Wan)");
     return in.latents;
   }
+  void attach_lora() {
+    for (auto &p : dit_->module().parameters()) p.set_requires_grad(false);
+    if (!opt_.lora_init.empty()) {
+      const auto file = models::read_lora(opt_.lora_init, dit_->module());
+      if (opt_.lora_rank > 0 && file.rank != opt_.lora_rank)
+        throw std::runtime_error("lora-init '" + opt_.lora_init + "' has rank " + std::to_string(file.rank) +
+                                 ", lora-rank is " + std::to_string(opt_.lora_rank) + " (set lora-rank=0 or " +
+                                 std::to_string(file.rank) + ")");
+      models::apply_lora(dit_->module(), file, true);
+      for (auto &item : dit_->module().named_modules("", false))
+        if (auto *l = item.value()->as<models::LinearImpl>()) l->lora_dropout = opt_.lora_dropout;
+    } else {
+      const double alpha = opt_.lora_alpha > 0 ? opt_.lora_alpha : static_cast<double>(opt_.lora_rank);
+      const bool regex = opt_.lora_targets.find_first_of("^$*+?()[]|\\") != std::string::npos;
+      std::regex re;
+      std::vector<std::string> suffixes;
+      if (regex) {
+        try {
+          re = std::regex(opt_.lora_targets);
+        } catch (const std::regex_error &e) {
+          throw std::runtime_error("lora-targets '" + opt_.lora_targets + "' is not a regular expression: " + e.what());
+        }
+      } else {
+        std::stringstream ss(opt_.lora_targets);
+        for (std::string t; std::getline(ss, t, ',');)
+          if (!t.empty()) suffixes.push_back(t);
+      }
+      std::set<std::string> used;
+      size_t n = 0;
+      for (auto &item : dit_->module().named_modules("", false)) {
+        auto *l = item.value()->as<models::LinearImpl>();
+        if (!l) continue;
+        const std::string &name = item.key();
+        bool hit = false;
+        if (regex) hit = std::regex_search(name, re);
+        for (const auto &s : suffixes)
+          if (name == s || (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0 &&
+                            name[name.size() - s.size() - 1] == '.')) {
+            hit = true;
+            used.insert(s);
+          }
+        if (!hit) continue;
+        l->add_lora(opt_.lora_rank, alpha / static_cast<double>(opt_.lora_rank), opt_.lora_dropout);
+        n++;
+      }
+      for (const auto &s : suffixes)
+        if (!used.count(s))
+          throw std::runtime_error("lora-targets entry '" + s + "' names no Linear module of " + dir_ +
+                                   " (videotrain-model info lists them)");
+      if (n == 0) throw std::runtime_error("lora-targets '" + opt_.lora_targets + "' names no Linear module of " + dir_);
+    }
+    dit_->module().to(device_of());
+    lora_ = true;
+  }
+  void copy_lora(const models::LoraFile &file) {
+    torch::NoGradGuard ng;
+    for (auto &item : dit_->module().named_modules("", false)) {
+      auto *l = item.value()->as<models::LinearImpl>();
+      if (!l || !l->has_lora()) continue;
+      auto it = file.modules.find(item.key());
+      if (it == file.modules.end()) throw std::runtime_error("the checkpoint's LoRA has no module '" + item.key() + "'");
+      l->lora_a.copy_(it->second.a);
+      l->lora_b.copy_(it->second.b);
+    }
+  }
+  std::string save_trained(const std::string &path) {
+    std::vector<SafetensorsOutTensor> out;
+    for (auto &[n, t] : named_parameters()) {
+      auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
+      SafetensorsOutTensor o{n, "F32", c.sizes().vec(), std::vector<uint8_t>(c.numel() * 4)};
+      std::memcpy(o.bytes.data(), c.data_ptr(), o.bytes.size());
+      out.push_back(std::move(o));
+    }
+    std::string err;
+    if (!write_safetensors(path, out, {{"format", "pt"}, {"base_model", dir_}, {"trainable", opt_.trainable}}, &err))
+      throw std::runtime_error(err);
+    return std::filesystem::path(path).filename().string();
+  }
+  void load_trained(const std::string &path) {
+    std::string err;
+    auto f = SafetensorsFile::open(path, &err);
+    if (!f) throw std::runtime_error(err);
+    torch::NoGradGuard ng;
+    for (auto &[n, t] : named_parameters()) {
+      const auto *e = f->find(n);
+      if (!e || e->dtype != "F32" || e->shape != t.sizes().vec())
+        throw std::runtime_error("'" + path + "' does not hold '" + n + "' as the model has it");
+      auto src = torch::empty(e->shape, torch::kFloat);
+      std::memcpy(src.data_ptr(), e->data, e->nbytes);
+      t.copy_(src);
+    }
+  }
+  c10::Device device_of() { return dit_->module().parameters().front().device(); }
   std::string dir_;
   std::unique_ptr<models::DitModel> dit_;
   ModelOptions opt_;
+  bool lora_ = false;
 };
 
 }  // namespace

@@ -46,6 +46,15 @@ struct ModelOptions {
   double timestep_lo = 0.0, timestep_hi = 1000.0;  // sigma' rescaled into [lo, hi] / 1000
   std::vector<double> val_sigmas{0.25, 0.5, 0.75};
   bool gradient_checkpointing = false;
+  // LoRA (rank 0: off) over the frozen base, or a partial fine-tune (`trainable`, a regex on
+  // parameter names); without either every parameter trains.
+  int64_t lora_rank = 0;
+  double lora_alpha = 0;                     // 0: = rank (scale 1)
+  std::string lora_targets = "to_q,to_k,to_v,to_out.0";  // suffixes of module names, or a regex
+  double lora_dropout = 0;
+  std::string lora_init;                     // a LoRA file to continue from (any naming)
+  std::string lora_format = "diffusers";     // what a finished run writes: diffusers | comfyui | kohya | all
+  std::string trainable;                     // regex: partial fine-tune
 };
 
 class TrainModel {
@@ -80,6 +89,8 @@ class TrainModel {
     (void)dir, (void)dtype;
     return false;
   }
+  // The export's default folder name under checkpoint-dir ("transformer", or "lora" for a LoRA run).
+  virtual std::string export_name() const { return "transformer"; }
 };
 
 // Name of the first defined floating-point tensor holding NaN/Inf; "" when all are finite.

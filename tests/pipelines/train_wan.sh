@@ -17,13 +17,13 @@ export OMP_NUM_THREADS=1
 bash "$src/scripts/make_dataset.sh" "$work/data" 8 >/dev/null
 /usr/bin/python3 "$src/scripts/make_text_encoder.py" "$work/text" --captions "$work/data/train.csv" >/dev/null 2>&1
 bash "$src/scripts/make_tiny_wan.sh" "$work/dit" --latent-channels 4 --text-dim 32 --seed 3 --build "$build" >/dev/null
-run() {  # run NAME RANKS BATCH MICRO STEPS RESUME [MODEL]
+run() {  # run NAME RANKS BATCH MICRO STEPS RESUME [MODEL [EXTRA ddptrainsink properties]]
   timeout 300 "$build/tools/videotrain-launch" -n "$2" -q -f "$src/pipelines/train-wan.pipeline" \
     -D DATA="$work/data" -D VAE="$ref/wan_vae/tiny_wan21" -D TOKENIZER="$work/text/spiece.model" \
     -D TEXT_ENCODER="$work/text/text_encoder.pt" -D MAX_LENGTH=16 -D BUCKETS=32x32 -D FRAME_BUCKETS=5 -D FPS=0 \
     -D FRAMES=5 -D WIDTH=32 -D HEIGHT=32 -D PREFETCH=1 -D BATCH="$3" -D MICRO="$4" -D STEPS="$5" -D RESUME="$6" \
     -D MODEL="${7:-$work/dit}" -D CKPT="$work/ckpt-$1" -D CKPT_EVERY=2 -D LR=1e-3 -D SEED=1 -D LATENT=mode \
-    -D CAPTION_DROPOUT=0 -D METRICS="$work/$1.jsonl" -D TIMEOUT=120 > "$work/$1.log" 2>&1
+    -D CAPTION_DROPOUT=0 -D METRICS="$work/$1.jsonl" -D TIMEOUT=120 -D EXTRA="${8:-}" > "$work/$1.log" 2>&1
 }
 run one 1 4 2 4 false || { cat "$work/one.log"; echo "FAIL: the 1-rank Wan run did not end"; exit 1; }
 run two 2 2 1 4 false || { cat "$work/two.log"; echo "FAIL: the 2-rank Wan run did not end"; exit 1; }
@@ -71,4 +71,80 @@ if run bad 1 4 2 1 false "$ref/wan_vae/tiny_wan21"; then
 fi
 grep -q "AutoencoderKLWan" "$work/bad.log" || { cat "$work/bad.log"; echo "FAIL: the error does not name the class"; exit 1; }
 echo "wan: a VAE folder as model= fails at start naming its class"
-echo "4 passed, 0 failed"
+# LoRA: rank 4 on the attention projections; 1 vs 2 ranks, resume, a LoRA-sized checkpoint, the
+# exported files (diffusers and ComfyUI naming) applied by videotrain-model give the trained outputs.
+lora="lora-rank=4 lora-alpha=8 lora-format=all"
+run lone 1 4 2 4 false "$work/dit" "$lora" || { cat "$work/lone.log"; echo "FAIL: the 1-rank LoRA run did not end"; exit 1; }
+run ltwo 2 2 1 4 false "$work/dit" "$lora" || { cat "$work/ltwo.log"; echo "FAIL: the 2-rank LoRA run did not end"; exit 1; }
+run lres 1 4 2 2 false "$work/dit" "$lora" || { cat "$work/lres.log"; echo "FAIL: the LoRA run to 2 did not end"; exit 1; }
+run lres 1 4 2 4 true "$work/dit" "$lora" || { cat "$work/lres.log"; echo "FAIL: the resumed LoRA run did not end"; exit 1; }
+/usr/bin/python3 - "$work" <<'PY'
+import json, os, struct, sys
+import torch
+w = sys.argv[1]
+def read(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n)); data = f.read()
+    return ({k: torch.frombuffer(bytearray(data[v["data_offsets"][0]:v["data_offsets"][1]]), dtype=torch.float32).reshape(v["shape"])
+             for k, v in h.items() if k != "__metadata__"}, h.get("__metadata__", {}))
+ck = lambda r: f"{w}/ckpt-{r}/step-00000004"
+one, meta = read(ck("lone") + "/pytorch_lora_weights.safetensors")
+two, _ = read(ck("ltwo") + "/pytorch_lora_weights.safetensors")
+res, _ = read(ck("lres") + "/pytorch_lora_weights.safetensors")
+assert len(one) == 32 and all(k.startswith("transformer.blocks.") and ".lora_" in k for k in one), sorted(one)[:4]
+assert any(v.abs().max() > 0 for k, v in one.items() if "lora_B" in k), "lora_B did not train"
+flat = lambda ws: torch.cat([ws[k].flatten() for k in sorted(ws)])
+d12 = ((flat(one) - flat(two)).norm() / flat(one).norm()).item()
+assert d12 < 1e-6, f"LoRA 1 vs 2 ranks: rel L2 {d12}"
+assert torch.equal(flat(one), flat(res)), "the resumed LoRA differs from the uninterrupted one"
+cfg = json.loads(meta["lora_adapter_metadata"])
+assert cfg["transformer.r"] == 4 and cfg["transformer.lora_alpha"] == 8, cfg
+files = os.listdir(ck("lone"))
+assert not any(f.startswith("diffusion_pytorch_model") for f in files), files
+size = sum(os.path.getsize(os.path.join(ck("lone"), f)) for f in files)
+base = os.path.getsize(f"{w}/dit/diffusion_pytorch_model.safetensors")
+exported = sorted(os.listdir(f"{w}/ckpt-lone/lora"))
+assert exported == ["lora_comfyui.safetensors", "lora_kohya.safetensors", "pytorch_lora_weights.safetensors"], exported
+print(f"wan lora: 1 vs 2 ranks rel L2 {d12:.2g}; resume identical; checkpoint {size} bytes (weights, optimizer, "
+      f"trainer.json) against the base model's {base}; no base tensor; exported {exported}")
+PY
+# The exported files give the same outputs whichever naming videotrain-model reads.
+/usr/bin/python3 - "$work" "$ref" <<'PY'
+import json, struct, sys
+w, ref = sys.argv[1:]
+def write(path, tensors):
+    import torch
+    header, blobs, off = {}, [], 0
+    for k, t in tensors.items():
+        b = t.contiguous().numpy().tobytes()
+        header[k] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b); off += len(b)
+    h = json.dumps(header).encode()
+    open(path, "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+import torch
+g = torch.Generator().manual_seed(0)
+write(f"{w}/in.safetensors", {"hidden_states": torch.randn(1, 4, 2, 4, 4, generator=g), "timestep": torch.tensor([500.0]),
+                              "encoder_hidden_states": torch.randn(1, 16, 32, generator=g)})
+PY
+for f in pytorch_lora_weights lora_comfyui lora_kohya; do
+  "$build/tools/videotrain-model" forward "$work/dit" "$work/in.safetensors" "$work/out-$f.safetensors"     --lora "$work/ckpt-lone/lora/$f.safetensors" > /dev/null || { echo "FAIL: forward --lora $f"; exit 1; }
+done
+"$build/tools/videotrain-model" forward "$work/dit" "$work/in.safetensors" "$work/out-base.safetensors" > /dev/null
+/usr/bin/python3 - "$work" <<'PY'
+import json, struct, sys
+import torch
+w = sys.argv[1]
+def out(name):
+    with open(f"{w}/out-{name}.safetensors", "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n)); data = f.read()
+    v = h["output"]; return torch.frombuffer(bytearray(data[v["data_offsets"][0]:v["data_offsets"][1]]), dtype=torch.float32)
+d, c, k, b = out("pytorch_lora_weights"), out("lora_comfyui"), out("lora_kohya"), out("base")
+assert torch.equal(d, c) and torch.equal(d, k), "the three namings give different outputs"
+assert not torch.equal(d, b), "the LoRA changes nothing"
+print("wan lora: the diffusers, ComfyUI and kohya files give identical outputs, different from the base")
+PY
+if run lbad 1 4 2 1 false "$work/dit" "lora-rank=4 lora-targets=to_q,to_qq"; then echo "FAIL: a target naming nothing trained"; exit 1; fi
+grep -q "'to_qq' names no Linear module" "$work/lbad.log" || { cat "$work/lbad.log"; echo "FAIL: the bad target is not named"; exit 1; }
+echo "wan lora: a target naming nothing fails at start naming it"
+echo "7 passed, 0 failed"
