@@ -5,6 +5,8 @@
  *                    [--device cpu|cuda:N] [--checkpointing] [--lora FILE]
  *   videotrain-model export CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]
  *   videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype ...]
+ *   videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya
+ *   videotrain-model lora merge BASE_DIR LORA OUT_DIR [--dtype bf16|fp16|fp32]
  *
  * forward: IN holds the class's own inputs in diffusers' layout (Wan: hidden_states [B,C,T,H,W],
  * timestep [B] or [B, tokens], encoder_hidden_states [B,L,D], optionally encoder_attention_mask
@@ -27,6 +29,7 @@
 #include "autocast_guard.h"
 #include "first_line.h"
 #include "models/diffusers_folder.h"
+#include "models/layers.h"
 #include "models/lora.h"
 #include "models/native_model.h"
 #include "models/weights_io.h"
@@ -44,7 +47,9 @@ int usage() {
                "       videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] "
                "[--dtype float32|bfloat16] [--device cpu|cuda:N] [--checkpointing] [--lora FILE]\n"
                "       videotrain-model export CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]\n"
-               "       videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype bf16|fp16|fp32]\n");
+               "       videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype bf16|fp16|fp32]\n"
+               "       videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya\n"
+               "       videotrain-model lora merge BASE_DIR LORA OUT_DIR [--dtype bf16|fp16|fp32]\n");
   return 2;
 }
 
@@ -235,6 +240,41 @@ int init(std::vector<std::string> args) {
   return 0;
 }
 
+// convert: any naming in, one out (alpha kept per module; diffusers gets it in the metadata).
+// merge: W + (alpha / rank) B A into each module, written as a diffusers folder.
+int lora(std::vector<std::string> args) {
+  if (args.empty()) return usage();
+  const std::string what = args[0];
+  args.erase(args.begin());
+  if (what == "convert") {
+    const std::string format = opt(args, "--format", "");
+    if (args.size() != 2 || (format != "diffusers" && format != "comfyui" && format != "kohya")) return usage();
+    const auto in = read_lora_file(args[0]);
+    write_lora_file(args[1], in, format);
+    std::printf("converted %s (%s naming, %zu modules, rank %lld) to %s (%s)\n", args[0].c_str(), in.naming.c_str(),
+                in.modules.size(), (long long)in.rank, args[1].c_str(), format.c_str());
+    return 0;
+  }
+  if (what == "merge") {
+    const std::string dtype = opt(args, "--dtype", "bf16");
+    at::ScalarType t;
+    if (args.size() != 3 || !parse_save_dtype(dtype, &t)) return usage();
+    torch::NoGradGuard ng;
+    auto m = open_dit(args[0], torch::kCPU);
+    const auto file = read_lora(args[1], m->module());
+    std::map<std::string, LinearImpl *> linears;
+    for (const auto &item : m->module().named_modules("", false))
+      if (auto *l = item.value()->as<LinearImpl>()) linears[item.key()] = l;
+    for (const auto &[name, lm] : file.modules)
+      linears.at(name)->weight.add_(torch::matmul(lm.b, lm.a) * (file.alpha_of(lm) / static_cast<double>(lm.a.size(0))));
+    const std::string out = m->save(args[2], t, uint64_t(5) << 30);
+    std::printf("merged %s (%zu modules) into %s: %s/%s (%s)\n", args[1].c_str(), file.modules.size(), args[0].c_str(),
+                args[2].c_str(), out.c_str(), dtype.c_str());
+    return 0;
+  }
+  return usage();
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -246,6 +286,7 @@ int main(int argc, char **argv) {
     if (cmd == "forward") return forward(args);
     if (cmd == "export") return export_folder(args);
     if (cmd == "init") return init(args);
+    if (cmd == "lora") return lora(args);
   } catch (const std::exception &e) {
     std::fprintf(stderr, "videotrain-model %s: %s\n", cmd.c_str(), first_line(e.what()).c_str());
     return 1;

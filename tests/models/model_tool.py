@@ -91,6 +91,34 @@ worst = max(rel(got["grad." + k[len(f"grad.{c}."):]], lora_cases[k]) for k in lk
 check(len(lk) == 40 and worst < 1e-4, f"the 40 LoRA gradients in diffusers naming (worst {worst:.2g})")
 check(not any(k.startswith("grad.blocks.") for k in got), "no base gradients with --lora")
 
+# lora convert: diffusers -> comfyui -> kohya -> diffusers keeps every tensor bit for bit and the alpha.
+lref = os.path.join(ref, "dit", "wan_t2v_tiny_lora")
+chain = [os.path.join(lref, "pytorch_lora_weights.safetensors")]
+for fmt in ("comfyui", "kohya", "diffusers"):
+    chain.append(os.path.join(tmp, f"conv-{len(chain)}-{fmt}.safetensors"))
+    r = run("lora", "convert", chain[-2], chain[-1], "--format", fmt)
+    check(r.returncode == 0, f"lora convert to {fmt}: " + r.stderr.strip())
+a, ma = read(chain[0])
+b, mb = read(chain[-1])
+check(sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a), "convert round trip is bit-exact")
+ca, cb = json.loads(ma["lora_adapter_metadata"]), json.loads(mb["lora_adapter_metadata"])
+check(ca["transformer.r"] == cb["transformer.r"] == 4 and ca["transformer.lora_alpha"] == cb["transformer.lora_alpha"] == 8,
+      "r and lora_alpha survive the round trip")
+com, _ = read(chain[1])
+orig, _ = read(os.path.join(lref, "lora_original_wan_naming.safetensors"))
+check(sorted(com) == sorted(orig) and all(torch.equal(com[k], orig[k]) for k in orig),
+      "converting the diffusers file to ComfyUI naming gives the shared original-naming file exactly")
+
+# lora merge: the merged folder's output equals forward with the LoRA.
+merged = os.path.join(tmp, "merged")
+r = run("lora", "merge", model, chain[1], merged, "--dtype", "fp32")
+check(r.returncode == 0, "lora merge: " + r.stderr.strip())
+write(inp, {"hidden_states": cases[f"input.{c}.hidden_states"], "timestep": cases[f"input.{c}.timestep"],
+            "encoder_hidden_states": cases[f"input.{c}.encoder_hidden_states"]})
+r = run("forward", merged, inp, out)
+check(r.returncode == 0 and rel(read(out)[0]["output"], lora_cases[f"output_merged.{c}"]) < 1e-5,
+      "the merged folder's output equals PEFT's fused model (1e-5)")
+
 # The text-padding case through the mask: rows past each caption zeroed by the tool.
 c = "b2_textpad"
 lens = json.loads(read(os.path.join(model, "cases.safetensors"))[1]["cases"])[c]["valid_text_lengths"]
