@@ -89,7 +89,7 @@ enum {
 VIDEOTRAIN_DEFINE_ENUM(lr_schedule_type, "GstDdpTrainSinkLrSchedule", {0, "Constant after warmup", "constant"},
                        {1, "Cosine decay to 0 at max-steps", "cosine"}, {2, "Linear decay to 0 at max-steps", "linear"})
 VIDEOTRAIN_DEFINE_ENUM(precision_type, "GstDdpTrainSinkPrecision", {0, "bf16 autocast on CUDA, fp32 on CPU", "auto"},
-                       {1, "float32", "fp32"}, {2, "bfloat16 autocast", "bf16"})
+                       {1, "float32", "fp32"}, {2, "bfloat16 autocast (CUDA or CPU)", "bf16"})
 VIDEOTRAIN_DEFINE_ENUM(backend_type, "GstDdpTrainSinkBackend",
                        {0, "NCCL for CUDA tensors when available, else Gloo", "auto"}, {1, "NCCL", "nccl"},
                        {2, "Gloo", "gloo"})

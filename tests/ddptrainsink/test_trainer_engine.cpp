@@ -5,20 +5,25 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "engine_helpers.h"
+#include "multirank.h"
 #include "test_util.h"
 #include "ddptrainsink/trainer_engine.h"
 #include "ddptrainsink/tfevents.h"
 #include "models/param_snapshot.h"
+#include "models/train_model.h"
 #include "jit_load.h"
 
 using namespace videotrain;
@@ -230,6 +235,65 @@ TEST(TrainerEngine, BadConfigurationAndInputAreErrors) {
     ASSERT_EQ(e.process_tensor(at::zeros({1, 4, 2, 8, 8}), info_for(0, 0, 1, 1)), ProcessResult::kOk);
     EXPECT_EQ(e.process_tensor(at::zeros({1, 3, 2, 8, 8}), info_for(1, 0, 1, 1)), ProcessResult::kError);
     EXPECT_NE(e.error().find("latent channels"), std::string::npos) << e.error();
+  }
+}
+
+TEST(TrainerEngine, ATorchScriptModelsOwnErrorNamesItsLineAndInputs) {
+  // A model made for 16 latent channels fed 4: the element error must carry PyTorch's own
+  // message, the model's source line and the shapes it got, not TorchScript's first line.
+  vttest::TempDir dir;
+  const std::string model = vttest::script_model(dir, "wrong_channels", R"(
+import sys, torch
+from typing import List
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(16, 8)
+    def pooled(self, latents: torch.Tensor) -> torch.Tensor:
+        return self.head(latents.mean([2, 3, 4]))
+    @torch.jit.export
+    def training_step(self, latents: torch.Tensor, captions: List[str]) -> torch.Tensor:
+        return self.pooled(latents).pow(2).mean()
+torch.jit.script(M()).save(sys.argv[1])
+)");
+  ASSERT_FALSE(model.empty());
+  TrainerEngine e(cpu_config(model));
+  ASSERT_TRUE(e.start()) << e.error();
+  EXPECT_EQ(e.process_tensor(at::zeros({2, 4, 3, 8, 8}), info_for(0, 0, 1, 2)), ProcessResult::kError);
+  const std::string err = e.error();
+  EXPECT_NE(err.find("mat1 and mat2 shapes cannot be multiplied (2x4 and 16x8)"), std::string::npos) << err;
+  EXPECT_NE(err.find("wrong_channels.py\", line 9, in pooled: return self.head(latents.mean([2, 3, 4]))"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(err.find("latents [2, 4, 3, 8, 8] Float"), std::string::npos) << err;
+  EXPECT_EQ(err.find("The following operation failed"), std::string::npos) << err;
+}
+
+TEST(TrainerEngine, Bf16OnCpuTrainsBothBuiltinModels) {
+  // precision=bf16 on CPU: autocast runs the convolutions and matmuls in bfloat16; the
+  // norms (whose CPU kernels take one dtype) must still get a type they accept.
+  for (const char *m : {"builtin:tiny-unet3d", "builtin:tiny-t2v"}) {
+    auto c = cpu_config(m);
+    c.precision = "bf16";
+    TrainerEngine e(c);
+    ASSERT_TRUE(e.start()) << m << ": " << e.error();
+    for (int s = 0; s < 3; s++) {
+      auto info = info_for(s, 0, 1, 2);
+      auto x = at::stack({sample(0, 2 * s), sample(0, 2 * s + 1)});
+      ProcessResult r;
+      if (std::string(m) == "builtin:tiny-t2v") {
+        ModelInputs in;
+        in.latents = x;
+        in.text_embeds = at::randn({2, 5, 12});
+        in.text_mask = at::ones({2, 5}, at::kLong);
+        r = e.process_inputs(in, info);
+      } else {
+        r = e.process_tensor(x, info);
+      }
+      ASSERT_EQ(r, ProcessResult::kOk) << m << " step " << s + 1 << ": " << e.error();
+      EXPECT_TRUE(std::isfinite(e.last_loss())) << m;
+    }
+    EXPECT_EQ(e.steps_done(), 3u) << m;
   }
 }
 
