@@ -126,6 +126,8 @@ static gboolean gst_ddp_train_sink_start(GstBaseSink *sink) {
   TrainerConfig cfg = *self->config;
   GST_OBJECT_UNLOCK(self);
   auto engine = std::make_shared<TrainerEngine>(cfg);
+  // The rendezvous may wait minutes for the other ranks: what it says goes out as it waits.
+  engine->set_message_hook([self, e = engine.get()] { post_messages(self, *e); });
   bool ok = engine->start();
   post_messages(self, *engine);
   if (!ok) {

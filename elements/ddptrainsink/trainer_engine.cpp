@@ -444,8 +444,11 @@ bool TrainerEngine::append_log(const std::string &json_line, uint64_t step,
 const std::string &TrainerEngine::error() const { return impl_->error; }
 
 void TrainerEngine::interrupt(bool on) {
+  impl_->start_cancelled = on;
   if (impl_->group) impl_->group->cancel(on);
 }
+
+void TrainerEngine::set_message_hook(std::function<void()> hook) { impl_->message_hook = std::move(hook); }
 
 bool TrainerEngine::interrupted() const { return impl_->interrupted; }
 

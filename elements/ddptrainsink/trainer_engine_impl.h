@@ -6,6 +6,8 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -83,6 +85,8 @@ struct TrainerEngine::Impl {
   uint64_t window_samples = 0;
 
   std::vector<Message> messages;
+  std::function<void()> message_hook;     // see set_message_hook()
+  std::atomic<bool> start_cancelled{false};  // interrupt(): the rendezvous gives up
   RunLog run_log;  // metrics file and events: the training thread and validation write
   bool metrics_warned = false;
 

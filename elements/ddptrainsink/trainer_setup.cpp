@@ -142,6 +142,11 @@ bool TrainerEngine::start() {
       o.master_port = im.master_port;
       o.backend = im.backend;
       o.timeout = std::chrono::milliseconds(static_cast<int64_t>(im.cfg.timeout_s * 1000));
+      o.on_waiting = [&im](const std::string &text) {
+        im.warn(text);
+        if (im.message_hook) im.message_hook();
+      };
+      o.cancelled = [&im] { return im.start_cancelled.load(); };
       im.group = std::make_unique<DistGroup>(o);
       DistGroup *g = im.group.get();
       im.agreement = std::make_unique<StepAgreement>(*g, im.cfg.timeout_s, [g] { return g->cancelled(); });

@@ -483,3 +483,40 @@ TEST(TfEvents, Crc32cAndRecordFraming) {
   EXPECT_EQ(static_cast<uint8_t>(ev[12]), 0x2a);
   EXPECT_NE(ev.find("loss"), std::string::npos);
 }
+
+TEST(TrainerEngine, ARankThatNeverComesIsReportedWhileWaitingAndAStopEndsTheWait) {
+  // Rank 0 of 2, rank 1 never started: start() says every timeout/4 (here 2 s) which rank it
+  // waits for and until when, and interrupt() ends the wait at once instead of at the timeout.
+  auto c = cpu_config("builtin:linear-test");
+  c.world_size = 2;
+  c.rank = 0;
+  c.master_addr = "127.0.0.1";
+  c.master_port = vttest::free_port();
+  c.timeout_s = 8;
+  TrainerEngine e(c);
+  std::mutex mu;
+  std::vector<std::string> said;
+  e.set_message_hook([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto &m : e.take_messages()) said.push_back(m.strings["text"]);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  std::thread stopper([&] {
+    for (int i = 0; i < 100; i++) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::lock_guard<std::mutex> lock(mu);
+      if (!said.empty()) break;
+    }
+    e.interrupt(true);
+  });
+  EXPECT_FALSE(e.start());
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stopper.join();
+  ASSERT_FALSE(said.empty()) << "nothing said while waiting";
+  EXPECT_NE(said[0].find("rank 0 of 2 is waiting for rank 1 to join: 2 s so far; gives up at "), std::string::npos)
+      << said[0];
+  EXPECT_NE(said[0].find("timeout 8 s"), std::string::npos) << said[0];
+  EXPECT_NE(e.error().find("stopped while waiting for the other ranks to join (ranks missing: 1)"), std::string::npos)
+      << e.error();
+  EXPECT_LT(took, 4.0) << "the stop did not end the wait";
+}
