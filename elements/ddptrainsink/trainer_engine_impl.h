@@ -140,6 +140,11 @@ struct TrainerEngine::Impl {
   void agree_resume_step();
   bool logged_step(uint64_t step) const { return cfg.log_every > 0 && step % cfg.log_every == 0; }
   void report(const StepReport &r);  // a message and the run log every log-every steps, then notify()
+  void log_report(const StepReport &r);  // the message and the run log of one step
+  // The last step when log-every passed it over: logged at end of stream, so that a run that
+  // ends between two logged steps (or before the first) still records where it ended.
+  StepReport unlogged;
+  bool has_unlogged = false;
   void notify(const StepReport &r);  // the step callbacks
   void metrics_written(bool ok);  // warns once when rank 0's metrics file cannot be written
 };

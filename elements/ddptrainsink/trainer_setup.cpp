@@ -132,7 +132,9 @@ bool TrainerEngine::start() {
     std::string why;
     if (!im.store->prepare(&why)) return im.fail(why + " (property checkpoint-dir)");
   }
-  if (std::string w = im.run_log.open(im.rank, im.cfg.metrics_file); !w.empty()) im.warn(w);
+  // Like checkpoint-dir: a run that cannot keep the records it was asked for fails at once.
+  if (std::string w = im.run_log.open(im.rank, im.cfg.metrics_file); !w.empty())
+    return im.fail(w + " (property metrics-file)");
   try {
     if (im.world > 1) {
       DistOptions o;
