@@ -16,7 +16,7 @@ cleanup() { [[ -n $launcher_pid ]] && kill -9 "$launcher_pid" 2>/dev/null; rm -r
 trap cleanup EXIT
 export GST_PLUGIN_PATH="$build/plugins/videotrain"
 bash "$src/scripts/make_dataset.sh" "$work/data" 6 >/dev/null
-"$build/elements/vaeencoder/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
+"$build/tools/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
 launch() {  # launch NAME: starts the launcher in the background
   "$build/tools/videotrain-launch" -n 2 -f "$src/pipelines/train.pipeline" -D DATA="$work/data" -D VAE="$work/vae" \
     -D FRAMES=5 -D WIDTH=32 -D HEIGHT=32 -D BATCH=2 -D MICRO=1 -D STEPS=0 -D EPOCHS=0 -D CKPT="$work/$1" \

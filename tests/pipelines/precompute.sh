@@ -13,7 +13,7 @@ export GST_PLUGIN_PATH="$build/plugins/videotrain"
 launch="$build/tools/videotrain-launch"
 tool="$build/tools/videotrain-cache"
 bash "$src/scripts/make_dataset.sh" "$work/data" 8 >/dev/null
-"$build/elements/vaeencoder/videotrain-make-vae" "$work/vae" --seed 5 --tiny >/dev/null
+"$build/tools/videotrain-make-vae" "$work/vae" --seed 5 --tiny >/dev/null
 # Without the corrupt row (a replacement could race its row's write and be encoded twice), each
 # row is one distinct clip with WINDOWS=1, encoded by exactly one rank.
 grep -v corrupt "$work/data/train.csv" > "$work/train.csv"

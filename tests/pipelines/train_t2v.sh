@@ -17,7 +17,7 @@ trap 'rm -rf "$work"' EXIT
 export GST_PLUGIN_PATH="$build/plugins/videotrain"
 export OMP_NUM_THREADS=1
 bash "$src/scripts/make_dataset.sh" "$work/data" 6 >/dev/null
-"$build/elements/vaeencoder/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
+"$build/tools/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
 /usr/bin/python3 "$src/scripts/make_text_encoder.py" "$work/text" --captions "$work/data/train.csv" >/dev/null 2>&1
 run() {  # run NAME STEPS RESUME MODEL: 2 ranks of train-t2v.pipeline plus a validation branch
   cat "$src/pipelines/train-t2v.pipeline" - > "$work/$1.pipeline" <<'VAL'
