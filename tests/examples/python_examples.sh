@@ -39,10 +39,11 @@ check "$s2" "s['ok'] and s['first_step'] == $last1 + 1 and s['last_step'] == $la
 check "$s2" 's["checkpoints"][-1]["step"] == s["last_step"]' "run 2: no final checkpoint"
 echo "run 2: resumed at step $((last1 + 1)), stopped at $("$py" -c 'import json,sys; print(json.loads(sys.argv[1])["last_step"])' "$s2")"
 stopped() {  # stopped LOG SIGNAL EXIT-CODE: a long run with validation every step, stopped by SIGNAL
+  # (the validation set has several clips, so that the stop lands in a pass or between passes)
   local log=$1 sig=$2 want=$3
   "$py" "$src/examples/python/train_app.py" --data "$work/data/train.csv" --vae "$work/vae" \
     --model "$work/model.pt" --frames 5 --width 32 --height 32 --batch-size 2 --micro-batch-size 1 \
-    --checkpoint-dir "$work/ckpt-$sig" --steps 100000 --val "$work/data/val.csv" --val-every 1 > "$work/$log" 2>&1 &
+    --checkpoint-dir "$work/ckpt-$sig" --steps 100000 --val "$work/data/train.csv" --val-every 1 > "$work/$log" 2>&1 &
   local pid=$! waited=0
   until grep -q '^validation at step 2:' "$work/$log"; do
     sleep 0.2; waited=$((waited + 1))
