@@ -60,9 +60,9 @@ std::string bus_text(const GstStructure *s) {
     gst_structure_get_boolean(s, "skipped", &skipped);
     guint epoch = 0;
     gst_structure_get_uint(s, "epoch", &epoch);
-    return fmt("step %" G_GUINT64_FORMAT " | epoch %u | loss %.4f | lr %.2e | grad-norm %.3g | %.1f samples/s | "
-               "data wait %.0f%%%s",
-               u64(s, "step"), epoch, num(s, "loss"), num(s, "lr"), num(s, "grad-norm"), num(s, "samples-per-second"),
+    // The same line videotrain-launch makes of gst-launch-1.0 -m's structures.
+    return fmt("step %" G_GUINT64_FORMAT " | epoch %u | loss %.4f | lr %.2e | samples/s %.1f | data wait %.0f%%%s",
+               u64(s, "step"), epoch, num(s, "loss"), num(s, "lr"), num(s, "samples-per-second"),
                100 * num(s, "data-wait"), skipped ? " | skipped (non-finite)" : "");
   }
   if (name == "ddptrainsink-checkpoint") {
@@ -76,7 +76,7 @@ std::string bus_text(const GstStructure *s) {
                u64(s, "step"), num(s, "loss"), u64(s, "samples"), num(s, "seconds"));
   if (name == "ddpvalsink-skipped") return "validation skipped: " + str(s, "text");
   if (name == "csvvideosrc-epoch")
-    return fmt("epoch %" G_GUINT64_FORMAT " done: %" G_GUINT64_FORMAT " clips (%" G_GUINT64_FORMAT
+    return fmt("csvvideosrc: epoch %" G_GUINT64_FORMAT " done: %" G_GUINT64_FORMAT " clips (%" G_GUINT64_FORMAT
                " decoded, %" G_GUINT64_FORMAT " from the latent cache, %" G_GUINT64_FORMAT " replaced)",
                u64(s, "epoch"), u64(s, "clips"), u64(s, "decoded"), u64(s, "cached"), u64(s, "replaced"));
   if (name == "vaeencoder-dropped")
