@@ -9,6 +9,7 @@
 #  - a 2-rank training whose rank 1 never starts: rank 0 says every few seconds which rank it
 #    waits for, and Ctrl-C ends it within 5 s (exit 130), not after the rendezvous timeout;
 #  - videotrain-cache prune with a size it cannot read says what is wrong with it;
+#  - --print-clips prints the caps again when they change (buckets);
 #  - videotrain-launch exits non-zero when its ranks fail that way, and stops the rank
 #    that was running fine when another one fails.
 # "At once" is checked against a 30 s guard only: a hang, not slowness, fails.
@@ -140,3 +141,10 @@ wait_bg "rescue"
 grep -qE 'rescue checkpoint of step [0-9]+ written: ' "$work/out" || fail "rescue: the rescue checkpoint is not on the screen"
 grep -qF 'ERROR' "$work/out" && fail "rescue: an error was printed"
 echo "ok: a rescue checkpoint written while stopping is printed (status $rc)"
+
+# --print-clips with buckets: the caps change from clip to clip, and each change is printed.
+out=$("$run" --print-clips src csvvideosrc name=src location="$work/data/train.csv" num-frames=5 width=32 height=32 \
+  buckets=32x24,24x32 num-epochs=1 ! fakesink 2>&1) || { echo "$out"; fail "--print-clips with buckets"; }
+caps=$(grep -c '^  caps: ' <<< "$out" || true)
+((caps >= 2)) || { echo "$out"; fail "--print-clips: $caps caps lines for clips of two buckets"; }
+echo "ok: --print-clips prints the caps of each clip whose caps changed ($caps lines)"
