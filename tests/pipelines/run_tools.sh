@@ -126,15 +126,15 @@ took_ms=$((($(date +%s%N) - t0) / 1000000))
 [[ $rc -eq 130 ]] || fail "Ctrl-C at rendezvous: status $rc, wanted 130"
 echo "ok: a rank that never comes is reported while waiting, and Ctrl-C ends the wait in $took_ms ms"
 
-# EOS cannot get through (each buffer sleeps in identity): --eos-timeout aborts, the trainer's
-# stop writes a rescue checkpoint of its last step, and videotrain-run prints it.
+# EOS cannot get through (each buffer sleeps 2 s in identity, behind a full queue): --eos-timeout
+# aborts, the trainer's stop writes a rescue checkpoint of its last step, and videotrain-run prints it.
 slow="$work/slow.pipeline"
-sed 's|! queue max-size-buffers=16|! queue max-size-buffers=16 ! identity sleep-time=400000|' \
+sed 's|! queue max-size-buffers=16|! queue max-size-buffers=16 ! identity sleep-time=2000000|' \
   "$src/pipelines/train.pipeline" > "$slow"
 grep -q 'identity sleep-time' "$slow" || fail "could not make the slow pipeline"
 rm -rf "$work/ckpt"
 run_bg "$run" --eos-timeout 1 -f "$slow" "${train[@]}" -D CKPT_EVERY=100000
-wait_text "step 2 | epoch"
+wait_text "step 1 | epoch"
 kill -TERM "$bg"
 wait_bg "rescue"
 [[ $rc -ne 0 ]] || fail "rescue: status 0"
