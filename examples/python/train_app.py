@@ -4,7 +4,8 @@ optional validation branch), follows the bus (progress, replaced videos, validat
 checkpoints), stops after optimizer step N (ddptrainsink's max-steps: the ranks agree on the last
 step, the final checkpoint is written and validated), and resumes from that checkpoint when run
 again with --resume. Ctrl-C or SIGTERM stops it early with EOS (a validation pass in progress is
-dropped with a message) and it exits 130 or 143, like videotrain-run.
+dropped with a message) and it exits 130 or 143, like videotrain-run; while the ranks still wait
+for each other at start, it exits at once with the same codes.
 
     export GST_PLUGIN_PATH=$PWD/build/plugins/videotrain
     bash scripts/make_dataset.sh data 12 && build/tools/videotrain-make-vae vae --tiny
@@ -20,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import threading
 
 import gi
 
@@ -104,17 +106,30 @@ class App:
             self.loop.quit()
 
     def run(self):
+        starting = threading.Event()  # set while set_state(PLAYING) has not returned
+
         def on_signal(signum, why):
+            if starting.is_set():
+                # ddptrainsink waits for its peers inside the state change, which holds the
+                # pipeline's state lock: EOS cannot get through, and nothing was trained yet.
+                print(f"{why} while the pipeline is starting (waiting for the other ranks?): nothing was trained; "
+                      "exiting", file=sys.stderr, flush=True)
+                os._exit(128 + signum)
             self.signal = self.signal or signum
             self.stop(why)
             return True
 
+        def start():
+            # A failure posts an error message, which ends the loop.
+            self.pipeline.set_state(Gst.State.PLAYING)
+            starting.clear()
+
         GLib.unix_signal_add(GLib.PRIORITY_DEFAULT, signal.SIGINT, on_signal, signal.SIGINT, "Ctrl-C")
         GLib.unix_signal_add(GLib.PRIORITY_DEFAULT, signal.SIGTERM, on_signal, signal.SIGTERM, "SIGTERM")
-        if self.pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
-            self.loop.run()  # the error message says why
-        else:
-            self.loop.run()
+        # Off the main loop, so that signals and the rendezvous' waiting messages are served meanwhile.
+        starting.set()
+        threading.Thread(target=start, daemon=True).start()
+        self.loop.run()
         self.pipeline.set_state(Gst.State.NULL)
         return self.error is None
 

@@ -4,7 +4,8 @@
 #    checkpoint of that step; validation results arrive on the bus with finite losses;
 #  - run 2 (--resume) starts at the step after that checkpoint and stops at its own target;
 #  - runs 3 and 4 (validation every step) are stopped by SIGINT and SIGTERM while validation
-#    runs: they end cleanly (a cut pass dropped with a message, no error) and exit 130 and 143.
+#    runs: they end cleanly (a cut pass dropped with a message, no error) and exit 130 and 143;
+#  - run 5, rank 0 of 2 whose rank 1 never starts, ends within 5 s of Ctrl-C with 130.
 set -euo pipefail
 build=${VIDEOTRAIN_BUILD_DIR:?}
 src=${VIDEOTRAIN_SOURCE_DIR:?}
@@ -61,3 +62,20 @@ stopped() {  # stopped LOG SIGNAL EXIT-CODE: a long run with validation every st
 }
 stopped run3.log INT 130
 stopped run4.log TERM 143
+# Rank 1 never starts: rank 0 waits at rendezvous (in its state change); Ctrl-C ends it at once.
+MASTER_ADDR=127.0.0.1 MASTER_PORT=$((20000 + RANDOM % 20000)) RANK=0 WORLD_SIZE=2 \
+  "$py" "$src/examples/python/train_app.py" --data "$work/data/train.csv" --vae "$work/vae" \
+  --model "$work/model.pt" --frames 5 --width 32 --height 32 --checkpoint-dir "$work/ckpt-alone" > "$work/run5.log" 2>&1 &
+pid=$!
+sleep 3
+kill -0 $pid 2>/dev/null || { cat "$work/run5.log"; echo "run 5 ended before the signal"; exit 1; }
+t0=$(date +%s%N)
+kill -INT $pid
+rc=0
+for _ in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+kill -0 $pid 2>/dev/null && { kill -KILL $pid; cat "$work/run5.log"; echo "run 5: still waiting 10 s after Ctrl-C"; exit 1; }
+wait $pid || rc=$?
+took_ms=$((($(date +%s%N) - t0) / 1000000))
+((rc == 130 && took_ms < 5000)) || { cat "$work/run5.log"; echo "run 5: exit $rc after $took_ms ms (wanted 130 within 5 s)"; exit 1; }
+grep -q 'nothing was trained' "$work/run5.log" || { cat "$work/run5.log"; echo "run 5: no message"; exit 1; }
+echo "run 5: Ctrl-C while waiting for rank 1 ended it in $took_ms ms, exit 130"
