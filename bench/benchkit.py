@@ -22,6 +22,6 @@ def demo_workdir(prefix):
         atexit.register(shutil.rmtree, work, True)
     subprocess.run(["bash", os.path.join(ROOT, "scripts", "make_dataset.sh"), work + "/data", "12"], check=True,
                    capture_output=True)
-    subprocess.run([os.path.join(BUILD, "elements", "vaeencoder", "videotrain-make-vae"), work + "/vae", "--tiny"],
+    subprocess.run([os.path.join(BUILD, "tools", "videotrain-make-vae"), work + "/vae", "--tiny"],
                    check=True, capture_output=True)
     return work

@@ -47,7 +47,7 @@ def make_work(videos, keep):
         w.writerow(["path", "text"])
         for r in rows:
             w.writerow([r["path"], r["text"]])
-    subprocess.run([os.path.join(BUILD, "elements", "vaeencoder", "videotrain-make-vae"), f"{work}/vae", "--mid",
+    subprocess.run([os.path.join(BUILD, "tools", "videotrain-make-vae"), f"{work}/vae", "--mid",
                     "--seed", "1"], check=True, capture_output=True)
     return work, len(rows)
 

@@ -57,7 +57,7 @@ def main():
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory(prefix="vae-speed-") as tmp:
         model = os.path.join(tmp, "vae")
-        subprocess.run([os.path.join(BUILD, "elements", "vaeencoder", "videotrain-make-vae"), model, "--mid",
+        subprocess.run([os.path.join(BUILD, "tools", "videotrain-make-vae"), model, "--mid",
                         "--seed", "1"], check=True, capture_output=True)
         peer = CogVideoXPeer(model)
         u8 = clip(a.frames, a.size)

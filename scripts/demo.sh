@@ -12,7 +12,7 @@ data=${DATA:-demo-data}
 steps=${STEPS:-30}
 nproc_=${NPROC:-2}
 bash scripts/make_dataset.sh "$data" 12
-[[ -f "$data/vae/config.json" ]] || build/elements/vaeencoder/videotrain-make-vae "$data/vae" --seed 1 --tiny
+[[ -f "$data/vae/config.json" ]] || build/tools/videotrain-make-vae "$data/vae" --seed 1 --tiny
 ckpt="$data/checkpoints"
 rm -rf "$ckpt" "$data/metrics.jsonl"
 export GST_PLUGIN_PATH="$PWD/build/plugins/videotrain${GST_PLUGIN_PATH:+:$GST_PLUGIN_PATH}"

@@ -53,6 +53,12 @@ bool parse_scaled(const std::string &s, const char *units, const double *scales,
   return true;
 }
 
+// A value that does not parse: what is wrong, then the usage.
+int bad_value(const char *option, const std::string &value, const char *expected) {
+  std::fprintf(stderr, "videotrain-cache: %s '%s' is not %s\n", option, value.c_str(), expected);
+  return usage();
+}
+
 std::string human(double b) {
   const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int i = 0;
@@ -107,10 +113,14 @@ int main(int argc, char **argv) {
     for (int i = 3; i < argc; i++) {
       const std::string a = argv[i];
       if (a == "--max-bytes" && i + 1 < argc) {
-        if (!parse_scaled(argv[++i], "KMGT", bscale, &max_bytes)) return usage();
+        if (!parse_scaled(argv[++i], "KMGT", bscale, &max_bytes))
+          return bad_value("--max-bytes", argv[i], "a size in bytes, with an optional K, M, G or T (x1024), e.g. 10G");
       } else if (a == "--older-than" && i + 1 < argc) {
-        if (!parse_scaled(argv[++i], "smhd", tscale, &older)) return usage();
+        if (!parse_scaled(argv[++i], "smhd", tscale, &older))
+          return bad_value("--older-than", argv[i], "a number of seconds, with an optional s, m, h or d, e.g. 30d");
       } else {
+        std::fprintf(stderr, "videotrain-cache: prune: unexpected argument '%s'%s\n", a.c_str(),
+                     a == "--max-bytes" || a == "--older-than" ? " (it needs a value)" : "");
         return usage();
       }
     }

@@ -13,6 +13,7 @@
 #include <gst/gst.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -24,6 +25,7 @@
 #include <string>
 #include <thread>
 
+#include "bus_text.h"
 #include "metas.h"
 
 namespace {
@@ -32,6 +34,10 @@ GMainLoop *loop = nullptr;
 GstElement *pipeline = nullptr;
 int exit_code = 0;
 int interrupts = 0;
+int first_signal = 0;
+// While the state change to PLAYING runs: a sink's start (ddptrainsink's rendezvous) holds the
+// pipeline's state lock, so EOS cannot be sent yet.
+std::atomic<bool> starting{false};
 bool errored = false;
 guint eos_timeout_s = 120;  // long enough for a final checkpoint
 constexpr int kTeardownTimeoutS = 10;
@@ -83,13 +89,6 @@ void set_status(const std::string &s) {
   if (tty) std::fprintf(stderr, "\r\033[K%s", s.c_str());
 }
 
-std::string structure_text(const GstStructure *s) {
-  gchar *t = gst_structure_to_string(s);
-  std::string r = t;
-  g_free(t);
-  return r;
-}
-
 gboolean on_message(GstBus *, GstMessage *msg, gpointer) {
   switch (GST_MESSAGE_TYPE(msg)) {
     case GST_MESSAGE_ERROR: {
@@ -116,10 +115,10 @@ gboolean on_message(GstBus *, GstMessage *msg, gpointer) {
       const GstStructure *s = gst_message_get_structure(msg);
       const char *name = gst_structure_get_name(s);
       if (g_str_has_suffix(name, "-progress")) {
-        set_status(structure_text(s));
+        set_status(videotrain::bus_text(s));
       } else if (!quiet && (g_str_has_prefix(name, "csvvideosrc") || g_str_has_prefix(name, "vaeencoder") ||
                             g_str_has_prefix(name, "microbatcher") || g_str_has_prefix(name, "ddp"))) {
-        print_line(structure_text(s));
+        print_line(videotrain::bus_text(s));
       }
       break;
     }
@@ -156,6 +155,17 @@ gboolean on_eos_deadline(gpointer) {
 
 gboolean on_signal(gpointer data) {
   const int sig = GPOINTER_TO_INT(data);
+  if (!first_signal) first_signal = sig;
+  if (starting.load()) {
+    // Nothing has been trained yet, and the start cannot be interrupted from here: leave now
+    // rather than after the rendezvous' timeout.
+    std::fprintf(stderr,
+                 "\nvideotrain-run: %s while the pipeline is starting (e.g. ddptrainsink waiting for its peers): "
+                 "nothing was trained; exiting\n",
+                 sig == SIGINT ? "interrupt" : "SIGTERM");
+    std::fflush(nullptr);
+    _exit(128 + sig);
+  }
   if (++interrupts == 1) {
     std::fprintf(stderr, "\nvideotrain-run: %s: sending EOS (again to abort)\n", sig == SIGINT ? "interrupt" : "SIGTERM");
     // Off the main loop: a source takes its streaming lock to queue EOS, and a streaming
@@ -182,6 +192,7 @@ gboolean on_state_change_failed(gpointer) {
 struct ClipPrinter {
   guint64 clips = 0;
   guint64 frames = 0;
+  std::string caps;  // of the last clip printed: printed again when it changes (buckets)
 };
 
 GstPadProbeReturn print_clip(GstPad *pad, GstPadProbeInfo *info, gpointer data) {
@@ -199,7 +210,8 @@ GstPadProbeReturn print_clip(GstPad *pad, GstPadProbeInfo *info, gpointer data) 
                   m->clip_index, m->epoch, m->sample_id, m->num_frames, m->source_frame,
                   m->padding ? " [padding]" : "", m->caption ? m->caption : "", m->path ? m->path : "");
     print_line(line);
-    if (p->clips == 1) print_line(std::string("  caps: ") + c);
+    if (p->caps != c) print_line(std::string("  caps: ") + c);
+    p->caps = c;
     g_free(c);
     if (caps) gst_caps_unref(caps);
   } else if (auto *s = gst_buffer_get_videotrain_sample_meta(b)) {
@@ -295,22 +307,36 @@ int main(int argc, char **argv) {
   g_unix_signal_add(SIGTERM, on_signal, GINT_TO_POINTER(SIGTERM));
   gint64 t0 = g_get_monotonic_time();
   // Detached: when it is still blocked at exit, the watchdog ends the process.
+  starting = true;
   std::thread([p = GST_ELEMENT(gst_object_ref(pipeline))] {
     // Low priority: the error messages on the bus are printed first.
     if (gst_element_set_state(p, GST_STATE_PLAYING) == GST_STATE_CHANGE_FAILURE)
       g_idle_add(on_state_change_failed, nullptr);
+    starting = false;
     gst_object_unref(p);
   }).detach();
   g_main_loop_run(loop);
   if (errored) arm_exit_watchdog(exit_code);
+  // What the sinks post while stopping (a rescue checkpoint, steps lost) is printed too.
+  gst_pipeline_set_auto_flush_bus(GST_PIPELINE(pipeline), FALSE);
   gst_element_set_state(pipeline, GST_STATE_NULL);
+  while (GstMessage *m = gst_bus_pop(bus)) {
+    if (GST_MESSAGE_TYPE(m) != GST_MESSAGE_EOS) on_message(bus, m, nullptr);
+    gst_message_unref(m);
+  }
+  // Stopped by a signal, even cleanly (final checkpoint written): the conventional 128 + signal,
+  // so that job scripts tell it from a finished run.
+  if (exit_code == 0 && first_signal) exit_code = 128 + first_signal;
   double secs = (g_get_monotonic_time() - t0) / 1e6;
   if (tty && !status_line.empty()) std::fprintf(stderr, "\n");
   if (!clip_element.empty())
     std::printf("videotrain-run: %" G_GUINT64_FORMAT " clips, %" G_GUINT64_FORMAT " frames in %.3f s (%.1f frames/s)\n",
                 printer.clips, printer.frames, secs, secs > 0 ? printer.frames / secs : 0.0);
   else
-    std::printf("videotrain-run: finished in %.1f s%s\n", secs, exit_code ? " with an error" : "");
+    std::printf("videotrain-run: finished in %.1f s%s\n", secs,
+                first_signal && exit_code == 128 + first_signal ? " (stopped by a signal)"
+                : exit_code                                     ? " with an error"
+                                                                : "");
   gst_bus_remove_watch(bus);
   gst_object_unref(bus);
   gst_object_unref(pipeline);

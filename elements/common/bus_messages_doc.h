@@ -39,8 +39,8 @@
   "\n\nBus messages:\n"                                                                                        \
   "  ddpvalsink-result (element message, rank 0 only, after each pass): step (guint64), loss (double: mean "   \
   "over the validation set), samples (guint64), seconds (double).\n"                                           \
-  "  ddpvalsink-skipped (element message, skip-if-busy=true, or a step that some rank's validators joined "    \
-  "too late to see): step (guint64), text (string).\n"                                                         \
+  "  ddpvalsink-skipped (element message, skip-if-busy=true, a step that some rank's validators joined "      \
+  "too late to see, or a pass its source's EOS cut short or left undone): step (guint64), text (string).\n"   \
   "Warnings: a pass with no samples, training waiting for validation, metrics-file problems."
 
 #define VIDEOTRAIN_DOC_TEXTENCODER_MESSAGES                                                                    \

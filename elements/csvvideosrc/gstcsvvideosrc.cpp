@@ -361,6 +361,8 @@ static gboolean gst_csv_video_src_start(GstBaseSrc *src) {
   }
   GST_INFO_OBJECT(self, "manifest %s; rank %d of %d, %" G_GUINT64_FORMAT " clips per epoch",
                   engine->manifest_description().c_str(), cfg.rank, cfg.world_size, engine->clips_per_epoch());
+  for (const std::string &w : engine->manifest_warnings())
+    GST_ELEMENT_WARNING(self, RESOURCE, READ, ("%s", w.c_str()), ("location=%s", cfg.manifest.location.c_str()));
   if (engine->bucketed()) {
     GST_INFO_OBJECT(self, "buckets: %s", engine->bucket_summary().c_str());
     const std::string w = engine->bucket_warning();

@@ -295,6 +295,10 @@ bool Manifest::resolve_columns(const ManifestOptions &opts, const std::vector<st
   } else {
     for (const char *c : kCaptionColumns)
       if ((caption_col_ = find(c)) >= 0) break;
+    if (caption_col_ < 0)
+      warnings_.push_back("manifest " + opts.location +
+                          " has no caption column (looked for text, caption, prompt; header has: " + header_list +
+                          "): every caption is empty (set caption-column to choose one)");
   }
   split_col_ = find("split");
   fps_col_ = find("fps");
@@ -347,6 +351,10 @@ bool Manifest::open_csv(const ManifestOptions &opts, std::string *error) {
   if (inq) {
     unterminated_at_ = scanner.unterminated_start();
     unterminated_row = rows - 1;
+    unterminated_row_ = unterminated_row;
+    warnings_.push_back("manifest " + loc + " is a malformed CSV: a quote in row " + std::to_string(unterminated_row) +
+                        " (data row, from 0) never closes, so that row runs to the end of the file; it is skipped, "
+                        "and rows after it that the quote swallowed are lost");
   }
   if (filter && rows > UINT32_MAX) {
     *error = "manifest " + loc + " has more than 2^32 rows; split filtering supports up to 2^32";
@@ -446,7 +454,8 @@ ManifestRow Manifest::row(size_t index) const {
   }
   r.row = row_numbers_.empty() ? index : row_numbers_[index];
   if (csv_ && offsets_[index] == unterminated_at_) {
-    r.error = "a quoted field never closes: the row runs to the end of the file";
+    r.error = "malformed CSV: a quote in row " + std::to_string(unterminated_row_) +
+              " never closes (the row runs to the end of the file)";
     return r;
   }
   std::string path;
@@ -505,6 +514,7 @@ ManifestRow Manifest::row(size_t index) const {
 }
 
 const std::string &Manifest::description() const { return description_; }
+const std::vector<std::string> &Manifest::warnings() const { return warnings_; }
 
 size_t Manifest::index_bytes() const {
   return offsets_.capacity() * sizeof(uint64_t) + prompt_offsets_.capacity() * sizeof(uint64_t) +

@@ -55,6 +55,8 @@ class Manifest {
   size_t size() const;                  // rows after split filtering
   ManifestRow row(size_t index) const;  // index in [0, size()); thread-safe; reads from disk
   const std::string &description() const;
+  // What a reader should be told once, at start: no caption column, a quote that never closes.
+  const std::vector<std::string> &warnings() const;
   size_t index_bytes() const;           // bytes held by the index
   // Sizes (ManifestOptions::sizes): from the columns, or set after probing. Thread-safe.
   VideoSize video_size(size_t index) const;
@@ -84,6 +86,8 @@ class Manifest {
   mutable std::mutex sizes_lock_;
   uint64_t unterminated_at_ = UINT64_MAX;  // start of a record whose quote never closes
   std::string description_;
+  std::vector<std::string> warnings_;
+  uint64_t unterminated_row_ = 0;
 };
 
 // RFC 4180 fields of one record in `text` starting at `pos`; sets *end past the

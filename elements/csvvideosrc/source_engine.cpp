@@ -557,6 +557,9 @@ uint64_t SourceEngine::clips_per_epoch() const {
 uint64_t SourceEngine::total_clips() const { return total_; }
 
 std::string SourceEngine::manifest_description() const { return manifest_ ? manifest_->description() : ""; }
+std::vector<std::string> SourceEngine::manifest_warnings() const {
+  return manifest_ ? manifest_->warnings() : std::vector<std::string>();
+}
 
 SourceStats SourceEngine::stats() const {
   return SourceStats{stat_clips_.load(), stat_frames_.load(), stat_replaced_.load(), stat_decoded_.load()};

@@ -128,6 +128,7 @@ class SourceEngine {
   uint64_t clips_per_epoch() const;  // with buckets: of the first epoch (it varies by epoch and rank)
   uint64_t total_clips() const;  // UINT64_MAX when num-epochs is 0 or with buckets
   std::string manifest_description() const;
+  std::vector<std::string> manifest_warnings() const;  // Manifest::warnings()
   SourceStats stats() const;
   // Decoded clips held (in flight + ready); never above prefetch.
   size_t clips_held() const;

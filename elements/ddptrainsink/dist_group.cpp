@@ -78,7 +78,10 @@ DistGroup::DistGroup(const DistOptions &opts) : opts_(opts), impl_(std::make_uni
   impl_->prefixed = c10::make_intrusive<c10d::PrefixStore>(scope.prefix + opts.prefix, impl_->tcp);
   auto pg_store = c10::make_intrusive<c10d::PrefixStore>("pg", impl_->prefixed);
   try {
-    await_ranks(*impl_->prefixed, opts.rank, opts.world_size, deadline, opts.timeout);
+    RollCallWatch watch;
+    watch.waiting = opts.on_waiting;
+    watch.cancelled = opts.cancelled;
+    await_ranks(*impl_->prefixed, opts.rank, opts.world_size, deadline, opts.timeout, watch);
   } catch (const std::exception &e) {
     throw DistError(std::string("rendezvous failed: ") + e.what());
   }

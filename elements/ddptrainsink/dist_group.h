@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -27,6 +28,10 @@ struct DistOptions {
   std::string backend = "gloo";  // resolved: gloo | nccl
   std::chrono::milliseconds timeout{600000};
   std::string prefix = "ddptrainsink";  // store key prefix of this group
+  // While the rendezvous waits for ranks: told every ~15 s who is missing and until when;
+  // asked whether to give up (a stop). Either may be empty.
+  std::function<void(const std::string &)> on_waiting;
+  std::function<bool()> cancelled;
 };
 
 // A collective or the rendezvous failed; what() names the operation and the peer.

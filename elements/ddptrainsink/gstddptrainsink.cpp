@@ -105,7 +105,7 @@ enum {
 VIDEOTRAIN_DEFINE_ENUM(lr_schedule_type, "GstDdpTrainSinkLrSchedule", {0, "Constant after warmup", "constant"},
                        {1, "Cosine decay to 0 at max-steps", "cosine"}, {2, "Linear decay to 0 at max-steps", "linear"})
 VIDEOTRAIN_DEFINE_ENUM(precision_type, "GstDdpTrainSinkPrecision", {0, "bf16 autocast on CUDA, fp32 on CPU", "auto"},
-                       {1, "float32", "fp32"}, {2, "bfloat16 autocast", "bf16"})
+                       {1, "float32", "fp32"}, {2, "bfloat16 autocast (CUDA or CPU)", "bf16"})
 VIDEOTRAIN_DEFINE_ENUM(backend_type, "GstDdpTrainSinkBackend",
                        {0, "NCCL for CUDA tensors when available, else Gloo", "auto"}, {1, "NCCL", "nccl"},
                        {2, "Gloo", "gloo"})
@@ -151,6 +151,8 @@ static gboolean gst_ddp_train_sink_start(GstBaseSink *sink) {
   TrainerConfig cfg = *self->config;
   GST_OBJECT_UNLOCK(self);
   auto engine = std::make_shared<TrainerEngine>(cfg);
+  // The rendezvous may wait minutes for the other ranks: what it says goes out as it waits.
+  engine->set_message_hook([self, e = engine.get()] { post_messages(self, *e); });
   bool ok = engine->start();
   post_messages(self, *engine);
   if (!ok) {

@@ -3,8 +3,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -20,7 +22,11 @@ std::string RunLog::open(int rank, const std::string &metrics_file) {
   const fs::path parent = fs::path(metrics_file).parent_path();
   std::error_code ec;
   if (!parent.empty()) fs::create_directories(parent, ec);
-  return ec ? "cannot create the folder of metrics-file '" + metrics_file + "': " + ec.message() : "";
+  if (ec) return "cannot create the folder of metrics-file '" + metrics_file + "': " + ec.message();
+  // Now, not at the first record after the first log-every steps.
+  std::ofstream probe(metrics_file, std::ios::app);
+  if (!probe) return "cannot write metrics-file '" + metrics_file + "': " + std::strerror(errno);
+  return "";
 }
 
 std::string RunLog::open_tensorboard(const std::string &dir) {

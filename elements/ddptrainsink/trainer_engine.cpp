@@ -54,15 +54,19 @@ void TrainerEngine::Impl::metrics_written(bool ok) {
   warn("cannot append to metrics-file '" + cfg.metrics_file + "': training goes on without it");
 }
 
+void TrainerEngine::Impl::log_report(const StepReport &r) {
+  Message m("ddptrainsink-step");
+  m.set_uint64("step", r.step).set_uint("epoch", r.epoch).set_bool("skipped", r.skipped);
+  m.set_double("loss", r.loss).set_double("lr", r.lr).set_double("grad-norm", r.grad_norm);
+  m.set_double("samples-per-second", r.samples_per_s).set_double("data-wait", r.data_wait);
+  messages.push_back(std::move(m));
+  metrics_written(run_log.log_step(r));
+}
+
 void TrainerEngine::Impl::report(const StepReport &r) {
-  if (logged_step(r.step)) {
-    Message m("ddptrainsink-step");
-    m.set_uint64("step", r.step).set_uint("epoch", r.epoch).set_bool("skipped", r.skipped);
-    m.set_double("loss", r.loss).set_double("lr", r.lr).set_double("grad-norm", r.grad_norm);
-    m.set_double("samples-per-second", r.samples_per_s).set_double("data-wait", r.data_wait);
-    messages.push_back(std::move(m));
-    metrics_written(run_log.log_step(r));
-  }
+  has_unlogged = !logged_step(r.step);
+  if (has_unlogged) unlogged = r;
+  else log_report(r);
   notify(r);
 }
 
@@ -399,6 +403,10 @@ bool TrainerEngine::finish() {
     }
     // Every rank skipped the same steps (agreed), so every rank fails here alike.
     if (im.all_steps_skipped()) return im.fail(im.all_skipped_text());
+    if (im.has_unlogged && im.cfg.log_every > 0) {
+      im.has_unlogged = false;
+      im.log_report(im.unlogged);
+    }
     if (im.store && im.model && im.steps_done > 0) im.write_checkpoint();
     if (im.model && im.steps_done > 0) im.export_model();
   } catch (const std::exception &e) {
@@ -447,8 +455,11 @@ bool TrainerEngine::append_log(const std::string &json_line, uint64_t step,
 const std::string &TrainerEngine::error() const { return impl_->error; }
 
 void TrainerEngine::interrupt(bool on) {
+  impl_->start_cancelled = on;
   if (impl_->group) impl_->group->cancel(on);
 }
+
+void TrainerEngine::set_message_hook(std::function<void()> hook) { impl_->message_hook = std::move(hook); }
 
 bool TrainerEngine::interrupted() const { return impl_->interrupted; }
 

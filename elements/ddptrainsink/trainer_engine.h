@@ -162,8 +162,12 @@ class TrainerEngine : public RunContext {
    * lets later collectives wait again. An interrupted collective leaves the ranks out of
    * step: the run cannot train on (later process_*() fail with an error saying so), and
    * stop() still writes the rescue checkpoint of the last completed step. Gloo only: with
-   * NCCL the wait is on the GPU, and the interruption is seen at the next collective. */
+   * NCCL the wait is on the GPU, and the interruption is seen at the next collective.
+   * It also ends start()'s wait for the other ranks at rendezvous (start() then fails). */
   void interrupt(bool on);
+  // Called on start()'s thread when it queued a message while it waits (the rendezvous
+  // says every ~15 s which ranks are missing), so that the face posts it then.
+  void set_message_hook(std::function<void()> hook);
   bool interrupted() const;  // the last failure came from interrupt()
 
   const std::string &error() const;

@@ -6,6 +6,8 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -85,6 +87,8 @@ struct TrainerEngine::Impl {
   uint64_t window_samples = 0;
 
   std::vector<Message> messages;
+  std::function<void()> message_hook;     // see set_message_hook()
+  std::atomic<bool> start_cancelled{false};  // interrupt(): the rendezvous gives up
   RunLog run_log;  // metrics file and events: the training thread and validation write
   bool metrics_warned = false;
 
@@ -142,6 +146,11 @@ struct TrainerEngine::Impl {
   void agree_resume_step();
   bool logged_step(uint64_t step) const { return cfg.log_every > 0 && step % cfg.log_every == 0; }
   void report(const StepReport &r);  // a message and the run log every log-every steps, then notify()
+  void log_report(const StepReport &r);  // the message and the run log of one step
+  // The last step when log-every passed it over: logged at end of stream, so that a run that
+  // ends between two logged steps (or before the first) still records where it ended.
+  StepReport unlogged;
+  bool has_unlogged = false;
   void notify(const StepReport &r);  // the step callbacks
   void metrics_written(bool ok);  // warns once when rank 0's metrics file cannot be written
 };

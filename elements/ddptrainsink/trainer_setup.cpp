@@ -187,7 +187,9 @@ bool TrainerEngine::start() {
     std::string why;
     if (!im.store->prepare(&why)) return im.fail(why + " (property checkpoint-dir)");
   }
-  if (std::string w = im.run_log.open(im.rank, im.cfg.metrics_file); !w.empty()) im.warn(w);
+  // Like checkpoint-dir: a run that cannot keep the records it was asked for fails at once.
+  if (std::string w = im.run_log.open(im.rank, im.cfg.metrics_file); !w.empty())
+    return im.fail(w + " (property metrics-file)");
   try {
     if (im.world > 1) {
       DistOptions o;
@@ -197,6 +199,11 @@ bool TrainerEngine::start() {
       o.master_port = im.master_port;
       o.backend = im.backend;
       o.timeout = std::chrono::milliseconds(static_cast<int64_t>(im.cfg.timeout_s * 1000));
+      o.on_waiting = [&im](const std::string &text) {
+        im.warn(text);
+        if (im.message_hook) im.message_hook();
+      };
+      o.cancelled = [&im] { return im.start_cancelled.load(); };
       im.group = std::make_unique<DistGroup>(o);
       DistGroup *g = im.group.get();
       im.agreement = std::make_unique<StepAgreement>(*g, im.cfg.timeout_s, [g] { return g->cancelled(); });

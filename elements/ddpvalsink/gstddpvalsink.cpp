@@ -246,7 +246,7 @@ static gboolean gst_ddp_val_sink_event(GstBaseSink *sink, GstEvent *event) {
     }
   }
   if (GST_EVENT_TYPE(event) == GST_EVENT_EOS && self->engine && self->engine->attached()) {
-    // Blocks until the trainer is done (then fine) or a validation needs data it lacks.
+    // Blocks until the trainer is done; the pass it cuts short is dropped with a message.
     GstFlowReturn fr = flow_of(self, self->engine->end_of_stream());
     if (fr == GST_FLOW_ERROR) {
       gst_event_unref(event);

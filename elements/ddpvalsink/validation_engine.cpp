@@ -140,6 +140,7 @@ struct Hub {
     bool running = false;
     bool attached = false;
     bool flushing = false;
+    bool ended = false;  // its source ended (EOS): it takes no more snapshots
   };
   struct Combine {
     double sum = 0;
@@ -194,6 +195,24 @@ struct Hub {
     messages.push_back(std::move(m));
   }
 
+  // A shard whose source has ended (a stop, or a source with num-buffers) cannot do its part
+  // of a pass: the step is skipped on this rank (true, with a message), and training does not
+  // wait for that shard. With mu held.
+  bool skipped_for_ended(uint64_t step, bool final) {
+    for (unsigned k = 0; k < slots.size(); k++) {
+      if (!slots[k].ended) continue;
+      const uint64_t which = final ? trainer->steps_done() : step;
+      note("ddpvalsink-skipped", which,
+           std::string(final ? "the final validation" : "validation") + " of step " + std::to_string(which) +
+               " skipped: the validation source of shard-index " + std::to_string(k) + " has ended (EOS)");
+      last_dispatched = which;  // the final dispatch after this step skips quietly
+      if (final) finished = true;
+      cv.notify_all();
+      return true;
+    }
+    return false;
+  }
+
   // Hands a snapshot of the trainer's weights to every shard (see header). Runs on the
   // training thread (step callback, trainer EOS) or a shard's thread (at-start).
   void dispatch(uint64_t step, bool final, std::shared_ptr<const ParamSnapshot> held = nullptr) {
@@ -207,6 +226,7 @@ struct Hub {
         return;
       }
       if (!final && last_dispatched == step) return;
+      if (skipped_for_ended(step, final)) return;
       if (cfg.skip_if_busy && !final) {
         bool busy = false;
         for (auto &s : slots) busy = busy || s.pending || s.running;
@@ -245,11 +265,12 @@ struct Hub {
                                    " present and fed?)");
         seen = progress;
       }
-      if (closing) return;
+      if (closing || skipped_for_ended(step, final)) return;
     }
     // Between two optimizer steps, on the training device (or step 0's, held since).
     auto snap = held ? std::move(held) : trainer->snapshot_state();
     std::lock_guard<std::mutex> lock(mu);
+    if (skipped_for_ended(step, final)) return;
     if (!snap) {
       if (final) finished = true;
       cv.notify_all();
@@ -680,6 +701,7 @@ bool ValidationEngine::attach(std::shared_ptr<RunContext> trainer) {
     }
     hub->slots[c.shard_index].attached = true;
     hub->slots[c.shard_index].flushing = false;
+    hub->slots[c.shard_index].ended = false;
   }
   im.hub = hub;
   return true;
@@ -758,22 +780,34 @@ ValidationEngine::Result ValidationEngine::end_of_stream() {
   if (!im.hub) return Result::kOk;
   if (im.active) {
     if (im.epochs_marked) {
-      return im.abandon_pass("the validation source ended (EOS) in the middle of epoch " + std::to_string(im.pass_epoch) +
-                     ", so the validation of step " + std::to_string(im.pass_step) +
-                     " would cover part of the set: let the validation csvvideosrc run whole epochs "
-                     "(num-epochs=0, no num-buffers)");
+      // A stop (EOS sent to the pipeline, the trainer's max-steps) or a source cut short: the
+      // part of the epoch seen would give a loss over part of the set, so none is reported.
+      im.end_running();
+      im.active = false;
+      std::lock_guard<std::mutex> lock(im.hub->mu);
+      im.hub->note("ddpvalsink-skipped", im.pass_step,
+                   "validation of step " + std::to_string(im.pass_step) +
+                       " dropped: the validation source ended (EOS) in the middle of epoch " +
+                       std::to_string(im.pass_epoch) + ", so the pass covers part of the set");
+    } else {
+      Result r = im.finish_pass();  // a source that marks no epochs: it ended with its epoch
+      if (r != Result::kOk) return r;
     }
-    Result r = im.finish_pass();  // a source that marks no epochs: it ended with its epoch
-    if (r != Result::kOk) return r;
   }
+  // This shard takes no more snapshots: one handed to it is dropped, and the trainer's later
+  // validations are skipped (dispatch()); the branch ends with the trainer (or a flush).
   std::unique_lock<std::mutex> lock(im.hub->mu);
   auto &s = im.slot();
-  im.hub->cv.wait(lock, [&] { return s.flushing || im.hub->closing || s.pending || im.hub->finished; });
+  s.ended = true;
+  if (s.pending) {
+    im.hub->note("ddpvalsink-skipped", s.pending->step,
+                 "validation of step " + std::to_string(s.pending->step) +
+                     " not done: the validation source ended (EOS) before its pass");
+    s.pending.reset();
+  }
+  im.hub->cv.notify_all();
+  im.hub->cv.wait(lock, [&] { return s.flushing || im.hub->closing || im.hub->finished; });
   if (s.flushing || im.hub->closing) return Result::kFlushing;
-  if (s.pending)
-    return im.fail("the validation source ended (EOS) but validation of step " + std::to_string(s.pending->step) +
-                   " still needs a pass over it: set num-epochs=0 on the validation csvvideosrc so that every "
-                   "validation gets an epoch");
   return Result::kOk;
 }
 

@@ -75,11 +75,12 @@ class ValidationEngine {
               const at::Tensor *text_embeds = nullptr, const at::Tensor *text_mask = nullptr);
   // csvvideosrc-epoch (a serialized event after an epoch's last clip): completes the pass
   // over that epoch. Once the source has marked an epoch end, EOS in the middle of an
-  // epoch is an error instead of a short pass.
+  // epoch drops the pass (a ddpvalsink-skipped message) instead of reporting a short one.
   Result end_of_epoch(unsigned epoch);
-  // The validation source ended: completes a running pass; kOk when nothing more is
-  // expected (the trainer finished and everything was validated), else kError (the
-  // source cannot feed the validations still to come). Blocks until one is known.
+  // The validation source ended (a stop, the trainer's max-steps, a source cut short):
+  // completes a running pass of a source without epoch marks, else drops it; a snapshot
+  // not yet taken and the trainer's later validations are skipped (ddpvalsink-skipped).
+  // Blocks until the trainer has finished (kOk) or the branch flushes (kFlushing).
   Result end_of_stream();
   // A final snapshot (unless its step was validated already). The trainer's finish()
   // triggers this itself through its step callback; for callers that drive an engine

@@ -38,6 +38,14 @@ at::Tensor conv(const torch::nn::Conv3d &m, const at::Tensor &x) {
 
 namespace {
 
+// A norm layer in float32: CPU autocast (precision=bf16 on CPU) hands it bfloat16 while its
+// affine weights stay float, which LibTorch's CPU group/layer norm kernels refuse ("expected
+// scalar type BFloat16 but found Float"). CUDA autocast runs norms in float32 too.
+template <typename Norm>
+at::Tensor norm32(Norm &n, const at::Tensor &x) {
+  return n(x.scalar_type() == torch::kFloat ? x : x.to(torch::kFloat));
+}
+
 // Sinusoidal embedding of t in [0, 1].
 at::Tensor timestep_embedding(const at::Tensor &t, int64_t dim) {
   const int64_t half = dim / 2;
@@ -88,9 +96,9 @@ struct ResBlockImpl : torch::nn::Module {
     register_module("film", film);
   }
   at::Tensor forward(const at::Tensor &x, const at::Tensor &cond) {
-    auto h = conv(c1, torch::silu(n1(x)));
+    auto h = conv(c1, torch::silu(norm32(n1, x)));
     auto ss = film(torch::silu(cond)).view({x.size(0), -1, 1, 1, 1}).chunk(2, 1);
-    h = n2(h) * (1 + ss[0]) + ss[1];
+    h = norm32(n2, h) * (1 + ss[0]) + ss[1];
     return x + conv(c2, torch::silu(h));
   }
   torch::nn::GroupNorm n1, n2;
@@ -140,7 +148,7 @@ struct TinyUNet3DImpl : torch::nn::Module {
                 .size(std::vector<int64_t>{h0.size(2), h0.size(3), h0.size(4)})
                 .mode(torch::kNearest));
     h = r3(conv(up, h) + h0, cond);
-    return conv(out_conv, torch::silu(out_norm(h)));
+    return conv(out_conv, torch::silu(norm32(out_norm, h)));
   }
   at::Tensor training_step(const ModelInputs &in) {
     return flow_loss(in.latents, [&](const at::Tensor &xt, const at::Tensor &t) { return forward(xt, t, in.captions); });
@@ -208,12 +216,12 @@ struct T2VBlockImpl : torch::nn::Module {
   // x [B, N, D] patches, text [B, L, D], keep [B, L], cond [B, D] (timestep).
   at::Tensor forward(at::Tensor x, const at::Tensor &text, const at::Tensor &keep, const at::Tensor &cond) {
     auto m = mod(torch::silu(cond)).unsqueeze(1).chunk(4, -1);  // scale/shift of self-attention and MLP
-    auto h = n1(x) * (1 + m[0]) + m[1];
+    auto h = norm32(n1, x) * (1 + m[0]) + m[1];
     auto s = qkv(h).chunk(3, -1);
     x = x + proj(attend(s[0], s[1], s[2], heads));
     auto c = kv(text).chunk(2, -1);
-    x = x + cross_out(attend(q(n2(x)), c[0], c[1], heads, keep));
-    h = n3(x) * (1 + m[2]) + m[3];
+    x = x + cross_out(attend(q(norm32(n2, x)), c[0], c[1], heads, keep));
+    h = norm32(n3, x) * (1 + m[2]) + m[3];
     return x + fc2(torch::gelu(fc1(h)));
   }
   int64_t heads;
@@ -251,7 +259,7 @@ struct TinyT2VImpl : torch::nn::Module {
     auto text = text_in(text_embeds.to(x.scalar_type()));
     auto keep = text_mask.to(x.device()) > 0;
     for (auto &b : blocks) tokens = b->forward(tokens, text, keep, cond);
-    auto out = norm_out(tokens).transpose(1, 2).reshape(grid);
+    auto out = norm32(norm_out, tokens).transpose(1, 2).reshape(grid);
     return patch_out(out).narrow(3, 0, H).narrow(4, 0, W);
   }
   at::Tensor training_step(const ModelInputs &in) {

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <sstream>
 #include <stdexcept>
 
 #include "first_line.h"
@@ -58,7 +59,7 @@ class ScriptModel : public TrainModel {
     return out;
   }
   at::Tensor training_step(const ModelInputs &in) override {
-    auto out = module_.get_method("training_step")(arguments(in));
+    auto out = call("training_step", arguments(in), in);
     if (!out.isTensor()) throw std::runtime_error("training_step of '" + path_ + "' did not return a Tensor");
     return out.toTensor();
   }
@@ -69,7 +70,7 @@ class ScriptModel : public TrainModel {
     if (!has_validation_) return at::Tensor();
     auto args = arguments(in);
     args.emplace_back(torch::tensor(seeds, torch::kLong));
-    auto out = module_.get_method("validation_step")(std::move(args));
+    auto out = call("validation_step", std::move(args), in);
     if (!out.isTensor()) throw std::runtime_error("validation_step of '" + path_ + "' did not return a Tensor");
     auto t = out.toTensor().to(torch::kFloat);
     const int64_t m = in.latents.size(0);
@@ -104,6 +105,32 @@ class ScriptModel : public TrainModel {
   bool second_argument_is_tensor(const char *method) {
     const auto &args = module_.get_method(method).function().getSchema().arguments();
     return args.size() > 2 && args[2].type()->kind() == c10::TypeKind::TensorType;
+  }
+  // A method's failure as the model's own error, where in its source, and what it was given:
+  // TorchScript's text opens with a generic line and two tracebacks (see error_message()).
+  c10::IValue call(const char *method, std::vector<c10::IValue> args, const ModelInputs &in) {
+    try {
+      return module_.get_method(method)(std::move(args));
+    } catch (const std::exception &e) {
+      throw std::runtime_error(std::string(method) + " of TorchScript model '" + path_ + "' failed on " +
+                               describe_inputs(in) + ": " + error_message(e.what()));
+    }
+  }
+  static std::string describe_inputs(const ModelInputs &in) {
+    std::ostringstream s;
+    auto tensor = [&s](const char *name, const at::Tensor &t) {
+      s << name << " " << t.sizes() << " " << c10::toString(t.scalar_type());
+    };
+    tensor("latents", in.latents);
+    if (in.has_text()) {
+      s << ", ";
+      tensor("text_embeds", in.text_embeds);
+      s << ", ";
+      tensor("text_mask", in.text_mask);
+    } else {
+      s << ", " << in.captions.size() << " caption(s)";
+    }
+    return s.str();
   }
   std::vector<c10::IValue> arguments(const ModelInputs &in) const {
     if (text_) return {in.latents, in.text_embeds, in.text_mask};

@@ -255,21 +255,14 @@ VaeConfig mid_config() {
   return c;
 }
 
-bool make_random_vae(const std::string &dir, const VaeConfig &cfg, uint64_t seed, const std::string &dtype,
-                     std::string *error) {
-  std::string bad = check_supported(cfg);
-  if (!bad.empty()) {
-    if (error) *error = "unsupported config: " + bad;
-    return false;
-  }
+bool write_random_weights(const std::string &path, const std::vector<std::pair<std::string, std::vector<int64_t>>> &table,
+                          uint64_t seed, const std::string &dtype, std::string *error) {
   if (dtype != "F32" && dtype != "F16" && dtype != "BF16") {
     if (error) *error = "dtype must be F32, F16 or BF16, not '" + dtype + "'";
     return false;
   }
-  mkdir(dir.c_str(), 0755);  // may exist already
   SplitMix64 rng{seed * 0x2545F4914F6CDD1DULL + 1};
   std::vector<SafetensorsOutTensor> out;
-  const auto table = encoder_tensor_table(cfg);
   std::map<std::string, std::vector<int64_t>> shapes(table.begin(), table.end());
   for (const auto &[name, shape] : table) {
     size_t numel = 1;
@@ -304,6 +297,21 @@ bool make_random_vae(const std::string &dir, const VaeConfig &cfg, uint64_t seed
     }
     out.push_back(std::move(t));
   }
+  return write_safetensors(path, out, {{"format", "pt"}}, error);
+}
+
+bool make_random_vae(const std::string &dir, const VaeConfig &cfg, uint64_t seed, const std::string &dtype,
+                     std::string *error) {
+  std::string bad = check_supported(cfg);
+  if (!bad.empty()) {
+    if (error) *error = "unsupported config: " + bad;
+    return false;
+  }
+  if (dtype != "F32" && dtype != "F16" && dtype != "BF16") {
+    if (error) *error = "dtype must be F32, F16 or BF16, not '" + dtype + "'";
+    return false;
+  }
+  mkdir(dir.c_str(), 0755);  // may exist already
   std::string cfg_path = dir + "/config.json";
   {
     std::ofstream f(cfg_path, std::ios::trunc);
@@ -313,7 +321,8 @@ bool make_random_vae(const std::string &dir, const VaeConfig &cfg, uint64_t seed
       return false;
     }
   }
-  return write_safetensors(dir + "/diffusion_pytorch_model.safetensors", out, {{"format", "pt"}}, error);
+  return write_random_weights(dir + "/diffusion_pytorch_model.safetensors", encoder_tensor_table(cfg), seed, dtype,
+                              error);
 }
 
 }  // namespace videotrain::vae

@@ -58,6 +58,10 @@ VaeConfig mid_config();
 // like PyTorch's default init; norms near identity). dtype: "F32", "F16" or "BF16".
 bool make_random_vae(const std::string &dir, const VaeConfig &cfg, uint64_t seed, const std::string &dtype,
                      std::string *error);
+// The safetensors part of that, for any tensor table (the Wan VAE's too): seeded from `seed`
+// in the table's order, the same init.
+bool write_random_weights(const std::string &path, const std::vector<std::pair<std::string, std::vector<int64_t>>> &table,
+                          uint64_t seed, const std::string &dtype, std::string *error);
 
 std::string shape_str(const std::vector<int64_t> &shape);  // "[1, 2, 3]"
 

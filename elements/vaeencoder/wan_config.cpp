@@ -1,7 +1,13 @@
 #include "wan_config.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include "vae_config.h"
 
 namespace videotrain::vae {
 
@@ -166,6 +172,59 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> wan_encoder_tensor_tab
   conv("encoder.conv_out", 2 * cfg.z_dim, top, {3, 3, 3});
   conv("quant_conv", 2 * cfg.z_dim, 2 * cfg.z_dim, {1, 1, 1});
   return t;
+}
+
+std::string wan_config_to_json(const WanConfig &cfg) {
+  json j;
+  j["_class_name"] = "AutoencoderKLWan";
+  j["base_dim"] = cfg.base_dim;
+  j["decoder_base_dim"] = nullptr;
+  j["z_dim"] = cfg.z_dim;
+  j["dim_mult"] = cfg.dim_mult;
+  j["num_res_blocks"] = cfg.num_res_blocks;
+  j["attn_scales"] = json::array();
+  j["temperal_downsample"] = cfg.temperal_downsample;
+  j["dropout"] = 0.0;
+  j["latents_mean"] = cfg.latents_mean.empty() ? std::vector<double>(cfg.z_dim, 0.0) : cfg.latents_mean;
+  j["latents_std"] = cfg.latents_std.empty() ? std::vector<double>(cfg.z_dim, 1.0) : cfg.latents_std;
+  j["is_residual"] = cfg.is_residual;
+  j["in_channels"] = cfg.in_channels;
+  j["out_channels"] = 3 * cfg.patch_size * cfg.patch_size;
+  if (cfg.patch_size > 1) j["patch_size"] = cfg.patch_size;
+  else j["patch_size"] = nullptr;
+  j["scale_factor_temporal"] = cfg.temporal_compression();
+  j["scale_factor_spatial"] = cfg.spatial_compression();
+  return j.dump(2);
+}
+
+WanConfig wan21_config() { return WanConfig{}; }
+
+WanConfig tiny_wan21_config() {
+  WanConfig c;
+  c.base_dim = 16;
+  c.z_dim = 4;
+  c.dim_mult = {1, 2, 2, 2};
+  c.num_res_blocks = 1;
+  return c;
+}
+
+bool make_random_wan_vae(const std::string &dir, const WanConfig &cfg, uint64_t seed, const std::string &dtype,
+                         std::string *error) {
+  // What the encoder will read back: the config must parse as one.
+  WanConfig check;
+  if (!parse_wan_config(wan_config_to_json(cfg), &check, error)) return false;
+  mkdir(dir.c_str(), 0755);  // may exist already
+  const std::string cfg_path = dir + "/config.json";
+  {
+    std::ofstream f(cfg_path, std::ios::trunc);
+    f << wan_config_to_json(cfg) << "\n";
+    if (!f.good()) {
+      if (error) *error = cfg_path + ": cannot write";
+      return false;
+    }
+  }
+  return write_random_weights(dir + "/diffusion_pytorch_model.safetensors", wan_encoder_tensor_table(check), seed,
+                              dtype, error);
 }
 
 }  // namespace videotrain::vae

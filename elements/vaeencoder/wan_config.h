@@ -35,4 +35,15 @@ bool parse_wan_config(const std::string &json_text, WanConfig *out, std::string 
 // Every encoder tensor (diffusers names) with its shape, in the order the encoder uses them.
 std::vector<std::pair<std::string, std::vector<int64_t>>> wan_encoder_tensor_table(const WanConfig &cfg);
 
+// diffusers' config.json of AutoencoderKLWan for `cfg` (latents_mean/std: 0 and 1 where unset).
+std::string wan_config_to_json(const WanConfig &cfg);
+// Wan 2.1's own layout (WanConfig's defaults) and a tiny one for demos and tests: base_dim 16,
+// dim_mult [1, 2, 2, 2], one resnet per level, 4 latent channels (8x spatial, 4x temporal).
+WanConfig wan21_config();
+WanConfig tiny_wan21_config();
+// Writes config.json + diffusion_pytorch_model.safetensors into `dir` (created if needed) with
+// seeded random encoder weights (as make_random_vae). dtype: "F32", "F16" or "BF16".
+bool make_random_wan_vae(const std::string &dir, const WanConfig &cfg, uint64_t seed, const std::string &dtype,
+                         std::string *error);
+
 }  // namespace videotrain::vae

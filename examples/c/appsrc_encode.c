@@ -8,6 +8,13 @@
  *     cc appsrc_encode.c -o appsrc_encode $(pkg-config --cflags --libs gstreamer-videotrain-1.0 gstreamer-app-1.0)
  *     GST_PLUGIN_PATH=build/plugins/videotrain ./appsrc_encode VAE_DIR [FRAMES [SIZE [CLIPS]]]
  *
+ * or from a build tree, uninstalled (meson's uninstalled pkg-config files; README, Examples):
+ *
+ *     cc examples/c/appsrc_encode.c -o appsrc_encode \
+ *         $(PKG_CONFIG_PATH=$PWD/build/meson-uninstalled pkg-config --cflags --libs gstreamer-videotrain-1.0 gstreamer-app-1.0)
+ *     LD_LIBRARY_PATH=$PWD/build/gst-libs/gst/videotrain GST_PLUGIN_PATH=$PWD/build/plugins/videotrain \
+ *         ./appsrc_encode VAE_DIR
+ *
  * Prints one line per latent: "latent sample=S dims=[C, t, h, w] dtype=float32 ... sum=X caption=...".
  * Exits 1 on a pipeline error (its message is printed), 2 on bad arguments. */
 #include <gst/app/gstappsink.h>

@@ -7,7 +7,7 @@ is the tensor meta's dims) together with its sample meta.
 
     export GST_PLUGIN_PATH=$PWD/build/plugins/videotrain
     export GI_TYPELIB_PATH=$PWD/build/gst-libs/gst/videotrain LD_LIBRARY_PATH=$PWD/build/gst-libs/gst/videotrain
-    build/elements/vaeencoder/videotrain-make-vae vae --tiny
+    build/tools/videotrain-make-vae vae --tiny
     /usr/bin/python3 examples/python/appsrc_encode.py vae --frames 9 --size 64 --clips 2
 
 (with an installed library, GI_TYPELIB_PATH and LD_LIBRARY_PATH are not needed). Prints one

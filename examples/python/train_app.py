@@ -1,11 +1,14 @@
 #!/usr/bin/python3
 """A Python app that trains with gst-videotrain: it builds the training pipeline (with an
 optional validation branch), follows the bus (progress, replaced videos, validation results,
-checkpoints), stops after N optimizer steps with EOS (so the ranks agree on the last step and
-the final checkpoint is written), and resumes from that checkpoint when run again with --resume.
+checkpoints), stops after optimizer step N (ddptrainsink's max-steps: the ranks agree on the last
+step, the final checkpoint is written and validated), and resumes from that checkpoint when run
+again with --resume. Ctrl-C or SIGTERM stops it early with EOS (a validation pass in progress is
+dropped with a message) and it exits 130 or 143, like videotrain-run; while the ranks still wait
+for each other at start, it exits at once with the same codes.
 
     export GST_PLUGIN_PATH=$PWD/build/plugins/videotrain
-    bash scripts/make_dataset.sh data 12 && build/elements/vaeencoder/videotrain-make-vae vae --tiny
+    bash scripts/make_dataset.sh data 12 && build/tools/videotrain-make-vae vae --tiny
     /usr/bin/python3 examples/python/train_app.py --data data/train.csv --vae vae --steps 10 --checkpoint-dir ckpt
     /usr/bin/python3 examples/python/train_app.py --data data/train.csv --vae vae --steps 20 --checkpoint-dir ckpt --resume
 
@@ -18,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import threading
 
 import gi
 
@@ -30,7 +34,7 @@ def pipeline_text(a):
         f"csvvideosrc location={a.data} num-frames={a.frames} width={a.width} height={a.height} "
         f"num-epochs=0 prefetch=2 seed={a.seed} ! vaeencoder model={a.vae} ! queue max-size-buffers=16 ! "
         f"microbatcher batch-size={a.batch_size} micro-batch-size={a.micro_batch_size} ! "
-        f"ddptrainsink name=trainer model={a.model} lr={a.lr} log-every=1 seed={a.seed} "
+        f"ddptrainsink name=trainer model={a.model} lr={a.lr} log-every=1 seed={a.seed} max-steps={a.steps} "
         f"checkpoint-dir={a.checkpoint_dir} checkpoint-every={a.checkpoint_every} resume={str(a.resume).lower()}"
     )
     if not a.val:
@@ -50,6 +54,7 @@ class App:
         self.first_step = None
         self.last_step = None
         self.eos_sent = False
+        self.signal = None
         self.error = None
         self.checkpoints = []
         self.val_losses = {}
@@ -77,11 +82,11 @@ class App:
                 self.last_step = step
                 print(f"step {step} | epoch {s.get_value('epoch')} | loss {s.get_value('loss'):.4f} | "
                       f"lr {s.get_value('lr'):.2e} | samples/s {s.get_value('samples-per-second'):.1f}", flush=True)
-                if step >= self.a.steps:
-                    self.stop(f"reached step {step}")
             elif name == "ddptrainsink-checkpoint":
                 self.checkpoints.append({"step": s.get_value("step"), "path": s.get_value("path")})
                 print(f"checkpoint of step {s.get_value('step')}: {s.get_value('path')}", flush=True)
+            elif name == "ddpvalsink-skipped":
+                print(f"validation skipped: {s.get_value('text')}", flush=True)
             elif name == "ddpvalsink-result":
                 self.val_losses[s.get_value("step")] = s.get_value("loss")
                 print(f"validation at step {s.get_value('step')}: loss {s.get_value('loss'):.4f} over "
@@ -101,11 +106,30 @@ class App:
             self.loop.quit()
 
     def run(self):
-        GLib.unix_signal_add(GLib.PRIORITY_DEFAULT, signal.SIGINT, lambda: (self.stop("Ctrl-C"), True)[1])
-        if self.pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:
-            self.loop.run()  # the error message says why
-        else:
-            self.loop.run()
+        starting = threading.Event()  # set while set_state(PLAYING) has not returned
+
+        def on_signal(signum, why):
+            if starting.is_set():
+                # ddptrainsink waits for its peers inside the state change, which holds the
+                # pipeline's state lock: EOS cannot get through, and nothing was trained yet.
+                print(f"{why} while the pipeline is starting (waiting for the other ranks?): nothing was trained; "
+                      "exiting", file=sys.stderr, flush=True)
+                os._exit(128 + signum)
+            self.signal = self.signal or signum
+            self.stop(why)
+            return True
+
+        def start():
+            # A failure posts an error message, which ends the loop.
+            self.pipeline.set_state(Gst.State.PLAYING)
+            starting.clear()
+
+        GLib.unix_signal_add(GLib.PRIORITY_DEFAULT, signal.SIGINT, on_signal, signal.SIGINT, "Ctrl-C")
+        GLib.unix_signal_add(GLib.PRIORITY_DEFAULT, signal.SIGTERM, on_signal, signal.SIGTERM, "SIGTERM")
+        # Off the main loop, so that signals and the rendezvous' waiting messages are served meanwhile.
+        starting.set()
+        threading.Thread(target=start, daemon=True).start()
+        self.loop.run()
         self.pipeline.set_state(Gst.State.NULL)
         return self.error is None
 
@@ -117,8 +141,8 @@ def main():
     ap.add_argument("--vae", required=True, help="diffusers VAE folder (config.json + safetensors)")
     ap.add_argument("--model", default="builtin:tiny-unet3d",
                     help="builtin:tiny-unet3d or a TorchScript file (examples/models/video_model_template.py)")
-    ap.add_argument("--steps", type=int, default=10, help="stop after this optimizer step (counted from 0, "
-                    "so a resumed run continues to it)")
+    ap.add_argument("--steps", type=int, default=10, help="stop after this optimizer step (max-steps, counted "
+                    "from 0, so a resumed run continues to it)")
     ap.add_argument("--checkpoint-dir", required=True)
     ap.add_argument("--checkpoint-every", type=int, default=1000)
     ap.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
@@ -145,7 +169,10 @@ def main():
     print(json.dumps({"ok": ok, "first_step": app.first_step, "last_step": app.last_step,
                       "checkpoints": app.checkpoints, "val_losses": app.val_losses, "replaced": app.replaced,
                       "error": app.error}), flush=True)
-    return 0 if ok else 1
+    if not ok:
+        return 1
+    # Stopped by a signal: the conventional 128 + signal, so a job script can tell it from a finished run.
+    return 128 + app.signal if app.signal else 0
 
 
 if __name__ == "__main__":

@@ -195,9 +195,22 @@ TEST_F(ManifestTest, UnclosedQuoteSwallowsTheRestAndIsReported) {
   ASSERT_NE(m, nullptr);
   ASSERT_EQ(m->size(), 2u);
   EXPECT_EQ(m->row(0).error, "");
-  EXPECT_TRUE(contains(m->row(1).error, "never closes")) << m->row(1).error;
+  EXPECT_TRUE(contains(m->row(1).error, "malformed CSV: a quote in row 1 never closes")) << m->row(1).error;
   EXPECT_TRUE(contains(m->description(), "quote never closes from row 1")) << m->description();
+  // Said once at start, as a malformed CSV naming the row (not as a video that is not found).
+  ASSERT_EQ(m->warnings().size(), 1u);
+  EXPECT_TRUE(contains(m->warnings()[0], "is a malformed CSV: a quote in row 1 ")) << m->warnings()[0];
   EXPECT_TRUE(contains(open_error("path,\"text\nx,y\n"), "quote")) << "an unclosed quote in the header";
+}
+
+TEST_F(ManifestTest, NoCaptionColumnIsWarnedOnce) {
+  auto m = open_csv("path,label\na.mp4,cat\nb.mp4,dog\n");
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(m->row(0).caption, "");
+  ASSERT_EQ(m->warnings().size(), 1u);
+  EXPECT_TRUE(contains(m->warnings()[0], "has no caption column")) << m->warnings()[0];
+  EXPECT_TRUE(contains(m->warnings()[0], "header has: path, label")) << m->warnings()[0];
+  EXPECT_TRUE(open_csv("path,caption\na.mp4,cat\n")->warnings().empty());
 }
 
 TEST_F(ManifestTest, ErrorsNameTheFileAndProblem) {

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -294,7 +296,7 @@ TEST(ValidationEngine, ResultsGoToTheTrainersMetricsFileAndEventsFile) {
   EXPECT_EQ(records, (std::vector<std::string>{"step 1", "validation 0", "validation 1"}));
 }
 
-TEST(ValidationEngine, EpochEndEventsCloseAPassAndMakeAMidEpochEosAnError) {
+TEST(ValidationEngine, EpochEndEventsCloseAPassAndAMidEpochEosDropsIt) {
   TrainerEngine trainer(trainer_config("builtin:linear-test"));
   ASSERT_TRUE(trainer.start()) << trainer.error();
   auto t = borrowed(trainer);
@@ -312,9 +314,62 @@ TEST(ValidationEngine, EpochEndEventsCloseAPassAndMakeAMidEpochEosAnError) {
   auto ep1 = rank_samples(3, 0, 1, 1);
   ASSERT_EQ(e.push(latent(ep1[0].sample_id), {ep1[0]}), R::kOk) << e.error();
   ASSERT_EQ(e.push(latent(ep1[1].sample_id), {ep1[1]}), R::kOk) << e.error();
-  EXPECT_EQ(e.end_of_stream(), R::kError);
-  EXPECT_NE(e.error().find("in the middle of epoch 1"), std::string::npos) << e.error();
+  // A stop (EOS sent to the pipeline) in the middle of the pass of step 1: the partial pass is
+  // dropped with a message, and the shard's EOS waits for the trainer's end, not an error.
+  std::atomic<int> eos{-1};
+  std::thread val([&] { eos = static_cast<int>(e.end_of_stream()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the shard has ended
+  // The trainer drains what was queued before its own EOS: its due step 2 does not wait for
+  // the ended shard.
+  ASSERT_EQ(trainer.process_tensor(at::stack({latent(2), latent(0)}), info), ProcessResult::kOk) << trainer.error();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(eos.load(), -1) << "the shard's EOS returned before the trainer ended";
+  ASSERT_TRUE(trainer.finish()) << trainer.error();
+  val.join();
+  EXPECT_EQ(eos.load(), static_cast<int>(R::kOk)) << e.error();
   EXPECT_EQ(e.passes_done(), 1u) << "a partial pass is not reported";
+  std::vector<std::string> skipped;
+  for (auto &m : e.take_messages()) {
+    if (m.name == "ddpvalsink-result") EXPECT_EQ(m.ints.at("step"), 0) << "a partial pass reported";
+    if (m.name == "ddpvalsink-skipped") skipped.push_back(m.strings["text"]);
+  }
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_NE(skipped[0].find("validation of step 1 dropped: the validation source ended (EOS) in the middle of epoch 1"),
+            std::string::npos)
+      << skipped[0];
+  EXPECT_NE(skipped[1].find("validation of step 2 skipped: the validation source of shard-index 0 has ended"),
+            std::string::npos)
+      << skipped[1];
+}
+
+TEST(ValidationEngine, AStopBetweenPassesDropsTheFinalValidation) {
+  // EOS between two passes (the last one done), then the trainer's end: its final snapshot
+  // finds the shard ended and is skipped with a message; the shard's EOS is no error.
+  TrainerEngine trainer(trainer_config("builtin:linear-test"));
+  ASSERT_TRUE(trainer.start()) << trainer.error();
+  auto t = borrowed(trainer);
+  auto cfg = vconfig(0, 1);
+  cfg.every = 5;
+  ValidationEngine e(cfg);
+  ASSERT_TRUE(e.attach(t));
+  for (auto &v : rank_samples(3, 0, 1, 0)) ASSERT_EQ(e.push(latent(v.sample_id), {v}), R::kOk) << e.error();
+  ASSERT_EQ(e.end_of_epoch(0), R::kOk) << e.error();
+  ASSERT_EQ(e.passes_done(), 1u);
+  MicroBatchInfo info;
+  info.captions = {"x", "y"};
+  ASSERT_EQ(trainer.process_tensor(at::stack({latent(0), latent(1)}), info), ProcessResult::kOk) << trainer.error();
+  std::atomic<int> eos{-1};
+  std::thread val([&] { eos = static_cast<int>(e.end_of_stream()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the shard has ended
+  ASSERT_TRUE(trainer.finish()) << trainer.error();
+  val.join();
+  EXPECT_EQ(eos.load(), static_cast<int>(R::kOk)) << e.error();
+  std::string texts;
+  for (auto &m : e.take_messages())
+    if (m.name == "ddpvalsink-skipped") texts += m.strings["text"] + "\n";
+  EXPECT_NE(texts.find("the final validation of step 1 skipped: the validation source of shard-index 0 has ended"),
+            std::string::npos)
+      << texts;
 }
 
 TEST(ValidationEngine, AtStartWaitsForABuiltinModelBuiltAtTheFirstMicroBatch) {
@@ -397,7 +452,7 @@ TEST(ValidationEngine, BadShardIndexDuplicateShardsMismatchedSettingsAndBadDevic
   EXPECT_NE(g.error().find("cuda:64"), std::string::npos) << g.error();
 }
 
-TEST(ValidationEngine, SourceEndingBeforeAValidationIsAnError) {
+TEST(ValidationEngine, SourceEndingBeforeAValidationDropsItWithAMessage) {
   TrainerEngine trainer(trainer_config("builtin:linear-test"));
   ASSERT_TRUE(trainer.start());
   auto t = borrowed(trainer);
@@ -409,7 +464,18 @@ TEST(ValidationEngine, SourceEndingBeforeAValidationIsAnError) {
   MicroBatchInfo info;
   info.captions = {"x"};
   ASSERT_EQ(trainer.process_tensor(latent(0).unsqueeze(0), info), ProcessResult::kOk);  // step 1 dispatched
-  EXPECT_EQ(e.end_of_stream(), R::kError);  // pass of step 0 completes; step 1 has no data
-  EXPECT_NE(e.error().find("num-epochs=0"), std::string::npos) << e.error();
+  // The pass of step 0 completes; step 1 has no data: dropped with a message, and the shard's
+  // EOS waits for the trainer's end (a stop, or a source cut short by num-buffers).
+  std::atomic<int> eos{-1};
+  std::thread val([&] { eos = static_cast<int>(e.end_of_stream()); });
+  ASSERT_TRUE(trainer.finish()) << trainer.error();
+  val.join();
+  EXPECT_EQ(eos.load(), static_cast<int>(R::kOk)) << e.error();
   EXPECT_EQ(e.passes_done(), 1u);
+  std::string texts;
+  for (auto &m : e.take_messages())
+    if (m.name == "ddpvalsink-skipped") texts += m.strings["text"] + "\n";
+  EXPECT_NE(texts.find("validation of step 1 not done: the validation source ended (EOS) before its pass"),
+            std::string::npos)
+      << texts;
 }

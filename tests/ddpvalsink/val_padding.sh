@@ -17,7 +17,7 @@ for p in smpte ball snow; do
   echo "$p.mp4,\"a $p pattern\"" >> "$work/val.csv"
 done
 cp "$work/val.csv" "$work/train.csv"
-"$build/elements/vaeencoder/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
+"$build/tools/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
 port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 for rank in 0 1; do
   RANK=$rank LOCAL_RANK=$rank WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 120 gst-launch-1.0 -q \

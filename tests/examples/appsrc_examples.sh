@@ -43,9 +43,17 @@ libs=$(ldd "$work/appsrc_encode")
 grep -q "libgstvideotrain-1.0.so.0 => $libdir/" <<< "$libs" ||
   { echo "$libs"; echo "appsrc_encode does not use the installed library"; exit 1; }
 
-"$build/elements/vaeencoder/videotrain-make-vae" "$work/vae" --seed 5 --tiny >/dev/null
+"$build/tools/videotrain-make-vae" "$work/vae" --seed 5 --tiny >/dev/null
 "$work/appsrc_encode" "$work/vae" $frames $size $clips > "$work/c.txt" 2> "$work/c.err" ||
   { cat "$work/c.txt" "$work/c.err"; echo "appsrc_encode failed"; exit 1; }
+# The README's command for the uninstalled build tree gives the same program.
+# shellcheck disable=SC2046
+cc -o "$work/appsrc_encode_uninstalled" "$src/examples/c/appsrc_encode.c" \
+  $(PKG_CONFIG_PATH="$build/meson-uninstalled" pkg-config --cflags --libs gstreamer-videotrain-1.0 gstreamer-app-1.0)
+LD_LIBRARY_PATH="$build/gst-libs/gst/videotrain" "$work/appsrc_encode_uninstalled" "$work/vae" $frames $size $clips \
+  > "$work/c-uninstalled.txt" 2>&1 || { cat "$work/c-uninstalled.txt"; echo "the uninstalled build failed"; exit 1; }
+cmp -s "$work/c.txt" "$work/c-uninstalled.txt" ||
+  { diff "$work/c.txt" "$work/c-uninstalled.txt"; echo "uninstalled and installed apps differ"; exit 1; }
 if ((with_python)); then
   GI_TYPELIB_PATH=$(dirname "$typelib") "$py" "$src/examples/python/appsrc_encode.py" "$work/vae" \
     --frames $frames --size $size --clips $clips > "$work/py.txt" 2> "$work/py.err" ||

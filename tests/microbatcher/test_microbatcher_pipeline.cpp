@@ -18,7 +18,7 @@ TEST(MicroBatcherPipeline, FromCsvVideoSrcThroughVaeEncoder) {
     csv += name + ",clip " + std::to_string(i) + "\n";
   }
   vttest::write_file(dir.file("m.csv"), csv);
-  std::string tool = vttest::env_or("VIDEOTRAIN_BUILD_DIR", "build") + "/elements/vaeencoder/videotrain-make-vae";
+  std::string tool = vttest::env_or("VIDEOTRAIN_BUILD_DIR", "build") + "/tools/videotrain-make-vae";
   ASSERT_EQ(std::system((tool + " " + dir.file("vae") + " --tiny --seed 2 >/dev/null").c_str()), 0);
 
   GError *err = nullptr;

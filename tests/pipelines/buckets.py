@@ -27,7 +27,7 @@ from gi.repository import Gst, GstVideoTrain as VT  # noqa: E402
 build = os.environ["VIDEOTRAIN_BUILD_DIR"]
 Gst.init(None)
 tmp = tempfile.mkdtemp(prefix="buckets-")
-subprocess.run([f"{build}/elements/vaeencoder/videotrain-make-vae", f"{tmp}/vae", "--tiny", "--seed", "1"],
+subprocess.run([f"{build}/tools/videotrain-make-vae", f"{tmp}/vae", "--tiny", "--seed", "1"],
                check=True, stdout=subprocess.DEVNULL)
 
 SIZES = {"4:3": (64, 48), "1:1": (48, 48), "3:4": (48, 64), "16:9": (96, 54)}

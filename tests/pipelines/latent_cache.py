@@ -22,7 +22,7 @@ Gst.init(None)
 tmp = tempfile.mkdtemp(prefix="latent-cache-")
 subprocess.run(["bash", f"{src}/scripts/make_dataset.sh", f"{tmp}/data", "5"], check=True, stdout=subprocess.DEVNULL)
 for seed in (1, 2):
-    subprocess.run([f"{build}/elements/vaeencoder/videotrain-make-vae", f"{tmp}/vae{seed}", "--tiny", "--seed",
+    subprocess.run([f"{build}/tools/videotrain-make-vae", f"{tmp}/vae{seed}", "--tiny", "--seed",
                     str(seed)], check=True, stdout=subprocess.DEVNULL)
 # The corrupt row is left out: every row here is a clip.
 with open(f"{tmp}/data/train.csv") as f:

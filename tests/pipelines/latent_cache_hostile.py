@@ -84,7 +84,7 @@ if len(sys.argv) > 2 and sys.argv[1] == "--child":
 
 tmp = tempfile.mkdtemp(prefix="latent-cache-hostile-")
 subprocess.run(["bash", f"{src}/scripts/make_dataset.sh", f"{tmp}/data", "5"], check=True, stdout=subprocess.DEVNULL)
-subprocess.run([f"{build}/elements/vaeencoder/videotrain-make-vae", f"{tmp}/vae", "--tiny", "--seed", "1"],
+subprocess.run([f"{build}/tools/videotrain-make-vae", f"{tmp}/vae", "--tiny", "--seed", "1"],
                check=True, stdout=subprocess.DEVNULL)
 with open(f"{tmp}/data/train.csv") as f:
     rows = [l for l in f if "corrupt" not in l]

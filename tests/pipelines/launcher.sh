@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # videotrain-launch as users run it (-f pipelines/train.pipeline, 2 ranks):
-#  - Ctrl-C (SIGINT to the launcher) becomes EOS on every rank: exit 0 and a final
+#  - Ctrl-C (SIGINT to the launcher) becomes EOS on every rank: exit 130 (stopped, not finished) and a final
 #    checkpoint of the last step, written although checkpoint-every never came due;
 #  - a rank that dies (SIGKILL) stops the others: non-zero exit, no rank left behind;
 #  - without a TTY, output lines carry [rank N] and every rank's ddptrainsink-step messages become
@@ -16,7 +16,7 @@ cleanup() { [[ -n $launcher_pid ]] && kill -9 "$launcher_pid" 2>/dev/null; rm -r
 trap cleanup EXIT
 export GST_PLUGIN_PATH="$build/plugins/videotrain"
 bash "$src/scripts/make_dataset.sh" "$work/data" 6 >/dev/null
-"$build/elements/vaeencoder/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
+"$build/tools/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
 launch() {  # launch NAME: starts the launcher in the background
   "$build/tools/videotrain-launch" -n 2 -f "$src/pipelines/train.pipeline" -D DATA="$work/data" -D VAE="$work/vae" \
     -D FRAMES=5 -D WIDTH=32 -D HEIGHT=32 -D BATCH=2 -D MICRO=1 -D STEPS=0 -D EPOCHS=0 -D CKPT="$work/$1" \
@@ -58,12 +58,12 @@ check_output() {  # check_output LOG WHAT: rank prefixes and progress lines, no 
     { cat "$log"; echo "$what: rank 1 printed no readable progress line"; exit 1; }
 }
 
-# 1. Ctrl-C: EOS, final checkpoint, exit 0.
+# 1. Ctrl-C: EOS, final checkpoint, exit 130.
 launch int
 wait_steps "$work/int.jsonl" 3
 kill -INT "$launcher_pid"
 wait_exit 90
-[[ $rc == 0 ]] || { cat "$work/int.log"; echo "Ctrl-C: exit status $rc, expected 0"; exit 1; }
+[[ $rc == 130 ]] || { cat "$work/int.log"; echo "Ctrl-C: exit status $rc, expected 130"; exit 1; }
 last=$("$py" -c 'import json,sys; print(max(json.loads(l)["step"] for l in open(sys.argv[1]) if "\"step\"" in l and json.loads(l).get("type") == "step"))' "$work/int.jsonl")
 ckpt=$(ls "$work/int" | grep '^step-' | tail -1)
 [[ $ckpt == $(printf 'step-%08d' "$last") ]] || { cat "$work/int.log"; echo "final checkpoint '$ckpt', last step $last"; exit 1; }

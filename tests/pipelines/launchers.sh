@@ -20,7 +20,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/videotrain-$launcher-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export GST_PLUGIN_PATH="$build/plugins/videotrain"
 bash "$src/scripts/make_dataset.sh" "$work/data" 6 >/dev/null
-"$build/elements/vaeencoder/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
+"$build/tools/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
 port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 steps=3
 case $launcher in

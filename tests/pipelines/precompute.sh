@@ -13,7 +13,7 @@ export GST_PLUGIN_PATH="$build/plugins/videotrain"
 launch="$build/tools/videotrain-launch"
 tool="$build/tools/videotrain-cache"
 bash "$src/scripts/make_dataset.sh" "$work/data" 8 >/dev/null
-"$build/elements/vaeencoder/videotrain-make-vae" "$work/vae" --seed 5 --tiny >/dev/null
+"$build/tools/videotrain-make-vae" "$work/vae" --seed 5 --tiny >/dev/null
 # Without the corrupt row (a replacement could race its row's write and be encoded twice), each
 # row is one distinct clip with WINDOWS=1, encoded by exactly one rank.
 grep -v corrupt "$work/data/train.csv" > "$work/train.csv"
@@ -21,16 +21,23 @@ mv "$work/train.csv" "$work/data/train.csv"
 clips=$(( $(wc -l < "$work/data/train.csv") - 1 ))
 defs=(-D "DATA=$work/data" -D "VAE=$work/vae" -D "CACHE=$work/cache" -D PROGRESS_EVERY=1)
 fail() { echo "FAIL: $*"; exit 1; }
-field() { sed -n "s/.*[ ,]$1=(guint64)\([0-9]*\).*/\1/p"; }  # field NAME < lines: its values
+# field decoded|cached < lines: the counts of videotrain-run's epoch lines
+# ('csvvideosrc: epoch 0 done: 6 clips (6 decoded, 0 from the latent cache, 0 replaced)').
+field() {
+  case $1 in
+    decoded) sed -n 's/.* clips (\([0-9]*\) decoded, .*/\1/p' ;;
+    cached) sed -n 's/.* decoded, \([0-9]*\) from the latent cache.*/\1/p' ;;
+  esac
+}
 
 # 1. Two ranks fill the cache.
 timeout -k 10 240 "$launch" -n 2 -f "$src/pipelines/precompute.pipeline" "${defs[@]}" > "$work/pre.log" 2>&1 \
   || { cat "$work/pre.log"; fail "precompute exited non-zero"; }
 grep -q '^\[rank 0\] .*progressreport' "$work/pre.log" || { cat "$work/pre.log"; fail "no progress line"; }
 for r in 0 1; do
-  grep -q "^\[rank $r\] csvvideosrc-epoch" "$work/pre.log" || { cat "$work/pre.log"; fail "rank $r: no epoch message"; }
+  grep -q "^\[rank $r\] csvvideosrc: epoch [0-9]* done" "$work/pre.log" || { cat "$work/pre.log"; fail "rank $r: no epoch message"; }
 done
-decoded=$(grep 'csvvideosrc-epoch' "$work/pre.log" | field decoded | awk '{s += $1} END {print s + 0}')
+decoded=$(grep 'csvvideosrc: epoch [0-9]* done' "$work/pre.log" | field decoded | awk '{s += $1} END {print s + 0}')
 # The padding clip that evens out the ranks repeats a row of the other rank: decoded once more
 # when both ranks look it up before either has written it.
 (( decoded == clips || decoded == clips + 1 )) ||
@@ -47,7 +54,7 @@ timeout -k 10 300 "$launch" -n 2 -f "$src/pipelines/train.pipeline" "${defs[@]}"
   -D CKPT="$work/ckpt" -D CKPT_EVERY=0 -D METRICS="$work/metrics.jsonl" > "$work/train.log" 2>&1 \
   || { cat "$work/train.log"; fail "training exited non-zero"; }
 for r in 0 1; do
-  epochs=$(grep "^\[rank $r\] csvvideosrc-epoch" "$work/train.log" || true)
+  epochs=$(grep "^\[rank $r\] csvvideosrc: epoch [0-9]* done" "$work/train.log" || true)
   [[ -n $epochs ]] || { cat "$work/train.log"; fail "rank $r: no csvvideosrc-epoch message in training"; }
   if field decoded <<< "$epochs" | grep -v '^0$' > /dev/null; then
     cat "$work/train.log"; fail "rank $r decoded clips while training from a full cache"

@@ -11,7 +11,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/videotrain-taps-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export GST_PLUGIN_PATH="$build/plugins/videotrain"
 bash "$src/scripts/make_dataset.sh" "$work/data" 6 >/dev/null
-"$build/elements/vaeencoder/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
+"$build/tools/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
 
 # 9 frames at 8 fps: each latent spans 1.1 s, more than a default queue holds.
 clip="num-frames=9 width=32 height=32"

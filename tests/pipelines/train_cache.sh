@@ -13,7 +13,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/videotrain-cache-train-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export GST_PLUGIN_PATH="$build/plugins/videotrain"
 bash "$src/scripts/make_dataset.sh" "$work/data" 6 >/dev/null
-"$build/elements/vaeencoder/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
+"$build/tools/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
 steps=12
 run() {  # run NAME VAEENCODER-EXTRA
   "$build/tools/videotrain-launch" -n 2 -- gst-launch-1.0 -m \

@@ -10,7 +10,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/videotrain-ckpt-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export GST_PLUGIN_PATH="$build/plugins/videotrain"
 bash "$src/scripts/make_dataset.sh" "$work/data" 4 >/dev/null
-"$build/elements/vaeencoder/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
+"$build/tools/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
 run() {  # run LOG MAX_STEPS RESUME CHECKPOINT_DIR
   gst-launch-1.0 -e \
     csvvideosrc location="$work/data/train.csv" num-frames=5 width=32 height=32 num-epochs=0 prefetch=1 seed=5 ! \

@@ -19,7 +19,7 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/videotrain-resume-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export GST_PLUGIN_PATH="$build/plugins/videotrain"
 bash "$src/scripts/make_dataset.sh" "$work/data" 6 >/dev/null
-"$build/elements/vaeencoder/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
+"$build/tools/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
 half=10
 run() {  # run NAME MAX_STEPS RESUME
   "$build/tools/videotrain-launch" -n 2 -q -- gst-launch-1.0 -q \

@@ -16,7 +16,7 @@ build, src = os.environ["VIDEOTRAIN_BUILD_DIR"], os.environ["VIDEOTRAIN_SOURCE_D
 Gst.init(None)
 tmp = tempfile.mkdtemp(prefix="bus-doc-")
 subprocess.run(["bash", f"{src}/scripts/make_dataset.sh", f"{tmp}/data", "6"], check=True, stdout=subprocess.DEVNULL)
-subprocess.run([f"{build}/elements/vaeencoder/videotrain-make-vae", f"{tmp}/vae", "--tiny"], check=True,
+subprocess.run([f"{build}/tools/videotrain-make-vae", f"{tmp}/vae", "--tiny"], check=True,
                stdout=subprocess.DEVNULL)
 size = "num-frames=5 width=32 height=32"
 p = Gst.parse_launch(

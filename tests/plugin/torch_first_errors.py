@@ -11,6 +11,7 @@ import sys
 import tempfile
 
 import torch  # first, on purpose
+from typing import List
 
 import gi
 
@@ -64,6 +65,20 @@ class Image(torch.nn.Module):  # a 2D encoder: conv2d throws on [1, 3, T, H, W] 
 
 image_encoder = os.path.join(tmp, "image.pt")
 torch.jit.script(Image()).save(image_encoder)
+
+
+class SixteenChannels(torch.nn.Module):  # made for 16 latent channels; the VAE gives 4
+    def __init__(self):
+        super().__init__()
+        self.head = torch.nn.Linear(16, 8)
+
+    @torch.jit.export
+    def training_step(self, latents: torch.Tensor, captions: List[str]) -> torch.Tensor:
+        return self.head(latents.mean([2, 3, 4])).pow(2).mean()
+
+
+wrong_channels = os.path.join(tmp, "wrong_channels.pt")
+torch.jit.script(SixteenChannels()).save(wrong_channels)
 video = Gst.parse_launch("videotestsrc num-buffers=10 ! video/x-raw,width=32,height=32,framerate=10/1 ! "
                          f"vp8enc ! webmmux ! filesink location={tmp}/a.webm")
 video.set_state(Gst.State.PLAYING)
@@ -84,6 +99,13 @@ cases = [
     ("vaeencoder with a 2D TorchScript encoder (it throws in the streaming thread)", "vaeencoder", "conv2d",
      f"csvvideosrc location={manifest} num-epochs=0 num-frames=9 width=16 height=16 ! "
      f"vaeencoder name=vaeencoder model={image_encoder} ! fakesink"),
+    # PyTorch's own message, the model's line and its inputs, not TorchScript's first line.
+    ("ddptrainsink with a TorchScript model for 16 channels on a 4-channel VAE", "ddptrainsink",
+     ("mat1 and mat2 shapes cannot be multiplied (1x4 and 16x8)", 'torch_first_errors.py", line',
+      "in training_step: return self.head(latents.mean([2, 3, 4])).pow(2).mean()", "latents [1, 4, 2, 2, 2] Float"),
+     f"csvvideosrc location={manifest} num-epochs=0 num-frames=5 width=16 height=16 ! "
+     f"vaeencoder model={ref} ! microbatcher batch-size=1 ! "
+     f"ddptrainsink name=ddptrainsink rank=0 world-size=1 model={wrong_channels}"),
     ("csvvideosrc with a missing manifest", "csvvideosrc", "does-not-exist.csv",
      f"csvvideosrc name=csvvideosrc location={tmp}/does-not-exist.csv ! fakesink"),
     ("csvvideosrc with a manifest without a path column", "csvvideosrc", "path column",
@@ -110,7 +132,9 @@ for title, element, wanted, desc in cases:
     if msg and msg.type == Gst.MessageType.ERROR:
         err, dbg = msg.parse_error()
         text = f"{msg.src.get_name()}: {err.message} | {dbg}"
-    ok = msg is not None and msg.type == Gst.MessageType.ERROR and msg.src.get_name() == element and wanted in text
+    wants = wanted if isinstance(wanted, tuple) else (wanted,)
+    ok = (msg is not None and msg.type == Gst.MessageType.ERROR and msg.src.get_name() == element
+          and all(w in text for w in wants))
     print(f"{'ok' if ok else 'FAIL'}: {title}: {text or (msg.type if msg else 'no message in 60 s')}", flush=True)
     failures += not ok
     pipe.set_state(Gst.State.NULL)

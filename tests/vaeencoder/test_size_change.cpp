@@ -202,7 +202,7 @@ void run_clips(const std::string &vae, const std::vector<Clip> &clips, const std
 }
 
 std::string make_vae(const vttest::TempDir &dir) {
-  std::string tool = vttest::env_or("VIDEOTRAIN_BUILD_DIR", "build") + "/elements/vaeencoder/videotrain-make-vae";
+  std::string tool = vttest::env_or("VIDEOTRAIN_BUILD_DIR", "build") + "/tools/videotrain-make-vae";
   if (std::system((tool + " " + dir.file("vae") + " --tiny --seed 5 >/dev/null").c_str()) != 0) {
     ADD_FAILURE() << "videotrain-make-vae failed";
     return "";

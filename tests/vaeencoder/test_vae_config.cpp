@@ -215,7 +215,7 @@ TEST(MakeVae, WritesALoadableSeededFolder) {
   EXPECT_EQ(a, vttest::read_file(dir.file("s3b/diffusion_pytorch_model.safetensors")));
   EXPECT_NE(a, vttest::read_file(dir.file("s4/diffusion_pytorch_model.safetensors")));
   // The command-line tool.
-  std::string tool = vttest::env_or("VIDEOTRAIN_BUILD_DIR", "build") + "/elements/vaeencoder/videotrain-make-vae";
+  std::string tool = vttest::env_or("VIDEOTRAIN_BUILD_DIR", "build") + "/tools/videotrain-make-vae";
   std::string cmd = "'" + tool + "' '" + dir.file("cli") + "' --seed 3 --tiny > /dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   EXPECT_EQ(a, vttest::read_file(dir.file("cli/diffusion_pytorch_model.safetensors")));

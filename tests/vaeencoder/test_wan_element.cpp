@@ -182,6 +182,37 @@ TEST_P(WanElement, CsvVideoSrcFromALosslessVideoMatchesTheEngine) {
 
 INSTANTIATE_TEST_SUITE_P(Wan, WanElement, ::testing::Values("tiny_wan21", "tiny_wan22"));
 
+TEST(WanElement, AMadeTinyWan21VaeLoadsAndEncodesAClip) {
+  // videotrain-make-vae --family wan21 --tiny: a Wan folder without downloads (demos, tests).
+  vttest::TempDir d;
+  const std::string tool = vttest::env_or("VIDEOTRAIN_BUILD_DIR", "build") + "/tools/videotrain-make-vae";
+  ASSERT_EQ(std::system((tool + " " + d.file("wan") + " --family wan21 --tiny --seed 7 >/dev/null").c_str()), 0);
+  std::ifstream in(d.file("wan") + "/config.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("_class_name"), "AutoencoderKLWan");
+  EXPECT_EQ(j.at("z_dim"), 4);
+  at::Tensor u8 = at::randint(0, 256, {5, 32, 48, 3}, at::TensorOptions().dtype(at::kByte));
+  const std::string manifest = lossless_manifest(d, u8);
+  Pulled latents;
+  pull(source(manifest, 5, 48, 32) + "vaeencoder model=" + d.file("wan") +
+           " device=cpu dtype=float32 latent=mode ! appsink name=sink sync=false",
+       &latents);
+  ASSERT_EQ(latents.error, "");
+  ASSERT_EQ(latents.buffers.size(), 1u);
+  std::string why;
+  auto got = tensor_from_buffer(latents.buffers[0], &why);
+  ASSERT_TRUE(got.has_value()) << why;
+  // 4 latent channels, (5 - 1) / 4 + 1 frames, 8x smaller.
+  EXPECT_EQ(got->sizes(), (std::vector<int64_t>{4, 2, 4, 6}));
+  EXPECT_TRUE(got->isfinite().all().item<bool>());
+  EXPECT_GT(got->std().item<double>(), 0);
+  // Seeded: the same seed makes the same weights.
+  vttest::TempDir d2;
+  ASSERT_EQ(std::system((tool + " " + d2.file("wan") + " --family wan21 --tiny --seed 7 >/dev/null").c_str()), 0);
+  EXPECT_EQ(vttest::read_file(d.file("wan") + "/diffusion_pytorch_model.safetensors"),
+            vttest::read_file(d2.file("wan") + "/diffusion_pytorch_model.safetensors"));
+}
+
 TEST(WanElementErrors, AForeignVaeClassIsAnElementErrorNamingIt) {
   vttest::TempDir d;
   std::ifstream in(wan_dir("tiny_wan21") + "/config.json");
