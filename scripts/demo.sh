@@ -3,7 +3,7 @@
 # small dataset and a small random CogVideoX-architecture VAE, and trains the built-in latent
 # video diffusion model on 2 CPU ranks for a few dozen steps, then the built-in text-conditioned
 # model on caption embeddings from a small text encoder, printing the loss as it goes and where
-# the checkpoints are.
+# the checkpoints are; then a native Wan transformer from a diffusers folder, end to end.
 #   STEPS=60 NPROC=2 bash scripts/demo.sh      (DATA=folder to keep the dataset elsewhere)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,3 +55,21 @@ build/tools/videotrain-launch -n "$nproc_" -q -f pipelines/train-t2v.pipeline \
 loss_report "$data/metrics-t2v.jsonl"
 echo "== checkpoints in $ckpt_t2v:"
 ls -1 "$ckpt_t2v"
+# A native Wan 2.1 transformer (the real architecture at toy widths, scripts/make_tiny_wan.sh) on a
+# tiny Wan 2.1 VAE, trained with Wan's rectified-flow objective through pipelines/train-wan.pipeline;
+# the finished run exports a diffusers folder (bf16) that WanTransformer3DModel.from_pretrained loads.
+[[ -f "$data/wan-vae/config.json" ]] || build/tools/videotrain-make-vae "$data/wan-vae" --family wan21 --seed 1 --tiny
+rm -rf "$data/wan-dit"
+bash scripts/make_tiny_wan.sh "$data/wan-dit" --latent-channels 4 --text-dim 32 --seed 1 >/dev/null
+ckpt_wan="$data/checkpoints-wan"
+rm -rf "$ckpt_wan" "$data/metrics-wan.jsonl"
+echo "== training a native Wan transformer (diffusers folder $data/wan-dit) on $nproc_ CPU ranks, $steps steps (pipelines/train-wan.pipeline)"
+build/tools/videotrain-launch -n "$nproc_" -q -f pipelines/train-wan.pipeline \
+  -D DATA="$data" -D VAE="$data/wan-vae" -D MODEL="$data/wan-dit" -D TOKENIZER="$data/text/spiece.model" \
+  -D TEXT_ENCODER="$data/text/text_encoder.pt" -D MAX_LENGTH=32 -D BUCKETS=64x64,96x64,64x96 \
+  -D FRAME_BUCKETS=9,5 -D FPS=0 -D BATCH=2 -D MICRO=1 -D LR=1e-3 -D STEPS="$steps" -D CKPT="$ckpt_wan" \
+  -D CKPT_EVERY=10 -D LOG_EVERY=1 -D EPOCHS=0 -D METRICS="$data/metrics-wan.jsonl"
+loss_report "$data/metrics-wan.jsonl"
+echo "== checkpoints in $ckpt_wan (transformer/: the exported diffusers folder):"
+ls -1 "$ckpt_wan"
+build/tools/videotrain-model info "$ckpt_wan/transformer" | sed -n '1,3p;/^parameters/,/stored/p'
