@@ -6,6 +6,9 @@
  *
  *   wan-bench [--frames 3] [--height 30] [--width 52] [--threads 2] [--repeat 3] [--no-peer]
  *   wan-bench --memory [--frames 13] [--height 60] [--width 90] [--checkpointing 1]
+ *   wan-bench --lora-vs-full [--frames 3] [--height 30] [--width 52]   # a LoRA step (rank 32 on the
+ *             attention projections, base frozen) against a full fine-tune step, each with AdamW, each
+ *             in a process of its own: seconds and peak RSS of each
  * The peer runs through PYTHON (default /usr/bin/python3) from VIDEOTRAIN_SOURCE_DIR or the source
  * tree this was built from. */
 #include <ATen/Parallel.h>
@@ -15,10 +18,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 
 #include "cpu_heap.h"
+#include "models/layers.h"
+#include "models/lora.h"
 #include "models/native_model.h"
 
 using namespace videotrain;
@@ -50,7 +56,8 @@ const char *kConfig = R"({"_class_name": "WanTransformer3DModel", "attention_hea
 int main(int argc, char **argv) {
   int64_t frames = 3, height = 30, width = 52, text = 512;
   int threads = 2, repeat = 3;
-  bool peer = true, memory = false, checkpointing = true;
+  bool peer = true, memory = false, checkpointing = true, versus = false;
+  std::string train;  // full | lora: one optimizer step (--lora-vs-full runs both)
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::atoll(argv[++i]) : 0; };
@@ -62,12 +69,28 @@ int main(int argc, char **argv) {
     else if (a == "--checkpointing") checkpointing = next() != 0;
     else if (a == "--no-peer") peer = false;
     else if (a == "--memory") memory = true;
+    else if (a == "--lora-vs-full") versus = true;
+    else if (a == "--train" && i + 1 < argc) train = argv[++i];
     else {
       std::fprintf(stderr, "wan-bench: unknown argument %s\n", a.c_str());
       return 2;
     }
   }
   if (memory && frames == 3 && height == 30 && width == 52) frames = 13, height = 60, width = 90;
+  if (versus) {
+    const std::string base = std::string(argv[0]) + " --frames " + std::to_string(frames) + " --height " +
+                             std::to_string(height) + " --width " + std::to_string(width) + " --threads " +
+                             std::to_string(threads) + " --train ";
+    const std::string full = run(base + "full"), lora = run(base + "lora");
+    std::printf("%s%s", full.c_str(), lora.c_str());
+    auto num = [](const std::string &out, const char *key) {
+      const auto at = out.find(key);
+      return at == std::string::npos ? 0.0 : std::atof(out.c_str() + at + std::strlen(key));
+    };
+    std::printf("LoRA/full: time %.2f, peak RSS %.2f\n", num(lora, "\"seconds\": ") / num(full, "\"seconds\": "),
+                num(lora, "\"peak_rss_mb\": ") / num(full, "\"peak_rss_mb\": "));
+    return 0;
+  }
   at::set_num_threads(threads);
   std::string why;
   if (!retain_cpu_heap(&why)) std::fprintf(stderr, "wan-bench: tune-malloc: %s\n", why.c_str());  // as ddptrainsink on CPU
@@ -80,6 +103,36 @@ int main(int argc, char **argv) {
   const auto ctx = torch::randn({1, text, 4096});
   const auto t = torch::full({1}, 500.0);
   const int64_t tokens = frames * (height / 2) * (width / 2);
+  if (!train.empty()) {
+    std::vector<at::Tensor> params;
+    if (train == "lora") {
+      for (auto &p : m->module().parameters()) p.set_requires_grad(false);
+      for (auto &item : m->module().named_modules("", false)) {
+        auto *l = item.value()->as<models::LinearImpl>();
+        const std::string &n = item.key();
+        if (l && (n.find(".to_q") != std::string::npos || n.find(".to_k") != std::string::npos ||
+                  n.find(".to_v") != std::string::npos || n.find(".to_out") != std::string::npos))
+          l->add_lora(32, 1.0);
+      }
+      for (auto &[n, t] : models::lora_parameters(m->module())) params.push_back(t);
+    } else {
+      params = m->module().parameters();
+    }
+    torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-4));
+    double best = 1e30;
+    for (int r = 0; r < 2; r++) {
+      auto t0 = std::chrono::steady_clock::now();
+      opt.zero_grad();
+      m->forward(x, t, ctx).square().mean().backward();
+      opt.step();
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    int64_t trained = 0;
+    for (auto &p : params) trained += p.numel();
+    std::printf("{\"train\": \"%s\", \"tokens\": %lld, \"trained_parameters\": %lld, \"seconds\": %.3f, "
+                "\"peak_rss_mb\": %.0f}\n", train.c_str(), (long long)tokens, (long long)trained, best, rss_mb());
+    return 0;
+  }
   if (memory) {
     auto t0 = std::chrono::steady_clock::now();
     m->forward(x, t, ctx).square().mean().backward();
