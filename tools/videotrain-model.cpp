@@ -137,25 +137,11 @@ at::Tensor entry_tensor(const SafetensorsFile &f, const std::string &name, bool 
     if (required) throw std::runtime_error("'" + f.path() + "' has no tensor '" + name + "'");
     return at::Tensor();
   }
-  const auto dt = e->dtype == "F32" ? at::kFloat : e->dtype == "F16" ? at::kHalf : e->dtype == "BF16" ? at::kBFloat16
-                  : e->dtype == "I64" ? at::kLong : e->dtype == "I32" ? at::kInt : e->dtype == "F64" ? at::kDouble
-                  : at::ScalarType::Undefined;
-  if (dt == at::ScalarType::Undefined) throw std::runtime_error("'" + name + "' is " + e->dtype + ", not a number type");
-  auto t = torch::empty(e->shape, torch::TensorOptions().dtype(dt));
-  std::memcpy(t.data_ptr(), e->data, e->nbytes);
-  return t;
+  return tensor_of(*e);
 }
 
 void add_out(std::vector<SafetensorsOutTensor> *out, const std::string &name, const at::Tensor &t) {
-  if (!t.defined()) return;
-  auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
-  SafetensorsOutTensor o;
-  o.name = name;
-  o.dtype = "F32";
-  o.shape = c.sizes().vec();
-  o.bytes.resize(c.numel() * sizeof(float));
-  std::memcpy(o.bytes.data(), c.data_ptr(), o.bytes.size());
-  out->push_back(std::move(o));
+  if (t.defined()) out->push_back(out_tensor(name, t));
 }
 
 int forward(std::vector<std::string> args) {

@@ -9,6 +9,7 @@
 
 #include "layers.h"
 #include "safetensors.h"
+#include "weights_io.h"
 
 namespace videotrain::models {
 
@@ -36,13 +37,9 @@ bool ends_with(const std::string &s, const std::string &t) {
 }
 
 at::Tensor to_tensor(const SafetensorsEntry &e, const std::string &path) {
-  const auto dt = e.dtype == "F32" ? at::kFloat : e.dtype == "F16" ? at::kHalf : e.dtype == "BF16" ? at::kBFloat16
-                  : at::ScalarType::Undefined;
-  if (dt == at::ScalarType::Undefined)
+  if (e.dtype != "F32" && e.dtype != "F16" && e.dtype != "BF16")
     throw std::runtime_error("'" + path + "' holds '" + e.name + "' as " + e.dtype + "; LoRA tensors are F32, F16 or BF16");
-  auto t = torch::empty(e.shape, torch::TensorOptions().dtype(dt));
-  std::memcpy(t.data_ptr(), e.data, e.nbytes);
-  return t.to(torch::kFloat);
+  return tensor_of(e).to(torch::kFloat);
 }
 
 std::map<std::string, LinearImpl *> linears(torch::nn::Module &model) {
@@ -186,12 +183,7 @@ double LoraFile::alpha_of(const LoraModule &m) const {
 
 void write_lora_file(const std::string &path, const LoraFile &lora, const std::string &naming) {
   std::vector<SafetensorsOutTensor> out;
-  auto add = [&](const std::string &name, const at::Tensor &t) {
-    auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
-    SafetensorsOutTensor o{name, "F32", c.sizes().vec(), std::vector<uint8_t>(c.numel() * 4)};
-    std::memcpy(o.bytes.data(), c.data_ptr(), o.bytes.size());
-    out.push_back(std::move(o));
-  };
+  auto add = [&](const std::string &name, const at::Tensor &t) { out.push_back(out_tensor(name, t)); };
   std::map<std::string, std::string> meta{{"format", "pt"}};
   nlohmann::json targets = nlohmann::json::array(), alpha_pattern = nlohmann::json::object();
   const double global = lora.modules.empty() ? 0 : lora.alpha_of(lora.modules.begin()->second);

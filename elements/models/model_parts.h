@@ -13,6 +13,7 @@
 
 #include "safetensors.h"
 #include "train_model.h"
+#include "weights_io.h"
 
 namespace videotrain {
 
@@ -69,16 +70,7 @@ class BuiltinModel : public TrainModel {
   std::string save(const std::string &dir) override {
     std::vector<SafetensorsOutTensor> out;
     auto add = [&](const NamedTensors &ts) {
-      for (const auto &[name, t] : ts) {
-        auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
-        SafetensorsOutTensor o;
-        o.name = name;
-        o.dtype = "F32";
-        o.shape = c.sizes().vec();
-        o.bytes.resize(c.numel() * sizeof(float));
-        std::memcpy(o.bytes.data(), c.template data_ptr<float>(), o.bytes.size());
-        out.push_back(std::move(o));
-      }
+      for (const auto &[name, t] : ts) out.push_back(models::out_tensor(name, t));
     };
     add(named_parameters());
     add(named_buffers());

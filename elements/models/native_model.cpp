@@ -328,12 +328,7 @@ class NativeTrainModel : public TrainModel {
   }
   std::string save_trained(const std::string &path) {
     std::vector<SafetensorsOutTensor> out;
-    for (auto &[n, t] : named_parameters()) {
-      auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
-      SafetensorsOutTensor o{n, "F32", c.sizes().vec(), std::vector<uint8_t>(c.numel() * 4)};
-      std::memcpy(o.bytes.data(), c.data_ptr(), o.bytes.size());
-      out.push_back(std::move(o));
-    }
+    for (auto &[n, t] : named_parameters()) out.push_back(models::out_tensor(n, t));
     std::string err;
     if (!write_safetensors(path, out, {{"format", "pt"}, {"base_model", dir_}, {"trainable", opt_.trainable}}, &err))
       throw std::runtime_error(err);
@@ -348,9 +343,7 @@ class NativeTrainModel : public TrainModel {
       const auto *e = f->find(n);
       if (!e || e->dtype != "F32" || e->shape != t.sizes().vec())
         throw std::runtime_error("'" + path + "' does not hold '" + n + "' as the model has it");
-      auto src = torch::empty(e->shape, torch::kFloat);
-      std::memcpy(src.data_ptr(), e->data, e->nbytes);
-      t.copy_(src);
+      t.copy_(models::tensor_of(*e));
     }
   }
   c10::Device device_of() { return dit_->module().parameters().front().device(); }

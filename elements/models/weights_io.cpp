@@ -14,6 +14,8 @@ at::ScalarType dtype_of(const std::string &d) {
   if (d == "F16") return at::kHalf;
   if (d == "BF16") return at::kBFloat16;
   if (d == "F64") return at::kDouble;
+  if (d == "I64") return at::kLong;
+  if (d == "I32") return at::kInt;
   return at::ScalarType::Undefined;
 }
 
@@ -33,6 +35,26 @@ std::string shape_text(c10::IntArrayRef s) {
 }
 
 }  // namespace
+
+at::Tensor tensor_of(const SafetensorsEntry &e) {
+  const auto dt = dtype_of(e.dtype);
+  if (dt == at::ScalarType::Undefined)
+    throw std::runtime_error("tensor '" + e.name + "' is " + e.dtype + ", not one of F32, F16, BF16, F64, I64, I32");
+  auto t = torch::empty(e.shape, torch::TensorOptions().dtype(dt));
+  std::memcpy(t.data_ptr(), e.data, e.nbytes);
+  return t;
+}
+
+SafetensorsOutTensor out_tensor(const std::string &name, const at::Tensor &t, at::ScalarType dtype) {
+  const auto c = t.detach().to(torch::kCPU, dtype).contiguous();
+  SafetensorsOutTensor o;
+  o.name = name;
+  o.dtype = name_of(dtype);
+  o.shape = c.sizes().vec();
+  o.bytes.resize(c.numel() * c10::elementSize(dtype));
+  std::memcpy(o.bytes.data(), c.data_ptr(), o.bytes.size());
+  return o;
+}
 
 void load_strict(torch::nn::Module &m, const DiffusersFolder &folder, const std::vector<std::string> &optional) {
   std::map<std::string, at::Tensor> wanted;
@@ -55,13 +77,9 @@ void load_strict(torch::nn::Module &m, const DiffusersFolder &folder, const std:
     if (e.shape != t.sizes().vec())
       throw std::runtime_error("'" + where + "' holds '" + name + "' as " + shape_text(e.shape) + ", the model (" +
                                folder.class_name + " of its config.json) has " + shape_text(t.sizes()));
-    const auto dt = dtype_of(e.dtype);
-    if (dt == at::ScalarType::Undefined)
+    if (!at::isFloatingType(dtype_of(e.dtype)))
       throw std::runtime_error("'" + where + "' holds '" + name + "' as " + e.dtype + "; weights must be F32, F16 or BF16");
-    // Copied into an aligned tensor first: a safetensors payload may start at any byte.
-    auto src = torch::empty(e.shape, torch::TensorOptions().dtype(dt));
-    std::memcpy(src.data_ptr(), e.data, e.nbytes);
-    t.copy_(src);
+    t.copy_(tensor_of(e));
   }
 }
 
@@ -116,14 +134,7 @@ std::string save_folder(torch::nn::Module &m, const std::string &dir, const std:
   for (size_t k = 0; k < shards.size(); k++) {
     std::vector<SafetensorsOutTensor> out;
     for (size_t i : shards[k]) {
-      auto c = all[i].second.detach().to(torch::kCPU, dtype).contiguous();
-      SafetensorsOutTensor o;
-      o.name = all[i].first;
-      o.dtype = name_of(dtype);
-      o.shape = c.sizes().vec();
-      o.bytes.resize(c.numel() * esize);
-      std::memcpy(o.bytes.data(), c.data_ptr(), o.bytes.size());
-      out.push_back(std::move(o));
+      out.push_back(out_tensor(all[i].first, all[i].second, dtype));
       weight_map[all[i].first] = shard_name(k);
     }
     std::string err;

@@ -24,6 +24,12 @@ void load_strict(torch::nn::Module &m, const DiffusersFolder &folder, const std:
 std::string save_folder(torch::nn::Module &m, const std::string &dir, const std::string &config_json,
                         const std::string &stem, at::ScalarType dtype, uint64_t max_shard_bytes);
 
+// A copy of a safetensors entry as a tensor (F32, F16, BF16, F64, I64, I32; the bytes copied into an
+// aligned tensor, as a payload may start at any byte). Throws naming the entry for other dtypes.
+at::Tensor tensor_of(const SafetensorsEntry &e);
+// A tensor as a safetensors tensor to write, converted to `dtype` (kFloat, kBFloat16, kHalf) on the CPU.
+SafetensorsOutTensor out_tensor(const std::string &name, const at::Tensor &t, at::ScalarType dtype = at::kFloat);
+
 // "bf16" / "fp16" / "fp32" (also bfloat16, float16, float32); false for anything else.
 bool parse_save_dtype(const std::string &name, at::ScalarType *out);
 
