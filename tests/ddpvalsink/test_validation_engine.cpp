@@ -330,7 +330,9 @@ TEST(ValidationEngine, EpochEndEventsCloseAPassAndAMidEpochEosDropsIt) {
   EXPECT_EQ(e.passes_done(), 1u) << "a partial pass is not reported";
   std::vector<std::string> skipped;
   for (auto &m : e.take_messages()) {
-    if (m.name == "ddpvalsink-result") EXPECT_EQ(m.ints.at("step"), 0) << "a partial pass reported";
+    if (m.name == "ddpvalsink-result") {
+      EXPECT_EQ(m.ints.at("step"), 0) << "a partial pass reported";
+    }
     if (m.name == "ddpvalsink-skipped") skipped.push_back(m.strings["text"]);
   }
   ASSERT_EQ(skipped.size(), 2u);

@@ -54,7 +54,9 @@ Result run(const std::string &file) {
   }
   // Frozen base: no gradient reached it.
   for (const auto &p : m->module().named_parameters(true))
-    if (p.key().find("lora_") == std::string::npos) EXPECT_FALSE(p.value().grad().defined()) << p.key();
+    if (p.key().find("lora_") == std::string::npos) {
+      EXPECT_FALSE(p.value().grad().defined()) << p.key();
+    }
   return r;
 }
 
