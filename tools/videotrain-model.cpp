@@ -248,9 +248,7 @@ int lora(std::vector<std::string> args) {
     torch::NoGradGuard ng;
     auto m = open_dit(args[0], torch::kCPU);
     const auto file = read_lora(args[1], m->module());
-    std::map<std::string, LinearImpl *> linears;
-    for (const auto &item : m->module().named_modules("", false))
-      if (auto *l = item.value()->as<LinearImpl>()) linears[item.key()] = l;
+    const auto linears = linear_modules(m->module());
     for (const auto &[name, lm] : file.modules)
       linears.at(name)->weight.add_(torch::matmul(lm.b, lm.a) * (file.alpha_of(lm) / static_cast<double>(lm.a.size(0))));
     const std::string out = m->save(args[2], t, uint64_t(5) << 30);

@@ -342,22 +342,22 @@ static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GVa
     case PROP_LOG_EVERY: c.log_every = g_value_get_uint(v); break;
     case PROP_METRICS_FILE: c.metrics_file = str(); break;
     case PROP_TENSORBOARD_DIR: c.tensorboard_dir = str(); break;
-    case PROP_GRADIENT_CHECKPOINTING: c.gradient_checkpointing = g_value_get_boolean(v); break;
-    case PROP_TIMESTEP_SAMPLING: c.timestep_sampling = enum_nick(timestep_sampling_type(), g_value_get_enum(v)); break;
-    case PROP_LOGIT_MEAN: c.logit_mean = g_value_get_double(v); break;
-    case PROP_LOGIT_STD: c.logit_std = g_value_get_double(v); break;
-    case PROP_FLOW_SHIFT: c.flow_shift = g_value_get_double(v); break;
+    case PROP_GRADIENT_CHECKPOINTING: c.native.gradient_checkpointing = g_value_get_boolean(v); break;
+    case PROP_TIMESTEP_SAMPLING: c.native.timestep_sampling = enum_nick(timestep_sampling_type(), g_value_get_enum(v)); break;
+    case PROP_LOGIT_MEAN: c.native.logit_mean = g_value_get_double(v); break;
+    case PROP_LOGIT_STD: c.native.logit_std = g_value_get_double(v); break;
+    case PROP_FLOW_SHIFT: c.native.flow_shift = g_value_get_double(v); break;
     case PROP_TIMESTEP_RANGE: c.timestep_range = str(); break;
     case PROP_VAL_SIGMAS: c.val_sigmas = str(); break;
     case PROP_SAVE_DTYPE: c.save_dtype = enum_nick(save_dtype_type(), g_value_get_enum(v)); break;
     case PROP_EXPORT_DIR: c.export_dir = str(); break;
-    case PROP_LORA_RANK: c.lora_rank = g_value_get_uint(v); break;
-    case PROP_LORA_ALPHA: c.lora_alpha = g_value_get_double(v); break;
-    case PROP_LORA_TARGETS: c.lora_targets = str(); break;
-    case PROP_LORA_DROPOUT: c.lora_dropout = g_value_get_double(v); break;
-    case PROP_LORA_INIT: c.lora_init = str(); break;
-    case PROP_LORA_FORMAT: c.lora_format = enum_nick(lora_format_type(), g_value_get_enum(v)); break;
-    case PROP_TRAINABLE: c.trainable = str(); break;
+    case PROP_LORA_RANK: c.native.lora_rank = g_value_get_uint(v); break;
+    case PROP_LORA_ALPHA: c.native.lora_alpha = g_value_get_double(v); break;
+    case PROP_LORA_TARGETS: c.native.lora_targets = str(); break;
+    case PROP_LORA_DROPOUT: c.native.lora_dropout = g_value_get_double(v); break;
+    case PROP_LORA_INIT: c.native.lora_init = str(); break;
+    case PROP_LORA_FORMAT: c.native.lora_format = enum_nick(lora_format_type(), g_value_get_enum(v)); break;
+    case PROP_TRAINABLE: c.native.trainable = str(); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -400,22 +400,22 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
     case PROP_LOG_EVERY: g_value_set_uint(v, c.log_every); break;
     case PROP_METRICS_FILE: g_value_set_string(v, c.metrics_file.c_str()); break;
     case PROP_TENSORBOARD_DIR: g_value_set_string(v, c.tensorboard_dir.c_str()); break;
-    case PROP_GRADIENT_CHECKPOINTING: g_value_set_boolean(v, c.gradient_checkpointing); break;
-    case PROP_TIMESTEP_SAMPLING: g_value_set_enum(v, enum_value(timestep_sampling_type(), c.timestep_sampling)); break;
-    case PROP_LOGIT_MEAN: g_value_set_double(v, c.logit_mean); break;
-    case PROP_LOGIT_STD: g_value_set_double(v, c.logit_std); break;
-    case PROP_FLOW_SHIFT: g_value_set_double(v, c.flow_shift); break;
+    case PROP_GRADIENT_CHECKPOINTING: g_value_set_boolean(v, c.native.gradient_checkpointing); break;
+    case PROP_TIMESTEP_SAMPLING: g_value_set_enum(v, enum_value(timestep_sampling_type(), c.native.timestep_sampling)); break;
+    case PROP_LOGIT_MEAN: g_value_set_double(v, c.native.logit_mean); break;
+    case PROP_LOGIT_STD: g_value_set_double(v, c.native.logit_std); break;
+    case PROP_FLOW_SHIFT: g_value_set_double(v, c.native.flow_shift); break;
     case PROP_TIMESTEP_RANGE: g_value_set_string(v, c.timestep_range.c_str()); break;
     case PROP_VAL_SIGMAS: g_value_set_string(v, c.val_sigmas.c_str()); break;
     case PROP_SAVE_DTYPE: g_value_set_enum(v, enum_value(save_dtype_type(), c.save_dtype)); break;
     case PROP_EXPORT_DIR: g_value_set_string(v, c.export_dir.c_str()); break;
-    case PROP_LORA_RANK: g_value_set_uint(v, c.lora_rank); break;
-    case PROP_LORA_ALPHA: g_value_set_double(v, c.lora_alpha); break;
-    case PROP_LORA_TARGETS: g_value_set_string(v, c.lora_targets.c_str()); break;
-    case PROP_LORA_DROPOUT: g_value_set_double(v, c.lora_dropout); break;
-    case PROP_LORA_INIT: g_value_set_string(v, c.lora_init.c_str()); break;
-    case PROP_LORA_FORMAT: g_value_set_enum(v, enum_value(lora_format_type(), c.lora_format)); break;
-    case PROP_TRAINABLE: g_value_set_string(v, c.trainable.c_str()); break;
+    case PROP_LORA_RANK: g_value_set_uint(v, c.native.lora_rank); break;
+    case PROP_LORA_ALPHA: g_value_set_double(v, c.native.lora_alpha); break;
+    case PROP_LORA_TARGETS: g_value_set_string(v, c.native.lora_targets.c_str()); break;
+    case PROP_LORA_DROPOUT: g_value_set_double(v, c.native.lora_dropout); break;
+    case PROP_LORA_INIT: g_value_set_string(v, c.native.lora_init.c_str()); break;
+    case PROP_LORA_FORMAT: g_value_set_enum(v, enum_value(lora_format_type(), c.native.lora_format)); break;
+    case PROP_TRAINABLE: g_value_set_string(v, c.native.trainable.c_str()); break;
     case PROP_STEPS: g_value_set_uint64(v, self->steps); break;
     case PROP_LOSS: g_value_set_double(v, self->loss); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
@@ -567,14 +567,14 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                             timestep_sampling_type(), 0, rw));
   install(PROP_LOGIT_MEAN, g_param_spec_double("logit-mean", "Logit mean",
                                                "Mean of the normal draw of timestep-sampling=logit-normal", -10, 10,
-                                               d.logit_mean, rw));
+                                               d.native.logit_mean, rw));
   install(PROP_LOGIT_STD, g_param_spec_double("logit-std", "Logit std",
                                               "Standard deviation of the normal draw of timestep-sampling=logit-normal",
-                                              0.001, 10, d.logit_std, rw));
+                                              0.001, 10, d.native.logit_std, rw));
   install(PROP_FLOW_SHIFT, g_param_spec_double("flow-shift", "Flow shift",
                                                "Native Wan models: sigma' = s*sigma / (1 + (s-1)*sigma); 1: no shift "
                                                "(3.0 is the Wan 480p recipe, 5.0 for 720p)",
-                                               0.01, 100, d.flow_shift, rw));
+                                               0.01, 100, d.native.flow_shift, rw));
   install(PROP_TIMESTEP_RANGE,
           g_param_spec_string("timestep-range", "Timestep range",
                               "Native Wan models: LO,HI in [0, 1000]: shifted sigmas are rescaled into [LO, HI]/1000 "
@@ -605,7 +605,7 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                               "Linear modules that get a LoRA, by diffusers name: a comma list of suffixes (default: "
                               "the attention projections of every block) or a regular expression; "
                               "videotrain-model info lists the candidates",
-                              d.lora_targets.c_str(), rw));
+                              d.native.lora_targets.c_str(), rw));
   install(PROP_LORA_DROPOUT, g_param_spec_double("lora-dropout", "LoRA dropout",
                                                  "Dropout on the LoRA branch's input while training", 0, 0.99, 0, rw));
   install(PROP_LORA_INIT, g_param_spec_string("lora-init", "LoRA init",

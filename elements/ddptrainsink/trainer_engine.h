@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bus_message.h"
+#include "models/model_options.h"
 #include "run_context.h"
 
 namespace at {
@@ -42,18 +43,13 @@ struct TrainerConfig {
   std::string precision = "auto"; // auto | fp32 | bf16
   bool tune_malloc = true;        // on CPU: retain_cpu_heap() (process-wide)
   uint64_t seed = 0;
-  // Native models (diffusers folders): objective and memory (models/train_model.h ModelOptions).
-  bool gradient_checkpointing = false;
-  std::string timestep_sampling = "logit-normal";  // uniform | logit-normal
-  double logit_mean = 0.0, logit_std = 1.0, flow_shift = 3.0;
+  // Native models (diffusers folders): objective, memory, LoRA (seed and the parsed values
+  // timestep_lo/hi and val_sigmas are filled at start from `seed` and the two strings below).
+  ModelOptions native;
   std::string timestep_range = "0,1000";  // LO,HI in [0, 1000]
   std::string val_sigmas = "0.25,0.5,0.75";
   std::string save_dtype = "bf16";        // bf16 | fp16 | fp32: the exported folder's weights
   std::string export_dir;                 // "": <checkpoint-dir>/transformer (or /lora) when the model is a folder
-  unsigned lora_rank = 0;                 // LoRA over the frozen base; 0: off
-  double lora_alpha = 0, lora_dropout = 0;
-  std::string lora_targets = "to_q,to_k,to_v,to_out.0", lora_init, lora_format = "diffusers";
-  std::string trainable;                  // regex: partial fine-tune
   // Distributed (-1 / 0 / "" = from the environment).
   int rank = -1, world_size = 0, master_port = 0;
   std::string master_addr;

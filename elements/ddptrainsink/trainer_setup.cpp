@@ -81,15 +81,11 @@ bool TrainerEngine::Impl::resolve() {
 }
 
 std::string TrainerEngine::Impl::resolve_model_options() {
+  model_opts = cfg.native;
   ModelOptions &o = model_opts;
   o.seed = cfg.seed;
-  o.gradient_checkpointing = cfg.gradient_checkpointing;
-  if (cfg.timestep_sampling != "uniform" && cfg.timestep_sampling != "logit-normal")
-    return "timestep-sampling '" + cfg.timestep_sampling + "' is not one of uniform, logit-normal";
-  o.timestep_sampling = cfg.timestep_sampling;
-  o.logit_mean = cfg.logit_mean;
-  o.logit_std = cfg.logit_std;
-  o.flow_shift = cfg.flow_shift;
+  if (o.timestep_sampling != "uniform" && o.timestep_sampling != "logit-normal")
+    return "timestep-sampling '" + o.timestep_sampling + "' is not one of uniform, logit-normal";
   double lo = 0, hi = 0;
   char tail = 0;
   if (std::sscanf(cfg.timestep_range.c_str(), "%lf , %lf %c", &lo, &hi, &tail) != 2 || !(lo >= 0 && lo < hi && hi <= 1000))
@@ -107,17 +103,10 @@ std::string TrainerEngine::Impl::resolve_model_options() {
     o.val_sigmas.push_back(v);
   }
   if (o.val_sigmas.empty()) return "val-sigmas is empty: give at least one sigma in (0, 1]";
-  o.lora_rank = cfg.lora_rank;
-  o.lora_alpha = cfg.lora_alpha;
-  o.lora_targets = cfg.lora_targets;
-  o.lora_dropout = cfg.lora_dropout;
-  o.lora_init = cfg.lora_init;
-  o.lora_format = cfg.lora_format;
-  o.trainable = cfg.trainable;
-  if ((o.lora_rank > 0 || !o.lora_init.empty()) && !o.trainable.empty())
+  if (o.lora() && !o.trainable.empty())
     return "lora-rank/lora-init and trainable are exclusive: a LoRA trains its own tensors, trainable picks base "
            "parameters";
-  if ((o.lora_rank > 0 || !o.lora_init.empty() || !o.trainable.empty()) && !is_model_folder(cfg.model))
+  if ((o.lora() || !o.trainable.empty()) && !is_model_folder(cfg.model))
     return "lora-rank, lora-init and trainable apply to a diffusers transformer folder (property model), not to " +
            cfg.model;
   if (!o.lora_init.empty() && !fs::is_regular_file(o.lora_init))

@@ -45,6 +45,13 @@ void LinearImpl::replace_module_or_register(const std::string &name, std::shared
     register_module(name, m);
 }
 
+std::map<std::string, LinearImpl *> linear_modules(torch::nn::Module &model) {
+  std::map<std::string, LinearImpl *> out;
+  for (const auto &item : model.named_modules("", false))
+    if (auto *l = item.value()->as<LinearImpl>()) out[item.key()] = l;
+  return out;
+}
+
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, bool affine) : eps(eps_) {
   if (affine) weight = register_parameter("weight", torch::ones({dim}));
 }

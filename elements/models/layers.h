@@ -7,6 +7,8 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace videotrain::models {
@@ -32,6 +34,9 @@ struct LinearImpl : torch::nn::Module {
   void replace_module_or_register(const std::string &name, std::shared_ptr<torch::nn::Module> m);
 };
 TORCH_MODULE(Linear);
+
+// Every Linear of `model` by its dotted name (LoRA targets, merges, the names info lists).
+std::map<std::string, LinearImpl *> linear_modules(torch::nn::Module &model);
 
 // diffusers' RMSNorm over the last dimension, in float32, gain optional; returns float32.
 struct RMSNormImpl : torch::nn::Module {

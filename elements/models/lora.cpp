@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <regex>
@@ -42,11 +43,10 @@ at::Tensor to_tensor(const SafetensorsEntry &e, const std::string &path) {
   return tensor_of(e).to(torch::kFloat);
 }
 
-std::map<std::string, LinearImpl *> linears(torch::nn::Module &model) {
-  std::map<std::string, LinearImpl *> out;
-  for (const auto &item : model.named_modules("", false))
-    if (auto *l = item.value()->as<LinearImpl>()) out[item.key()] = l;
-  return out;
+// kohya/musubi spell an original module name with underscores: blocks.0.self_attn.q -> blocks_0_self_attn_q.
+std::string kohya_name(std::string original) {
+  std::replace(original.begin(), original.end(), '.', '_');
+  return original;
 }
 
 }  // namespace
@@ -63,19 +63,13 @@ std::string wan_diffusers_name(const std::string &original) {
 }
 
 std::string wan_kohya_to_original(const std::string &k) {
-  for (const auto &[d, o] : kWanTop) {
-    std::string u = o;
-    for (auto &c : u) if (c == '.') c = '_';
-    if (k == u) return o;
-  }
+  for (const auto &[d, o] : kWanTop)
+    if (k == kohya_name(o)) return o;
   static const std::regex block(R"(^blocks_(\d+)_(.+)$)");
   std::smatch m;
   if (std::regex_match(k, m, block))
-    for (const auto &[d, o] : kWanNames) {
-      std::string u = o;
-      for (auto &c : u) if (c == '.') c = '_';
-      if (m[2] == u) return "blocks." + m[1].str() + "." + o;
-    }
+    for (const auto &[d, o] : kWanNames)
+      if (m[2] == kohya_name(o)) return "blocks." + m[1].str() + "." + o;
   return "";
 }
 
@@ -161,7 +155,7 @@ LoraFile read_lora_file(const std::string &path) {
 
 LoraFile read_lora(const std::string &path, torch::nn::Module &model) {
   LoraFile out = read_lora_file(path);
-  const auto targets = linears(model);
+  const auto targets = linear_modules(model);
   for (const auto &[name, lm] : out.modules) {
     auto it = targets.find(name);
     if (it == targets.end())
@@ -200,8 +194,7 @@ void write_lora_file(const std::string &path, const LoraFile &lora, const std::s
     if (o.empty()) throw std::runtime_error("module '" + name + "' has no name in the " + naming + " naming");
     std::string stem = "diffusion_model." + o, down = ".lora_A.weight", up = ".lora_B.weight";
     if (naming == "kohya") {
-      stem = "lora_unet_" + o;
-      for (size_t i = 10; i < stem.size(); i++) if (stem[i] == '.') stem[i] = '_';
+      stem = "lora_unet_" + kohya_name(o);
       down = ".lora_down.weight";
       up = ".lora_up.weight";
     }
@@ -226,7 +219,7 @@ void write_lora_file(const std::string &path, const LoraFile &lora, const std::s
 
 LoraFile lora_of(torch::nn::Module &model) {
   LoraFile out;
-  for (const auto &[name, l] : linears(model))
+  for (const auto &[name, l] : linear_modules(model))
     if (l->has_lora()) {
       LoraModule m;
       m.a = l->lora_a;
@@ -239,7 +232,7 @@ LoraFile lora_of(torch::nn::Module &model) {
 }
 
 void apply_lora(torch::nn::Module &model, const LoraFile &lora, bool trainable) {
-  auto targets = linears(model);
+  auto targets = linear_modules(model);
   for (const auto &[name, lm] : lora.modules) {
     auto it = targets.find(name);
     if (it == targets.end()) throw std::runtime_error("this model has no module '" + name + "' for the LoRA of " + lora.path);
@@ -255,7 +248,7 @@ void apply_lora(torch::nn::Module &model, const LoraFile &lora, bool trainable) 
 
 std::vector<std::pair<std::string, at::Tensor>> lora_parameters(torch::nn::Module &model) {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto &[name, l] : linears(model))
+  for (const auto &[name, l] : linear_modules(model))
     if (l->has_lora()) {
       out.emplace_back("transformer." + name + ".lora_A.weight", l->lora_a);
       out.emplace_back("transformer." + name + ".lora_B.weight", l->lora_b);

@@ -23,8 +23,7 @@ namespace models {
 
 std::vector<std::string> DitModel::linear_names() {
   std::vector<std::string> out;
-  for (const auto &item : module().named_modules("", false))
-    if (item.value()->as<LinearImpl>()) out.push_back(item.key());
+  for (const auto &[name, l] : linear_modules(module())) out.push_back(name);
   return out;
 }
 
@@ -138,7 +137,7 @@ class NativeTrainModel : public TrainModel {
   NativeTrainModel(std::string dir, std::unique_ptr<models::DitModel> dit, const ModelOptions &o)
       : dir_(std::move(dir)), dit_(std::move(dit)), opt_(o) {
     dit_->set_gradient_checkpointing(o.gradient_checkpointing);
-    if (o.lora_rank > 0 || !o.lora_init.empty()) {
+    if (o.lora()) {
       attach_lora();
     } else if (!o.trainable.empty()) {
       std::regex re;
@@ -161,7 +160,7 @@ class NativeTrainModel : public TrainModel {
   // base is not in the optimizer, the all-reduce, a checkpoint or a validator's snapshot.
   NamedTensors named_parameters() override {
     NamedTensors out;
-    if (lora_) {
+    if (opt_.lora()) {
       for (auto &[n, t] : models::lora_parameters(dit_->module())) out.emplace_back(n, t);
       return out;
     }
@@ -210,7 +209,7 @@ class NativeTrainModel : public TrainModel {
   }
 
   std::string save(const std::string &dir) override {
-    if (lora_) {  // LoRA-sized: the base is the folder of `model`
+    if (opt_.lora()) {  // LoRA-sized: the base is the folder of `model`
       models::write_lora_file(dir + "/pytorch_lora_weights.safetensors", models::lora_of(dit_->module()), "diffusers");
       return "pytorch_lora_weights.safetensors";
     }
@@ -218,9 +217,9 @@ class NativeTrainModel : public TrainModel {
     // float32 and one file up to 4 GiB a shard: a checkpoint resumes bit for bit.
     return dit_->save(dir, torch::kFloat, uint64_t(4) << 30);
   }
-  std::string export_name() const override { return lora_ ? "lora" : "transformer"; }
+  std::string export_name() const override { return opt_.lora() ? "lora" : "transformer"; }
   bool export_folder(const std::string &dir, const std::string &dtype) override {
-    if (lora_) {
+    if (opt_.lora()) {
       std::filesystem::create_directories(dir);
       const auto lora = models::lora_of(dit_->module());
       const std::string f = opt_.lora_format;
@@ -235,7 +234,7 @@ class NativeTrainModel : public TrainModel {
     return true;
   }
   void load(const std::string &dir) override {
-    if (lora_) {
+    if (opt_.lora()) {
       const auto file = models::read_lora(dir + "/pytorch_lora_weights.safetensors", dit_->module());
       copy_lora(file);
       return;
@@ -270,8 +269,7 @@ class NativeTrainModel : public TrainModel {
                                  ", lora-rank is " + std::to_string(opt_.lora_rank) + " (set lora-rank=0 or " +
                                  std::to_string(file.rank) + ")");
       models::apply_lora(dit_->module(), file, true);
-      for (auto &item : dit_->module().named_modules("", false))
-        if (auto *l = item.value()->as<models::LinearImpl>()) l->lora_dropout = opt_.lora_dropout;
+      for (auto &[name, l] : models::linear_modules(dit_->module())) l->lora_dropout = opt_.lora_dropout;
     } else {
       const double alpha = opt_.lora_alpha > 0 ? opt_.lora_alpha : static_cast<double>(opt_.lora_rank);
       const bool regex = opt_.lora_targets.find_first_of("^$*+?()[]|\\") != std::string::npos;
@@ -290,10 +288,7 @@ class NativeTrainModel : public TrainModel {
       }
       std::set<std::string> used;
       size_t n = 0;
-      for (auto &item : dit_->module().named_modules("", false)) {
-        auto *l = item.value()->as<models::LinearImpl>();
-        if (!l) continue;
-        const std::string &name = item.key();
+      for (auto &[name, l] : models::linear_modules(dit_->module())) {
         bool hit = false;
         if (regex) hit = std::regex_search(name, re);
         for (const auto &s : suffixes)
@@ -313,15 +308,13 @@ class NativeTrainModel : public TrainModel {
       if (n == 0) throw std::runtime_error("lora-targets '" + opt_.lora_targets + "' names no Linear module of " + dir_);
     }
     dit_->module().to(device_of());
-    lora_ = true;
   }
   void copy_lora(const models::LoraFile &file) {
     torch::NoGradGuard ng;
-    for (auto &item : dit_->module().named_modules("", false)) {
-      auto *l = item.value()->as<models::LinearImpl>();
-      if (!l || !l->has_lora()) continue;
-      auto it = file.modules.find(item.key());
-      if (it == file.modules.end()) throw std::runtime_error("the checkpoint's LoRA has no module '" + item.key() + "'");
+    for (auto &[name, l] : models::linear_modules(dit_->module())) {
+      if (!l->has_lora()) continue;
+      auto it = file.modules.find(name);
+      if (it == file.modules.end()) throw std::runtime_error("the checkpoint's LoRA has no module '" + name + "'");
       l->lora_a.copy_(it->second.a);
       l->lora_b.copy_(it->second.b);
     }
@@ -350,7 +343,6 @@ class NativeTrainModel : public TrainModel {
   std::string dir_;
   std::unique_ptr<models::DitModel> dit_;
   ModelOptions opt_;
-  bool lora_ = false;
 };
 
 }  // namespace

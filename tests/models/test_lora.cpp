@@ -171,8 +171,7 @@ TEST(WanLora, FreshLoraLeavesTheOutputUnchanged) {
   const auto x = base.get("input." + c + ".hidden_states"), t = base.get("input." + c + ".timestep"),
              e = base.get("input." + c + ".encoder_hidden_states");
   const auto before = m->forward(x, t, e);
-  for (const auto &item : m->module().named_modules("", false))
-    if (auto *l = item.value()->as<LinearImpl>()) l->add_lora(4, 2.0);
+  for (auto &[name, l] : linear_modules(m->module())) l->add_lora(4, 2.0);
   EXPECT_TRUE(torch::equal(m->forward(x, t, e), before));
   EXPECT_GT(lora_parameters(m->module()).size(), 40u);
 }

@@ -1,0 +1,32 @@
+/* ModelOptions: how a native model trains (no torch: ddptrainsink's config holds one). */
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace videotrain {
+
+// How a native model (a diffusers folder) trains: the objective's sampling and memory options.
+// The TorchScript and built-in models ignore them.
+struct ModelOptions {
+  uint64_t seed = 0;                         // with (sample id, epoch): each sample's noise and sigma
+  std::string timestep_sampling = "logit-normal";  // uniform | logit-normal
+  double logit_mean = 0.0, logit_std = 1.0;
+  double flow_shift = 3.0;                   // sigma' = s sigma / (1 + (s - 1) sigma)
+  double timestep_lo = 0.0, timestep_hi = 1000.0;  // sigma' rescaled into [lo, hi] / 1000
+  std::vector<double> val_sigmas{0.25, 0.5, 0.75};
+  bool gradient_checkpointing = false;
+  // LoRA (rank 0: off) over the frozen base, or a partial fine-tune (`trainable`, a regex on
+  // parameter names); without either every parameter trains.
+  int64_t lora_rank = 0;
+  double lora_alpha = 0;                     // 0: = rank (scale 1)
+  std::string lora_targets = "to_q,to_k,to_v,to_out.0";  // suffixes of module names, or a regex
+  double lora_dropout = 0;
+  std::string lora_init;                     // a LoRA file to continue from (any naming)
+  std::string lora_format = "diffusers";     // what a finished run writes: diffusers | comfyui | kohya | all
+  std::string trainable;                     // regex: partial fine-tune
+  bool lora() const { return lora_rank > 0 || !lora_init.empty(); }
+};
+
+}  // namespace videotrain
