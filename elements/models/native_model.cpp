@@ -171,6 +171,7 @@ class NativeTrainModel : public TrainModel {
   NamedTensors named_buffers() override { return {}; }
   bool takes_text() const override { return true; }
   void train(bool on) override { dit_->module().train(on); }
+  models::DitModel *dit() override { return dit_.get(); }
 
   at::Tensor training_step(const ModelInputs &in) override {
     const auto x0 = checked_latents(in);

@@ -145,12 +145,14 @@ class CogVideoXDPM final : public CogVideoXBase {
     const double mult1 = std::sqrt((1.0 - ap) / (1.0 - a)) * std::exp(-h);
     const double mult2 = std::expm1(-2.0 * h) * std::sqrt(ap);
     const double mult_noise = std::sqrt(1.0 - ap) * std::sqrt(1.0 - std::exp(-2.0 * h));
-    at::Tensor out = mult1 * x - mult2 * x0 + mult_noise * at::randn(x.sizes(), gen, x.options());
+    // Drawn on the CPU generator, as diffusers' randn_tensor does for a CPU generator on any device.
+    const auto draw = [&] { return at::randn(x.sizes(), gen, x.options().device(at::kCPU)).to(x.device()); };
+    at::Tensor out = mult1 * x - mult2 * x0 + mult_noise * draw();
     if (k > 0 && old_x0_.defined() && !last) {
       const double a_back = alphas_[static_cast<size_t>(schedule_.timesteps[k - 1])];
       const double r = (lam(a) - lam(a_back)) / h;
       const at::Tensor d = (1.0 + 1.0 / (2.0 * r)) * x0 - (1.0 / (2.0 * r)) * old_x0_;
-      out = mult1 * x - mult2 * d + mult_noise * at::randn(x.sizes(), gen, x.options());
+      out = mult1 * x - mult2 * d + mult_noise * draw();
     }
     old_x0_ = x0;
     return out;
