@@ -206,6 +206,22 @@ static gboolean start(GstBaseSink *sink) {
                       ("e.g. location=samples/step-%%08d/prompt-%%02d.mp4"));
     return FALSE;
   }
+  // The encoder description is built once here so that a missing element is an error before data flows.
+  GST_OBJECT_LOCK(self);
+  const std::string encoder = self->encoder ? self->encoder : "";
+  GST_OBJECT_UNLOCK(self);
+  GError *err = nullptr;
+  GstElement *probe = gst_parse_bin_from_description(encoder.c_str(), TRUE, &err);
+  if (!probe || err) {
+    GST_ELEMENT_ERROR(self, CORE, MISSING_PLUGIN, ("Cannot build the encoder '%s': %s", encoder.c_str(),
+                                                   err ? err->message : "unknown"),
+                      ("set encoder= to a gst-launch description from raw video to a muxed stream; the default needs "
+                       "openh264enc (gstreamer1.0-plugins-bad) and mp4mux (gstreamer1.0-plugins-good)"));
+    if (err) g_error_free(err);
+    if (probe) gst_object_unref(probe);
+    return FALSE;
+  }
+  gst_object_unref(probe);
   self->named = false;
   return TRUE;
 }
