@@ -86,6 +86,28 @@ void run_context_request(GstElement *element, const std::string &trainer_name) {
   gst_element_post_message(element, gst_message_new_need_context(GST_OBJECT(element), type.c_str()));
 }
 
+std::shared_ptr<RunContext> run_context_find(GstElement *element, const std::string &trainer_name,
+                                             std::shared_ptr<RunContext> *slot) {
+  GST_OBJECT_LOCK(element);
+  auto run = *slot;
+  GST_OBJECT_UNLOCK(element);
+  if (run || trainer_name.empty()) return run;
+  run_context_request(element, trainer_name);
+  GST_OBJECT_LOCK(element);
+  run = *slot;
+  GST_OBJECT_UNLOCK(element);
+  return run;
+}
+
+void run_context_take(GstElement *element, GstContext *context, const std::string &trainer_name,
+                      std::shared_ptr<RunContext> *slot) {
+  if (trainer_name.empty() || run_context_type(trainer_name) != gst_context_get_context_type(context)) return;
+  auto run = run_context_get(context);
+  GST_OBJECT_LOCK(element);
+  *slot = std::move(run);
+  GST_OBJECT_UNLOCK(element);
+}
+
 std::string trainer_problem(GstElement *element, const std::string &name) {
   GstObject *top = GST_OBJECT(gst_object_ref(element));
   while (GstObject *p = gst_object_get_parent(top)) {

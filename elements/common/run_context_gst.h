@@ -37,6 +37,16 @@ bool run_context_answer_query(GstQuery *query, const std::string &trainer_name, 
 // holds one answers at once through the element's set_context.
 void run_context_request(GstElement *element, const std::string &trainer_name);
 
+// Validator side (ddpvalsink, ddpsampler, samplesink): the run held in *slot (which set_context fills,
+// under the element's object lock), else asks the bins for it (NEED_CONTEXT, answered at once through
+// set_context when the trainer has started); null when it has not.
+std::shared_ptr<RunContext> run_context_find(GstElement *element, const std::string &trainer_name,
+                                             std::shared_ptr<RunContext> *slot);
+// For an element's set_context: keeps the run of a context of trainer_name's type in *slot (null
+// when the context says the trainer stopped); other contexts are left alone.
+void run_context_take(GstElement *element, GstContext *context, const std::string &trainer_name,
+                      std::shared_ptr<RunContext> *slot);
+
 // Validator side, without a run yet: "" when the top-level bin of `element` holds a ddptrainsink
 // called `name` (looked up by type name: the elements share no headers), else what is wrong.
 std::string trainer_problem(GstElement *element, const std::string &name);

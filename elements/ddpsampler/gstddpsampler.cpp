@@ -76,15 +76,7 @@ static void post_messages(GstDdpSampler *self) {
 }
 
 static std::shared_ptr<RunContext> request_run(GstDdpSampler *self, const std::string &name) {
-  GST_OBJECT_LOCK(self);
-  auto run = *self->run;
-  GST_OBJECT_UNLOCK(self);
-  if (run) return run;
-  run_context_request(GST_ELEMENT(self), name);
-  GST_OBJECT_LOCK(self);
-  run = *self->run;
-  GST_OBJECT_UNLOCK(self);
-  return run;
+  return run_context_find(GST_ELEMENT(self), name, self->run);
 }
 
 // Attaches the engine to the trainer's run. FALSE: error posted.
@@ -249,9 +241,8 @@ static void set_context(GstElement *element, GstContext *context) {
   auto *self = GST_DDP_SAMPLER(element);
   GST_OBJECT_LOCK(self);
   const std::string name = self->trainer_name ? self->trainer_name : "";
-  if (!name.empty() && run_context_type(name) == gst_context_get_context_type(context))
-    *self->run = run_context_get(context);
   GST_OBJECT_UNLOCK(self);
+  run_context_take(element, context, name, self->run);
   GST_ELEMENT_CLASS(gst_ddp_sampler_parent_class)->set_context(element, context);
 }
 

@@ -50,6 +50,13 @@ void RunLog::add_scalars(uint64_t step, const std::vector<std::pair<std::string,
   if (tb_open_ && !scalars.empty()) tb_.add_scalars(static_cast<int64_t>(step), scalars);
 }
 
+bool RunLog::add_image(uint64_t step, const std::string &tag, const std::string &png, int width, int height) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!tb_open_) return false;
+  tb_.add_image(static_cast<int64_t>(step), tag, png, width, height, 3);
+  return true;
+}
+
 bool RunLog::append(const std::string &line, uint64_t step, const std::vector<std::pair<std::string, float>> &scalars) {
   add_scalars(step, scalars);
   return append_line(line);

@@ -29,6 +29,8 @@ class RunLog {
   bool log_step(const StepReport &r);
   // A record with its scalars (validation results).
   bool append(const std::string &line, uint64_t step, const std::vector<std::pair<std::string, float>> &scalars);
+  // An image (PNG) in the TensorBoard events (sample frames); false without an events file.
+  bool add_image(uint64_t step, const std::string &tag, const std::string &png, int width, int height);
   void close();
   const std::string &metrics_file() const { return metrics_file_; }
 

@@ -90,6 +90,30 @@ std::string tf_event_scalars(double wall_time, int64_t step, const std::vector<s
   return e;
 }
 
+std::string tf_event_image(double wall_time, int64_t step, const std::string &tag, const std::string &png,
+                           int width, int height, int channels) {
+  std::string image;
+  image.push_back(0x08);  // Summary.Image.height, varint
+  put_varint(image, static_cast<uint64_t>(height));
+  image.push_back(0x10);  // width
+  put_varint(image, static_cast<uint64_t>(width));
+  image.push_back(0x18);  // colorspace: 3 RGB, 4 RGBA
+  put_varint(image, static_cast<uint64_t>(channels));
+  put_bytes_field(image, 4, png);  // encoded_image_string
+  std::string v;
+  put_bytes_field(v, 1, tag);    // Summary.Value.tag
+  put_bytes_field(v, 4, image);  // Summary.Value.image
+  std::string summary;
+  put_bytes_field(summary, 1, v);
+  std::string e;
+  e.push_back(0x09);  // wall_time, fixed64
+  put_fixed(e, wall_time);
+  e.push_back(0x10);  // step, varint
+  put_varint(e, static_cast<uint64_t>(step));
+  put_bytes_field(e, 5, summary);
+  return e;
+}
+
 std::string tf_record(const std::string &data) {
   std::string r;
   uint64_t len = data.size();
@@ -122,6 +146,14 @@ bool TfEventsWriter::open(const std::string &dir, const std::string &suffix, std
 void TfEventsWriter::add_scalars(int64_t step, const std::vector<std::pair<std::string, float>> &scalars) {
   if (!f_) return;
   auto r = tf_record(tf_event_scalars(now_s(), step, scalars));
+  std::fwrite(r.data(), 1, r.size(), f_);
+  std::fflush(f_);
+}
+
+void TfEventsWriter::add_image(int64_t step, const std::string &tag, const std::string &png, int width, int height,
+                               int channels) {
+  if (!f_) return;
+  auto r = tf_record(tf_event_image(now_s(), step, tag, png, width, height, channels));
   std::fwrite(r.data(), 1, r.size(), f_);
   std::fflush(f_);
 }

@@ -18,6 +18,9 @@ uint32_t masked_crc32c(const void *data, size_t n);
 // summary (5) of simple_value scalars.
 std::string tf_event_scalars(double wall_time, int64_t step, const std::vector<std::pair<std::string, float>> &scalars);
 std::string tf_event_file_version(double wall_time);
+// An Event with one image summary (Summary.Value.image: height, width, colorspace, encoded PNG).
+std::string tf_event_image(double wall_time, int64_t step, const std::string &tag, const std::string &png,
+                           int width, int height, int channels);
 // The TFRecord framing of one record.
 std::string tf_record(const std::string &data);
 
@@ -26,6 +29,7 @@ class TfEventsWriter {
   // Creates dir (and parents) and events.out.tfevents.<time>.<host>.<suffix>; false with error.
   bool open(const std::string &dir, const std::string &suffix, std::string *error);
   void add_scalars(int64_t step, const std::vector<std::pair<std::string, float>> &scalars);
+  void add_image(int64_t step, const std::string &tag, const std::string &png, int width, int height, int channels);
   void close();
   ~TfEventsWriter() { close(); }
   const std::string &path() const { return path_; }

@@ -447,6 +447,11 @@ void TrainerEngine::stop() {
   im.run_log.close();
 }
 
+bool TrainerEngine::append_image(const std::string &tag, uint64_t step, const std::string &png, int width,
+                                 int height) {
+  return impl_->run_log.add_image(step, tag, png, width, height);
+}
+
 bool TrainerEngine::append_log(const std::string &json_line, uint64_t step,
                                const std::vector<std::pair<std::string, float>> &scalars) {
   return impl_->run_log.append(json_line, step, scalars);

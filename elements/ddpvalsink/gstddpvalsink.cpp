@@ -81,15 +81,7 @@ static void post_messages(GstDdpValSink *self) {
 // The run of our trainer, asked of the bins (NEED_CONTEXT, answered through set_context)
 // unless we hold it already.
 static std::shared_ptr<RunContext> request_run(GstDdpValSink *self, const std::string &name) {
-  GST_OBJECT_LOCK(self);
-  auto run = *self->run;
-  GST_OBJECT_UNLOCK(self);
-  if (run) return run;
-  run_context_request(GST_ELEMENT(self), name);
-  GST_OBJECT_LOCK(self);
-  run = *self->run;
-  GST_OBJECT_UNLOCK(self);
-  return run;
+  return run_context_find(GST_ELEMENT(self), name, self->run);
 }
 
 // Without a run: FALSE (with an element error) when the trainer is not in the pipeline or not a
@@ -130,9 +122,8 @@ static void gst_ddp_val_sink_set_context(GstElement *element, GstContext *contex
   auto *self = GST_DDP_VAL_SINK(element);
   GST_OBJECT_LOCK(self);
   const std::string name = self->trainer_name ? self->trainer_name : "";
-  if (!name.empty() && run_context_type(name) == gst_context_get_context_type(context))
-    *self->run = run_context_get(context);  // null: the trainer stopped
   GST_OBJECT_UNLOCK(self);
+  run_context_take(element, context, name, self->run);  // null: the trainer stopped
   GST_ELEMENT_CLASS(gst_ddp_val_sink_parent_class)->set_context(element, context);
 }
 

@@ -12,7 +12,10 @@
 #include <cerrno>
 #include <string>
 
+#include <memory>
+
 #include "bus_messages_doc.h"
+#include "run_context_gst.h"
 #include "sample_names.h"
 
 GST_DEBUG_CATEGORY_STATIC(samplesink_debug);
@@ -26,7 +29,12 @@ static const char *kDefaultEncoder = "videoconvert ! video/x-raw,format=I420 ! o
 struct _GstSampleSink {
   GstBaseSink parent;
   gchar *location, *encoder;  // object lock
+  gchar *trainer_name;        // object lock
+  guint tb_frames;            // object lock
   guint64 files_written;      // object lock
+  std::shared_ptr<RunContext> *run;  // object lock: the trainer's run (TensorBoard images)
+  guint sample_frames;        // the sampler's num-frames for the open sample (0: unknown)
+  bool warned_no_run;
   // Streaming thread:
   GstCaps *caps;
   GstVideoInfo info;
@@ -45,7 +53,57 @@ GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(samplesink, "samplesink", GST_RANK_NONE, G
                                       GST_DEBUG_CATEGORY_INIT(samplesink_debug, "samplesink", 0,
                                                               "One video file per generated sample"));
 
-enum { PROP_0, PROP_LOCATION, PROP_ENCODER, PROP_FILES_WRITTEN };
+enum { PROP_0, PROP_LOCATION, PROP_ENCODER, PROP_TRAINER, PROP_TENSORBOARD_FRAMES, PROP_FILES_WRITTEN };
+
+// Whether frame i of n is one of the k spread evenly from the first to the last.
+static bool picked(guint64 i, guint n, guint k) {
+  if (k == 0) return false;
+  if (n == 0 || n <= k) return n == 0 ? i == 0 : true;
+  if (k == 1) return i == 0;
+  for (guint j = 0; j < k; j++)
+    if (i == guint64(j) * (n - 1) / (k - 1)) return true;
+  return false;
+}
+
+// A few frames per sample as PNG images in the trainer's TensorBoard events (rank 0's, where the
+// trainer has tensorboard-dir).
+static void tensorboard_frame(GstSampleSink *self, GstBuffer *buf) {
+  GST_OBJECT_LOCK(self);
+  const std::string trainer = self->trainer_name ? self->trainer_name : "";
+  const guint k = self->tb_frames;
+  GST_OBJECT_UNLOCK(self);
+  if (trainer.empty() || !self->have_info || !picked(self->frames, self->sample_frames, k)) return;
+  auto run = run_context_find(GST_ELEMENT(self), trainer, self->run);
+  if (!run) {
+    if (!self->warned_no_run)
+      GST_ELEMENT_WARNING(self, RESOURCE, NOT_FOUND,
+                          ("No running ddptrainsink '%s' for TensorBoard images (property trainer)", trainer.c_str()),
+                          (nullptr));
+    self->warned_no_run = true;
+    return;
+  }
+  GstSample *sample = gst_sample_new(buf, self->caps, nullptr, nullptr);
+  GstCaps *png_caps = gst_caps_new_empty_simple("image/png");
+  GError *err = nullptr;
+  GstSample *png = gst_video_convert_sample(sample, png_caps, 10 * GST_SECOND, &err);
+  gst_caps_unref(png_caps);
+  gst_sample_unref(sample);
+  if (!png) {
+    GST_WARNING_OBJECT(self, "no PNG for TensorBoard: %s", err ? err->message : "?");
+    if (err) g_error_free(err);
+    return;
+  }
+  GstMapInfo map;
+  GstBuffer *pb = gst_sample_get_buffer(png);
+  if (gst_buffer_map(pb, &map, GST_MAP_READ)) {
+    gchar *tag = g_strdup_printf("samples/prompt-%02u/frame-%03" G_GUINT64_FORMAT, self->prompt, self->frames);
+    run->append_image(tag, self->step, std::string(reinterpret_cast<const char *>(map.data), map.size),
+                      GST_VIDEO_INFO_WIDTH(&self->info), GST_VIDEO_INFO_HEIGHT(&self->info));
+    g_free(tag);
+    gst_buffer_unmap(pb, &map);
+  }
+  gst_sample_unref(png);
+}
 
 static GstStaticPadTemplate sink_template =
     GST_STATIC_PAD_TEMPLATE("sink", GST_PAD_SINK, GST_PAD_ALWAYS, GST_STATIC_CAPS("video/x-raw"));
@@ -142,6 +200,7 @@ static GstFlowReturn render(GstBaseSink *sink, GstBuffer *buf) {
     }
     if (!open_file(self)) return GST_FLOW_ERROR;
   }
+  tensorboard_frame(self, buf);
   // Each file starts at 0 and runs at the caps' frame rate.
   GstBuffer *out = gst_buffer_copy(buf);
   if (self->have_info && self->info.fps_n > 0) {
@@ -171,8 +230,11 @@ static gboolean sink_event(GstBaseSink *sink, GstEvent *event) {
         }
         guint64 step = 0;
         guint prompt = 0;
+        gint frames = 0;
         gst_structure_get_uint64(s, "step", &step);
         gst_structure_get_uint(s, "prompt", &prompt);
+        gst_structure_get_int(s, "num-frames", &frames);
+        self->sample_frames = guint(MAX(frames, 0));
         self->step = step;
         self->prompt = prompt;
         self->named = true;
@@ -226,8 +288,20 @@ static gboolean start(GstBaseSink *sink) {
   return TRUE;
 }
 
+static void set_context(GstElement *element, GstContext *context) {
+  auto *self = GST_SAMPLE_SINK(element);
+  GST_OBJECT_LOCK(self);
+  const std::string name = self->trainer_name ? self->trainer_name : "";
+  GST_OBJECT_UNLOCK(self);
+  run_context_take(element, context, name, self->run);
+  GST_ELEMENT_CLASS(gst_sample_sink_parent_class)->set_context(element, context);
+}
+
 static gboolean stop(GstBaseSink *sink) {
   auto *self = GST_SAMPLE_SINK(sink);
+  GST_OBJECT_LOCK(self);
+  self->run->reset();
+  GST_OBJECT_UNLOCK(self);
   if (self->pipe) {  // a stop in the middle of a sample: close what was written
     gst_element_set_state(self->pipe, GST_STATE_NULL);
     gst_object_unref(self->pipe);
@@ -250,6 +324,11 @@ static void set_property(GObject *object, guint id, const GValue *value, GParamS
       g_free(self->encoder);
       self->encoder = g_value_dup_string(value);
       break;
+    case PROP_TRAINER:
+      g_free(self->trainer_name);
+      self->trainer_name = g_value_dup_string(value);
+      break;
+    case PROP_TENSORBOARD_FRAMES: self->tb_frames = g_value_get_uint(value); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
   GST_OBJECT_UNLOCK(self);
@@ -261,6 +340,8 @@ static void get_property(GObject *object, guint id, GValue *value, GParamSpec *p
   switch (id) {
     case PROP_LOCATION: g_value_set_string(value, self->location); break;
     case PROP_ENCODER: g_value_set_string(value, self->encoder); break;
+    case PROP_TRAINER: g_value_set_string(value, self->trainer_name); break;
+    case PROP_TENSORBOARD_FRAMES: g_value_set_uint(value, self->tb_frames); break;
     case PROP_FILES_WRITTEN: g_value_set_uint64(value, self->files_written); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
@@ -271,6 +352,8 @@ static void finalize(GObject *object) {
   auto *self = GST_SAMPLE_SINK(object);
   g_free(self->location);
   g_free(self->encoder);
+  g_free(self->trainer_name);
+  delete self->run;
   delete self->path;
   if (self->caps) gst_caps_unref(self->caps);
   G_OBJECT_CLASS(gst_sample_sink_parent_class)->finalize(object);
@@ -280,6 +363,11 @@ static void gst_sample_sink_init(GstSampleSink *self) {
   self->location = g_strdup(kDefaultLocation);
   self->encoder = g_strdup(kDefaultEncoder);
   self->files_written = 0;
+  self->trainer_name = nullptr;
+  self->tb_frames = 3;
+  self->run = new std::shared_ptr<RunContext>();
+  self->sample_frames = 0;
+  self->warned_no_run = false;
   self->caps = nullptr;
   self->have_info = false;
   self->named = false;
@@ -307,6 +395,15 @@ static void gst_sample_sink_class_init(GstSampleSinkClass *klass) {
                           "gst-launch description from raw video to a muxed stream, e.g. \"videoconvert ! x264enc ! "
                           "mp4mux\" or \"videoconvert ! vp8enc ! webmmux\"",
                           kDefaultEncoder, rw));
+  g_object_class_install_property(gobject_class, PROP_TRAINER,
+      g_param_spec_string("trainer", "Trainer",
+                          "Name of the ddptrainsink whose TensorBoard events (its tensorboard-dir, rank 0) get a few "
+                          "frames of each sample as images; unset: none",
+                          nullptr, rw));
+  g_object_class_install_property(gobject_class, PROP_TENSORBOARD_FRAMES,
+      g_param_spec_uint("tensorboard-frames", "TensorBoard frames",
+                        "Frames per sample sent to TensorBoard, spread from the first to the last (with trainer)", 0, 64,
+                        3, rw));
   g_object_class_install_property(gobject_class, PROP_FILES_WRITTEN,
       g_param_spec_uint64("files-written", "Files written", "Sample files completed", 0, G_MAXUINT64, 0,
                           GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS)));
@@ -315,6 +412,7 @@ static void gst_sample_sink_class_init(GstSampleSinkClass *klass) {
       element_class, "Sample sink", "Sink/Video",
       "Writes each generated sample as its own video file, named from its step and prompt" VIDEOTRAIN_DOC_SAMPLESINK_MESSAGES,
       "gst-videotrain");
+  element_class->set_context = set_context;
   base->render = render;
   base->event = sink_event;
   base->set_caps = set_caps;
