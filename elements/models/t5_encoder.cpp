@@ -9,6 +9,7 @@
 
 #include "diffusers_folder.h"
 #include "layers.h"
+#include "regular_file.h"
 #include "weights_io.h"
 
 namespace videotrain::models {
@@ -192,6 +193,14 @@ std::unique_ptr<T5Encoder> T5Encoder::open(const std::string &dir, c10::Device d
   load_strict(*im.m, folder, {"encoder.embed_tokens.weight"});
   im.m->eval();
   return e;
+}
+
+T5Config T5Encoder::read_config(const std::string &dir) {
+  std::string text, err;
+  if (!read_small_file(dir + "/config.json", kMaxConfigBytes, &text, &err)) throw std::runtime_error(err);
+  T5Config c;
+  if (!parse_t5_config(text, &c, &err)) throw std::runtime_error("'" + dir + "/config.json': " + err);
+  return c;
 }
 
 const T5Config &T5Encoder::config() const { return im_->config; }

@@ -22,6 +22,9 @@ class T5Encoder {
   // from the mapped shards. `encoder.embed_tokens.weight` may be absent (tied to `shared.weight`).
   // Throws std::runtime_error naming the file (and the key or tensor) when anything does not fit.
   static std::unique_ptr<T5Encoder> open(const std::string &dir, c10::Device device, c10::ScalarType dtype);
+  // `dir`/config.json alone (no weights touched): what a caller checks before deciding to load. Throws
+  // std::runtime_error naming the file.
+  static T5Config read_config(const std::string &dir);
   ~T5Encoder();
 
   // last_hidden_state [B, L, d_model] in the parameters' dtype for input_ids [B, L] (int64);

@@ -115,6 +115,20 @@ static GstFlowReturn push_held(GstTextEncoder *self) {
   return ret;
 }
 
+// At EOS: what the stream cost, and whether the encoder was loaded at all (with cache-dir a folder
+// encoder is loaded only for a caption the cache lacks).
+static void post_summary(GstTextEncoder *self) {
+  if (!self->state->encoder) return;
+  const TextEncoderStats s = self->state->encoder->stats();
+  const bool loaded = self->state->encoder->encoder_loaded();
+  if (!loaded)
+    GST_INFO_OBJECT(self, "every caption came from cache-dir: the text encoder was not loaded");
+  GstStructure *m = gst_structure_new("textencoder-summary", "captions", G_TYPE_UINT64, s.captions, "encoded",
+                                      G_TYPE_UINT64, s.encoded, "cache-reads", G_TYPE_UINT64, s.cache_reads,
+                                      "encoder-loaded", G_TYPE_BOOLEAN, loaded, nullptr);
+  gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), m));
+}
+
 static GstFlowReturn gst_text_encoder_chain(GstPad *, GstObject *parent, GstBuffer *buf) {
   auto *self = GST_TEXT_ENCODER(parent);
   State &st = *self->state;
@@ -154,6 +168,13 @@ static gboolean gst_text_encoder_sink_event(GstPad *pad, GstObject *parent, GstE
         return FALSE;
       }
       self->state->downstream = GST_FLOW_OK;
+      break;
+    case GST_EVENT_EOS:
+      if (push_held(self) == GST_FLOW_ERROR) {
+        gst_event_unref(event);
+        return FALSE;
+      }
+      post_summary(self);
       break;
     default:
       if (GST_EVENT_IS_SERIALIZED(event) && push_held(self) == GST_FLOW_ERROR) {

@@ -93,9 +93,11 @@ std::string html_unescape(const std::string &s) {
       size_t k = j + 1 + (hex ? 1 : 0);
       uint64_t v = 0;
       size_t digits = 0;
-      while (k < s.size() && (hex ? std::isxdigit(static_cast<unsigned char>(s[k])) : std::isdigit(static_cast<unsigned char>(s[k])))) {
-        if (v < 0x110000) v = v * (hex ? 16 : 10) + static_cast<uint64_t>(std::isdigit(static_cast<unsigned char>(s[k])) ? s[k] - '0' : (s[k] | 0x20) - 'a' + 10);
-        k++, digits++;
+      for (; k < s.size(); k++, digits++) {
+        const auto c = static_cast<unsigned char>(s[k]);
+        if (!(hex ? std::isxdigit(c) : std::isdigit(c))) break;
+        const uint64_t d = std::isdigit(c) ? c - '0' : (c | 0x20) - 'a' + 10;
+        if (v < 0x110000) v = v * (hex ? 16 : 10) + d;  // past U+10FFFF the value only needs to stay large
       }
       if (digits == 0) {
         out.push_back(s[i++]);

@@ -63,6 +63,17 @@ struct TextEncoderEngine::Impl {
   std::unique_ptr<T5Tokenizer> tokenizer;
   torch::jit::Module module;
   std::unique_ptr<models::T5Encoder> native;  // a transformers folder; else `module`
+  bool native_pending = false;  // a folder whose weights load at the first cache miss
+
+  void load_native() {
+    try {
+      native = models::T5Encoder::open(opts.model, device, dtype);
+    } catch (const std::exception &ex) {
+      throw std::runtime_error("cannot load text encoder folder '" + opts.model + "' (property model): " +
+                               first_line(ex.what()));
+    }
+    native_pending = false;
+  }
   enum class Convention { kAsReturned, kCogVideoX, kWan } convention = Convention::kAsReturned;
   bool clean = false;  // Wan's prompt cleaning before tokenizing
   c10::Device device{c10::kCPU};
@@ -126,6 +137,7 @@ struct TextEncoderEngine::Impl {
       std::copy(t.mask.begin(), t.mask.end(), mask[i].data_ptr<int64_t>());
     }
     torch::NoGradGuard no_grad;
+    if (native_pending) load_native();
     if (native) {
       at::Tensor y;
       try {
@@ -240,12 +252,12 @@ std::unique_ptr<TextEncoderEngine> TextEncoderEngine::create(const TextEncoderOp
     return fail("embedding-convention '" + conv + "' is not one of auto, cogvideox, wan");
   struct stat st;
   if (stat(opts.model.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    models::T5Config c;
     try {
-      im.native = models::T5Encoder::open(opts.model, im.device, im.dtype);
+      c = models::T5Encoder::read_config(opts.model);
     } catch (const std::exception &ex) {
       return fail("cannot load text encoder folder '" + opts.model + "' (property model): " + first_line(ex.what()));
     }
-    const auto &c = im.native->config();
     if (im.tokenizer->vocab_size() > c.vocab_size)
       return fail("the tokenizer '" + im.tokenizer->model_path() + "' (property tokenizer) has " +
                   std::to_string(im.tokenizer->vocab_size()) + " ids" +
@@ -254,6 +266,16 @@ std::unique_ptr<TextEncoderEngine> TextEncoderEngine::create(const TextEncoderOp
                   std::to_string(c.vocab_size) + ": the tokenizer/ and text_encoder/ of different models?");
     im.convention = conv == "wan" || ((conv.empty() || conv == "auto") && c.umt5) ? Impl::Convention::kWan
                                                                                    : Impl::Convention::kCogVideoX;
+    im.dim = c.d_model;
+    if (opts.cache_dir.empty()) {
+      try {
+        im.load_native();
+      } catch (const std::exception &ex) {
+        return fail(ex.what());
+      }
+    } else {
+      im.native_pending = true;
+    }
   } else {
     try {
       im.module = jit_load(opts.model, im.device);
@@ -269,20 +291,23 @@ std::unique_ptr<TextEncoderEngine> TextEncoderEngine::create(const TextEncoderOp
                                           : Impl::Convention::kAsReturned;
   }
   im.clean = opts.clean_prompts && im.convention == Impl::Convention::kWan;
-  try {
-    const std::string empty;
-    at::Tensor y = im.forward({&empty});
-    im.dim = y.size(2);
-    im.remember(empty, y[0], im.mask_of(empty));
-    im.stats = TextEncoderStats{};
-  } catch (const std::exception &ex) {
-    return fail(ex.what());
+  if (!im.native_pending) {
+    try {
+      const std::string empty;
+      at::Tensor y = im.forward({&empty});
+      im.dim = y.size(2);
+      im.remember(empty, y[0], im.mask_of(empty));
+      im.stats = TextEncoderStats{};
+    } catch (const std::exception &ex) {
+      return fail(ex.what());
+    }
   }
   if (!opts.cache_dir.empty()) {
     std::string why, model_digest;
     im.store = LatentStore::open(opts.cache_dir, true, &why);
     if (!im.store) return fail(why);
-    if (im.native ? !folder_identity(opts.model, &model_digest, &why) : !sha256_file(opts.model, &model_digest, &why))
+    const bool folder = im.native || im.native_pending;
+    if (folder ? !folder_identity(opts.model, &model_digest, &why) : !sha256_file(opts.model, &model_digest, &why))
       return fail(why);
     // Everything that changes an embedding: tokenizer and model content, length, dtype, device type.
     im.key_prefix = "videotrain-text v1\ntokenizer " + std::to_string(im.tokenizer->digest()) + "\nmodel " +
@@ -356,6 +381,7 @@ int64_t TextEncoderEngine::embed_dim() const { return im_->dim; }
 std::string TextEncoderEngine::dtype_name() const { return videotrain::dtype_name(im_->dtype); }
 std::string TextEncoderEngine::device_name() const { return videotrain::device_name(im_->device); }
 TextEncoderStats TextEncoderEngine::stats() const { return im_->stats; }
+bool TextEncoderEngine::encoder_loaded() const { return !im_->native_pending; }
 std::string TextEncoderEngine::take_warning() {
   std::string w;
   w.swap(im_->store_warning);

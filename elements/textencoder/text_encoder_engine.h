@@ -44,8 +44,9 @@ struct TextEmbedding {
 
 class TextEncoderEngine {
  public:
-  // Loads tokenizer and model and checks the model on one caption. Null with *error (naming
-  // the property and the file) when anything does not fit.
+  // Loads tokenizer and model and checks the model on one caption (a folder model with cache_dir:
+  // its config.json only, the weights at the first cache miss). Null with *error (naming the
+  // property and the file) when anything does not fit.
   static std::unique_ptr<TextEncoderEngine> create(const TextEncoderOptions &opts, std::string *error);
   ~TextEncoderEngine();
 
@@ -58,6 +59,9 @@ class TextEncoderEngine {
   std::string dtype_name() const;
   std::string device_name() const;
   TextEncoderStats stats() const;
+  // Whether the encoder's weights are loaded: with cache_dir a folder model is loaded at the first
+  // caption cache-dir does not hold, so a run whose captions are all cached never loads it.
+  bool encoder_loaded() const;
   // A cache-dir problem to report once (an unusable entry, a failed write); "" when none.
   std::string take_warning();
 

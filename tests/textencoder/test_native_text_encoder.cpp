@@ -2,6 +2,7 @@
  * text_encoder: t5_v11_tiny as CogVideoX's T5, umt5_tiny as Wan's umT5, six captions): ids and masks
  * exactly, Wan's prompt cleaning, both embedding conventions to 1e-5, and folders that do not fit
  * failing with the file named, through the engine and through the element. */
+#include <gst/check/gstharness.h>
 #include <gst/gst.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -10,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "../models/ref_cases.h"
+#include "metas.h"
+#include "tensor_buffer.h"
 #include "test_util.h"
 #include "textencoder/prompt_clean.h"
 #include "textencoder/t5_tokenizer.h"
@@ -100,6 +103,14 @@ TEST(NativeTextEncoder, TokenizerFolderGivesTheReferenceIdsAndMasks) {
             "Two people & a horse walking on the beach");
   // Twice unescaped, as pipeline_wan's basic_clean; Unicode spaces collapse too.
   EXPECT_EQ(wan_prompt_clean("a &amp;lt;b&amp;gt;\xC2\xA0\xE3\x80\x80 c&#32;&#x41;&nbsp;"), "a <b> c A");
+}
+
+// Python's html.unescape on numeric references (values from Python 3.11) and its legacy names.
+TEST(NativeTextEncoder, HtmlUnescapeFollowsPython) {
+  EXPECT_EQ(html_unescape("&#129;|&#150;|&#0;|&#x1F600;|&#1;|&#13;|&#xFFFF;|&#99999999;"),
+            "\xC2\x81|\xE2\x80\x93|\xEF\xBF\xBD|\xF0\x9F\x98\x80||\r||\xEF\xBF\xBD");
+  EXPECT_EQ(html_unescape("&amp &lt;&unknown; &#; &#x; & x"), "& <&unknown; &#; &#x; & x");
+  EXPECT_EQ(whitespace_clean("\t a\xE2\x80\x83" "b \n"), "a b");  // U+2003 em space
 }
 
 TEST(NativeTextEncoder, CogVideoXConventionIsTheUnmaskedOutput) {
@@ -225,4 +236,79 @@ TEST(NativeTextEncoder, TheElementFailsAtStartNamingTheFile) {
   EXPECT_TRUE(clean);
   g_free(conv);
   gst_object_unref(f);
+}
+
+// With cache-dir, a run whose captions are all cached never loads the encoder, and says so.
+TEST(NativeTextEncoder, CachedCaptionsNeedNoEncoder) {
+  vttest::TempDir tmp;
+  const auto caps = captions();
+  auto o = options(te_dir("umt5_tiny"), 32);
+  o.cache_dir = tmp.file("cache");
+  std::string err;
+  std::vector<TextRequest> reqs;
+  for (size_t i = 0; i < caps.size(); i++) reqs.push_back({caps[i], i, 0});
+  at::Tensor first;
+  {
+    auto e = TextEncoderEngine::create(o, &err);
+    ASSERT_TRUE(e) << err;
+    auto out = e->encode(reqs);
+    EXPECT_TRUE(e->encoder_loaded());
+    EXPECT_EQ(e->stats().cache_writes, 6u);
+    first = out[5].embeds;
+  }
+  auto e = TextEncoderEngine::create(o, &err);
+  ASSERT_TRUE(e) << err;
+  EXPECT_FALSE(e->encoder_loaded());
+  EXPECT_EQ(e->embed_dim(), 32);
+  auto out = e->encode(reqs);
+  EXPECT_FALSE(e->encoder_loaded()) << "every caption was in cache-dir";
+  EXPECT_EQ(e->stats().cache_reads, 6u);
+  EXPECT_EQ(e->stats().encoded, 0u);
+  EXPECT_TRUE(torch::equal(out[5].embeds, first));
+  RefFile ref("text_encoder/umt5_tiny/cases.safetensors");
+  EXPECT_LT(rel_l2(out[2].embeds, ref.get("prompt_embeds.wan")[2]), 1e-5);
+  e->encode({{"a caption no run has seen", 9, 0}});
+  EXPECT_TRUE(e->encoder_loaded());
+  EXPECT_EQ(e->stats().encoded, 1u);
+
+  // The element: its summary at EOS says the encoder was not loaded.
+  GstElement *el = gst_element_factory_make("textencoder", nullptr);
+  ASSERT_NE(el, nullptr);
+  const std::string dir = te_dir("umt5_tiny");
+  g_object_set(el, "tokenizer", dir.c_str(), "model", dir.c_str(), "max-length", 32u, "device", "cpu", "dtype",
+               "float32", "cache-dir", o.cache_dir.c_str(), nullptr);
+  GstHarness *h = gst_harness_new_with_element(el, "sink", "src");
+  gst_object_unref(el);
+  GstBus *bus = gst_bus_new();
+  gst_element_set_bus(h->element, bus);
+  gst_harness_set_src_caps_str(h, "application/x-videotrain-tensor, content=(string)latents, dtype=(string)float32, "
+                                  "device=(string)cpu");
+  for (size_t i = 0; i < caps.size(); i++) {
+    GstBuffer *buf = buffer_from_tensor(at::zeros({4, 1, 2, 2}));
+    auto *m = gst_buffer_add_videotrain_sample_meta(buf, caps[i].c_str(), "v.mp4");
+    m->sample_id = i;
+    ASSERT_EQ(gst_harness_push(h, buf), GST_FLOW_OK);
+  }
+  ASSERT_TRUE(gst_harness_push_event(h, gst_event_new_eos()));
+  EXPECT_EQ(gst_harness_buffers_received(h), caps.size());
+  GstMessage *msg = nullptr;
+  while ((msg = gst_bus_pop_filtered(bus, GST_MESSAGE_ELEMENT))) {
+    const GstStructure *s = gst_message_get_structure(msg);
+    if (gst_structure_has_name(s, "textencoder-summary")) break;
+    gst_message_unref(msg);
+  }
+  ASSERT_NE(msg, nullptr) << "no textencoder-summary";
+  const GstStructure *s = gst_message_get_structure(msg);
+  gboolean loaded = TRUE;
+  guint64 reads = 0, encoded = 9;
+  EXPECT_TRUE(gst_structure_get_boolean(s, "encoder-loaded", &loaded));
+  EXPECT_TRUE(gst_structure_get_uint64(s, "cache-reads", &reads));
+  EXPECT_TRUE(gst_structure_get_uint64(s, "encoded", &encoded));
+  EXPECT_FALSE(loaded);
+  EXPECT_EQ(reads, 6u);
+  EXPECT_EQ(encoded, 0u);
+  gst_message_unref(msg);
+  gst_element_set_bus(h->element, nullptr);
+  gst_object_unref(bus);
+  gst_harness_teardown(h);
 }
