@@ -94,7 +94,8 @@ static GstFlowReturn push_held(GstTextEncoder *self) {
   if (!attached) {
     st.drop_held();
     GST_ELEMENT_ERROR(self, STREAM, FAILED, ("Text encoding failed: %s", err.c_str()),
-                      ("check that property model is a text encoder taking input_ids and attention_mask"));
+                      ("check property model: a T5 / umT5 folder (with cache-dir loaded at the first uncached "
+                       "caption) or a TorchScript encoder taking input_ids and attention_mask"));
     return GST_FLOW_ERROR;
   }
   if (without_meta > 0 && st.warned_without_meta == 0)

@@ -63,17 +63,7 @@ struct TextEncoderEngine::Impl {
   std::unique_ptr<T5Tokenizer> tokenizer;
   torch::jit::Module module;
   std::unique_ptr<models::T5Encoder> native;  // a transformers folder; else `module`
-  bool native_pending = false;  // a folder whose weights load at the first cache miss
-
-  void load_native() {
-    try {
-      native = models::T5Encoder::open(opts.model, device, dtype);
-    } catch (const std::exception &ex) {
-      throw std::runtime_error("cannot load text encoder folder '" + opts.model + "' (property model): " +
-                               first_line(ex.what()));
-    }
-    native_pending = false;
-  }
+  bool native_pending = false;                // a folder whose weights load at the first cache miss
   enum class Convention { kAsReturned, kCogVideoX, kWan } convention = Convention::kAsReturned;
   bool clean = false;  // Wan's prompt cleaning before tokenizing
   c10::Device device{c10::kCPU};
@@ -123,8 +113,19 @@ struct TextEncoderEngine::Impl {
       store_warning = "cannot write to cache-dir: " + why;
   }
 
+  void load_native() {
+    try {
+      native = models::T5Encoder::open(opts.model, device, dtype);
+    } catch (const std::exception &ex) {
+      throw std::runtime_error("cannot load text encoder folder '" + opts.model + "' (property model): " +
+                               first_line(ex.what()));
+    }
+    native_pending = false;
+  }
+
   TokenizedCaption tokenize(const std::string &caption) const {
-    return tokenizer->encode(clean ? text::wan_prompt_clean(caption) : caption, static_cast<size_t>(opts.max_length));
+    const size_t l = static_cast<size_t>(opts.max_length);
+    return tokenizer->encode(clean ? text::wan_prompt_clean(caption) : caption, l);
   }
 
   // input_ids/attention_mask [B, L] -> [B, L, D] in dtype on device.

@@ -178,6 +178,17 @@ TEST(NativeTextEncoder, FoldersThatDoNotFitNameTheFile) {
     EXPECT_FALSE(TextEncoderEngine::create(o, &err));
     EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
     EXPECT_NE(err.find("encoder.block.2."), std::string::npos) << err;
+    // With cache-dir the weights load at the first uncached caption: the same error then.
+    o.cache_dir = tmp.file("cache");
+    auto e = TextEncoderEngine::create(o, &err);
+    ASSERT_TRUE(e) << err;
+    try {
+      e->encode({{"a caption", 0, 0}});
+      ADD_FAILURE() << "encoded with a folder that lacks block 2";
+    } catch (const std::runtime_error &ex) {
+      EXPECT_NE(std::string(ex.what()).find("encoder.block.2."), std::string::npos) << ex.what();
+      EXPECT_NE(std::string(ex.what()).find("property model"), std::string::npos) << ex.what();
+    }
     fs::remove_all(d);
   }
   {  // a tokenizer with more ids than the encoder's vocabulary
