@@ -83,6 +83,14 @@ std::string bus_text(const GstStructure *s) {
     return fmt("vaeencoder dropped sample %" G_GUINT64_FORMAT " (epoch %" G_GUINT64_FORMAT ", clip %" G_GUINT64_FORMAT
                "): %s",
                u64(s, "sample-id"), u64(s, "epoch"), u64(s, "clip-index"), str(s, "reason").c_str());
+  if (name == "textencoder-summary") {
+    gboolean loaded = TRUE;
+    gst_structure_get_boolean(s, "encoder-loaded", &loaded);
+    return fmt("textencoder: %" G_GUINT64_FORMAT " captions (%" G_GUINT64_FORMAT " encoded, %" G_GUINT64_FORMAT
+               " from the cache)%s",
+               u64(s, "captions"), u64(s, "encoded"), u64(s, "cache-reads"),
+               loaded ? "" : "; the text encoder was never loaded");
+  }
   return generic(s);
 }
 

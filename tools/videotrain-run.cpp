@@ -117,7 +117,8 @@ gboolean on_message(GstBus *, GstMessage *msg, gpointer) {
       if (g_str_has_suffix(name, "-progress")) {
         set_status(videotrain::bus_text(s));
       } else if (!quiet && (g_str_has_prefix(name, "csvvideosrc") || g_str_has_prefix(name, "vaeencoder") ||
-                            g_str_has_prefix(name, "microbatcher") || g_str_has_prefix(name, "ddp"))) {
+                            g_str_has_prefix(name, "microbatcher") || g_str_has_prefix(name, "ddp") ||
+                            g_str_has_prefix(name, "textencoder"))) {
         print_line(videotrain::bus_text(s));
       }
       break;

@@ -44,7 +44,11 @@
   "Warnings: a pass with no samples, training waiting for validation, metrics-file problems."
 
 #define VIDEOTRAIN_DOC_TEXTENCODER_MESSAGES                                                                    \
-  "\n\nBus messages: none of its own (a warning when latents carry no sample meta, errors)."
+  "\n\nBus messages:\n"                                                                                         \
+  "  textencoder-summary (element message, at EOS): captions (guint64: answered), encoded (guint64: run "      \
+  "through the encoder), cache-reads (guint64: from cache-dir), encoder-loaded (gboolean: false when a "        \
+  "folder encoder was never loaded because cache-dir held every caption).\n"                                  \
+  "Warnings: latents without a sample meta, cache-dir problems."
 
 #define VIDEOTRAIN_DOC_PROMPTSRC_MESSAGES                                                                      \
   "\n\nBus messages: none of its own (a warning per prompt cut at max-prompt-bytes; an error naming the "     \

@@ -53,7 +53,7 @@ struct _GstTextEncoder {
 G_DEFINE_TYPE(GstTextEncoder, gst_text_encoder, GST_TYPE_ELEMENT);
 GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(textencoder, "textencoder", GST_RANK_NONE, GST_TYPE_TEXT_ENCODER,
                                       GST_DEBUG_CATEGORY_INIT(textencoder_debug, "textencoder", 0,
-                                                              "Caption embeddings from a TorchScript text encoder"));
+                                                              "Caption embeddings from a T5 / umT5 or TorchScript text encoder"));
 
 enum {
   PROP_0,
@@ -67,6 +67,8 @@ enum {
   PROP_SEED,
   PROP_CACHE_ENTRIES,
   PROP_CACHE_DIR,
+  PROP_EMBEDDING_CONVENTION,
+  PROP_CLEAN_PROMPTS,
   PROP_CAPTIONS_ENCODED,
 };
 
@@ -93,7 +95,8 @@ static GstFlowReturn push_held(GstTextEncoder *self) {
   if (!attached) {
     st.drop_held();
     GST_ELEMENT_ERROR(self, STREAM, FAILED, ("Text encoding failed: %s", err.c_str()),
-                      ("check that property model is a text encoder taking input_ids and attention_mask"));
+                      ("check property model: a T5 / umT5 folder (with cache-dir loaded at the first uncached "
+                       "caption) or a TorchScript encoder taking input_ids and attention_mask"));
     return GST_FLOW_ERROR;
   }
   if (without_meta > 0 && st.warned_without_meta == 0)
@@ -112,6 +115,20 @@ static GstFlowReturn push_held(GstTextEncoder *self) {
   }
   st.downstream = ret;
   return ret;
+}
+
+// At EOS: what the stream cost, and whether the encoder was loaded at all (with cache-dir a folder
+// encoder is loaded only for a caption the cache lacks).
+static void post_summary(GstTextEncoder *self) {
+  if (!self->state->encoder) return;
+  const TextEncoderStats s = self->state->encoder->stats();
+  const bool loaded = self->state->encoder->encoder_loaded();
+  if (!loaded)
+    GST_INFO_OBJECT(self, "every caption came from cache-dir: the text encoder was not loaded");
+  GstStructure *m = gst_structure_new("textencoder-summary", "captions", G_TYPE_UINT64, s.captions, "encoded",
+                                      G_TYPE_UINT64, s.encoded, "cache-reads", G_TYPE_UINT64, s.cache_reads,
+                                      "encoder-loaded", G_TYPE_BOOLEAN, loaded, nullptr);
+  gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), m));
 }
 
 static GstFlowReturn gst_text_encoder_chain(GstPad *, GstObject *parent, GstBuffer *buf) {
@@ -153,6 +170,13 @@ static gboolean gst_text_encoder_sink_event(GstPad *pad, GstObject *parent, GstE
         return FALSE;
       }
       self->state->downstream = GST_FLOW_OK;
+      break;
+    case GST_EVENT_EOS:
+      if (push_held(self) == GST_FLOW_ERROR) {
+        gst_event_unref(event);
+        return FALSE;
+      }
+      post_summary(self);
       break;
     default:
       if (GST_EVENT_IS_SERIALIZED(event) && push_held(self) == GST_FLOW_ERROR) {
@@ -234,6 +258,10 @@ static void gst_text_encoder_set_property(GObject *object, guint id, const GValu
     case PROP_SEED: s.seed = g_value_get_uint64(value); break;
     case PROP_CACHE_ENTRIES: s.cache_entries = g_value_get_uint(value); break;
     case PROP_CACHE_DIR: s.cache_dir = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_EMBEDDING_CONVENTION:
+      s.embedding_convention = g_value_get_string(value) ? g_value_get_string(value) : "auto";
+      break;
+    case PROP_CLEAN_PROMPTS: s.clean_prompts = g_value_get_boolean(value); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -259,6 +287,8 @@ static void gst_text_encoder_get_property(GObject *object, guint id, GValue *val
     case PROP_SEED: g_value_set_uint64(value, s.seed); break;
     case PROP_CACHE_ENTRIES: g_value_set_uint(value, static_cast<guint>(s.cache_entries)); break;
     case PROP_CACHE_DIR: g_value_set_string(value, s.cache_dir.c_str()); break;
+    case PROP_EMBEDDING_CONVENTION: g_value_set_string(value, s.embedding_convention.c_str()); break;
+    case PROP_CLEAN_PROMPTS: g_value_set_boolean(value, s.clean_prompts); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -298,16 +328,19 @@ static void gst_text_encoder_class_init(GstTextEncoderClass *klass) {
   g_object_class_install_property(
       oc, PROP_TOKENIZER,
       g_param_spec_string("tokenizer", "Tokenizer",
-                          "SentencePiece model of the text encoder's tokenizer (a T5 tokenizer folder's spiece.model). "
-                          "Captions become pieces, then the model's EOS id, truncated so that EOS stays last within "
-                          "max-length, padded with its pad id",
+                          "The text encoder's tokenizer: a T5 / umT5 tokenizer/ folder (spiece.model, with the special "
+                          "tokens of tokenizer_config.json and special_tokens_map.json) or a SentencePiece spiece.model. "
+                          "Captions become pieces, then EOS, truncated so that EOS stays last within max-length, "
+                          "padded with the pad id",
                           "", rw));
   g_object_class_install_property(
       oc, PROP_MODEL,
       g_param_spec_string("model", "Model",
-                          "TorchScript text encoder: forward(input_ids: Tensor[B, L] int64, attention_mask: Tensor[B, "
-                          "L] int64) -> Tensor[B, L, D] (or a tuple starting with it, as a traced transformers "
-                          "T5EncoderModel returns)",
+                          "The text encoder: a transformers folder (config.json with T5EncoderModel or "
+                          "UMT5EncoderModel, model.safetensors or shards with model.safetensors.index.json: the "
+                          "text_encoder/ of a CogVideoX or Wan model), run natively; or a TorchScript file: "
+                          "forward(input_ids: Tensor[B, L] int64, attention_mask: Tensor[B, L] int64) -> Tensor[B, L, "
+                          "D] (or a tuple starting with it, as a traced transformers T5EncoderModel returns)",
                           "", rw));
   g_object_class_install_property(
       oc, PROP_MAX_LENGTH,
@@ -354,13 +387,30 @@ static void gst_text_encoder_class_init(GstTextEncoderClass *klass) {
                           "type; \"\": memory only",
                           "", rw));
   g_object_class_install_property(
+      oc, PROP_EMBEDDING_CONVENTION,
+      g_param_spec_string("embedding-convention", "Embedding convention",
+                          "What text_embeds holds, as the diffusers pipelines pass it: cogvideox = the encoder run "
+                          "without the attention mask, every position kept (pipeline_cogvideox); wan = run with the "
+                          "mask, rows past the tokens zero (pipeline_wan); auto = cogvideox for a T5EncoderModel folder, "
+                          "wan for UMT5EncoderModel, a TorchScript model's output as returned. text_mask is sent in "
+                          "every case",
+                          "auto", rw));
+  g_object_class_install_property(
+      oc, PROP_CLEAN_PROMPTS,
+      g_param_spec_boolean("clean-prompts", "Clean prompts",
+                           "Under the wan convention, clean captions as pipeline_wan does before tokenizing (HTML "
+                           "entities unescaped twice, whitespace runs made one space, ends stripped); false: "
+                           "captions as given",
+                           kDefaults.clean_prompts, rw));
+  g_object_class_install_property(
       oc, PROP_CAPTIONS_ENCODED,
       g_param_spec_uint64("captions-encoded", "Captions encoded",
                           "Captions run through the text encoder so far (cache misses)", 0, G_MAXUINT64, 0, ro));
   gst_element_class_set_static_metadata(
       ec, "Text encoder", "Filter/Encoder/Text",
       "Adds to each latent buffer its caption's embedding [L, D] and mask [L] (the named tensors text_embeds and "
-      "text_mask), from a SentencePiece tokenizer (T5 rules) and a TorchScript text encoder, once per distinct caption "
+      "text_mask), from a SentencePiece tokenizer (T5 rules) and a T5 / umT5 encoder folder (native) or a TorchScript "
+      "text encoder, once per distinct caption "
       "(cached)" VIDEOTRAIN_DOC_TEXTENCODER_MESSAGES,
       "gst-videotrain");
   gst_element_class_add_static_pad_template(ec, &sink_template);

@@ -42,6 +42,12 @@ __attribute__((visibility("default"))) int vt_spm_id(void *h, const char *which)
   if (w == "pad") return sp->pad_id();
   if (w == "unk") return sp->unk_id();
   if (w == "size") return sp->GetPieceSize();
+  // "piece:TEXT": the id of that piece, -1 when the vocabulary lacks it (PieceToId answers unk then).
+  if (w.rfind("piece:", 0) == 0) {
+    const std::string piece = w.substr(6);
+    const int id = sp->PieceToId(piece);
+    return id >= 0 && id < sp->GetPieceSize() && sp->IdToPiece(id) == piece ? id : -1;
+  }
   return -1;
 }
 

@@ -4,8 +4,13 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <mutex>
 #include <stdexcept>
+
+#include <nlohmann/json.hpp>
 
 #include "content_digest.h"
 #include "textencoder/spm_paths.h"
@@ -73,25 +78,114 @@ struct T5Tokenizer::Model {
   }
 };
 
+namespace {
+
+// A JSON file of the tokenizer folder; null when absent. Throws naming it when unreadable or not JSON.
+nlohmann::json read_json(const std::string &path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return nullptr;
+  if (!S_ISREG(st.st_mode) || st.st_size > (16 << 20))
+    throw std::runtime_error("tokenizer file '" + path + "' is not a regular file under 16 MiB (property tokenizer)");
+  std::ifstream f(path);
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (!j.is_object()) throw std::runtime_error("tokenizer file '" + path + "' is not a JSON object (property tokenizer)");
+  return j;
+}
+
+// A special token as transformers writes it: "</s>" or {"content": "</s>", ...}; "" when absent.
+std::string token_text(const nlohmann::json &j, const char *key) {
+  if (!j.is_object() || !j.contains(key)) return "";
+  const auto &v = j[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
 T5Tokenizer::T5Tokenizer(const std::string &path) : model_(new Model) {
-  if (path.empty()) throw std::runtime_error("no tokenizer: set the tokenizer property (a SentencePiece spiece.model)");
+  if (path.empty())
+    throw std::runtime_error("no tokenizer: set the tokenizer property (a tokenizer folder or its spiece.model)");
   const SpmApi &api = spm_api();
   if (!api.error.empty()) throw std::runtime_error(api.error);
+  struct stat st;
+  const bool is_dir = stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  const std::string dir = is_dir ? path : std::filesystem::path(path).parent_path().string();
+  model_path_ = is_dir ? path + "/spiece.model" : path;
+  if (is_dir && !exists(model_path_))
+    throw std::runtime_error("tokenizer folder '" + path + "' has no spiece.model (property tokenizer): a T5 / umT5 "
+                             "tokenizer/ folder holds one");
   char err[512] = "";
-  model_->handle = api.load(path.c_str(), err, sizeof err);
+  model_->handle = api.load(model_path_.c_str(), err, sizeof err);
   if (!model_->handle)
-    throw std::runtime_error("cannot load SentencePiece model '" + path + "' (property tokenizer): " + err);
-  eos_ = api.id(model_->handle, "eos");
+    throw std::runtime_error("cannot load SentencePiece model '" + model_path_ + "' (property tokenizer): " + err);
+  const int pieces = api.id(model_->handle, "size");
+  // transformers' special and added tokens: the folder's JSON files (absent beside a bare spiece.model).
+  const std::string dir_prefix = dir.empty() ? "" : dir + "/";
+  const auto config = read_json(dir_prefix + "tokenizer_config.json");
+  const auto special = read_json(dir_prefix + "special_tokens_map.json");
+  const auto added_file = read_json(dir_prefix + "added_tokens.json");
+  if (!config.is_null()) config_path_ = dir_prefix + "tokenizer_config.json";
+  else if (!special.is_null()) config_path_ = dir_prefix + "special_tokens_map.json";
+  std::map<std::string, int> added;
+  int top = pieces;  // one past the highest id
+  auto add = [&](const std::string &content, int64_t id, const std::string &file) {
+    if (id < 0 || id > (1 << 24))
+      throw std::runtime_error("tokenizer file '" + file + "' gives '" + content + "' the id " + std::to_string(id) +
+                               " (property tokenizer)");
+    added[content] = static_cast<int>(id);
+    top = std::max(top, static_cast<int>(id) + 1);
+  };
+  if (config.is_object() && config.contains("added_tokens_decoder") && config["added_tokens_decoder"].is_object())
+    for (const auto &[id, v] : config["added_tokens_decoder"].items()) {
+      const std::string content = token_text(nlohmann::json{{"t", v}}, "t");
+      if (content.empty() || id.empty() || id.find_first_not_of("0123456789") != std::string::npos || id.size() > 8)
+        throw std::runtime_error("tokenizer file '" + config_path_ + "' has an unreadable added_tokens_decoder entry '" +
+                                 id + "' (property tokenizer)");
+      add(content, std::stoll(id), config_path_);
+    }
+  if (added_file.is_object())
+    for (const auto &[content, id] : added_file.items()) {
+      if (!id.is_number_integer())
+        throw std::runtime_error("tokenizer file '" + dir_prefix + "added_tokens.json' gives '" + content +
+                                 "' no whole-number id (property tokenizer)");
+      add(content, id.get<int64_t>(), dir_prefix + "added_tokens.json");
+    }
+  // T5Tokenizer's sentinels when no file lists them: <extra_id_0> is the last id.
+  if (config.is_object() && config.contains("extra_ids") && config["extra_ids"].is_number_integer()) {
+    const int64_t extra = config["extra_ids"].get<int64_t>();
+    if (extra < 0 || extra > 100000)
+      throw std::runtime_error("tokenizer file '" + config_path_ + "' has extra_ids " + std::to_string(extra) +
+                               " (property tokenizer)");
+    for (int64_t i = 0; i < extra; i++) {
+      const std::string name = "<extra_id_" + std::to_string(i) + ">";
+      if (!added.count(name)) add(name, pieces + extra - 1 - i, config_path_);
+    }
+  }
+  vocab_ = top;
+  // A special token's id: an added token, else a SentencePiece piece; special_tokens_map.json wins.
+  auto special_id = [&](const char *key, int fallback) {
+    std::string text = token_text(special, key), file = dir_prefix + "special_tokens_map.json";
+    if (text.empty()) text = token_text(config, key), file = config_path_;
+    if (text.empty()) return fallback;
+    if (auto it = added.find(text); it != added.end()) return it->second;
+    const int id = api.id(model_->handle, ("piece:" + text).c_str());
+    if (id < 0)
+      throw std::runtime_error("tokenizer file '" + file + "' names " + key + " '" + text + "', which '" + model_path_ +
+                               "' does not have (property tokenizer)");
+    return id;
+  };
+  eos_ = special_id("eos_token", api.id(model_->handle, "eos"));
   if (eos_ < 0)
-    throw std::runtime_error("SentencePiece model '" + path +
+    throw std::runtime_error("SentencePiece model '" + model_path_ +
                              "' has no EOS piece (property tokenizer): T5 tokenization ends every caption with it");
   // T5's spiece.model has pad 0; a model without a pad piece pads with 0 as T5 does.
   const int pad = api.id(model_->handle, "pad");
-  pad_ = pad >= 0 ? pad : 0;
-  vocab_ = api.id(model_->handle, "size");
+  pad_ = special_id("pad_token", pad >= 0 ? pad : 0);
   size_t n = 0;
   char *bytes = api.serialized(model_->handle, &n);
-  digest_ = content_digest(bytes, bytes ? n : 0);
+  const int ids[2] = {eos_, pad_};
+  digest_ = content_digest(bytes, bytes ? n : 0) ^ (content_digest(ids, sizeof ids) * 31);
   std::free(bytes);
 }
 

@@ -50,6 +50,7 @@ int64_t TextBuffers::embed_dim() const { return engine_->embed_dim(); }
 std::string TextBuffers::dtype_name() const { return engine_->dtype_name(); }
 std::string TextBuffers::device_name() const { return engine_->device_name(); }
 TextEncoderStats TextBuffers::stats() const { return engine_->stats(); }
+bool TextBuffers::encoder_loaded() const { return engine_->encoder_loaded(); }
 std::string TextBuffers::take_warning() { return engine_->take_warning(); }
 
 }  // namespace videotrain::text

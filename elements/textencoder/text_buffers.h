@@ -29,6 +29,7 @@ class TextBuffers {
   std::string dtype_name() const;
   std::string device_name() const;
   TextEncoderStats stats() const;
+  bool encoder_loaded() const;
   std::string take_warning();  // see TextEncoderEngine::take_warning
 
  private:

@@ -3,6 +3,10 @@
 #include <torch/cuda.h>
 #include <torch/script.h>
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
 #include <list>
 #include <map>
 #include <stdexcept>
@@ -15,16 +19,53 @@
 #include "first_line.h"
 #include "jit_load.h"
 #include "latent_store.h"
+#include "models/t5_encoder.h"
+#include "prompt_clean.h"
 #include "seeded_hash.h"
 #include "t5_tokenizer.h"
 #include "tensor_buffer.h"
 
 namespace videotrain::text {
 
+namespace {
+
+// A model folder's identity for cache keys without reading gigabytes: config.json's content and each
+// weights file's name, size and modification time (a changed file is a new key, never a stale hit).
+bool folder_identity(const std::string &dir, std::string *out, std::string *error) {
+  namespace fs = std::filesystem;
+  std::string id, config_digest;
+  if (!sha256_file(dir + "/config.json", &config_digest, error)) return false;
+  id = "config " + config_digest;
+  std::error_code ec;
+  std::vector<std::string> names;
+  for (const auto &e : fs::directory_iterator(dir, ec))
+    if (e.path().extension() == ".safetensors" || e.path().filename() == "model.safetensors.index.json")
+      names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  for (const auto &n : names) {
+    struct stat st;
+    if (stat((dir + "/" + n).c_str(), &st) != 0) continue;
+    id += "\n" + n + " " + std::to_string(st.st_size) + " " + std::to_string(st.st_mtim.tv_sec) + "." +
+          std::to_string(st.st_mtim.tv_nsec);
+  }
+  if (ec) {
+    *error = "cannot list '" + dir + "': " + ec.message();
+    return false;
+  }
+  *out = sha256_hex(id);
+  return true;
+}
+
+}  // namespace
+
 struct TextEncoderEngine::Impl {
   TextEncoderOptions opts;
   std::unique_ptr<T5Tokenizer> tokenizer;
   torch::jit::Module module;
+  std::unique_ptr<models::T5Encoder> native;  // a transformers folder; else `module`
+  bool native_pending = false;                // a folder whose weights load at the first cache miss
+  enum class Convention { kAsReturned, kCogVideoX, kWan } convention = Convention::kAsReturned;
+  bool clean = false;  // Wan's prompt cleaning before tokenizing
   c10::Device device{c10::kCPU};
   c10::ScalarType dtype = c10::kFloat;
   int64_t dim = 0;
@@ -72,16 +113,50 @@ struct TextEncoderEngine::Impl {
       store_warning = "cannot write to cache-dir: " + why;
   }
 
+  void load_native() {
+    try {
+      native = models::T5Encoder::open(opts.model, device, dtype);
+    } catch (const std::exception &ex) {
+      throw std::runtime_error("cannot load text encoder folder '" + opts.model + "' (property model): " +
+                               first_line(ex.what()));
+    }
+    native_pending = false;
+  }
+
+  TokenizedCaption tokenize(const std::string &caption) const {
+    const size_t l = static_cast<size_t>(opts.max_length);
+    return tokenizer->encode(clean ? text::wan_prompt_clean(caption) : caption, l);
+  }
+
   // input_ids/attention_mask [B, L] -> [B, L, D] in dtype on device.
   at::Tensor forward(const std::vector<const std::string *> &captions) {
     const int64_t b = static_cast<int64_t>(captions.size()), l = opts.max_length;
     auto ids = torch::empty({b, l}, torch::kLong), mask = torch::empty({b, l}, torch::kLong);
     for (int64_t i = 0; i < b; i++) {
-      TokenizedCaption t = tokenizer->encode(*captions[i], static_cast<size_t>(l));
+      TokenizedCaption t = tokenize(*captions[i]);
       std::copy(t.ids.begin(), t.ids.end(), ids[i].data_ptr<int64_t>());
       std::copy(t.mask.begin(), t.mask.end(), mask[i].data_ptr<int64_t>());
     }
     torch::NoGradGuard no_grad;
+    if (native_pending) load_native();
+    if (native) {
+      at::Tensor y;
+      try {
+        if (convention == Convention::kWan) {
+          const auto m = mask.to(device);
+          y = native->forward(ids, m);
+          y = y * m.unsqueeze(-1).to(y.scalar_type());  // pipeline_wan: h[:n] then zero rows
+        } else {
+          y = native->forward(ids);  // pipeline_cogvideox: no mask, every row
+        }
+      } catch (const std::exception &e) {
+        throw std::runtime_error("the text encoder '" + opts.model + "' failed: " + first_line(e.what()));
+      }
+      stats.forward_calls++;
+      stats.encoded += static_cast<uint64_t>(b);
+      return y.to(device, dtype).contiguous();
+    }
+    if (convention == Convention::kCogVideoX) mask.fill_(1);  // the encoder sees every position
     c10::IValue out;
     try {
       out = module.forward({ids.to(device), mask.to(device)});
@@ -104,6 +179,7 @@ struct TextEncoderEngine::Impl {
                                     : ""));
     stats.forward_calls++;
     stats.encoded += static_cast<uint64_t>(b);
+    if (convention == Convention::kWan) y = y * mask.to(y.device()).unsqueeze(-1).to(y.scalar_type());
     return y.to(device, dtype).contiguous();
   }
 
@@ -131,7 +207,7 @@ struct TextEncoderEngine::Impl {
   }
 
   at::Tensor mask_of(const std::string &caption) const {
-    TokenizedCaption t = tokenizer->encode(caption, static_cast<size_t>(opts.max_length));
+    TokenizedCaption t = tokenize(caption);
     return torch::tensor(t.mask, torch::kLong).to(device);
   }
 };
@@ -148,7 +224,8 @@ std::unique_ptr<TextEncoderEngine> TextEncoderEngine::create(const TextEncoderOp
   if (opts.batch_size < 1) return fail("batch-size must be at least 1");
   if (!(opts.caption_dropout >= 0.0 && opts.caption_dropout <= 1.0))
     return fail("caption-dropout must be within [0, 1]");
-  if (opts.model.empty()) return fail("no text encoder: set the model property (a TorchScript file)");
+  if (opts.model.empty())
+    return fail("no text encoder: set the model property (a T5 / umT5 text_encoder/ folder or a TorchScript file)");
   std::unique_ptr<TextEncoderEngine> e(new TextEncoderEngine());
   Impl &im = *e->im_;
   im.opts = opts;
@@ -171,33 +248,76 @@ std::unique_ptr<TextEncoderEngine> TextEncoderEngine::create(const TextEncoderOp
   } catch (const std::exception &ex) {
     return fail(ex.what());
   }
-  try {
-    im.module = jit_load(opts.model, im.device);
-  } catch (const std::exception &ex) {
-    return fail("cannot load TorchScript text encoder '" + opts.model + "' (property model): " + first_line(ex.what()));
+  const std::string &conv = opts.embedding_convention;
+  if (!conv.empty() && conv != "auto" && conv != "cogvideox" && conv != "wan")
+    return fail("embedding-convention '" + conv + "' is not one of auto, cogvideox, wan");
+  struct stat st;
+  if (stat(opts.model.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    models::T5Config c;
+    try {
+      c = models::T5Encoder::read_config(opts.model);
+    } catch (const std::exception &ex) {
+      return fail("cannot load text encoder folder '" + opts.model + "' (property model): " + first_line(ex.what()));
+    }
+    if (im.tokenizer->vocab_size() > c.vocab_size)
+      return fail("the tokenizer '" + im.tokenizer->model_path() + "' (property tokenizer) has " +
+                  std::to_string(im.tokenizer->vocab_size()) + " ids" +
+                  (im.tokenizer->config_path().empty() ? "" : " with '" + im.tokenizer->config_path() + "'") +
+                  " but '" + opts.model + "/config.json' (property model) has vocab_size " +
+                  std::to_string(c.vocab_size) + ": the tokenizer/ and text_encoder/ of different models?");
+    im.convention = conv == "wan" || ((conv.empty() || conv == "auto") && c.umt5) ? Impl::Convention::kWan
+                                                                                   : Impl::Convention::kCogVideoX;
+    im.dim = c.d_model;
+    if (opts.cache_dir.empty()) {
+      try {
+        im.load_native();
+      } catch (const std::exception &ex) {
+        return fail(ex.what());
+      }
+    } else {
+      im.native_pending = true;
+    }
+  } else {
+    try {
+      im.module = jit_load(opts.model, im.device);
+    } catch (const std::exception &ex) {
+      return fail("cannot load TorchScript text encoder '" + opts.model + "' (property model): " + first_line(ex.what()));
+    }
+    if (!im.module.find_method("forward"))
+      return fail("TorchScript text encoder '" + opts.model +
+                  "' has no forward(input_ids: Tensor[B, L], attention_mask: Tensor[B, L]) -> Tensor[B, L, D]");
+    im.module.eval();
+    im.convention = conv == "wan"         ? Impl::Convention::kWan
+                    : conv == "cogvideox" ? Impl::Convention::kCogVideoX
+                                          : Impl::Convention::kAsReturned;
   }
-  if (!im.module.find_method("forward"))
-    return fail("TorchScript text encoder '" + opts.model +
-                "' has no forward(input_ids: Tensor[B, L], attention_mask: Tensor[B, L]) -> Tensor[B, L, D]");
-  im.module.eval();
-  try {
-    const std::string empty;
-    at::Tensor y = im.forward({&empty});
-    im.dim = y.size(2);
-    im.remember(empty, y[0], im.mask_of(empty));
-    im.stats = TextEncoderStats{};
-  } catch (const std::exception &ex) {
-    return fail(ex.what());
+  im.clean = opts.clean_prompts && im.convention == Impl::Convention::kWan;
+  if (!im.native_pending) {
+    try {
+      const std::string empty;
+      at::Tensor y = im.forward({&empty});
+      im.dim = y.size(2);
+      im.remember(empty, y[0], im.mask_of(empty));
+      im.stats = TextEncoderStats{};
+    } catch (const std::exception &ex) {
+      return fail(ex.what());
+    }
   }
   if (!opts.cache_dir.empty()) {
     std::string why, model_digest;
     im.store = LatentStore::open(opts.cache_dir, true, &why);
     if (!im.store) return fail(why);
-    if (!sha256_file(opts.model, &model_digest, &why)) return fail(why);
+    const bool folder = im.native || im.native_pending;
+    if (folder ? !folder_identity(opts.model, &model_digest, &why) : !sha256_file(opts.model, &model_digest, &why))
+      return fail(why);
     // Everything that changes an embedding: tokenizer and model content, length, dtype, device type.
     im.key_prefix = "videotrain-text v1\ntokenizer " + std::to_string(im.tokenizer->digest()) + "\nmodel " +
                     model_digest + "\nmax-length " + std::to_string(opts.max_length) + "\ndtype " +
                     videotrain::dtype_name(im.dtype) + "\ndevice " + (im.device.is_cuda() ? "cuda" : "cpu") +
+                    (im.convention == Impl::Convention::kAsReturned
+                         ? std::string()
+                         : std::string("\nconvention ") + (im.convention == Impl::Convention::kWan ? "wan" : "cogvideox") +
+                               (im.clean ? " cleaned" : "")) +
                     "\ncaption ";
   }
   return e;
@@ -262,6 +382,7 @@ int64_t TextEncoderEngine::embed_dim() const { return im_->dim; }
 std::string TextEncoderEngine::dtype_name() const { return videotrain::dtype_name(im_->dtype); }
 std::string TextEncoderEngine::device_name() const { return videotrain::device_name(im_->device); }
 TextEncoderStats TextEncoderEngine::stats() const { return im_->stats; }
+bool TextEncoderEngine::encoder_loaded() const { return !im_->native_pending; }
 std::string TextEncoderEngine::take_warning() {
   std::string w;
   w.swap(im_->store_warning);

@@ -1,7 +1,16 @@
 /* textencoder's engine: captions in, [L, D] embeddings and [L] masks out, from a SentencePiece
- * tokenizer (T5 rules) and a TorchScript text encoder
+ * tokenizer (T5 rules) and either a transformers T5EncoderModel / UMT5EncoderModel folder, run by the
+ * native encoder (models/t5_encoder.h), or a TorchScript text encoder
  *   forward(input_ids: Tensor[B, L] int64, attention_mask: Tensor[B, L] int64) -> Tensor[B, L, D]
  * (or a tuple whose first element is that, as a traced transformers T5EncoderModel returns).
+ * Embedding conventions, as the diffusers pipelines pass prompt_embeds to their transformers:
+ *   cogvideox (pipeline_cogvideox._get_t5_prompt_embeds): the encoder run WITHOUT the attention mask,
+ *     every position kept, padding rows included;
+ *   wan (pipeline_wan._get_t5_prompt_embeds): the encoder run with the mask, the rows past the tokens
+ *     zero; captions are first cleaned (HTML unescaped twice, whitespace collapsed) unless
+ *     clean_prompts is off.
+ * "auto" takes cogvideox for a T5EncoderModel folder, wan for UMT5EncoderModel; a TorchScript model
+ * gets the mask and its output is kept as returned. The mask travels as text_mask in every case.
  * Each distinct caption is encoded once while it stays in the bounded in-memory cache (and, with
  * cache_dir, once for every run: embeddings are kept in the latent cache's store under a key of the
  * caption, the tokenizer's and model's content, max-length, dtype and device type); uncached
@@ -35,8 +44,9 @@ struct TextEmbedding {
 
 class TextEncoderEngine {
  public:
-  // Loads tokenizer and model and checks the model on one caption. Null with *error (naming
-  // the property and the file) when anything does not fit.
+  // Loads tokenizer and model and checks the model on one caption (a folder model with cache_dir:
+  // its config.json only, the weights at the first cache miss). Null with *error (naming the
+  // property and the file) when anything does not fit.
   static std::unique_ptr<TextEncoderEngine> create(const TextEncoderOptions &opts, std::string *error);
   ~TextEncoderEngine();
 
@@ -49,6 +59,9 @@ class TextEncoderEngine {
   std::string dtype_name() const;
   std::string device_name() const;
   TextEncoderStats stats() const;
+  // Whether the encoder's weights are loaded: with cache_dir a folder model is loaded at the first
+  // caption cache-dir does not hold, so a run whose captions are all cached never loads it.
+  bool encoder_loaded() const;
   // A cache-dir problem to report once (an unusable entry, a failed write); "" when none.
   std::string take_warning();
 

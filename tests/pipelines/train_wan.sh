@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A native Wan transformer trained end to end as users run it: pipelines/train-wan.pipeline
-# (csvvideosrc ! vaeencoder (tiny Wan 2.1 VAE) ! textencoder ! queue ! microbatcher ! ddptrainsink
-# model=<tiny Wan DiT folder>). Checks that
+# (csvvideosrc ! vaeencoder (tiny Wan 2.1 VAE) ! textencoder (native umT5 on the reference umt5_tiny
+# folder, as model=text_encoder/ tokenizer=tokenizer/ of a published one) ! queue ! microbatcher !
+# ddptrainsink model=<tiny Wan DiT folder>). Checks that
 #  - 1 rank x batch 4 and 2 ranks x batch 2 train to the same weights (per-sample noise and sigmas),
 #  - a run stopped at step 2 and resumed to 4 ends with the uninterrupted run's weights,
 #  - the finished run exports a bf16 diffusers folder that videotrain-model and model= load again,
@@ -15,12 +16,11 @@ trap 'rm -rf "$work"' EXIT
 export GST_PLUGIN_PATH="$build/plugins/videotrain"
 export OMP_NUM_THREADS=1
 bash "$src/scripts/make_dataset.sh" "$work/data" 8 >/dev/null
-/usr/bin/python3 "$src/scripts/make_text_encoder.py" "$work/text" --captions "$work/data/train.csv" >/dev/null 2>&1
 bash "$src/scripts/make_tiny_wan.sh" "$work/dit" --latent-channels 4 --text-dim 32 --seed 3 --build "$build" >/dev/null
 run() {  # run NAME RANKS BATCH MICRO STEPS RESUME [MODEL [EXTRA ddptrainsink properties]]
   timeout 300 "$build/tools/videotrain-launch" -n "$2" -q -f "$src/pipelines/train-wan.pipeline" \
-    -D DATA="$work/data" -D VAE="$ref/wan_vae/tiny_wan21" -D TOKENIZER="$work/text/spiece.model" \
-    -D TEXT_ENCODER="$work/text/text_encoder.pt" -D MAX_LENGTH=16 -D BUCKETS=32x32 -D FRAME_BUCKETS=5 -D FPS=0 \
+    -D DATA="$work/data" -D VAE="$ref/wan_vae/tiny_wan21" -D TOKENIZER="$ref/text_encoder/umt5_tiny" \
+    -D TEXT_ENCODER="$ref/text_encoder/umt5_tiny" -D MAX_LENGTH=16 -D BUCKETS=32x32 -D FRAME_BUCKETS=5 -D FPS=0 \
     -D FRAMES=5 -D WIDTH=32 -D HEIGHT=32 -D PREFETCH=1 -D BATCH="$3" -D MICRO="$4" -D STEPS="$5" -D RESUME="$6" \
     -D MODEL="${7:-$work/dit}" -D CKPT="$work/ckpt-$1" -D CKPT_EVERY=2 -D LR=1e-3 -D SEED=1 -D LATENT=mode \
     -D CAPTION_DROPOUT=0 -D METRICS="$work/$1.jsonl" -D TIMEOUT=120 -D EXTRA="${8:-}" > "$work/$1.log" 2>&1

@@ -54,6 +54,27 @@ foreign_class = vae_folder("foreign-class", lambda c: c.update(_class_name="Auto
 header = json.dumps({"w": {"dtype": "F32", "shape": [2**32, 2**32], "data_offsets": [0, 0]}}).encode()
 broken_safetensors = vae_folder("broken-safetensors", safetensors=struct.pack("<Q", len(header)) + header)
 not_torchscript = write("not-torchscript.pt", b"PK\x03\x04 this is no zip archive")
+umt5 = os.path.join(os.environ["VIDEOTRAIN_REFERENCE_DIR"], "text_encoder", "umt5_tiny")
+
+
+def text_folder(name, edit_config=None, edit_tokenizer=None):
+    d = os.path.join(tmp, name)
+    shutil.copytree(umt5, d)
+    for f in os.listdir(d):
+        os.chmod(os.path.join(d, f), 0o644)
+    for file, edit in (("config.json", edit_config), ("tokenizer_config.json", edit_tokenizer)):
+        if edit:
+            j = json.load(open(os.path.join(d, file)))
+            edit(j)
+            json.dump(j, open(os.path.join(d, file), "w"))
+    return d
+
+
+t5_foreign_class = text_folder("t5-foreign-class", lambda c: c.update(architectures=["T5ForConditionalGeneration"]))
+t5_three_layers = text_folder("t5-three-layers", lambda c: c.update(num_layers=3))  # block 2 is missing
+t5_big_tokenizer = text_folder("t5-big-tokenizer", edit_tokenizer=lambda c: (c.pop("added_tokens_decoder"),
+                                                                           c.update(extra_ids=200)))
+os.remove(os.path.join(t5_big_tokenizer, "added_tokens.json"))
 no_path_column = write("no-path-column.csv", b"name,text\na.mp4,a cat\n")
 
 
@@ -119,6 +140,14 @@ cases = [
     # SentencePiece parses the file in its own module (its protobuf beside torch's libprotobuf).
     ("textencoder with a tokenizer that is not a SentencePiece model", "textencoder", "not-torchscript.pt",
      latents + f"textencoder name=textencoder tokenizer={not_torchscript} model={image_encoder} ! fakesink"),
+    ("textencoder with a T5 folder of another class", "textencoder", (t5_foreign_class + "/config.json", "architectures"),
+     latents + f"textencoder name=textencoder tokenizer={t5_foreign_class} model={t5_foreign_class} ! fakesink"),
+    # The weights load inside libtorch (load_strict throws there).
+    ("textencoder with a T5 folder that lacks a block", "textencoder", ("model.safetensors", "encoder.block.2."),
+     latents + f"textencoder name=textencoder tokenizer={t5_three_layers} model={t5_three_layers} ! fakesink"),
+    ("textencoder with a tokenizer larger than the vocabulary", "textencoder",
+     (t5_big_tokenizer + "/tokenizer_config.json", "vocab_size 448"),
+     latents + f"textencoder name=textencoder tokenizer={t5_big_tokenizer} model={t5_big_tokenizer} ! fakesink"),
     ("textencoder with a missing tokenizer", "textencoder", "/nonexistent/spiece.model",
      latents + f"textencoder name=textencoder tokenizer=/nonexistent/spiece.model model={image_encoder} ! fakesink"),
 ]
