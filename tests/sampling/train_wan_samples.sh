@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sample videos while training, as users run it: pipelines/train-wan-samples.pipeline on 2 ranks
-# (tiny Wan DiT, tiny Wan 2.1 VAE), 3 prompts sampled every 2 steps of 4 (at-start off): each rank
+# (tiny Wan DiT, tiny Wan 2.1 VAE, the tiny umT5 encoder), 3 prompts sampled every 2 steps of 4 (at-start off): each rank
 # samples its share (prompt i on rank i mod 2) and samplesink writes 2 x 3 MP4s that ffprobe reads
 # with the frame count and size each prompt asked for; a bad prompt file is an error at start.
 set -euo pipefail
@@ -12,7 +12,6 @@ trap 'rm -rf "$work"' EXIT
 export GST_PLUGIN_PATH="$build/plugins/videotrain"
 export OMP_NUM_THREADS=1
 bash "$src/scripts/make_dataset.sh" "$work/data" 8 >/dev/null
-/usr/bin/python3 "$src/scripts/make_text_encoder.py" "$work/text" --captions "$work/data/train.csv" >/dev/null 2>&1
 bash "$src/scripts/make_tiny_wan.sh" "$work/dit" --latent-channels 4 --text-dim 32 --seed 3 --build "$build" >/dev/null
 cat > "$work/prompts.csv" <<'CSV'
 prompt,negative_prompt,seed,num_frames,width,height
@@ -22,8 +21,8 @@ waves on a beach,,,5,32,48
 CSV
 run() {  # run NAME PROMPTS
   timeout 300 "$build/tools/videotrain-launch" -n 2 -f "$src/pipelines/train-wan-samples.pipeline" \
-    -D DATA="$work/data" -D VAE="$ref/wan_vae/tiny_wan21" -D TOKENIZER="$work/text/spiece.model" \
-    -D TEXT_ENCODER="$work/text/text_encoder.pt" -D MAX_LENGTH=16 -D BUCKETS=32x32 -D FRAME_BUCKETS=5 -D FPS=0 \
+    -D DATA="$work/data" -D VAE="$ref/wan_vae/tiny_wan21" -D TOKENIZER="$ref/text_encoder/umt5_tiny" \
+    -D TEXT_ENCODER="$ref/text_encoder/umt5_tiny" -D MAX_LENGTH=16 -D BUCKETS=32x32 -D FRAME_BUCKETS=5 -D FPS=0 \
     -D FRAMES=5 -D WIDTH=32 -D HEIGHT=32 -D PREFETCH=1 -D BATCH=2 -D MICRO=1 -D STEPS=4 -D MODEL="$work/dit" \
     -D CKPT="$work/ckpt-$1" -D CKPT_EVERY=100 -D LR=1e-3 -D SEED=1 -D LATENT=mode -D CAPTION_DROPOUT=0 \
     -D METRICS="$work/$1.jsonl" -D TIMEOUT=120 -D PROMPTS="$2" -D SAMPLE_EVERY=2 -D SAMPLE_AT_START=false \
