@@ -106,6 +106,7 @@ video.set_state(Gst.State.PLAYING)
 video.get_bus().timed_pop_filtered(60 * Gst.SECOND, Gst.MessageType.ERROR | Gst.MessageType.EOS)
 video.set_state(Gst.State.NULL)
 manifest = write("videos.csv", b"path,text\na.webm,test pattern\n")
+prompts = write("prompts.txt", b"a red ball\n")
 cases = [
     ("vaeencoder without block_out_channels", "vaeencoder", "block_out_channels",
      frames + f"vaeencoder name=vaeencoder model={no_block_channels} ! fakesink"),
@@ -150,6 +151,16 @@ cases = [
      latents + f"textencoder name=textencoder tokenizer={t5_big_tokenizer} model={t5_big_tokenizer} ! fakesink"),
     ("textencoder with a missing tokenizer", "textencoder", "/nonexistent/spiece.model",
      latents + f"textencoder name=textencoder tokenizer=/nonexistent/spiece.model model={image_encoder} ! fakesink"),
+    # Sampling branches: what a user mistypes is an error at start naming it.
+    ("promptsrc with a missing prompt file", "promptsrc", "/nonexistent/prompts.txt",
+     "promptsrc name=promptsrc location=/nonexistent/prompts.txt ! fakesink"),
+    ("ddpsampler whose trainer is not in the pipeline", "ddpsampler", "No element named 'nope'",
+     f"promptsrc location={prompts} ! ddpsampler name=ddpsampler trainer=nope ! fakesink"),
+    ("samplesink with an encoder that is not installed", "samplesink", "nosuchenc",
+     f"videotestsrc num-buffers=1 ! samplesink name=samplesink encoder=\"videoconvert ! nosuchenc ! mp4mux\" "
+     f"location={tmp}/s/%d-%d.mp4"),
+    ("samplesink with a location that does not name step and prompt", "samplesink", ("one.mp4", "two"),
+     f"videotestsrc num-buffers=1 ! samplesink name=samplesink location={tmp}/one.mp4"),
 ]
 
 failures = 0
