@@ -441,6 +441,8 @@ class ClipDecode {
   bool find_real_end() {
     int64_t frames = last_src_ >= 0 && fps_known_ ? last_src_ + 1 : -1;
     if (frames < 0) {
+      // Not a pipe: it was read once already, and a count would read it again (or block).
+      if (!g_file_test(req_.path.c_str(), G_FILE_TEST_IS_REGULAR)) return false;
       StreamFrames sf;
       std::string why;
       if (!count_video_frames(req_.path, req_.video_stream, &sf, &why, std::max(1.0, req_.timeout_s / 2))) {
