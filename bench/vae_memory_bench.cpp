@@ -5,6 +5,7 @@
  *   vae-memory-bench [--model DIR | --config tiny|mid | --family wan21|wan22] [--size 256] [--frames 17,49,97]
  *                    [--threads N] [--device cpu|cuda:N] [--dtype float32|bfloat16|float16]
  *                    [--spill auto|memory|file] [--modes chunk,clip,single] [--repeat N]
+ *                    [--tune-malloc true|false]
  *
  * Each case runs in a fresh process (fork) and reports its peak resident set (VmHWM), or
  * on CUDA the caching allocator's allocated bytes (current after loading, peak), so
@@ -16,7 +17,8 @@
  * and prints the encode time per frame.
  * A clip-scope case's activations go where --spill says (auto: a temporary file on CPU); a
  * file's pages are in the page cache, not in the process's resident set. --repeat N runs every
- * case N times, the modes of one length in turn, and keeps the shortest time (a busy machine).
+ * case N times, the modes of one length in turn, and keeps the shortest time (a busy machine)
+ * and the median peak (where the C heap places blocks varies from run to run).
  * Targets: the chunked peak grows by no more than the encoder output (within 10%) from the
  * shortest to the longest clip (clip scope: plus the uint8 frames it keeps); the single pass
  * grows with T; clip scope takes at most 4x the chunked time. */
@@ -86,6 +88,7 @@ struct Setup {
   std::string model, device = "cpu", dtype = "float32";
   int size = 256, threads = 2;
   ClipSpill spill = ClipSpill::Auto;
+  bool tune_malloc = true;
 };
 
 Result run_case(const Setup &su, int T, Mode mode) {
@@ -93,12 +96,15 @@ Result run_case(const Setup &su, int T, Mode mode) {
   const int size = su.size, threads = su.threads;
   const bool chunked = mode != Mode::Single;
   Result r;
-  // Fixed malloc thresholds: large blocks go straight back to the system when freed, so the
-  // high-water mark reflects what was live at once rather than allocator hysteresis.
-  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
-  mallopt(M_TRIM_THRESHOLD, 64 * 1024);
+  // tune-malloc=false: fixed malloc thresholds, large blocks go straight back to the system
+  // when freed. true (the element's default): the engine keeps them in the heap.
+  if (!su.tune_malloc) {
+    mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 64 * 1024);
+  }
   at::set_num_threads(threads);
   EngineOptions o;
+  o.tune_malloc = su.tune_malloc;
   o.model = model;
   o.device = device;
   o.dtype = dtype;
@@ -205,6 +211,10 @@ int main(int argc, char **argv) {
     } else if (a == "--frames" && has) {
       lengths.clear();
       for (const auto &f : split(argv[++i])) lengths.push_back(std::atoi(f.c_str()));
+    } else if (a == "--tune-malloc" && has) {
+      const std::string v = argv[++i];
+      su.tune_malloc = v == "true";
+      bad = v != "true" && v != "false";
     } else if (a == "--repeat" && has) {
       repeat = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--modes" && has) {
@@ -223,7 +233,7 @@ int main(int argc, char **argv) {
     fprintf(stderr,
             "usage: %s [--model DIR | --config tiny|mid | --family wan21|wan22] [--size 256] [--frames 17,49,97] [--threads N] "
             "[--device cpu|cuda:N] [--dtype float32|bfloat16|float16] [--spill auto|memory|file] "
-            "[--modes chunk,clip,single] [--repeat N]\n",
+            "[--modes chunk,clip,single] [--repeat N] [--tune-malloc true|false]\n",
             argv[0]);
     return 2;
   }
@@ -244,10 +254,10 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  printf("VAE encoder memory and time, %dx%d frames, model %s, %s %s, %d threads, clip-scope spill %s, a fresh "
-         "process per case%s\n",
+  printf("VAE encoder memory and time, %dx%d frames, model %s, %s %s, %d threads, clip-scope spill %s, "
+         "tune-malloc %s, a fresh process per case%s\n",
          su.size, su.size, tmp.empty() ? su.model.c_str() : (config + " random CogVideoX VAE").c_str(),
-         su.device.c_str(), su.dtype.c_str(), su.threads, spill.c_str(),
+         su.device.c_str(), su.dtype.c_str(), su.threads, spill.c_str(), su.tune_malloc ? "true" : "false",
          su.device == "cpu" ? "" : " (GPU allocator bytes)");
   printf("%-8s %6s %12s %12s %12s %12s %10s %10s\n", "mode", "frames", "base MiB", "peak MiB", "growth MiB",
          "output MiB", "seconds", "frames/s");
@@ -255,14 +265,27 @@ int main(int argc, char **argv) {
   bool ok = true;
   for (int T : lengths) {
     std::map<Mode, Result> best;
+    std::map<Mode, std::vector<long>> peaks, bases;
     for (int rep = 0; rep < repeat; rep++)
       for (Mode m : modes) {
         Result r = in_child(su, T, m);
         ok = ok && r.ok;
+        peaks[m].push_back(r.peak_kb);
+        bases[m].push_back(r.base_kb);
         if (rep == 0 || r.seconds < best[m].seconds) best[m] = r;
       }
     for (Mode m : modes) {
-      const Result &r = best[m];
+      Result &r = best[m];
+      // Memory: the median run (allocator placement varies from run to run); time: the fastest.
+      std::sort(peaks[m].begin(), peaks[m].end());
+      std::sort(bases[m].begin(), bases[m].end());
+      r.peak_kb = peaks[m][peaks[m].size() / 2];
+      r.base_kb = bases[m][bases[m].size() / 2];
+      if (repeat > 1) {
+        printf("%-8s %6d peak MiB of each run:", mode_name(m), T);
+        for (long p : peaks[m]) printf(" %.1f", p / 1024.0);
+        printf("\n");
+      }
       res[m].push_back(r);
       printf("%-8s %6d %12.1f %12.1f %12.1f %12.2f %10.2f %10.1f\n", mode_name(m), T, r.base_kb / 1024.0,
              r.peak_kb / 1024.0, (r.peak_kb - r.base_kb) / 1024.0, r.out_bytes / 1048576.0, r.seconds,

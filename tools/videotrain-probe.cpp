@@ -5,8 +5,11 @@
  * Probes each video with GstDiscoverer on N threads (default: the number of CPUs) and writes
  * a copy of IN with the four columns (added at the end when missing). A value that is there
  * and valid (a positive number) is kept; one that is 0, empty or not a number is filled, 0
- * when the video cannot be probed (with a warning). num_frames is the duration times the
- * frame rate, rounded. A row whose four values are all valid is not probed.
+ * when the video cannot be probed (with a warning). num_frames is the video stream's own
+ * frame count (an MP4/MOV's sample table, else its frames counted by demuxing, not decoding),
+ * not the container's duration times the rate (another track may last longer; a variable rate
+ * has no one rate); fps is the stream's rate, or its mean rate when it has none. A row whose
+ * four values are all valid is not probed.
  * Resumable: each probed row goes to OUT.partial as it completes; Ctrl-C stops after the
  * probes in flight, and a rerun with the same IN skips the rows OUT.partial holds. OUT is
  * written (then OUT.partial removed) when every row is done. */

@@ -106,35 +106,76 @@ int longest_frame_bucket(const std::vector<int> &counts, uint64_t video_frames, 
   return -1;
 }
 
+namespace {
+
+void count_groups(std::vector<uint64_t> *population, uint64_t *groups, const std::vector<uint32_t> &row_bucket,
+                  uint32_t group_size) {
+  std::fill(population->begin(), population->end(), 0);
+  for (uint32_t b : row_bucket)
+    if (b < population->size()) (*population)[b]++;
+  *groups = 0;
+  for (uint64_t n : *population) *groups += (n + group_size - 1) / group_size;
+}
+
+}  // namespace
+
 BucketSchedule::BucketSchedule(std::vector<uint32_t> row_bucket, uint32_t buckets, int rank, int world_size,
                                bool shuffle, uint64_t seed, uint32_t group_size)
-    : row_bucket_(std::move(row_bucket)),
-      population_(buckets, 0),
-      rank_(rank),
+    : rank_(rank),
       world_(world_size < 1 ? 1 : world_size),
       group_size_(group_size < 1 ? 1 : group_size),
-      order_(row_bucket_.size(), 0, 1, shuffle, seed) {
-  for (uint32_t b : row_bucket_)
-    if (b < buckets) population_[b]++;
-  for (uint64_t n : population_) groups_ += (n + group_size_ - 1) / group_size_;
+      buckets_(buckets),
+      order_(row_bucket.size(), 0, 1, shuffle, seed) {
+  auto l = std::make_shared<Layout>();
+  l->row_bucket = std::move(row_bucket);
+  l->population.assign(buckets, 0);
+  count_groups(&l->population, &l->groups, l->row_bucket, group_size_);
+  layouts_.emplace_back(0, std::move(l));
 }
 
 uint64_t BucketSchedule::usable_rows() const {
   uint64_t n = 0;
-  for (uint64_t p : population_) n += p;
+  for (uint64_t p : layouts_.front().second->population) n += p;
   return n;
 }
 
-uint64_t BucketSchedule::steps_per_epoch() const { return (groups_ + world_ - 1) / world_; }
+uint64_t BucketSchedule::steps_per_epoch() const { return steps_of(groups_per_epoch()); }
+
+std::shared_ptr<const BucketSchedule::Layout> BucketSchedule::layout(uint32_t epoch) const {
+  auto it = std::upper_bound(layouts_.begin(), layouts_.end(), epoch,
+                             [](uint32_t e, const auto &l) { return e < l.first; });
+  return std::prev(it)->second;
+}
+
+uint32_t BucketSchedule::bucket_of(uint64_t index, uint32_t epoch) const {
+  std::lock_guard<std::mutex> g(lock_);
+  const auto l = layout(epoch);
+  return index < l->row_bucket.size() ? l->row_bucket[index] : kNoBucket;
+}
+
+void BucketSchedule::move_row(uint64_t index, uint32_t bucket, uint32_t from_epoch) {
+  std::lock_guard<std::mutex> g(lock_);
+  auto l = std::make_shared<Layout>(*layouts_.back().second);
+  if (index >= l->row_bucket.size()) return;
+  l->row_bucket[index] = bucket < buckets_ ? bucket : kNoBucket;
+  count_groups(&l->population, &l->groups, l->row_bucket, group_size_);
+  from_epoch = std::max(from_epoch, layouts_.back().first);
+  if (layouts_.back().first == from_epoch && layouts_.size() > 1) layouts_.pop_back();
+  layouts_.emplace_back(from_epoch, std::move(l));
+  plans_.erase(plans_.lower_bound(from_epoch), plans_.end());
+}
 
 std::shared_ptr<const BucketSchedule::Plan> BucketSchedule::plan(uint32_t epoch) const {
+  auto p = std::make_shared<Plan>();
   {
     std::lock_guard<std::mutex> g(lock_);
     auto it = plans_.find(epoch);
     if (it != plans_.end()) return it->second;
+    p->layout = layout(epoch);
   }
-  auto p = std::make_shared<Plan>();
-  const size_t nb = population_.size();
+  const std::vector<uint32_t> &row_bucket = p->layout->row_bucket;
+  const uint64_t groups = p->layout->groups;
+  const size_t nb = p->layout->population.size();
   std::vector<std::vector<uint32_t>> open(nb);
   std::vector<uint64_t> first_pos(nb, 0);
   auto close = [&](uint32_t b) {
@@ -142,10 +183,10 @@ std::shared_ptr<const BucketSchedule::Plan> BucketSchedule::plan(uint32_t epoch)
     p->rows.insert(p->rows.end(), open[b].begin(), open[b].end());
     open[b].clear();
   };
-  p->rows.reserve(row_bucket_.size());
-  for (uint64_t pos = 0; pos < row_bucket_.size(); pos++) {
+  p->rows.reserve(row_bucket.size());
+  for (uint64_t pos = 0; pos < row_bucket.size(); pos++) {
     const uint32_t row = uint32_t(order_.permuted(epoch, pos));
-    const uint32_t b = row_bucket_[row];
+    const uint32_t b = row_bucket[row];
     if (b >= nb) continue;
     if (open[b].empty()) first_pos[b] = pos;
     open[b].push_back(row);
@@ -167,10 +208,10 @@ std::shared_ptr<const BucketSchedule::Plan> BucketSchedule::plan(uint32_t epoch)
   for (uint32_t b = 0; b < nb; b++)
     if (last[b] >= 0) p->groups[size_t(last[b])].next_same = uint32_t(first[b]);
   uint64_t clips = 0;
-  for (uint64_t j = 0; j < steps_per_epoch(); j++) {
+  for (uint64_t j = 0; groups > 0 && j < steps_of(groups); j++) {
     p->rank_starts.push_back(clips);
     bool wrapped;
-    clips += p->groups[rank_group(j, &wrapped)].size;
+    clips += p->groups[rank_group(j, groups, &wrapped)].size;
   }
   p->rank_starts.push_back(clips);
   std::lock_guard<std::mutex> g(lock_);
@@ -179,23 +220,20 @@ std::shared_ptr<const BucketSchedule::Plan> BucketSchedule::plan(uint32_t epoch)
   return plans_.emplace(epoch, std::move(p)).first->second;
 }
 
-uint64_t BucketSchedule::rank_group(uint64_t j, bool *wrapped) const {
+uint64_t BucketSchedule::rank_group(uint64_t j, uint64_t groups, bool *wrapped) const {
   const uint64_t g = uint64_t(rank_) + j * uint64_t(world_);
-  *wrapped = g >= groups_;
-  return groups_ == 0 ? 0 : g % groups_;
+  *wrapped = g >= groups;
+  return groups == 0 ? 0 : g % groups;
 }
 
-uint64_t BucketSchedule::clips_in_epoch(uint32_t epoch) const {
-  if (groups_ == 0) return 0;
-  return plan(epoch)->rank_starts.back();
-}
+uint64_t BucketSchedule::clips_in_epoch(uint32_t epoch) const { return plan(epoch)->rank_starts.back(); }
 
 uint64_t BucketSchedule::locate(const Plan &p, uint64_t clip, uint32_t *offset, bool *wrapped) const {
   // The last group start at or before `clip`.
   auto it = std::upper_bound(p.rank_starts.begin(), p.rank_starts.end() - 1, clip);
   const uint64_t j = uint64_t(it - p.rank_starts.begin()) - 1;
   *offset = uint32_t(clip - p.rank_starts[j]);
-  return rank_group(j, wrapped);
+  return rank_group(j, p.layout->groups, wrapped);
 }
 
 BucketSlot BucketSchedule::slot_of(const Plan &p, uint64_t g, uint32_t k, bool padding) const {
@@ -210,8 +248,8 @@ BucketSlot BucketSchedule::slot_of(const Plan &p, uint64_t g, uint32_t k, bool p
 }
 
 BucketSlot BucketSchedule::at(uint32_t epoch, uint64_t clip) const {
-  if (groups_ == 0) return BucketSlot();
   auto p = plan(epoch);
+  if (p->layout->groups == 0) return BucketSlot();
   uint32_t k;
   bool wrapped;
   const uint64_t g = locate(*p, clip % p->rank_starts.back(), &k, &wrapped);
@@ -219,13 +257,13 @@ BucketSlot BucketSchedule::at(uint32_t epoch, uint64_t clip) const {
 }
 
 BucketSlot BucketSchedule::replacement(uint32_t epoch, uint64_t clip, uint64_t k) const {
-  if (groups_ == 0) return BucketSlot();
   auto p = plan(epoch);
+  if (p->layout->groups == 0) return BucketSlot();
   uint32_t off;
   bool wrapped;
   const uint64_t g0 = locate(*p, clip % p->rank_starts.back(), &off, &wrapped);
   const Group &failed = p->groups[g0];
-  const uint64_t pop = population_[failed.bucket];
+  const uint64_t pop = p->layout->population[failed.bucket];
   if (k >= pop) {
     // The bucket has no other row left to try: any usable row, decoded at this bucket's shape.
     const uint64_t n = p->rows.size();

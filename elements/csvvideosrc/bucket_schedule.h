@@ -8,8 +8,9 @@
  * takes groups r, r+W, r+2W, ...; the list does not depend on W, so the order of samples and
  * steps is the same on any number of ranks, and every rank gets ceil(groups / W) steps (groups
  * past the end wrap to the start of the list and are flagged as padding). The bucket
- * populations fix the number of groups, so it is the same every epoch; only which rank holds
- * the partial groups changes, so clips per epoch differ by rank and epoch while steps do not.
+ * populations fix the number of groups, so it is the same every epoch (until a row found shorter
+ * than the manifest said moves: move_row); only which rank holds the partial groups changes, so
+ * clips per epoch differ by rank and epoch while steps do not.
  * Resuming needs no more state than (epoch, clip): the list is a function of the epoch. */
 #pragma once
 
@@ -56,9 +57,10 @@ class BucketSchedule {
   BucketSchedule(std::vector<uint32_t> row_bucket, uint32_t buckets, int rank, int world_size, bool shuffle,
                  uint64_t seed, uint32_t group_size);
 
-  uint64_t groups_per_epoch() const { return groups_; }  // all ranks
+  // Of the buckets as made (a moved row changes them from the epoch it moves on).
+  uint64_t groups_per_epoch() const { return layouts_.front().second->groups; }  // all ranks
   uint64_t steps_per_epoch() const;                      // this rank: ceil(groups / W)
-  uint64_t rows_in_bucket(uint32_t bucket) const { return population_[bucket]; }
+  uint64_t rows_in_bucket(uint32_t bucket) const { return layouts_.front().second->population[bucket]; }
   uint64_t clips_in_epoch(uint32_t epoch) const;         // this rank
   BucketSlot at(uint32_t epoch, uint64_t clip) const;
   uint64_t usable_rows() const;  // rows in some bucket
@@ -67,29 +69,42 @@ class BucketSchedule {
   // epoch's list, then, when the bucket has no other row, any row (fitted to the bucket's shape).
   // Flagged as padding.
   BucketSlot replacement(uint32_t epoch, uint64_t clip, uint64_t k) const;
+  // Puts manifest index `index` in `bucket` (kNoBucket: leaves it out) from epoch `from_epoch` on:
+  // a row found shorter than the manifest said. Epochs before keep their plans; `from_epoch`
+  // must not be before an epoch already moved from, nor one whose clips are in use.
+  void move_row(uint64_t index, uint32_t bucket, uint32_t from_epoch);
+  uint32_t bucket_of(uint64_t index, uint32_t epoch) const;
 
  private:
+  struct Layout {
+    std::vector<uint32_t> row_bucket;  // per manifest index
+    std::vector<uint64_t> population;  // rows per bucket
+    uint64_t groups = 0;
+  };
   struct Group {
     uint64_t first;  // into Plan::rows
     uint32_t size, bucket;
     uint32_t next_same;  // the bucket's next group in the list (cyclic)
   };
   struct Plan {
+    std::shared_ptr<const Layout> layout;
     std::vector<uint32_t> rows;          // grouped, groups in list order
     std::vector<Group> groups;
     std::vector<uint64_t> rank_starts;   // clip number at which each of this rank's groups starts
   };
   std::shared_ptr<const Plan> plan(uint32_t epoch) const;
-  // This rank's j-th group, and its (list) index.
-  uint64_t rank_group(uint64_t j, bool *wrapped) const;
+  std::shared_ptr<const Layout> layout(uint32_t epoch) const;  // lock_ held
+  uint64_t steps_of(uint64_t groups) const { return (groups + world_ - 1) / world_; }
+  // This rank's j-th group of `groups`, and its (list) index.
+  uint64_t rank_group(uint64_t j, uint64_t groups, bool *wrapped) const;
   BucketSlot slot_of(const Plan &p, uint64_t g, uint32_t k, bool padding) const;
   uint64_t locate(const Plan &p, uint64_t clip, uint32_t *offset, bool *wrapped) const;
 
-  std::vector<uint32_t> row_bucket_;
-  std::vector<uint64_t> population_;
   int rank_, world_;
   uint32_t group_size_;
-  uint64_t groups_ = 0;
+  uint32_t buckets_;
+  // (first epoch, layout), by epoch: the buckets as made, then after each move.
+  std::vector<std::pair<uint32_t, std::shared_ptr<const Layout>>> layouts_;
   Schedule order_;  // the permutation of all rows per epoch (one rank of one)
   mutable std::mutex lock_;
   mutable std::map<uint32_t, std::shared_ptr<const Plan>> plans_;  // the (at most three) epochs in use

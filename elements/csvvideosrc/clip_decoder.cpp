@@ -1,5 +1,7 @@
 #include "clip_decoder.h"
 
+#include "frame_count.h"
+
 #include "yuv_to_rgb.h"
 
 #include <gst/app/gstappsink.h>
@@ -227,6 +229,7 @@ DecodedClip &DecodedClip::operator=(DecodedClip &&o) noexcept {
     source_frames = std::move(o.source_frames);
     frames_decoded = o.frames_decoded;
     total_frames = o.total_frames;
+    real_frames = o.real_frames;
     stream = std::move(o.stream);
     start_time = o.start_time;
     o.frames.clear();
@@ -420,6 +423,41 @@ class ClipDecode {
     if (!gst_element_query_duration(c_.pipeline, GST_FORMAT_TIME, &duration_)) duration_ = -1;
     if (duration_ > 0 && fps_known_)
       out_->total_frames = gst_util_uint64_scale_round(duration_, fps_n_, GST_SECOND * (guint64)fps_d_);
+    // An earlier decode found the stream shorter than the container says.
+    if (req_.known_frames >= 0 && (out_->total_frames < 0 || req_.known_frames < out_->total_frames))
+      learned_end(req_.known_frames);
+  }
+
+  // The stream holds `frames` frames (fewer than the estimate): what placing goes by from now on.
+  void learned_end(int64_t frames) {
+    out_->total_frames = frames;
+    if (fps_known_) duration_ = gint64(gst_util_uint64_scale(frames, GST_SECOND * (guint64)fps_d_, fps_n_));
+  }
+
+  // The stream ended before the clip was whole: how many frames it really has, from the last
+  // frame seen, else (a clip placed past the end sees none) the container's own count. False
+  // when that is within the two frames a duration's rounding may miss (placing earlier by what
+  // is missing does) or no fewer than what the clip was placed by.
+  bool find_real_end() {
+    int64_t frames = last_src_ >= 0 && fps_known_ ? last_src_ + 1 : -1;
+    if (frames < 0) {
+      // Not a pipe: it was read once already, and a count would read it again (or block).
+      if (!g_file_test(req_.path.c_str(), G_FILE_TEST_IS_REGULAR)) return false;
+      StreamFrames sf;
+      std::string why;
+      if (!count_video_frames(req_.path, req_.video_stream, &sf, &why, std::max(1.0, req_.timeout_s / 2))) {
+        GST_INFO("%s: cannot count the frames: %s", req_.path.c_str(), why.c_str());
+        return false;
+      }
+      frames = sf.frames;
+    }
+    const int64_t before = out_->total_frames;
+    if (before >= 0 && frames + 2 >= before) return false;
+    GST_INFO("%s: the stream has %" G_GINT64_FORMAT " frames, not the %" G_GINT64_FORMAT " its duration says",
+             req_.path.c_str(), frames, before);
+    out_->real_frames = frames;
+    learned_end(frames);
+    return true;
   }
 
   // fps > 0: sample k is the frame shown at t_start + k / fps, timestamps rounded to the
@@ -477,10 +515,11 @@ class ClipDecode {
     return true;
   }
 
-  // Frame counts from the duration can be off by a frame or two: when a clip placed near the
-  // end meets the end of the stream, it is placed earlier once and decoded again.
+  // Frame counts from the duration can be off by a frame or two, and by far more where another
+  // track outlasts the video or the rate varies: when a clip meets the end of the stream, it is
+  // placed within the frames that exist (or earlier by what it missed) and decoded again.
   DecodeStatus pull_frames() {
-    for (int attempt = 0; attempt < 2; attempt++) {
+    for (int attempt = 0; attempt < 3; attempt++) {
       DecodeStatus s = seek_to_clip(attempt);
       if (s != DecodeStatus::Ok || (s = pull_attempt()) != DecodeStatus::Ok) return s;
       // The last frame is shown until its end.
@@ -490,6 +529,15 @@ class ClipDecode {
       }
       if (!convert_error_.empty()) return fail(DecodeStatus::Failed, convert_error_);
       const int64_t missing = req_.num_frames - (int64_t)out_->frames.size();
+      if (missing > 0 && eos_ && attempt < 2) {
+        const bool none_seen = last_src_ < 0;
+        // Placed past the real end: placed anew within the frames that exist.
+        if (find_real_end() && none_seen) {
+          const DecodeStatus p = place_clip();
+          if (p != DecodeStatus::Ok) return p;
+          continue;
+        }
+      }
       if (by_time_) {
         if (missing == 0 || !eos_ || t_start_ == 0) break;
         GstClockTime back = tick(0, double(missing));
@@ -528,6 +576,7 @@ class ClipDecode {
     drop_prev();
     eos_ = false;
     seen_ = 0;
+    last_src_ = -1;
     k_ = 0;
     last_pts_ = GST_CLOCK_TIME_NONE;
     while ((int)out_->frames.size() < req_.num_frames) {
@@ -584,6 +633,7 @@ class ClipDecode {
                              ? 0
                              : last_pts_ + gst_util_uint64_scale(GST_SECOND, fps_d_, fps_n_);
       last_pts_ = pts;
+      last_src_ = std::max<int64_t>(last_src_, int64_t(frame_number(pts)));
       if (!t_start_known_) t_start_ = pts, t_start_known_ = true;
       while (prev_ && (int)out_->frames.size() < req_.num_frames && pts >= tick(t_start_, k_ + 0.5)) {
         if (!emit_prev()) break;
@@ -597,6 +647,7 @@ class ClipDecode {
       return DecodeStatus::Ok;
     }
     uint64_t src_frame = stream_pts != GST_CLOCK_TIME_NONE ? frame_number(stream_pts) : uint64_t(start_ + seen_);
+    last_src_ = std::max<int64_t>(last_src_, int64_t(src_frame));
     if ((int64_t)src_frame < start_) return DecodeStatus::Ok;  // before the clip: an inexact seek let it through
     if (seen_++ % req_.stride == 0) {
       if (GstBuffer *rgb = to_rgb(buf)) {
@@ -651,6 +702,7 @@ class ClipDecode {
   GstBuffer *prev_ = nullptr, *prev_rgb_ = nullptr;  // fps: the last frame seen and its RGB, made once
   GstClockTime prev_pts_ = 0, prev_end_ = 0, last_pts_ = GST_CLOCK_TIME_NONE;
   int64_t seen_ = 0, k_ = 0;
+  int64_t last_src_ = -1;  // the highest source frame number seen in this attempt
   bool eos_ = false;
   std::string convert_error_;
 };

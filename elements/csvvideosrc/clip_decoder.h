@@ -35,6 +35,7 @@ struct ClipRequest {
   bool pad_short = false;   // repeat the last frame of a short video instead of failing
   int decode_threads = 1;   // 0 = decoder's automatic choice
   double timeout_s = 60.0;  // whole clip, preroll included
+  int64_t known_frames = -1;  // the stream's real frame count where an earlier decode found it
 };
 
 enum class DecodeStatus { Ok, Failed, Short, Timeout, Cancelled };
@@ -44,6 +45,7 @@ struct DecodedClip {
   std::vector<uint64_t> source_frames;  // frame number in the source of each frame
   uint64_t frames_decoded = 0;          // frames that left the decoder (incl. those skipped)
   int64_t total_frames = -1;            // estimated frames in the video, -1 unknown
+  int64_t real_frames = -1;             // the stream ended before the estimate: its frames, else -1
   std::string stream;                   // "video stream 0 of 2, 320x180, BT.709 limited range"
   uint64_t start_time = 0;              // fps > 0: time of the first sample in the source, ns
   DecodedClip() = default;

@@ -339,6 +339,62 @@ void SourceEngine::report_bad(const Position &pos, uint64_t index, const Manifes
   if (cb_.replaced) cb_.replaced(ReplacedEvent{pos.epoch, pos.clip, row.row, row.path, reason});
 }
 
+int64_t SourceEngine::known_frames(uint64_t index) {
+  std::lock_guard<std::mutex> g(bad_lock_);
+  auto it = real_frames_.find(index);
+  return it == real_frames_.end() ? -1 : it->second;
+}
+
+bool SourceEngine::holds(int64_t frames, int clip_frames, float source_fps) const {
+  return frames > 0 &&
+         longest_frame_bucket({clip_frames}, uint64_t(frames), cfg_.frame_stride, cfg_.fps, source_fps) == 0;
+}
+
+void SourceEngine::learn_length(uint64_t index, const ManifestRow &row, int64_t frames) {
+  {
+    std::lock_guard<std::mutex> g(bad_lock_);
+    if (!real_frames_.emplace(index, frames).second) return;
+  }
+  VideoSize v = manifest_->video_size(index);
+  const uint32_t said = v.frames;
+  v.frames = uint32_t(frames);
+  manifest_->set_video_size(index, v);
+  std::string w = (said ? "the manifest says " + std::to_string(said) + " frames but its" : std::string("its")) +
+                  " video stream has " + std::to_string(frames) + ": clips are placed within those";
+  if (buckets_ && !spec_.frames.empty()) {
+    const uint32_t nf = uint32_t(spec_.frames.size());
+    // lock_ keeps workers from planning further meanwhile: the move starts at the epoch after
+    // the newest one a worker may have planned, so no plan in use changes.
+    std::lock_guard<std::mutex> g(lock_);
+    const uint32_t from = position(next_dispatch_).epoch + 1;
+    const uint32_t b = buckets_->bucket_of(index, from);
+    if (b != BucketSchedule::kNoBucket && !holds(frames, spec_.frames_of(b), v.fps)) {
+      const int fb = longest_frame_bucket(spec_.frames, uint64_t(frames), cfg_.frame_stride, cfg_.fps, v.fps);
+      const uint32_t to = fb >= 0 ? b / nf * nf + uint32_t(fb)
+                          : spec_.pad_short ? b / nf * nf + nf - 1
+                                            : BucketSchedule::kNoBucket;
+      const std::string where = to == BucketSchedule::kNoBucket ? std::string("out of the buckets (too short for all)")
+                                                                : "to bucket " + spec_.name(to);
+      if (cfg_.world_size > 1) {
+        // Every rank must plan the same groups, and the others do not know: it stays out here.
+        w += "; too short for its bucket " + spec_.name(b) + ", so it is replaced there on this rank (it would move " +
+             where + " with one rank; videotrain-probe the manifest to count its frames)";
+      } else {
+        {
+          // Epoch starts past `from` were measured with the old buckets.
+          std::lock_guard<std::mutex> ge(epochs_lock_);
+          const size_t keep = size_t(from - cfg_.start_epoch) + 1;
+          if (epoch_starts_.size() > keep) epoch_starts_.resize(keep);
+        }
+        buckets_->move_row(index, to, from);
+        w += "; too short for its bucket " + spec_.name(b) + ", it moves " + where + " from epoch " +
+             std::to_string(from);
+      }
+    }
+  }
+  if (cb_.row_warning) cb_.row_warning(row.row, row.path, w);
+}
+
 uint64_t SourceEngine::random_key(uint32_t epoch, uint64_t row) const {
   const uint64_t fresh = hash_combine(hash_combine(cfg_.seed, epoch), row);
   if (cfg_.clip_windows <= 0) return fresh;
@@ -410,6 +466,13 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
     } else if (!row.error.empty()) {
       reason = row.error;
       release(cand.index, reason, pos.epoch);
+    } else if (const int64_t known = known_frames(cand.index);
+               known >= 0 && cfg_.short_clips != ShortClips::Pad &&
+               !holds(known, cand.shape.frames, manifest_->video_size(cand.index).fps)) {
+      // Not bad: it may fit another clip length (a bucket it moved to, a stand-in elsewhere).
+      reason = "too few frames: the video has " + std::to_string(known) + ", a " +
+               std::to_string(cand.shape.frames) + "-frame clip needs more";
+      release(cand.index, "", pos.epoch);
     } else {
       ClipRequest req;
       req.path = row.path;
@@ -426,6 +489,7 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
       req.pad_short = cfg_.short_clips == ShortClips::Pad;
       req.decode_threads = cfg_.decode_threads;
       req.timeout_s = cfg_.decode_timeout_s;
+      req.known_frames = known_frames(cand.index);
       if (cb_.cached) {
         ClipIdentity id;
         id.source_key = source_key(row, req.random_key, cand.shape);
@@ -454,7 +518,10 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
         release(cand.index, "", pos.epoch);
         return r;
       }
-      release(cand.index, st == DecodeStatus::Ok ? "" : reason, pos.epoch);
+      if (r.clip.real_frames >= 0) learn_length(cand.index, row, r.clip.real_frames);
+      // Short by what it really holds: too short for this clip length, not for every one.
+      const bool bad = st != DecodeStatus::Ok && !(st == DecodeStatus::Short && known_frames(cand.index) >= 0);
+      release(cand.index, bad ? reason : "", pos.epoch);
       if (st == DecodeStatus::Ok) {
         // A replacement repeats a sample of the shard to keep the ranks even, like padding:
         // validation counts it out, so its mean stays over each sample once.

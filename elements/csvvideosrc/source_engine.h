@@ -171,6 +171,14 @@ class SourceEngine {
   Claim claim(uint64_t index, const std::atomic<bool> *cancel, BadRow *known);
   void release(uint64_t index, const std::string &bad_reason, uint32_t epoch);  // reason empty: not bad
   void report_bad(const Position &pos, uint64_t index, const ManifestRow &row, const std::string &reason);
+  // A decode found the row's video stream shorter than the manifest says: remembered (and the
+  // manifest's length fixed) for the run, said once, and a row that cannot fill its frame bucket
+  // moves to one it can (or out) from the next epoch that no clip in flight uses.
+  void learn_length(uint64_t index, const ManifestRow &row, int64_t frames);
+  // The row's real frame count where a decode found it, else -1.
+  int64_t known_frames(uint64_t index);
+  // Whether `frames` source frames give a clip of `clip_frames` (frame-stride / fps).
+  bool holds(int64_t frames, int clip_frames, float source_fps) const;
   void attach_metas(DecodedClip &clip, const ManifestRow &row, const Position &pos, const Slot &slot, bool padding);
   uint64_t random_key(uint32_t epoch, uint64_t row) const;
   // The source's part of a clip's cache key: the video's content and everything that picks and
@@ -213,6 +221,7 @@ class SourceEngine {
   std::mutex bad_lock_;
   std::condition_variable bad_cv_;
   std::unordered_map<uint64_t, BadRow> bad_;        // by manifest index
+  std::unordered_map<uint64_t, int64_t> real_frames_;  // by manifest index: lengths decodes found
   std::set<uint64_t> trying_;                      // manifest indices being decoded now
   std::map<uint32_t, std::set<uint64_t>> reported_;  // epoch -> manifest indices reported (its replaced count)
 

@@ -2,9 +2,22 @@
 
 #include <cmath>
 
+#include "frame_count.h"
+
 namespace videotrain {
 
-// Size, duration and frame rate of the first video stream; false with a reason.
+namespace {
+// A local file's name (what the counters open) from a name or a file:// URI; "" for other URIs.
+std::string path_of(const std::string &path) {
+  if (!gst_uri_is_valid(path.c_str())) return path;
+  gchar *f = g_filename_from_uri(path.c_str(), nullptr, nullptr);
+  std::string out = f ? f : "";
+  g_free(f);
+  return out;
+}
+}  // namespace
+
+// Size, frames and frame rate of the first video stream; false with a reason.
 bool probe_video(GstDiscoverer *disc, const std::string &path, Probe *out, std::string *why) {
   gchar *uri = gst_uri_is_valid(path.c_str()) ? g_strdup(path.c_str()) : gst_filename_to_uri(path.c_str(), nullptr);
   if (!uri) {
@@ -24,11 +37,28 @@ bool probe_video(GstDiscoverer *disc, const std::string &path, Probe *out, std::
       const guint num = gst_discoverer_video_info_get_framerate_num(v);
       const guint den = gst_discoverer_video_info_get_framerate_denom(v);
       if (num > 0 && den > 0) out->fps = double(num) / den;
-      const GstClockTime dur = gst_discoverer_info_get_duration(info);
-      if (out->fps > 0 && GST_CLOCK_TIME_IS_VALID(dur) && dur > 0)
-        out->num_frames = std::llround(double(dur) / GST_SECOND * out->fps);
       ok = out->width > 0 && out->height > 0;
       if (!ok) *why = "the video stream has no size";
+      // The stream's own frames, not the container's duration x rate: another track may
+      // outlast the video, and a variable rate has no single rate to multiply by.
+      StreamFrames sf;
+      std::string count_why;
+      const std::string file = path_of(path);
+      if (!ok) {
+      } else if (!file.empty() && count_video_frames(file, 0, &sf, &count_why)) {
+        out->num_frames = sf.frames;
+        out->duration_s = sf.duration_s;
+        if (out->fps <= 0 && sf.duration_s > 0) out->fps = double(sf.frames) / sf.duration_s;  // the mean rate
+      } else if (!file.empty()) {
+        *why = "cannot count its frames: " + count_why;
+        ok = false;
+      } else {  // not a local file: the container's duration x rate is all there is
+        const GstClockTime dur = gst_discoverer_info_get_duration(info);
+        if (out->fps > 0 && GST_CLOCK_TIME_IS_VALID(dur) && dur > 0) {
+          out->num_frames = std::llround(double(dur) / GST_SECOND * out->fps);
+          out->duration_s = double(dur) / GST_SECOND;
+        }
+      }
     } else {
       *why = "no video stream";
     }

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <torch/cuda.h>
 #include <torch/script.h>
@@ -450,6 +451,32 @@ struct VaeEngine::Impl {
     c.reset_tiles();
   }
 
+  // tune-malloc keeps every freed CPU block in the heap (cpu_heap.h). What outlives a chunk (the
+  // causal conv caches, the chunk's moments) is allocated among the chunk's activations; left
+  // there, it splits the free space so that the next chunk's activations no longer fit below it
+  // and the heap's touched part grew with every chunk: +50-60 MiB from 17 to 97 frames at 256x256
+  // with the tiny VAE (bench/vae_memory_bench.cpp), up to +200 MiB in the runs. Moved
+  // to pages of their own after each chunk, they leave the heap empty between chunks, and every
+  // chunk reuses the same blocks.
+  bool keep_off_heap() const { return device.is_cpu() && opts.tune_malloc; }
+  static void off_heap(at::Tensor &t) {
+    if (!t.defined() || !t.device().is_cpu() || t.numel() == 0) return;
+    const size_t bytes = size_t(t.numel()) * t.element_size();
+    void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return;  // stays where it is: more memory, not an error
+    at::Tensor moved = at::from_blob(p, t.sizes(), [bytes](void *q) { munmap(q, bytes); }, t.options());
+    moved.copy_(t);
+    t = moved;
+  }
+  void chunk_state_off_heap(Clip &c, size_t t) {
+    if (!keep_off_heap()) return;
+    off_heap(c.outs[t].back());
+    if (t < c.caches.size())
+      for (at::Tensor &e : c.caches[t].entries) off_heap(e);
+    if (t < c.wan_caches.size())
+      for (at::Tensor &e : c.wan_caches[t].entries) off_heap(e);
+  }
+
   // Encodes every chunk whose frames are all in (norm-scope=clip: nothing before the clip's end).
   void advance(Clip &c, int available) {
     if (clip_scope()) return;
@@ -458,7 +485,10 @@ struct VaeEngine::Impl {
       if (available < e) return;
       try {
         at::Tensor x = chunk_input(c, s, e);
-        for (size_t t = 0; t < c.outs.size(); t++) c.outs[t].push_back(run_tile(c, x, t));
+        for (size_t t = 0; t < c.outs.size(); t++) {
+          c.outs[t].push_back(run_tile(c, x, t));
+          chunk_state_off_heap(c, t);
+        }
       } catch (const c10::Error &err) {
         if (!is_oom(err)) throw;
         handle_oom(c, err);
