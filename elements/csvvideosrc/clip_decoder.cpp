@@ -231,6 +231,8 @@ DecodedClip &DecodedClip::operator=(DecodedClip &&o) noexcept {
     total_frames = o.total_frames;
     real_frames = o.real_frames;
     stream = std::move(o.stream);
+    source_width = o.source_width;
+    source_height = o.source_height;
     start_time = o.start_time;
     o.frames.clear();
   }
@@ -551,6 +553,8 @@ class ClipDecode {
     out_->frames_decoded = c_.decoded.load();
     if (by_time_) out_->start_time = t_start_;
     out_->stream = stream_text();  // all streams are known by now
+    out_->source_width = c_.width;
+    out_->source_height = c_.height;
     return DecodeStatus::Ok;
   }
 

@@ -47,6 +47,7 @@ struct DecodedClip {
   int64_t total_frames = -1;            // estimated frames in the video, -1 unknown
   int64_t real_frames = -1;             // the stream ended before the estimate: its frames, else -1
   std::string stream;                   // "video stream 0 of 2, 320x180, BT.709 limited range"
+  int source_width = 0, source_height = 0;  // the decoded stream's own size
   uint64_t start_time = 0;              // fps > 0: time of the first sample in the source, ns
   DecodedClip() = default;
   DecodedClip(const DecodedClip &) = delete;

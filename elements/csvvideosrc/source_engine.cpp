@@ -395,6 +395,47 @@ void SourceEngine::learn_length(uint64_t index, const ManifestRow &row, int64_t 
   if (cb_.row_warning) cb_.row_warning(row.row, row.path, w);
 }
 
+void SourceEngine::learn_size(uint64_t index, const ManifestRow &row, int width, int height) {
+  if (width <= 0 || height <= 0) return;
+  {
+    std::lock_guard<std::mutex> g(bad_lock_);
+    if (!sizes_checked_.insert(index).second) return;
+  }
+  VideoSize v = manifest_->video_size(index);
+  if (!v.known_shape()) return;
+  const auto off = [](double said, double real) { return said > 2.0 * real || real > 2.0 * said; };
+  if (!off(v.width, width) && !off(v.height, height)) return;
+  const uint32_t said_w = v.width, said_h = v.height;
+  v.width = uint32_t(width);
+  v.height = uint32_t(height);
+  manifest_->set_video_size(index, v);
+  std::string w = "the manifest says " + std::to_string(said_w) + "x" + std::to_string(said_h) + " but its video is " +
+                  std::to_string(width) + "x" + std::to_string(height);
+  if (buckets_ && spec_.sizes.size() > 1) {
+    const uint32_t nf = uint32_t(std::max<size_t>(spec_.frames.size(), 1));
+    std::lock_guard<std::mutex> g(lock_);  // see learn_length
+    const uint32_t from = position(next_dispatch_).epoch + 1;
+    const uint32_t b = buckets_->bucket_of(index, from);
+    const uint32_t s = uint32_t(nearest_size_bucket(spec_.sizes, uint32_t(width), uint32_t(height)));
+    if (b != BucketSchedule::kNoBucket && b / nf != s) {
+      const uint32_t to = s * nf + b % nf;
+      if (cfg_.world_size > 1) {
+        w += "; its aspect belongs in bucket " + spec_.name(to) + ", not " + spec_.name(b) +
+             ", but with several ranks it stays (videotrain-probe the manifest to fix its size columns)";
+      } else {
+        {
+          std::lock_guard<std::mutex> ge(epochs_lock_);
+          const size_t keep = size_t(from - cfg_.start_epoch) + 1;
+          if (epoch_starts_.size() > keep) epoch_starts_.resize(keep);
+        }
+        buckets_->move_row(index, to, from);
+        w += "; it moves from bucket " + spec_.name(b) + " to " + spec_.name(to) + " from epoch " + std::to_string(from);
+      }
+    }
+  }
+  if (cb_.row_warning) cb_.row_warning(row.row, row.path, w);
+}
+
 uint64_t SourceEngine::random_key(uint32_t epoch, uint64_t row) const {
   const uint64_t fresh = hash_combine(hash_combine(cfg_.seed, epoch), row);
   if (cfg_.clip_windows <= 0) return fresh;
@@ -519,6 +560,7 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
         return r;
       }
       if (r.clip.real_frames >= 0) learn_length(cand.index, row, r.clip.real_frames);
+      if (st == DecodeStatus::Ok) learn_size(cand.index, row, r.clip.source_width, r.clip.source_height);
       // Short by what it really holds: too short for this clip length, not for every one.
       const bool bad = st != DecodeStatus::Ok && !(st == DecodeStatus::Short && known_frames(cand.index) >= 0);
       release(cand.index, bad ? reason : "", pos.epoch);

@@ -175,6 +175,9 @@ class SourceEngine {
   // manifest's length fixed) for the run, said once, and a row that cannot fill its frame bucket
   // moves to one it can (or out) from the next epoch that no clip in flight uses.
   void learn_length(uint64_t index, const ManifestRow &row, int64_t frames);
+  // The first decode of a row whose manifest size is off by more than a factor of 2: the size is
+  // fixed for the run and, with one rank, the row moves to the size bucket of its real aspect.
+  void learn_size(uint64_t index, const ManifestRow &row, int width, int height);
   // The row's real frame count where a decode found it, else -1.
   int64_t known_frames(uint64_t index);
   // Whether `frames` source frames give a clip of `clip_frames` (frame-stride / fps).
@@ -222,6 +225,7 @@ class SourceEngine {
   std::condition_variable bad_cv_;
   std::unordered_map<uint64_t, BadRow> bad_;        // by manifest index
   std::unordered_map<uint64_t, int64_t> real_frames_;  // by manifest index: lengths decodes found
+  std::unordered_set<uint64_t> sizes_checked_;         // by manifest index: sizes compared once
   std::set<uint64_t> trying_;                      // manifest indices being decoded now
   std::map<uint32_t, std::set<uint64_t>> reported_;  // epoch -> manifest indices reported (its replaced count)
 

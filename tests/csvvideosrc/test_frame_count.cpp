@@ -252,4 +252,60 @@ TEST(FrameCount, ARowShorterThanItsBucketMovesToOneItFills) {
   }
 }
 
+// Manifest size columns that lie (issue 28): a tall 24x48 video the manifest calls 480x48 starts in
+// the wide bucket; its first decode shows its real size, and it moves to the tall bucket.
+TEST(FrameCount, ARowWhoseSizeColumnsLieMovesToTheBucketOfItsRealAspect) {
+  vttest::TempDir dir;
+  ASSERT_TRUE(vttest::make_video(dir.file("liar.mp4"), {12, 24, 48, 10, 10}));
+  ASSERT_TRUE(vttest::make_video(dir.file("wide.mp4"), {12, 48, 24, 10, 10}));
+  ASSERT_TRUE(vttest::make_video(dir.file("tall.mp4"), {12, 24, 48, 10, 10}));
+  vttest::write_file(dir.file("m.csv"), "path,text,num_frames,width,height\nliar.mp4,liar,12,480,48\n"
+                                        "wide.mp4,wide,12,48,24\ntall.mp4,tall,12,24,48\n");
+  videotrain::SourceConfig c;
+  c.manifest.location = dir.file("m.csv");
+  c.buckets = "48x16,16x32";
+  c.num_frames = 4;
+  c.num_epochs = 4;
+  c.seed = 3;
+  c.prefetch = 1;
+  c.decode_timeout_s = 30;
+  std::mutex mu;
+  std::vector<std::string> warnings;
+  videotrain::SourceCallbacks cb;
+  cb.row_warning = [&](uint64_t, const std::string &path, const std::string &w) {
+    std::lock_guard<std::mutex> g(mu);
+    warnings.push_back(path + ": " + w);
+  };
+  videotrain::SourceEngine e(c, cb);
+  std::string err;
+  ASSERT_TRUE(e.start(&err)) << err;
+  // (epoch, caption) -> frame bytes of its real clips (48x16 RGB: 2304, 16x32: 1536).
+  std::map<std::pair<uint32_t, std::string>, std::vector<size_t>> got;
+  GstBuffer *b = nullptr;
+  for (;;) {
+    auto p = e.next(&b, &err);
+    if (p == videotrain::SourceEngine::Pull::Eos) break;
+    ASSERT_EQ(p, videotrain::SourceEngine::Pull::Frame) << err;
+    auto *m = gst_buffer_get_videotrain_clip_meta(b);
+    ASSERT_NE(m, nullptr);
+    if (m->frame_index == 0 && !m->padding)
+      got[std::make_pair(m->epoch, std::string(m->caption))].push_back(gst_buffer_get_size(b));
+    gst_buffer_unref(b);
+  }
+  e.stop();
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("liar.mp4: the manifest says 480x48 but its video is 24x48"), std::string::npos)
+      << warnings[0];
+  const size_t at = warnings[0].find("to 16x32x4 from epoch ");
+  ASSERT_NE(at, std::string::npos) << warnings[0];
+  const uint32_t from = uint32_t(std::stoul(warnings[0].substr(at + 22)));
+  EXPECT_TRUE(from == 1 || from == 2) << warnings[0];
+  const std::vector<size_t> wide{48 * 16 * 3}, tall{16 * 32 * 3};
+  for (uint32_t epoch = 0; epoch < 4; epoch++) {
+    EXPECT_EQ(got[std::make_pair(epoch, std::string("liar"))], epoch < from ? wide : tall) << "epoch " << epoch;
+    EXPECT_EQ(got[std::make_pair(epoch, std::string("wide"))], wide) << "epoch " << epoch;
+    EXPECT_EQ(got[std::make_pair(epoch, std::string("tall"))], tall) << "epoch " << epoch;
+  }
+}
+
 }  // namespace
