@@ -1,4 +1,4 @@
-#include "wan_config.h"
+#include "models/vae/wan_config.h"
 
 #include <sys/stat.h>
 
@@ -7,7 +7,7 @@
 
 #include <fstream>
 
-#include "vae_config.h"
+#include "models/vae/vae_config.h"
 
 namespace videotrain::vae {
 

@@ -1,4 +1,4 @@
-#include "vae_config.h"
+#include "models/vae/vae_config.h"
 
 #include <sys/stat.h>
 
