@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "cpu_heap.h"
 #include "cuda_devices.h"
 #include "device_rule.h"
 #include "dist_env.h"
@@ -49,6 +50,9 @@ std::unique_ptr<DecodeEngine> DecodeEngine::create(const DecodeOptions &opts, st
       resolve_device(opts.device, dist_env_from_environment().local_rank, visible_cuda_devices(), &device_error);
   if (dev.empty()) return fail(device_error);
   im.device = c10::Device(dev);
+  // Freed chunk activations stay in the heap for the next chunk: without it glibc's heap grows with
+  // the clip (+24% peak from 17 to 97 frames in vae-decode-bench; +3% with it).
+  if (im.device.is_cpu() && opts.tune_malloc) retain_large_cpu_blocks();
   if (opts.dtype.empty()) {
     im.dtype = im.device.is_cuda() ? at::kBFloat16 : at::kFloat;
   } else {
@@ -71,7 +75,8 @@ std::unique_ptr<DecodeEngine> DecodeEngine::create(const DecodeOptions &opts, st
     im.tiles.stride_h = opts.tile_stride_height > 0 ? opts.tile_stride_height : default_stride(opts.tile_height, s);
     im.tiles.stride_w = opts.tile_stride_width > 0 ? opts.tile_stride_width : default_stride(opts.tile_width, s);
     const std::string bad = im.tiles.check(s);
-    if (!bad.empty()) return fail(bad + " (" + VaeDecoder::family_name(im.dec->family()) + " VAE in '" + opts.model + "')");
+    if (!bad.empty())
+      return fail(bad + " (" + VaeDecoder::family_name(im.dec->family()) + " VAE in '" + opts.model + "')");
   }
   return eng;
 }

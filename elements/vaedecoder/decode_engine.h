@@ -23,6 +23,7 @@ struct DecodeOptions {
   std::string device;  // "" = auto (device_rule.h)
   std::string dtype;   // "" = bfloat16 on CUDA, float32 on CPU
   bool moments = false;  // the input is vaeencoder's latent=moments (mean and log-variance)
+  bool tune_malloc = true;  // on CPU: retain_large_cpu_blocks() (process-wide), as vaeencoder
 };
 
 class DecodeEngine {

@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "cpu_heap.h"
 #include "decode_engine.h"
 #include "first_line.h"
 #include "metas.h"
@@ -31,7 +32,7 @@ struct _GstVaeDecoder {
   GstPad *sinkpad, *srcpad;
   // Properties (object lock).
   gchar *model, *device, *dtype;
-  gboolean moments;
+  gboolean moments, tune_malloc;
   guint tile_height, tile_width, tile_stride_height, tile_stride_width;
   gint fps_n, fps_d;
   // Streaming state (stream lock).
@@ -57,6 +58,7 @@ enum {
   PROP_DEVICE,
   PROP_DTYPE,
   PROP_MOMENTS,
+  PROP_TUNE_MALLOC,
   PROP_CLIPS_DECODED,
 };
 
@@ -70,6 +72,7 @@ static gboolean load_engine(GstVaeDecoder *self) {
   o.device = self->device ? self->device : "";
   o.dtype = self->dtype ? self->dtype : "";
   o.moments = self->moments;
+  o.tune_malloc = self->tune_malloc;
   o.tile_height = static_cast<int>(self->tile_height);
   o.tile_width = static_cast<int>(self->tile_width);
   o.tile_stride_height = static_cast<int>(self->tile_stride_height);
@@ -257,6 +260,7 @@ static void gst_vae_decoder_set_property(GObject *object, guint id, const GValue
     case PROP_DEVICE: g_free(self->device); self->device = g_value_dup_string(value); break;
     case PROP_DTYPE: g_free(self->dtype); self->dtype = g_value_dup_string(value); break;
     case PROP_MOMENTS: self->moments = g_value_get_boolean(value); break;
+    case PROP_TUNE_MALLOC: self->tune_malloc = g_value_get_boolean(value); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -275,6 +279,7 @@ static void gst_vae_decoder_get_property(GObject *object, guint id, GValue *valu
     case PROP_DEVICE: g_value_set_string(value, self->device); break;
     case PROP_DTYPE: g_value_set_string(value, self->dtype); break;
     case PROP_MOMENTS: g_value_set_boolean(value, self->moments); break;
+    case PROP_TUNE_MALLOC: g_value_set_boolean(value, self->tune_malloc); break;
     case PROP_CLIPS_DECODED: g_value_set_uint64(value, self->clips_decoded); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
@@ -350,6 +355,8 @@ static void gst_vae_decoder_class_init(GstVaeDecoderClass *klass) {
                            "mean is decoded as it is. Off: the latents are the model's (latent=mode or sample, a "
                            "sampler's output), whose normalisation is undone first",
                            FALSE, rw));
+  g_object_class_install_property(gobject_class, PROP_TUNE_MALLOC,
+                                  g_param_spec_boolean("tune-malloc", "Tune malloc", kTuneMallocBlurb, TRUE, rw));
   g_object_class_install_property(
       gobject_class, PROP_CLIPS_DECODED,
       g_param_spec_uint64("clips-decoded", "Clips decoded", "Latents decoded so far", 0, G_MAXUINT64, 0, ro));
@@ -377,6 +384,7 @@ static void gst_vae_decoder_init(GstVaeDecoder *self) {
   self->srcpad = gst_pad_new_from_static_template(&src_template, "src");
   gst_pad_use_fixed_caps(self->srcpad);
   gst_element_add_pad(GST_ELEMENT(self), self->srcpad);
+  self->tune_malloc = TRUE;
   self->fps_n = 8;
   self->fps_d = 1;
   self->engine = new std::unique_ptr<DecodeEngine>();

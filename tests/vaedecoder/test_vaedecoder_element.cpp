@@ -101,7 +101,8 @@ TEST_P(DecoderElement, EncodeThenDecodeGivesTheClipsFramesAsTheEngineDecodesThem
   ASSERT_EQ(latents.buffers.size(), 1u);
 
   Pulled frames;
-  pull(src + enc + "vaedecoder model=" + model + " framerate=8/1 device=cpu dtype=float32 ! appsink name=sink sync=false",
+  pull(src + enc + "vaedecoder model=" + model +
+           " framerate=8/1 device=cpu dtype=float32 ! appsink name=sink sync=false",
        &frames);
   ASSERT_EQ(frames.error, "");
   ASSERT_EQ(frames.buffers.size(), 9u);
@@ -163,7 +164,8 @@ TEST_P(DecoderElement, EncodeThenDecodeGivesTheClipsFramesAsTheEngineDecodesThem
     GstMapInfo a, b;
     ASSERT_TRUE(gst_buffer_map(frames.buffers[i], &a, GST_MAP_READ));
     ASSERT_TRUE(gst_buffer_map(from_moments.buffers[i], &b, GST_MAP_READ));
-    for (size_t k = 0; k < a.size && k < b.size; k++) worst = std::max(worst, std::abs(int(a.data[k]) - int(b.data[k])));
+    for (size_t k = 0; k < a.size && k < b.size; k++)
+      worst = std::max(worst, std::abs(int(a.data[k]) - int(b.data[k])));
     gst_buffer_unmap(frames.buffers[i], &a);
     gst_buffer_unmap(from_moments.buffers[i], &b);
   }
@@ -203,8 +205,8 @@ TEST(DecoderElementErrors, Registered) {
   ASSERT_NE(f, nullptr);
   EXPECT_STREQ(gst_element_factory_get_klass(f), "Filter/Decoder/Video");
   GstElement *e = gst_element_factory_create(f, nullptr);
-  for (const char *p : {"model", "moments", "framerate", "tile-height", "tile-width", "tile-stride-height", "tile-stride-width",
-                        "device", "dtype", "clips-decoded"})
+  for (const char *p : {"model", "moments", "tune-malloc", "framerate", "tile-height", "tile-width",
+                        "tile-stride-height", "tile-stride-width", "device", "dtype", "clips-decoded"})
     EXPECT_NE(g_object_class_find_property(G_OBJECT_GET_CLASS(e), p), nullptr) << p;
   gst_object_unref(e);
   gst_object_unref(f);

@@ -258,7 +258,8 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> decoder_tensor_table(c
   int64_t prev = ch[0];
   for (size_t i = 0; i < ch.size(); i++) {
     const std::string p = "decoder.up_blocks." + std::to_string(i);
-    for (int l = 0; l <= c.layers_per_block; l++) resnet(p + ".resnets." + std::to_string(l), l == 0 ? prev : ch[i], ch[i]);
+    for (int l = 0; l <= c.layers_per_block; l++)
+      resnet(p + ".resnets." + std::to_string(l), l == 0 ? prev : ch[i], ch[i]);
     if (i + 1 != ch.size()) {
       add(p + ".upsamplers.0.conv.weight", {ch[i], ch[i], 3, 3});
       add(p + ".upsamplers.0.conv.bias", {ch[i]});

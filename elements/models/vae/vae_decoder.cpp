@@ -19,7 +19,10 @@ namespace videotrain::vae {
 std::string DecodeTiles::check(int s) const {
   if (!on()) return "";
   const std::pair<const char *, int> sizes[] = {
-      {"tile-height", tile_h}, {"tile-width", tile_w}, {"tile-stride-height", stride_h}, {"tile-stride-width", stride_w}};
+      {"tile-height", tile_h},
+      {"tile-width", tile_w},
+      {"tile-stride-height", stride_h},
+      {"tile-stride-width", stride_w}};
   for (const auto &[name, v] : sizes)
     if (v < s || v % s != 0)
       return std::string(name) + " is " + std::to_string(v) + "; it must be a positive multiple of the VAE's spatial " +
