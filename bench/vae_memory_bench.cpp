@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "vaeencoder/vae_config.h"
+#include "models/vae/vae_config.h"
 #include "vaeencoder/vae_engine.h"
 #include "vaeencoder/vae_engine_tensors.h"
 

@@ -1,11 +1,11 @@
 // libFuzzer target: the CogVideoX VAE config.json parser and the checks and tensor table
-// that follow it when the encoder loads (elements/vaeencoder/vae_config.cpp).
+// that follow it when the encoder loads (elements/models/vae/vae_config.cpp).
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "fuzz_input.h"
-#include "vaeencoder/vae_config.h"
+#include "models/vae/vae_config.h"
 
 using namespace videotrain::vae;
 

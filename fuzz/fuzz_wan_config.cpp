@@ -1,11 +1,11 @@
 // libFuzzer target: the Wan VAE config.json parser and what the loader computes from a config it
-// accepts (elements/vaeencoder/wan_config.cpp): channel list, compressions, the tensor table.
+// accepts (elements/models/vae/wan_config.cpp): channel list, compressions, the tensor table.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "fuzz_input.h"
-#include "vaeencoder/wan_config.h"
+#include "models/vae/wan_config.h"
 
 using namespace videotrain::vae;
 

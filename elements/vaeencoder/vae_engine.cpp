@@ -16,7 +16,6 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "cogvideox_encoder.h"
 #include "cpu_heap.h"
 #include "cuda_devices.h"
 #include "device_rule.h"
@@ -25,12 +24,13 @@
 #include "jit_load.h"
 #include "latent_store.h"
 #include "metas.h"
+#include "models/vae/cogvideox_encoder.h"
+#include "models/vae/wan_config.h"
+#include "models/vae/wan_encoder.h"
 #include "regular_file.h"
 #include "seeded_hash.h"
 #include "tensor_buffer.h"
 #include "vae_engine_tensors.h"
-#include "wan_config.h"
-#include "wan_encoder.h"
 
 #ifdef VIDEOTRAIN_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -7,6 +7,7 @@ static gboolean plugin_init(GstPlugin *plugin) {
   gboolean ok = TRUE;
   ok &= GST_ELEMENT_REGISTER(csvvideosrc, plugin);
   ok &= GST_ELEMENT_REGISTER(vaeencoder, plugin);
+  ok &= GST_ELEMENT_REGISTER(vaedecoder, plugin);
   ok &= GST_ELEMENT_REGISTER(textencoder, plugin);
   ok &= GST_ELEMENT_REGISTER(microbatcher, plugin);
   ok &= GST_ELEMENT_REGISTER(ddptrainsink, plugin);
@@ -22,6 +23,6 @@ static gboolean plugin_init(GstPlugin *plugin) {
 #endif
 
 GST_PLUGIN_DEFINE(GST_VERSION_MAJOR, GST_VERSION_MINOR, videotrain,
-                  "Train video generation models from a pipeline: CSV video source, chunked VAE encoder, "
+                  "Train video generation models from a pipeline: CSV video source, chunked VAE encoder and decoder, "
                   "micro-batcher, distributed trainer and validation sinks",
                   plugin_init, VIDEOTRAIN_VERSION, "LGPL", "gst-videotrain", "https://example.invalid/gst-videotrain")

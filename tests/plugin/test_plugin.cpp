@@ -6,7 +6,8 @@
 #include "test_util.h"
 
 namespace {
-const char *kElements[] = {"csvvideosrc", "vaeencoder", "textencoder", "microbatcher", "ddptrainsink", "ddpvalsink"};
+const char *kElements[] = {"csvvideosrc", "vaeencoder",   "vaedecoder", "textencoder",
+                           "microbatcher", "ddptrainsink", "ddpvalsink"};
 }
 
 TEST(Plugin, LoadsFromTheBuildTreeWithEveryElement) {

@@ -138,6 +138,11 @@ cases = [
      tensors + f"ddptrainsink name=ddptrainsink rank=0 world-size=1 model={not_torchscript}"),
     ("ddpvalsink with a trainer that does not exist", "ddpvalsink", "no-such-trainer",
      tensors + "ddpvalsink name=ddpvalsink trainer=no-such-trainer"),
+    ("vaedecoder with a VAE class it does not read", "vaedecoder", "'AutoencoderKLMochi'",
+     latents + f"vaedecoder name=vaedecoder model={foreign_class} ! fakesink"),
+    ("vaedecoder given another VAE's latents", "vaedecoder", ("latents have 4 channels", "Wan 2.2", "takes 8"),
+     f"csvvideosrc location={manifest} num-epochs=0 num-frames=5 width=32 height=32 ! "
+     f"vaeencoder model={ref} latent=mode ! vaedecoder name=vaedecoder model={wan} ! fakesink"),
     # SentencePiece parses the file in its own module (its protobuf beside torch's libprotobuf).
     ("textencoder with a tokenizer that is not a SentencePiece model", "textencoder", "not-torchscript.pt",
      latents + f"textencoder name=textencoder tokenizer={not_torchscript} model={image_encoder} ! fakesink"),

@@ -10,8 +10,8 @@
 #include <filesystem>
 
 #include "vae_test_util.h"
-#include "vaeencoder/vae_config.h"
-#include "vaeencoder/cogvideox_encoder.h"
+#include "models/vae/vae_config.h"
+#include "models/vae/cogvideox_encoder.h"
 
 using namespace videotrain::vae;
 using vaetest::rel_l2;

@@ -9,7 +9,7 @@
 
 #include "safetensors.h"
 #include "test_util.h"
-#include "vaeencoder/vae_config.h"
+#include "models/vae/vae_config.h"
 
 using namespace videotrain;
 using namespace videotrain::vae;

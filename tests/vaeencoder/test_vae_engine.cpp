@@ -7,7 +7,7 @@
 
 #include "tensor_buffer.h"
 #include "vae_test_util.h"
-#include "vaeencoder/vae_config.h"
+#include "models/vae/vae_config.h"
 
 using namespace videotrain;
 using namespace videotrain::vae;

@@ -9,8 +9,8 @@
 
 #include "safetensors.h"
 #include "test_util.h"
-#include "vaeencoder/wan_config.h"
-#include "vaeencoder/wan_encoder.h"
+#include "models/vae/wan_config.h"
+#include "models/vae/wan_encoder.h"
 
 using namespace videotrain;
 using namespace videotrain::vae;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "vae_config.h"
+#include "models/vae/vae_config.h"
 
 namespace videotrain::vae {
 

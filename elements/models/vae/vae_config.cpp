@@ -1,4 +1,4 @@
-#include "vae_config.h"
+#include "models/vae/vae_config.h"
 
 #include <sys/stat.h>
 
@@ -80,6 +80,7 @@ bool parse_vae_config(const std::string &text, VaeConfig *out, std::string *erro
     get("norm_eps", c.norm_eps);
     get("scaling_factor", c.scaling_factor);
     get("use_quant_conv", c.use_quant_conv);
+    get("use_post_quant_conv", c.use_post_quant_conv);
     for (auto [key, dst] : {std::pair{"in_channels", &c.in_channels}, std::pair{"latent_channels", &c.latent_channels},
                             std::pair{"layers_per_block", &c.layers_per_block},
                             std::pair{"norm_num_groups", &c.norm_num_groups},
@@ -136,7 +137,7 @@ std::string vae_config_to_json(const VaeConfig &c) {
             {"latents_std", nullptr},
             {"force_upcast", true},
             {"use_quant_conv", c.use_quant_conv},
-            {"use_post_quant_conv", false},
+            {"use_post_quant_conv", c.use_post_quant_conv},
             {"invert_scale_latents", false}};
   return j.dump(2);
 }
@@ -225,6 +226,49 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> encoder_tensor_table(c
     add("quant_conv.weight", {2 * c.latent_channels, 2 * c.latent_channels, 1, 1, 1});
     add("quant_conv.bias", {2 * c.latent_channels});
   }
+  return t;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> decoder_tensor_table(const VaeConfig &c) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> t;
+  auto add = [&](const std::string &n, std::vector<int64_t> s) { t.emplace_back(n, std::move(s)); };
+  auto conv = [&](const std::string &p, int64_t out, int64_t in, int64_t k) {
+    add(p + ".weight", {out, in, k, k, k});
+    add(p + ".bias", {out});
+  };
+  const int64_t L = c.latent_channels;
+  // SpatialNorm3D: GroupNorm affine plus 1x1x1 convolutions of the latent.
+  auto snorm = [&](const std::string &p, int64_t ch) {
+    add(p + ".norm_layer.weight", {ch});
+    add(p + ".norm_layer.bias", {ch});
+    conv(p + ".conv_y.conv", ch, L, 1);
+    conv(p + ".conv_b.conv", ch, L, 1);
+  };
+  auto resnet = [&](const std::string &p, int64_t in, int64_t out) {
+    snorm(p + ".norm1", in);
+    conv(p + ".conv1.conv", out, in, 3);
+    snorm(p + ".norm2", out);
+    conv(p + ".conv2.conv", out, out, 3);
+    if (in != out) conv(p + ".conv_shortcut", out, in, 1);
+  };
+  if (c.block_out_channels.empty()) return t;
+  const std::vector<int64_t> ch(c.block_out_channels.rbegin(), c.block_out_channels.rend());
+  conv("decoder.conv_in.conv", ch[0], L, 3);
+  for (int l = 0; l < 2; l++) resnet("decoder.mid_block.resnets." + std::to_string(l), ch[0], ch[0]);
+  int64_t prev = ch[0];
+  for (size_t i = 0; i < ch.size(); i++) {
+    const std::string p = "decoder.up_blocks." + std::to_string(i);
+    for (int l = 0; l <= c.layers_per_block; l++)
+      resnet(p + ".resnets." + std::to_string(l), l == 0 ? prev : ch[i], ch[i]);
+    if (i + 1 != ch.size()) {
+      add(p + ".upsamplers.0.conv.weight", {ch[i], ch[i], 3, 3});
+      add(p + ".upsamplers.0.conv.bias", {ch[i]});
+    }
+    prev = ch[i];
+  }
+  snorm("decoder.norm_out", ch.back());
+  conv("decoder.conv_out.conv", c.in_channels, ch.back(), 3);
+  if (c.use_post_quant_conv) conv("post_quant_conv", L, L, 1);
   return t;
 }
 

@@ -1,4 +1,4 @@
-#include "wan_config.h"
+#include "models/vae/wan_config.h"
 
 #include <sys/stat.h>
 
@@ -7,7 +7,7 @@
 
 #include <fstream>
 
-#include "vae_config.h"
+#include "models/vae/vae_config.h"
 
 namespace videotrain::vae {
 
@@ -171,6 +171,51 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> wan_encoder_tensor_tab
   t.push_back({"encoder.norm_out.gamma", {top, 1, 1, 1}});
   conv("encoder.conv_out", 2 * cfg.z_dim, top, {3, 3, 3});
   conv("quant_conv", 2 * cfg.z_dim, 2 * cfg.z_dim, {1, 1, 1});
+  return t;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> wan_decoder_tensor_table(const WanConfig &cfg) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> t;
+  auto conv = [&](const std::string &p, int64_t out, int64_t in, std::vector<int64_t> k) {
+    std::vector<int64_t> shape{out, in};
+    shape.insert(shape.end(), k.begin(), k.end());
+    t.push_back({p + ".weight", shape});
+    t.push_back({p + ".bias", {out}});
+  };
+  auto resnet = [&](const std::string &p, int64_t in, int64_t out) {
+    t.push_back({p + ".norm1.gamma", {in, 1, 1, 1}});
+    conv(p + ".conv1", out, in, {3, 3, 3});
+    t.push_back({p + ".norm2.gamma", {out, 1, 1, 1}});
+    conv(p + ".conv2", out, out, {3, 3, 3});
+    if (in != out) conv(p + ".conv_shortcut", out, in, {1, 1, 1});
+  };
+  // Channels from the deepest level up: base * [dim_mult.back(), reversed dim_mult...].
+  std::vector<int64_t> d{static_cast<int64_t>(cfg.base_dim) * cfg.dim_mult.back()};
+  for (auto it = cfg.dim_mult.rbegin(); it != cfg.dim_mult.rend(); ++it) d.push_back(int64_t{cfg.base_dim} * *it);
+  conv("post_quant_conv", cfg.z_dim, cfg.z_dim, {1, 1, 1});
+  conv("decoder.conv_in", d[0], cfg.z_dim, {3, 3, 3});
+  resnet("decoder.mid_block.resnets.0", d[0], d[0]);
+  t.push_back({"decoder.mid_block.attentions.0.norm.gamma", {d[0], 1, 1}});
+  conv("decoder.mid_block.attentions.0.to_qkv", 3 * d[0], d[0], {1, 1});
+  conv("decoder.mid_block.attentions.0.proj", d[0], d[0], {1, 1});
+  resnet("decoder.mid_block.resnets.1", d[0], d[0]);
+  const int levels = cfg.levels();
+  for (int i = 0; i < levels; i++) {
+    const std::string p = "decoder.up_blocks." + std::to_string(i);
+    const bool up = i != levels - 1;
+    const bool time = up && cfg.temperal_downsample[static_cast<size_t>(levels - 2 - i)];
+    // Wan 2.1's upsamplers halve the channels they pass on; 2.2's keep them.
+    int64_t in = (i > 0 && !cfg.is_residual) ? d[i] / 2 : d[i];
+    const int64_t out = d[i + 1];
+    for (int r = 0; r <= cfg.num_res_blocks; r++, in = out) resnet(p + ".resnets." + std::to_string(r), in, out);
+    if (up) {
+      const std::string u = p + (cfg.is_residual ? ".upsampler" : ".upsamplers.0");
+      conv(u + ".resample.1", cfg.is_residual ? out : out / 2, out, {3, 3});
+      if (time) conv(u + ".time_conv", 2 * out, out, {3, 1, 1});
+    }
+  }
+  t.push_back({"decoder.norm_out.gamma", {d.back(), 1, 1, 1}});
+  conv("decoder.conv_out", 3 * cfg.patch_size * cfg.patch_size, d.back(), {3, 3, 3});
   return t;
 }
 

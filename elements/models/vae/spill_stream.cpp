@@ -1,4 +1,4 @@
-#include "spill_stream.h"
+#include "models/vae/spill_stream.h"
 
 #include <ATen/ATen.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "wan_encoder.h"
+#include "models/vae/wan_encoder.h"
 
 #include <torch/torch.h>
 
@@ -7,9 +7,9 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "safetensors.h"
+#include "models/vae/vae_config.h"
 #include "regular_file.h"
-#include "vae_config.h"
+#include "safetensors.h"
 
 namespace videotrain::vae {
 

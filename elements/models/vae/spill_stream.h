@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "cogvideox_encoder.h"
+#include "models/vae/cogvideox_encoder.h"
 
 namespace videotrain::vae {
 

@@ -14,9 +14,9 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "cogvideox_encoder.h"
 #include "cpu_conv.h"
-#include "spill_stream.h"
+#include "models/vae/cogvideox_encoder.h"
+#include "models/vae/spill_stream.h"
 
 namespace videotrain::vae {
 

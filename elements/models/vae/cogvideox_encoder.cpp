@@ -1,4 +1,4 @@
-#include "cogvideox_encoder.h"
+#include "models/vae/cogvideox_encoder.h"
 
 #include <ATen/ATen.h>
 

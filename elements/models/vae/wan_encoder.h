@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "wan_config.h"
+#include "models/vae/wan_config.h"
 
 namespace videotrain::vae {
 

@@ -22,6 +22,7 @@ struct VaeConfig {
   int temporal_compression_ratio = 4;
   double scaling_factor = 1.15258426;
   bool use_quant_conv = false;
+  bool use_post_quant_conv = false;
 
   // Derived.
   int num_blocks() const { return static_cast<int>(block_out_channels.size()); }
@@ -46,6 +47,8 @@ std::string check_supported(const VaeConfig &cfg);
 // Every encoder tensor (diffusers names, "encoder." prefix; "quant_conv.*" when used)
 // with its shape, in the order the encoder uses them.
 std::vector<std::pair<std::string, std::vector<int64_t>>> encoder_tensor_table(const VaeConfig &cfg);
+// Every decoder tensor ("decoder." prefix; "post_quant_conv.*" when used) with its shape.
+std::vector<std::pair<std::string, std::vector<int64_t>>> decoder_tensor_table(const VaeConfig &cfg);
 
 // The tiny and full-size CogVideoX-2b configurations, for the make-vae tool and tests.
 VaeConfig tiny_config();

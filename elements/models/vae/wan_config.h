@@ -34,6 +34,8 @@ bool parse_wan_config(const std::string &json_text, WanConfig *out, std::string 
 
 // Every encoder tensor (diffusers names) with its shape, in the order the encoder uses them.
 std::vector<std::pair<std::string, std::vector<int64_t>>> wan_encoder_tensor_table(const WanConfig &cfg);
+// Every decoder tensor ("decoder.*", "post_quant_conv.*") with its shape.
+std::vector<std::pair<std::string, std::vector<int64_t>>> wan_decoder_tensor_table(const WanConfig &cfg);
 
 // diffusers' config.json of AutoencoderKLWan for `cfg` (latents_mean/std: 0 and 1 where unset).
 std::string wan_config_to_json(const WanConfig &cfg);

@@ -1,0 +1,151 @@
+#include "decode_engine.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "cpu_heap.h"
+#include "cuda_devices.h"
+#include "device_rule.h"
+#include "dist_env.h"
+#include "models/vae/vae_decoder.h"
+#include "tensor_buffer.h"
+
+namespace videotrain::vae {
+
+struct DecodeEngine::Impl {
+  DecodeOptions opts;
+  std::unique_ptr<VaeDecoder> dec;
+  DecodeTiles tiles;
+  c10::Device device = c10::Device(c10::kCPU);
+  c10::ScalarType dtype = at::kFloat;
+};
+
+namespace {
+
+// A tile stride left at 0: 3/4 of the tile (diffusers' default 192 of 256), on the latent grid.
+int default_stride(int tile, int s) { return std::max(s, tile * 3 / 4 / s * s); }
+
+// Thrown from the frame callback to stop a clip whose frames are no longer wanted.
+struct Stopped {};
+
+}  // namespace
+
+DecodeEngine::DecodeEngine() : impl_(std::make_unique<Impl>()) {}
+DecodeEngine::~DecodeEngine() = default;
+
+std::unique_ptr<DecodeEngine> DecodeEngine::create(const DecodeOptions &opts, std::string *error) {
+  auto fail = [&](const std::string &why) -> std::unique_ptr<DecodeEngine> {
+    if (error) *error = why;
+    return nullptr;
+  };
+  if (opts.model.empty()) return fail("no model: set model to a CogVideoX or Wan VAE folder");
+  std::unique_ptr<DecodeEngine> eng(new DecodeEngine());
+  Impl &im = *eng->impl_;
+  im.opts = opts;
+  std::string device_error;
+  const std::string dev =
+      resolve_device(opts.device, dist_env_from_environment().local_rank, visible_cuda_devices(), &device_error);
+  if (dev.empty()) return fail(device_error);
+  im.device = c10::Device(dev);
+  // Freed chunk activations stay in the heap for the next chunk: without it glibc's heap grows with
+  // the clip (+24% peak from 17 to 97 frames in vae-decode-bench; +3% with it).
+  if (im.device.is_cpu() && opts.tune_malloc) retain_large_cpu_blocks();
+  if (opts.dtype.empty()) {
+    im.dtype = im.device.is_cuda() ? at::kBFloat16 : at::kFloat;
+  } else {
+    auto d = dtype_from_name(opts.dtype);
+    if (!d) return fail("dtype '" + opts.dtype + "' is not float32, bfloat16 or float16");
+    im.dtype = *d;
+  }
+  try {
+    c10::InferenceMode guard;
+    im.dec = VaeDecoder::load(opts.model, im.device, im.dtype);
+  } catch (const std::exception &e) {
+    return fail("model '" + opts.model + "': " + e.what());
+  }
+  const int s = im.dec->spatial_compression();
+  if ((opts.tile_height > 0) != (opts.tile_width > 0))
+    return fail("set both tile-height and tile-width (or neither)");
+  if (opts.tile_height > 0) {
+    im.tiles.tile_h = opts.tile_height;
+    im.tiles.tile_w = opts.tile_width;
+    im.tiles.stride_h = opts.tile_stride_height > 0 ? opts.tile_stride_height : default_stride(opts.tile_height, s);
+    im.tiles.stride_w = opts.tile_stride_width > 0 ? opts.tile_stride_width : default_stride(opts.tile_width, s);
+    const std::string bad = im.tiles.check(s);
+    if (!bad.empty())
+      return fail(bad + " (" + VaeDecoder::family_name(im.dec->family()) + " VAE in '" + opts.model + "')");
+  }
+  return eng;
+}
+
+std::string DecodeEngine::family_name() const { return VaeDecoder::family_name(impl_->dec->family()); }
+int DecodeEngine::latent_channels() const { return impl_->dec->latent_channels(); }
+int DecodeEngine::spatial_compression() const { return impl_->dec->spatial_compression(); }
+std::string DecodeEngine::device_name() const { return videotrain::device_name(impl_->device); }
+std::string DecodeEngine::dtype_name() const { return videotrain::dtype_name(impl_->dtype); }
+int64_t DecodeEngine::frames_for(int64_t latent_frames) const { return impl_->dec->frames_for(latent_frames); }
+
+std::string DecodeEngine::check_latent(const std::vector<int64_t> &shape) const {
+  const int c = latent_channels();
+  const std::string vae = std::string("the ") + family_name() + " VAE in '" + impl_->opts.model + "'";
+  if (shape.size() != 4) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); i++) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return "a latent buffer holds a tensor of shape " + s + "], not [C, t, h, w]: connect vaedecoder to " +
+           "vaeencoder's output (content=latents), not to micro-batches";
+  }
+  const int want = impl_->opts.moments ? 2 * c : c;
+  if (shape[0] != want) {
+    std::string what = "the latents have " + std::to_string(shape[0]) + " channels, but " + vae + " takes " +
+                       std::to_string(want) + (impl_->opts.moments ? " (moments: mean and log-variance)" : "");
+    if (!impl_->opts.moments && shape[0] == 2 * c)
+      return what + ": for vaeencoder's latent=moments set moments=true, else set model to the VAE that encoded them";
+    return what + ": set model to the VAE that encoded them (a CogVideoX latent needs a CogVideoX VAE, a Wan " +
+           "latent the Wan VAE of its version)";
+  }
+  if (shape[1] < 1 || shape[2] < 1 || shape[3] < 1) return "an empty latent (no frames or no pixels)";
+  return "";
+}
+
+bool DecodeEngine::decode(GstBuffer *latent, const FrameFn &on_frame, std::string *why) {
+  auto fail = [&](const std::string &w) {
+    if (why) *why = w;
+    return false;
+  };
+  std::string err;
+  auto t = tensor_from_buffer(latent, &err);
+  if (!t) return fail("cannot read the latent: " + err);
+  const std::string bad = check_latent(t->sizes().vec());
+  if (!bad.empty()) return fail(bad);
+  Impl &im = *impl_;
+  const int c = latent_channels();
+  try {
+    c10::InferenceMode guard;
+    at::Tensor lat = t->to(im.device, at::kFloat).unsqueeze(0);
+    // latent=moments: the posterior mean, in the decoder's own scale already.
+    at::Tensor z = im.opts.moments ? lat.narrow(1, 0, c) : im.dec->denormalize(lat);
+    im.dec->decode(z, im.tiles, [&](const at::Tensor &frames) {
+      // [1, 3, n, H, W] in [-1, 1] -> n packed RGB frames, as diffusers' video processor rounds them.
+      at::Tensor rgb = ((frames[0] / 2 + 0.5).clamp(0, 1) * 255).round().to(at::kByte);
+      rgb = rgb.permute({1, 2, 3, 0}).contiguous().to(at::kCPU);
+      const int height = static_cast<int>(rgb.size(1)), width = static_cast<int>(rgb.size(2));
+      const size_t bytes = static_cast<size_t>(height) * width * 3;
+      for (int64_t i = 0; i < rgb.size(0); i++) {
+        GstBuffer *buf = gst_buffer_new_allocate(nullptr, bytes, nullptr);
+        gst_buffer_fill(buf, 0, rgb[i].data_ptr(), bytes);
+        frames_decoded_++;
+        if (!on_frame(buf, width, height)) throw Stopped{};
+      }
+    });
+  } catch (const Stopped &) {
+    return fail("stopped");
+  } catch (const std::exception &e) {
+    return fail(std::string("decoding failed: ") + e.what());
+  }
+  return true;
+}
+
+}  // namespace videotrain::vae
