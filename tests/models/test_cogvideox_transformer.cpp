@@ -15,6 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "models/cogvideox_transformer.h"
+#include "models/layers.h"
+#include "models/lora.h"
 #include "models/native_model.h"
 #include "ref_cases.h"
 #include "test_util.h"
@@ -274,4 +276,53 @@ TEST(CogVideoXObjective, TrainModelFace) {
   draw_ddpm(torch::zeros({8, 4, 2, 2, 2}), {1, 2, 3, 4, 5, 6, 7, 8}, 0, o, &t, &noise);
   EXPECT_EQ(t.scalar_type(), torch::kLong);
   EXPECT_TRUE((t >= 990).all().item<bool>() && (t <= 999).all().item<bool>());
+}
+
+// A LoRA on CogVideoX's attention (the default targets) written in the diffusers, ComfyUI and kohya
+// namings reads back to the same modules, alpha and tensors, and gives the same output once applied.
+TEST(CogVideoXLora, ThreeNamingsRoundTrip) {
+  auto m = open_dit(dit_dir("cogvideox_5b_tiny"), torch::kCPU);
+  torch::manual_seed(4);
+  int n = 0;
+  for (auto &[name, l] : linear_modules(m->module()))
+    if (name.find(".attn1.to_") != std::string::npos) {
+      l->add_lora(4, 2.0);
+      torch::NoGradGuard ng;
+      l->lora_b.normal_();
+      n++;
+    }
+  ASSERT_EQ(n, 8);
+  RefFile cases("dit/cogvideox_5b_tiny/cases.safetensors");
+  const std::string c = "b2_t3_h8_w12";
+  torch::NoGradGuard ng;
+  const auto x = cases.get("input." + c + ".hidden_states"), t = cases.get("input." + c + ".timestep"),
+             text = cases.get("input." + c + ".encoder_hidden_states");
+  const auto with_lora = m->forward(x, t, text);
+  EXPECT_GT(rel_l2(with_lora, cases.get("output." + c)), 1e-3);  // the LoRA changes the output
+  const auto lora = lora_of(m->module());
+  const std::string base = tmp_dir("lora");
+  for (const std::string naming : {"diffusers", "comfyui", "kohya"}) {
+    SCOPED_TRACE(naming);
+    const std::string path = base + "/" + naming + ".safetensors";
+    write_lora_file(path, lora, naming);
+    std::string err;
+    auto f = SafetensorsFile::open(path, &err);
+    ASSERT_TRUE(f);
+    const std::string key = naming == "diffusers" ? "transformer.transformer_blocks.1.attn1.to_out.0.lora_A.weight"
+                            : naming == "comfyui" ? "diffusion_model.transformer_blocks.1.attn1.to_out.0.lora_A.weight"
+                                                  : "lora_unet_transformer_blocks_1_attn1_to_out_0.lora_down.weight";
+    EXPECT_TRUE(f->find(key)) << key;
+    const auto back = read_lora(path, m->module());
+    ASSERT_EQ(back.modules.size(), 8u);
+    for (const auto &[name, lm] : lora.modules) {
+      ASSERT_TRUE(back.modules.count(name)) << name;
+      EXPECT_TRUE(torch::equal(back.modules.at(name).a, lm.a)) << name;
+      EXPECT_TRUE(torch::equal(back.modules.at(name).b, lm.b)) << name;
+      EXPECT_EQ(back.alpha_of(back.modules.at(name)), 8.0) << name;
+    }
+    auto fresh = open_dit(dit_dir("cogvideox_5b_tiny"), torch::kCPU);
+    apply_lora(fresh->module(), back, false);
+    EXPECT_TRUE(torch::equal(fresh->forward(x, t, text), with_lora));
+  }
+  fs::remove_all(base);
 }
