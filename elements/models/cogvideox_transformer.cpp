@@ -28,6 +28,13 @@ at::Tensor apply_rope(const at::Tensor &x, const at::Tensor &cos, const at::Tens
   return (xf * cos + rotated * sin).to(x.scalar_type());
 }
 
+// nn.LayerNorm in float32 whatever the input's dtype (CPU autocast in LibTorch 1.13 would hand it bf16
+// input with float32 weights), as autocast runs layer_norm on CUDA.
+at::Tensor layer_norm32(const torch::nn::LayerNorm &m, const at::Tensor &x) {
+  return at::layer_norm(x.to(at::kFloat), m->options.normalized_shape(), m->weight.to(at::kFloat),
+                        m->bias.to(at::kFloat), m->options.eps());
+}
+
 // Python's round() (ties to even), as get_resize_crop_region_for_grid uses it.
 int64_t round_even(double v) {
   const int mode = std::fegetround();
@@ -115,8 +122,10 @@ at::Tensor CogVideoXBlockImpl::forward(const at::Tensor &x, const at::Tensor &te
   at::Tensor gate;
   auto n = norm1(x, temb, text_len, &gate);
   auto split = [&](const at::Tensor &t) { return t.unflatten(2, {heads, -1}).transpose(1, 2); };  // [B, H, N, D]
-  auto q = norm_q(split(to_q(n))), k = norm_k(split(to_k(n)));
   const auto v = split(to_v(n));
+  // q and k normalised in float32, then in v's dtype for attention (bf16 under autocast).
+  auto q = layer_norm32(norm_q, split(to_q(n))).to(v.scalar_type());
+  auto k = layer_norm32(norm_k, split(to_k(n))).to(v.scalar_type());
   if (cos.defined()) {
     const int64_t S = x.size(1) - text_len;
     q = at::cat({q.narrow(2, 0, text_len), apply_rope(q.narrow(2, text_len, S), cos, sin)}, 2);
@@ -274,9 +283,9 @@ at::Tensor CogVideoXTransformerImpl::forward(const at::Tensor &x, const at::Tens
     else
       hs = block->forward(hs, temb, L, cos, sin);
   }
-  auto out = norm_final(hs.narrow(1, L, S));
+  auto out = layer_norm32(norm_final, hs.narrow(1, L, S));
   const auto m = out_mod(torch::silu(temb)).unsqueeze(1).chunk(2, -1);  // shift, scale
-  out = proj_out(out_norm(out) * (1 + m[1]) + m[0]);
+  out = proj_out(layer_norm32(out_norm, out) * (1 + m[1]) + m[0]);
   const int64_t Co = cfg.out_channels;
   if (!cfg.patch_size_t)
     return out.reshape({B, F, h, w, Co, p, p}).permute({0, 1, 4, 2, 5, 3, 6}).reshape({B, F, Co, H, W});
