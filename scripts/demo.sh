@@ -3,7 +3,8 @@
 # small dataset and a small random CogVideoX-architecture VAE, and trains the built-in latent
 # video diffusion model on 2 CPU ranks for a few dozen steps, then the built-in text-conditioned
 # model on caption embeddings from a small text encoder, printing the loss as it goes and where
-# the checkpoints are; then a native Wan transformer from a diffusers folder, end to end.
+# the checkpoints are; then a native Wan transformer from a diffusers folder, end to end, with
+# sample videos (MP4) of two prompts before and after training.
 #   STEPS=60 NPROC=2 bash scripts/demo.sh      (DATA=folder to keep the dataset elsewhere)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,8 +64,13 @@ rm -rf "$data/wan-dit"
 bash scripts/make_tiny_wan.sh "$data/wan-dit" --latent-channels 4 --text-dim 32 --seed 1 >/dev/null
 ckpt_wan="$data/checkpoints-wan"
 rm -rf "$ckpt_wan" "$data/metrics-wan.jsonl"
-echo "== training a native Wan transformer (diffusers folder $data/wan-dit) on $nproc_ CPU ranks, $steps steps (pipelines/train-wan.pipeline)"
-build/tools/videotrain-launch -n "$nproc_" -q -f pipelines/train-wan.pipeline \
+# Two prompts sampled at the start and at the end (rank i mod N samples prompt i): MP4s to look at.
+printf '%s\n' "a person walking on a beach" "a red car driving through a city at night" > "$data/prompts.txt"
+rm -rf "$data/samples-wan"
+echo "== training a native Wan transformer (diffusers folder $data/wan-dit) on $nproc_ CPU ranks, $steps steps, sampling 2 prompts at start and end (pipelines/train-wan-samples.pipeline)"
+build/tools/videotrain-launch -n "$nproc_" -q -f pipelines/train-wan-samples.pipeline \
+  -D PROMPTS="$data/prompts.txt" -D SAMPLE_EVERY=0 -D SAMPLE_AT_START=true -D SAMPLE_STEPS=10 \
+  -D SAMPLE_FRAMES=9 -D SAMPLE_WIDTH=64 -D SAMPLE_HEIGHT=64 -D SAMPLE_FPS=8 -D SAMPLES="$data/samples-wan" \
   -D DATA="$data" -D VAE="$data/wan-vae" -D MODEL="$data/wan-dit" -D TOKENIZER="$data/text/spiece.model" \
   -D TEXT_ENCODER="$data/text/text_encoder.pt" -D MAX_LENGTH=32 -D BUCKETS=64x64,96x64,64x96 \
   -D FRAME_BUCKETS=9,5 -D FPS=0 -D BATCH=2 -D MICRO=1 -D LR=1e-3 -D STEPS="$steps" -D CKPT="$ckpt_wan" \
@@ -73,3 +79,5 @@ loss_report "$data/metrics-wan.jsonl"
 echo "== checkpoints in $ckpt_wan (transformer/: the exported diffusers folder):"
 ls -1 "$ckpt_wan"
 build/tools/videotrain-model info "$ckpt_wan/transformer" | sed -n '1,3p;/^parameters/,/stored/p'
+echo "== sample videos (step 0 = before training, step $steps = after; H.264 MP4, 9 frames at 64x64):"
+find "$data/samples-wan" -name '*.mp4' | sort

@@ -45,3 +45,22 @@
 
 #define VIDEOTRAIN_DOC_TEXTENCODER_MESSAGES                                                                    \
   "\n\nBus messages: none of its own (a warning when latents carry no sample meta, errors)."
+
+#define VIDEOTRAIN_DOC_PROMPTSRC_MESSAGES                                                                      \
+  "\n\nBus messages: none of its own (a warning per prompt cut at max-prompt-bytes; an error naming the "     \
+  "file and line when the prompt file cannot be used)."
+
+#define VIDEOTRAIN_DOC_DDPSAMPLER_MESSAGES                                                                     \
+  "\n\nBus messages (every rank posts its own):\n"                                                             \
+  "  ddpsampler-sample (element message, after each sample): step (guint64), prompt (uint: index in the "     \
+  "prompt file), seed (gint64), num-frames (int), width (int), height (int), sampler (string), seconds "       \
+  "(double), prompt-text (string).\n"                                                                          \
+  "  ddpsampler-skipped (element message, skip-if-busy=true): step (guint64), text (string).\n"               \
+  "Downstream events: ddpsampler-sample (serialized custom event, the fields above but seconds and "           \
+  "prompt-text) before each sample's latents.\n"                                                               \
+  "Warnings: prompts without a negative, sizes the VAE cannot take, a sampler that took no snapshot."
+
+#define VIDEOTRAIN_DOC_SAMPLESINK_MESSAGES                                                                     \
+  "\n\nBus messages:\n"                                                                                        \
+  "  samplesink-file (element message, each file completed): path (string), step (guint64), prompt (uint), "  \
+  "frames (guint64)."

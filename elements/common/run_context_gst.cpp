@@ -86,4 +86,21 @@ void run_context_request(GstElement *element, const std::string &trainer_name) {
   gst_element_post_message(element, gst_message_new_need_context(GST_OBJECT(element), type.c_str()));
 }
 
+std::string trainer_problem(GstElement *element, const std::string &name) {
+  GstObject *top = GST_OBJECT(gst_object_ref(element));
+  while (GstObject *p = gst_object_get_parent(top)) {
+    gst_object_unref(top);
+    top = p;
+  }
+  GstElement *t = GST_IS_BIN(top) ? gst_bin_get_by_name(GST_BIN(top), name.c_str()) : nullptr;
+  gst_object_unref(top);
+  if (!t) return "No element named '" + name + "' in this pipeline (property trainer: the name of a ddptrainsink)";
+  const GType trainer_type = g_type_from_name("GstDdpTrainSink");
+  const bool is_trainer = trainer_type && G_TYPE_CHECK_INSTANCE_TYPE(t, trainer_type);
+  std::string why;
+  if (!is_trainer) why = "Element '" + name + "' is a " + G_OBJECT_TYPE_NAME(t) + ", not a ddptrainsink (property trainer)";
+  gst_object_unref(t);
+  return why;
+}
+
 }  // namespace videotrain

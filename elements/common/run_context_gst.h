@@ -37,4 +37,8 @@ bool run_context_answer_query(GstQuery *query, const std::string &trainer_name, 
 // holds one answers at once through the element's set_context.
 void run_context_request(GstElement *element, const std::string &trainer_name);
 
+// Validator side, without a run yet: "" when the top-level bin of `element` holds a ddptrainsink
+// called `name` (looked up by type name: the elements share no headers), else what is wrong.
+std::string trainer_problem(GstElement *element, const std::string &name);
+
 }  // namespace videotrain

@@ -1,6 +1,7 @@
 #include "manifest.h"
 
 #include "csv_scan.h"
+#include "utf8_cut.h"
 #include "regular_file.h"
 
 #include <fcntl.h>
@@ -491,9 +492,7 @@ ManifestRow Manifest::row(size_t index) const {
     return r;
   }
   if (r.caption.size() > max_caption_bytes_) {
-    // Cut where a character starts, so that the caption stays valid UTF-8.
-    size_t cut = max_caption_bytes_;
-    while (cut > 0 && (static_cast<unsigned char>(r.caption[cut]) & 0xC0) == 0x80) cut--;
+    const size_t cut = utf8_cut(r.caption, max_caption_bytes_);
     r.warning = "caption of " + std::to_string(r.caption.size()) + " bytes cut to " + std::to_string(cut) +
                 " (max-caption-bytes=" + std::to_string(max_caption_bytes_) + ")";
     r.caption.resize(cut);

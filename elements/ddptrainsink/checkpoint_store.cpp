@@ -1,5 +1,6 @@
 /* Checkpoint folders: see checkpoint_store.h. */
 #include "checkpoint_store.h"
+#include "regular_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -26,6 +27,17 @@ constexpr const char *kSealedBy = "sealed_by";  // trainer.json key, absent in l
 
 std::string errno_text(int e) { return std::strerror(e); }
 
+// A checkpoint's JSON through the bounded open: false with *why empty when the file does not
+// exist, else with what is wrong (not a regular file, too large, unreadable).
+bool read_json_file(const std::string &path, std::string *text, std::string *why) {
+  std::error_code ec;
+  if (!fs::exists(path, ec) && !fs::is_symlink(path, ec)) {
+    why->clear();
+    return false;
+  }
+  return read_small_file(path, kMaxConfigBytes, text, why);
+}
+
 // fsync of a file or folder; false with errno set.
 bool sync_path(const std::string &path, bool dir) {
   const int fd = ::open(path.c_str(), (dir ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
@@ -39,11 +51,9 @@ bool sync_path(const std::string &path, bool dir) {
 
 // Size and CRC-32 of a file read from disk. False with a reason.
 bool checksum_file(const std::string &path, uint64_t *size, uint32_t *crc, std::string *why) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    *why = errno_text(errno);
-    return false;
-  }
+  RegularFile file;  // a FIFO or device in a checkpoint is refused, not read forever
+  if (!file.open(path, why)) return false;
+  const int fd = file.fd();
   std::vector<char> buf(1 << 20);
   uint32_t c = 0;
   uint64_t n = 0;
@@ -52,14 +62,12 @@ bool checksum_file(const std::string &path, uint64_t *size, uint32_t *crc, std::
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
       *why = errno_text(errno);
-      ::close(fd);
       return false;
     }
     if (r == 0) break;
     c = crc32_update(c, buf.data(), static_cast<size_t>(r));
     n += static_cast<uint64_t>(r);
   }
-  ::close(fd);
   *size = n;
   *crc = c;
   return true;
@@ -176,10 +184,12 @@ std::string CheckpointStore::commit(const std::string &tmp, uint64_t step, const
 std::string CheckpointStore::verify(const std::string &dir, FoundCheckpoint *out, bool checksums) {
   json manifest;
   {
-    std::ifstream in(dir + "/" + kManifest);
-    if (!in) return "no manifest.json (a write or deletion that was interrupted, or a checkpoint without checksums)";
+    std::string text, why;
+    if (!read_json_file(dir + "/" + kManifest, &text, &why))
+      return why.empty() ? "no manifest.json (a write or deletion that was interrupted, or a checkpoint without checksums)"
+                         : why;
     try {
-      manifest = json::parse(in);
+      manifest = json::parse(text);
     } catch (const std::exception &e) {
       return std::string("manifest.json is unreadable: ") + e.what();
     }
@@ -207,9 +217,10 @@ std::string CheckpointStore::verify(const std::string &dir, FoundCheckpoint *out
         return name + " has CRC-32 " + hex32(crc) + ", the manifest says " + want.at("crc32").get<std::string>() +
                " (its bytes changed after it was written)";
     }
-    std::ifstream in(dir + "/" + kTrainerJson);
+    std::string text, why;
+    if (!read_json_file(dir + "/" + kTrainerJson, &text, &why)) return why.empty() ? "no trainer.json" : why;
     FoundCheckpoint c;
-    c.state = json::parse(in);
+    c.state = json::parse(text);
     c.step = c.state.at("step").get<uint64_t>();
     if (c.step != step)
       return "trainer.json says step " + std::to_string(c.step) + ", the manifest " + std::to_string(step);
@@ -243,9 +254,10 @@ std::string CheckpointStore::usable(const std::string &dir, FoundCheckpoint *out
   }
   FoundCheckpoint c;
   try {
-    std::ifstream in(dir + "/" + kTrainerJson);
-    if (!in) return "no manifest.json and no trainer.json (a write or deletion that was interrupted)";
-    c.state = json::parse(in);
+    std::string text, why;
+    if (!read_json_file(dir + "/" + kTrainerJson, &text, &why))
+      return why.empty() ? "no manifest.json and no trainer.json (a write or deletion that was interrupted)" : why;
+    c.state = json::parse(text);
     c.step = c.state.at("step").get<uint64_t>();
   } catch (const std::exception &e) {
     return std::string("no manifest.json, and trainer.json is unreadable: ") + e.what();

@@ -92,33 +92,12 @@ static std::shared_ptr<RunContext> request_run(GstDdpValSink *self, const std::s
   return run;
 }
 
-// Without a run: why. FALSE (with an element error) when no element has the trainer's name
-// in the top-level bin or it is not a ddptrainsink (looked up by type name: the elements
-// share no headers); TRUE when it is one that has not started yet.
+// Without a run: FALSE (with an element error) when the trainer is not in the pipeline or not a
+// ddptrainsink; TRUE when it is one that has not started yet.
 static gboolean check_trainer(GstDdpValSink *self, const std::string &name) {
-  GstObject *top = GST_OBJECT(gst_object_ref(self));
-  while (GstObject *p = gst_object_get_parent(top)) {
-    gst_object_unref(top);
-    top = p;
-  }
-  GstElement *t = GST_IS_BIN(top) ? gst_bin_get_by_name(GST_BIN(top), name.c_str()) : nullptr;
-  gst_object_unref(top);
-  if (!t) {
-    GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND,
-                      ("No element named '%s' in this pipeline (property trainer: the name of a ddptrainsink)",
-                       name.c_str()),
-                      (nullptr));
-    return FALSE;
-  }
-  const GType trainer_type = g_type_from_name("GstDdpTrainSink");
-  const gboolean is_trainer = trainer_type && G_TYPE_CHECK_INSTANCE_TYPE(t, trainer_type);
-  if (!is_trainer)
-    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
-                      ("Element '%s' is a %s, not a ddptrainsink (property trainer)", name.c_str(),
-                       G_OBJECT_TYPE_NAME(t)),
-                      (nullptr));
-  gst_object_unref(t);
-  return is_trainer;
+  const std::string why = trainer_problem(GST_ELEMENT(self), name);
+  if (!why.empty()) GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("%s", why.c_str()), (nullptr));
+  return why.empty();
 }
 
 // Attaches the engine to the trainer's run once it exists. FALSE: error posted.

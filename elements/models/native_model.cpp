@@ -16,6 +16,7 @@
 #include "layers.h"
 #include "lora.h"
 #include "model_parts.h"
+#include "schedules.h"
 #include "seeded_hash.h"
 #include "wan_transformer.h"
 #include "weights_io.h"
@@ -156,17 +157,6 @@ at::Tensor zero_text_padding(const at::Tensor &text_embeds, const at::Tensor &te
 }
 
 
-at::Tensor cogvideox_alphas_cumprod(double s) {
-  const auto d = torch::TensorOptions().dtype(torch::kDouble);
-  const auto betas = torch::linspace(std::sqrt(0.00085), std::sqrt(0.012), 1000, d).pow(2);
-  auto a = torch::cumprod(1.0 - betas, 0);
-  a = a / (s + (1 - s) * a);  // the SNR shift CogVideoX's schedulers apply before the rescale
-  auto r = a.sqrt();
-  const auto r0 = r[0].clone(), rT = r[-1].clone();
-  r = (r - rT) * (r0 / (r0 - rT));
-  return r.pow(2);
-}
-
 double cogvideox_snr_shift_scale(const std::string &dir, bool rotary) {
   const auto path = std::filesystem::path(dir) / ".." / "scheduler" / "scheduler_config.json";
   std::ifstream f(path);
@@ -243,7 +233,7 @@ class NativeTrainModel : public TrainModel {
       cog_patch_t_ = std::max<int64_t>(1, cog->cfg.patch_size_t);
       const double s = o.snr_shift_scale > 0 ? o.snr_shift_scale
                                              : models::cogvideox_snr_shift_scale(dir_, cog->cfg.use_rotary_positional_embeddings);
-      alphas_cumprod_ = models::cogvideox_alphas_cumprod(s);
+      alphas_cumprod_ = torch::tensor(models::cogvideox_alphas_cumprod(s), torch::kDouble);  // schedules.h
     }
     if (o.lora()) {
       attach_lora();
@@ -279,6 +269,7 @@ class NativeTrainModel : public TrainModel {
   NamedTensors named_buffers() override { return {}; }
   bool takes_text() const override { return true; }
   void train(bool on) override { dit_->module().train(on); }
+  models::DitModel *dit() override { return dit_.get(); }
 
   at::Tensor training_step(const ModelInputs &in) override {
     const auto x0 = checked_latents(in);

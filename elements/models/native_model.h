@@ -53,10 +53,6 @@ void flow_terms(const at::Tensor &x0, const at::Tensor &noise, const at::Tensor 
 // encoder's output trimmed to the tokens and zero-padded).
 at::Tensor zero_text_padding(const at::Tensor &text_embeds, const at::Tensor &text_mask);
 
-// CogVideoX's DDPM schedule as CogVideoX{DDIM,DPM}Scheduler builds it for the published checkpoints:
-// betas = linspace(sqrt(0.00085), sqrt(0.012), 1000)^2, cumprod(1 - beta), the SNR shift
-// a / (s + (1 - s) a), zero-terminal-SNR rescale. float64 [1000].
-at::Tensor cogvideox_alphas_cumprod(double snr_shift_scale);
 // snr_shift_scale of a CogVideoX transformer folder: its ../scheduler/scheduler_config.json's when
 // there is one, else 3.0 (sincos layout, CogVideoX-2b) or 1.0 (rotary: 5b, 1.5).
 double cogvideox_snr_shift_scale(const std::string &transformer_dir, bool rotary);

@@ -18,4 +18,9 @@ struct ParamSnapshot {
   NamedTensors buffers;
 };
 
+// Copies a snapshot's tensors into a model built from the same spec and dims (make_model with
+// snap.model, snap.dims, snap.options) and sets it to evaluation. Throws naming the first
+// tensor that does not match.
+void load_snapshot(TrainModel &model, const ParamSnapshot &snap);
+
 }  // namespace videotrain

@@ -6,9 +6,11 @@
 #include <torch/torch.h>
 
 #include <cctype>
+#include <map>
 #include <stdexcept>
 
 #include "model_parts.h"
+#include "param_snapshot.h"
 
 namespace videotrain {
 
@@ -26,6 +28,23 @@ std::string first_non_finite(const NamedTensors &tensors) {
   for (size_t i = 0; i < names.size(); i++)
     if (bad[i]) return *names[i];
   return "";
+}
+
+void load_snapshot(TrainModel &model, const ParamSnapshot &snap) {
+  torch::NoGradGuard ng;
+  auto copy = [&](NamedTensors dst, const NamedTensors &src) {
+    std::map<std::string, const at::Tensor *> by;
+    for (const auto &[name, t] : src) by[name] = &t;
+    for (auto &[name, t] : dst) {
+      auto it = by.find(name);
+      if (it == by.end() || it->second->sizes() != t.sizes())
+        throw std::runtime_error("snapshot of model '" + snap.model + "' does not match at '" + name + "'");
+      t.copy_(*it->second);
+    }
+  };
+  copy(model.named_parameters(), snap.parameters);
+  copy(model.named_buffers(), snap.buffers);
+  model.train(false);
 }
 
 std::string first_non_finite(TrainModel &model) {

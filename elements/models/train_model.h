@@ -15,6 +15,10 @@
 
 namespace videotrain {
 
+namespace models {
+class DitModel;
+}
+
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 // What one forward gets for m samples: latents [m, C, t, h, w] and each sample's caption or,
@@ -72,6 +76,8 @@ class TrainModel {
   }
   // The export's default folder name under checkpoint-dir ("transformer", or "lora" for a LoRA run).
   virtual std::string export_name() const { return "transformer"; }
+  // Native models: the transformer itself (its own call, for samplers); null for the others.
+  virtual models::DitModel *dit() { return nullptr; }
 };
 
 // Name of the first defined floating-point tensor holding NaN/Inf; "" when all are finite.

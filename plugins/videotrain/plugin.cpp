@@ -11,6 +11,9 @@ static gboolean plugin_init(GstPlugin *plugin) {
   ok &= GST_ELEMENT_REGISTER(microbatcher, plugin);
   ok &= GST_ELEMENT_REGISTER(ddptrainsink, plugin);
   ok &= GST_ELEMENT_REGISTER(ddpvalsink, plugin);
+  ok &= GST_ELEMENT_REGISTER(promptsrc, plugin);
+  ok &= GST_ELEMENT_REGISTER(ddpsampler, plugin);
+  ok &= GST_ELEMENT_REGISTER(samplesink, plugin);
   return ok;
 }
 

@@ -8,6 +8,7 @@
  * checkpoint-interval writes checkpoints by the (injected) clock. */
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -161,6 +162,19 @@ TEST(TrainerEngine, ResumeSkipsANewestCheckpointThatDoesNotVerifyAndKeepsThePrev
        [](const std::string &d) { fs::remove(d + "/model.safetensors"); }, "model.safetensors"},
       {"deletion interrupted (manifest gone)", [](const std::string &d) { fs::remove(d + "/manifest.json"); },
        "no manifest.json"},
+      // Hostile files: a FIFO is refused at once (reading one would block the start forever).
+      {"trainer.json replaced by a FIFO",
+       [](const std::string &d) {
+         fs::remove(d + "/trainer.json");
+         ASSERT_EQ(mkfifo((d + "/trainer.json").c_str(), 0600), 0);
+       },
+       "not a regular file"},
+      {"optimizer state replaced by a FIFO",
+       [](const std::string &d) {
+         fs::remove(d + "/optimizer.pt");
+         ASSERT_EQ(mkfifo((d + "/optimizer.pt").c_str(), 0600), 0);
+       },
+       "not a regular file"},
   };
   for (const auto &dmg : damages) {
     SCOPED_TRACE(dmg.what);

@@ -19,6 +19,7 @@
 #include "models/layers.h"
 #include "models/lora.h"
 #include "models/native_model.h"
+#include "models/schedules.h"
 #include "ref_cases.h"
 #include "test_util.h"
 
@@ -177,12 +178,12 @@ TEST(CogVideoXTransformer, ConfigRoundTrip) {
   }
 }
 
-// CogVideoX's DDPM schedule (snr_shift_scale 3.0 for 2b, 1.0 for 5b) equals diffusers'
-// CogVideoXDDIMScheduler's alphas_cumprod; get_velocity on the shared inputs.
+// CogVideoX's DDPM schedule (schedules.h; snr_shift_scale 3.0 for 2b, 1.0 for 5b) as the trainer uses it
+// equals diffusers' alphas_cumprod; the x0 estimate is get_velocity on the shared inputs.
 TEST(CogVideoXObjective, ScheduleMatchesDiffusers) {
   RefFile ref("schedulers/schedules.safetensors");
   for (const auto &[tag, s] : {std::pair<std::string, double>{"snr3", 3.0}, {"snr1", 1.0}}) {
-    const auto a = cogvideox_alphas_cumprod(s);
+    const auto a = torch::tensor(cogvideox_alphas_cumprod(s), torch::kDouble);
     ASSERT_EQ(a.scalar_type(), torch::kDouble);
     for (const std::string sched : {"cogvideox_ddim.", "cogvideox_dpm."}) {
       const auto ref_a = ref.get(sched + tag + ".alphas_cumprod");
@@ -201,7 +202,7 @@ TEST(CogVideoXObjective, MatchesDiffusersTrainingScript) {
   RefFile ref("schedulers/training_objectives.safetensors");
   auto m = open_dit(dit_dir("cogvideox_2b_tiny"), torch::kCPU);
   torch::NoGradGuard ng;
-  const auto a = cogvideox_alphas_cumprod(3.0);
+  const auto a = torch::tensor(cogvideox_alphas_cumprod(3.0), torch::kDouble);
   const auto x0 = ref.get("cogvideox.model_input"), noise = ref.get("cogvideox.noise"),
              t = ref.get("cogvideox.timesteps");
   at::Tensor x_t, w;

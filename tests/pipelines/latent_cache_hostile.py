@@ -4,7 +4,8 @@ cache-dir ! appsink), each run in a child process watched from here:
   (all with valid checksums) is a miss with a warning, encoded again and rewritten: the latents are
   those of a run without a cache, and the next run hits; `videotrain-cache verify` reports each;
 - a FIFO where an entry belongs: the clip is a miss, and stopping the pipeline mid-run ends it
-  within seconds (the source's workers used to block in the entry's open);
+  within seconds (the source's workers used to block in the entry's open), in an app and through
+  videotrain-run's SIGTERM (status 143);
 - a /dev/zero symlink and 1 GB sparse entries cost no memory beyond the run's own (peak RSS within
   a few MB of a run whose entries were deleted);
 - a header declaring 16 TB (as a shape, as a payload): a warning and a re-encode, no abort."""
@@ -245,6 +246,27 @@ for p in entries():
     os.mkfifo(p)
 r = run(epochs=50, stop_after=1.0, limit_s=60)
 check(not r.get("killed") and r["stop_s"] < 5, f"stopped mid-run past FIFO entries in {r['stop_s']:.2f} s {r.get('killed')}")
+
+# The same through videotrain-run, as a job scheduler stops it: SIGTERM mid-run past FIFO entries
+# ends the run within seconds with the conventional status 143.
+for p in entries():
+    if not os.path.exists(p):
+        os.mkfifo(p)
+desc = (f"csvvideosrc location={tmp}/data/good.csv num-frames=9 width=32 height=32 num-epochs=0 clip-windows=1 "
+        f"prefetch=2 seed=3 ! vaeencoder model={tmp}/vae seed=5 cache-dir={tmp}/cache ! fakesink sync=false")
+proc = subprocess.Popen([f"{build}/tools/videotrain-run", "-q", "--eos-timeout", "30", desc],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+time.sleep(1.5)
+t = time.monotonic()
+proc.send_signal(signal.SIGTERM)
+try:
+    proc.wait(timeout=30)
+    took, status = time.monotonic() - t, proc.returncode
+except subprocess.TimeoutExpired:
+    proc.kill()
+    proc.wait()
+    took, status = 30.0, "hung"
+check(status == 143 and took < 5, f"videotrain-run stopped by SIGTERM past FIFO entries: status {status} in {took:.2f} s")
 
 shutil.rmtree(tmp)
 print(f"{len(passed)} passed, {len(failures)} failed")

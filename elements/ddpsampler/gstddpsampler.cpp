@@ -1,0 +1,418 @@
+/* ddpsampler: the GObject face of SamplerEngine.
+ *
+ * Sink: promptsrc's buffers after textencoder (a prompt and its negative prompt, embedded). Src:
+ * one latent buffer per sample ([C, t, h, w], float32, CPU, sample meta: caption = prompt,
+ * sample-id = prompt index, clip-index = step), each after a serialized custom event
+ * "ddpsampler-sample" (step, prompt, seed, num-frames, width, height, sampler) that tells
+ * samplesink where one sample ends and the next begins. The trainer (property trainer: the
+ * name of a ddptrainsink) is found through the run context as ddpvalsink finds it. Sampling
+ * runs on the src pad's task once the prompt stream has ended; the src pad ends (EOS) when the
+ * trainer has finished and its last snapshot is sampled. */
+#include "gstddpsampler.h"
+
+#include <memory>
+#include <string>
+
+#include "bus_message_gst.h"
+#include "bus_messages_doc.h"
+#include "prompt_record.h"
+#include "run_context_gst.h"
+#include "sampler_engine.h"
+#include "tensor_caps.h"
+
+GST_DEBUG_CATEGORY_STATIC(ddpsampler_debug);
+#define GST_CAT_DEFAULT ddpsampler_debug
+
+using namespace videotrain;
+
+struct _GstDdpSampler {
+  GstElement parent;
+  GstPad *sinkpad, *srcpad;
+  gchar *trainer_name;                 // object lock
+  SamplerConfig *config;               // object lock
+  std::shared_ptr<RunContext> *run;    // object lock: the trainer's run, from set_context
+  SamplerEngine *engine;               // between READY and PAUSED
+  gboolean src_started;                // stream-start, caps and segment pushed
+  guint64 samples_done;                // object lock
+};
+
+G_DEFINE_TYPE(GstDdpSampler, gst_ddp_sampler, GST_TYPE_ELEMENT);
+GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(ddpsampler, "ddpsampler", GST_RANK_NONE, GST_TYPE_DDP_SAMPLER,
+                                      GST_DEBUG_CATEGORY_INIT(ddpsampler_debug, "ddpsampler", 0,
+                                                              "Sample videos from prompts with the trainer's weights"));
+
+enum {
+  PROP_0,
+  PROP_TRAINER,
+  PROP_EVERY,
+  PROP_AT_START,
+  PROP_AT_END,
+  PROP_SKIP_IF_BUSY,
+  PROP_SAMPLER,
+  PROP_STEPS,
+  PROP_GUIDANCE,
+  PROP_FLOW_SHIFT,
+  PROP_SNR_SHIFT_SCALE,
+  PROP_NUM_FRAMES,
+  PROP_WIDTH,
+  PROP_HEIGHT,
+  PROP_SEED,
+  PROP_TEMPORAL_COMPRESSION,
+  PROP_SPATIAL_COMPRESSION,
+  PROP_DEVICE,
+  PROP_SAMPLES_DONE,
+};
+
+static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
+    "sink", GST_PAD_SINK, GST_PAD_ALWAYS,
+    GST_STATIC_CAPS(VIDEOTRAIN_TENSOR_MEDIA_TYPE ", content=(string)" VIDEOTRAIN_PROMPT_CONTENT));
+static GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
+    "src", GST_PAD_SRC, GST_PAD_ALWAYS,
+    GST_STATIC_CAPS(VIDEOTRAIN_TENSOR_MEDIA_TYPE ", content=(string)latents, dtype=(string)float32, device=(string)cpu"));
+
+static void post_messages(GstDdpSampler *self) {
+  if (!self->engine) return;
+  for (const auto &m : self->engine->take_messages()) post_bus_message(GST_ELEMENT(self), m);
+}
+
+static std::shared_ptr<RunContext> request_run(GstDdpSampler *self, const std::string &name) {
+  GST_OBJECT_LOCK(self);
+  auto run = *self->run;
+  GST_OBJECT_UNLOCK(self);
+  if (run) return run;
+  run_context_request(GST_ELEMENT(self), name);
+  GST_OBJECT_LOCK(self);
+  run = *self->run;
+  GST_OBJECT_UNLOCK(self);
+  return run;
+}
+
+// Attaches the engine to the trainer's run. FALSE: error posted.
+static gboolean ensure_attached(GstDdpSampler *self) {
+  if (self->engine->attached()) return TRUE;
+  GST_OBJECT_LOCK(self);
+  const std::string name = self->trainer_name ? self->trainer_name : "";
+  GST_OBJECT_UNLOCK(self);
+  auto run = request_run(self, name);
+  if (!run) {
+    std::string why = trainer_problem(GST_ELEMENT(self), name);
+    if (why.empty()) why = "ddptrainsink '" + name + "' has not started (it must be in the same pipeline and not failed)";
+    GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("%s", why.c_str()), (nullptr));
+    return FALSE;
+  }
+  if (!self->engine->attach(run)) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Cannot start sampling: %s", self->engine->error().c_str()), (nullptr));
+    return FALSE;
+  }
+  GST_INFO_OBJECT(self, "sampling for '%s' on rank %d of %d", name.c_str(), run->rank(), run->world_size());
+  return TRUE;
+}
+
+static gboolean push_sample(GstDdpSampler *self, SampleOut &s) {
+  if (!self->src_started) {
+    gchar *id = gst_pad_create_stream_id(self->srcpad, GST_ELEMENT(self), "samples");
+    gst_pad_push_event(self->srcpad, gst_event_new_stream_start(id));
+    g_free(id);
+    GstCaps *caps = gst_pad_get_pad_template_caps(self->srcpad);
+    gst_pad_push_event(self->srcpad, gst_event_new_caps(caps));
+    gst_caps_unref(caps);
+    GstSegment seg;
+    gst_segment_init(&seg, GST_FORMAT_TIME);
+    gst_pad_push_event(self->srcpad, gst_event_new_segment(&seg));
+    self->src_started = TRUE;
+  }
+  GstStructure *st = gst_structure_new("ddpsampler-sample", "step", G_TYPE_UINT64, s.step, "prompt", G_TYPE_UINT,
+                                       s.prompt_index, "seed", G_TYPE_INT64, s.seed, "num-frames", G_TYPE_INT,
+                                       int(s.frames), "width", G_TYPE_INT, int(s.width), "height", G_TYPE_INT,
+                                       int(s.height), "sampler", G_TYPE_STRING, s.sampler.c_str(), nullptr);
+  gst_pad_push_event(self->srcpad, gst_event_new_custom(GST_EVENT_CUSTOM_DOWNSTREAM, gst_structure_copy(st)));
+  const GstFlowReturn ret = gst_pad_push(self->srcpad, s.latents);
+  s.latents = nullptr;
+  gst_structure_set(st, "seconds", G_TYPE_DOUBLE, s.seconds, "prompt-text", G_TYPE_STRING, s.prompt.c_str(), nullptr);
+  gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), st));
+  GST_OBJECT_LOCK(self);
+  self->samples_done++;
+  GST_OBJECT_UNLOCK(self);
+  if (ret != GST_FLOW_OK) GST_INFO_OBJECT(self, "downstream returned %s", gst_flow_get_name(ret));
+  return ret == GST_FLOW_OK;
+}
+
+static void src_loop(GstPad *pad) {
+  auto *self = GST_DDP_SAMPLER(gst_pad_get_parent_element(pad));
+  const auto next = self->engine->run_next([self](SampleOut &s) {
+    post_messages(self);
+    return push_sample(self, s) == TRUE;
+  });
+  post_messages(self);
+  switch (next) {
+    case SamplerEngine::Next::kSampled: break;
+    case SamplerEngine::Next::kFinished:
+      GST_INFO_OBJECT(self, "trainer finished: %" G_GUINT64_FORMAT " samples", self->engine->samples_done());
+      gst_pad_push_event(self->srcpad, gst_event_new_eos());
+      gst_pad_pause_task(pad);
+      break;
+    case SamplerEngine::Next::kFlushing: gst_pad_pause_task(pad); break;
+    case SamplerEngine::Next::kError:
+      GST_ELEMENT_ERROR(self, STREAM, FAILED, ("%s", self->engine->error().c_str()), (nullptr));
+      gst_pad_push_event(self->srcpad, gst_event_new_eos());
+      gst_pad_pause_task(pad);
+      break;
+  }
+  gst_object_unref(self);
+}
+
+static GstFlowReturn sink_chain(GstPad *, GstObject *parent, GstBuffer *buf) {
+  auto *self = GST_DDP_SAMPLER(parent);
+  const bool ok = self->engine && self->engine->add_prompt(buf);
+  gst_buffer_unref(buf);
+  if (!ok) {
+    GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("%s", self->engine ? self->engine->error().c_str() : "not started"),
+                      (nullptr));
+    return GST_FLOW_ERROR;
+  }
+  return GST_FLOW_OK;
+}
+
+static gboolean sink_event(GstPad *pad, GstObject *parent, GstEvent *event) {
+  auto *self = GST_DDP_SAMPLER(parent);
+  switch (GST_EVENT_TYPE(event)) {
+    case GST_EVENT_EOS: {
+      gst_event_unref(event);
+      if (!self->engine) return FALSE;
+      self->engine->prompts_done();
+      post_messages(self);
+      GST_INFO_OBJECT(self, "%zu prompts for this rank", self->engine->prompts_kept());
+      return gst_pad_start_task(self->srcpad, (GstTaskFunction)src_loop, self->srcpad, nullptr);
+    }
+    case GST_EVENT_CAPS:
+    case GST_EVENT_STREAM_START:
+    case GST_EVENT_SEGMENT:
+      gst_event_unref(event);  // the src pad has its own stream
+      return TRUE;
+    default: return gst_pad_event_default(pad, parent, event);
+  }
+}
+
+static gboolean src_activate_mode(GstPad *pad, GstObject *parent, GstPadMode mode, gboolean active) {
+  auto *self = GST_DDP_SAMPLER(parent);
+  if (mode != GST_PAD_MODE_PUSH) return FALSE;
+  if (!active) {
+    if (self->engine) self->engine->set_flushing(true);
+    return gst_pad_stop_task(pad);
+  }
+  return TRUE;
+}
+
+static GstStateChangeReturn change_state(GstElement *element, GstStateChange transition) {
+  auto *self = GST_DDP_SAMPLER(element);
+  if (transition == GST_STATE_CHANGE_READY_TO_PAUSED) {
+    GST_OBJECT_LOCK(self);
+    const SamplerConfig cfg = *self->config;
+    const std::string name = self->trainer_name ? self->trainer_name : "";
+    GST_OBJECT_UNLOCK(self);
+    if (name.empty()) {
+      GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("No trainer: set the trainer property to the name of a ddptrainsink"),
+                        (nullptr));
+      return GST_STATE_CHANGE_FAILURE;
+    }
+    self->engine = new SamplerEngine(cfg);
+    self->src_started = FALSE;
+    // The trainer starts in the same state change, maybe after us: ask again if it has not yet.
+    if (request_run(self, name) && !ensure_attached(self)) return GST_STATE_CHANGE_FAILURE;
+    if (!self->engine->attached()) {
+      const std::string why = trainer_problem(element, name);
+      if (!why.empty()) {
+        GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("%s", why.c_str()), (nullptr));
+        return GST_STATE_CHANGE_FAILURE;
+      }
+    }
+  }
+  if (transition == GST_STATE_CHANGE_PAUSED_TO_PLAYING && self->engine && !ensure_attached(self))
+    return GST_STATE_CHANGE_FAILURE;
+  auto ret = GST_ELEMENT_CLASS(gst_ddp_sampler_parent_class)->change_state(element, transition);
+  // Like a live source: samples come when the trainer gets there, not at preroll, so the sinks
+  // after us must not hold the pipeline out of PLAYING (where the trainer trains) waiting for one.
+  if ((transition == GST_STATE_CHANGE_READY_TO_PAUSED || transition == GST_STATE_CHANGE_PLAYING_TO_PAUSED) &&
+      ret == GST_STATE_CHANGE_SUCCESS)
+    ret = GST_STATE_CHANGE_NO_PREROLL;
+  if (transition == GST_STATE_CHANGE_PAUSED_TO_READY) {
+    delete self->engine;  // after the pads' deactivation stopped the task
+    self->engine = nullptr;
+    GST_OBJECT_LOCK(self);
+    self->run->reset();
+    GST_OBJECT_UNLOCK(self);
+  }
+  return ret;
+}
+
+static void set_context(GstElement *element, GstContext *context) {
+  auto *self = GST_DDP_SAMPLER(element);
+  GST_OBJECT_LOCK(self);
+  const std::string name = self->trainer_name ? self->trainer_name : "";
+  if (!name.empty() && run_context_type(name) == gst_context_get_context_type(context))
+    *self->run = run_context_get(context);
+  GST_OBJECT_UNLOCK(self);
+  GST_ELEMENT_CLASS(gst_ddp_sampler_parent_class)->set_context(element, context);
+}
+
+static void set_property(GObject *object, guint id, const GValue *value, GParamSpec *pspec) {
+  auto *self = GST_DDP_SAMPLER(object);
+  GST_OBJECT_LOCK(self);
+  SamplerConfig &c = *self->config;
+  switch (id) {
+    case PROP_TRAINER:
+      g_free(self->trainer_name);
+      self->trainer_name = g_value_dup_string(value);
+      break;
+    case PROP_EVERY: c.every = g_value_get_uint64(value); break;
+    case PROP_AT_START: c.at_start = g_value_get_boolean(value); break;
+    case PROP_AT_END: c.at_end = g_value_get_boolean(value); break;
+    case PROP_SKIP_IF_BUSY: c.skip_if_busy = g_value_get_boolean(value); break;
+    case PROP_SAMPLER: c.sampler = g_value_get_string(value) ? g_value_get_string(value) : "auto"; break;
+    case PROP_STEPS: c.steps = g_value_get_int(value); break;
+    case PROP_GUIDANCE: c.guidance = g_value_get_double(value); break;
+    case PROP_FLOW_SHIFT: c.flow_shift = g_value_get_double(value); break;
+    case PROP_SNR_SHIFT_SCALE: c.snr_shift_scale = g_value_get_double(value); break;
+    case PROP_NUM_FRAMES: c.num_frames = g_value_get_int(value); break;
+    case PROP_WIDTH: c.width = g_value_get_int(value); break;
+    case PROP_HEIGHT: c.height = g_value_get_int(value); break;
+    case PROP_SEED: c.seed = g_value_get_int64(value); break;
+    case PROP_TEMPORAL_COMPRESSION: c.temporal_compression = g_value_get_uint(value); break;
+    case PROP_SPATIAL_COMPRESSION: c.spatial_compression = g_value_get_uint(value); break;
+    case PROP_DEVICE: c.device = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+static void get_property(GObject *object, guint id, GValue *value, GParamSpec *pspec) {
+  auto *self = GST_DDP_SAMPLER(object);
+  GST_OBJECT_LOCK(self);
+  const SamplerConfig &c = *self->config;
+  switch (id) {
+    case PROP_TRAINER: g_value_set_string(value, self->trainer_name); break;
+    case PROP_EVERY: g_value_set_uint64(value, c.every); break;
+    case PROP_AT_START: g_value_set_boolean(value, c.at_start); break;
+    case PROP_AT_END: g_value_set_boolean(value, c.at_end); break;
+    case PROP_SKIP_IF_BUSY: g_value_set_boolean(value, c.skip_if_busy); break;
+    case PROP_SAMPLER: g_value_set_string(value, c.sampler.c_str()); break;
+    case PROP_STEPS: g_value_set_int(value, c.steps); break;
+    case PROP_GUIDANCE: g_value_set_double(value, c.guidance); break;
+    case PROP_FLOW_SHIFT: g_value_set_double(value, c.flow_shift); break;
+    case PROP_SNR_SHIFT_SCALE: g_value_set_double(value, c.snr_shift_scale); break;
+    case PROP_NUM_FRAMES: g_value_set_int(value, int(c.num_frames)); break;
+    case PROP_WIDTH: g_value_set_int(value, int(c.width)); break;
+    case PROP_HEIGHT: g_value_set_int(value, int(c.height)); break;
+    case PROP_SEED: g_value_set_int64(value, c.seed); break;
+    case PROP_TEMPORAL_COMPRESSION: g_value_set_uint(value, c.temporal_compression); break;
+    case PROP_SPATIAL_COMPRESSION: g_value_set_uint(value, c.spatial_compression); break;
+    case PROP_DEVICE: g_value_set_string(value, c.device.c_str()); break;
+    case PROP_SAMPLES_DONE: g_value_set_uint64(value, self->samples_done); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+static void finalize(GObject *object) {
+  auto *self = GST_DDP_SAMPLER(object);
+  delete self->engine;
+  delete self->config;
+  delete self->run;
+  g_free(self->trainer_name);
+  G_OBJECT_CLASS(gst_ddp_sampler_parent_class)->finalize(object);
+}
+
+static void gst_ddp_sampler_init(GstDdpSampler *self) {
+  self->sinkpad = gst_pad_new_from_static_template(&sink_template, "sink");
+  gst_pad_set_chain_function(self->sinkpad, sink_chain);
+  gst_pad_set_event_function(self->sinkpad, sink_event);
+  gst_element_add_pad(GST_ELEMENT(self), self->sinkpad);
+  self->srcpad = gst_pad_new_from_static_template(&src_template, "src");
+  gst_pad_set_activatemode_function(self->srcpad, src_activate_mode);
+  gst_pad_use_fixed_caps(self->srcpad);
+  gst_element_add_pad(GST_ELEMENT(self), self->srcpad);
+  self->trainer_name = nullptr;
+  self->config = new SamplerConfig();
+  self->run = new std::shared_ptr<RunContext>();
+  self->engine = nullptr;
+  self->src_started = FALSE;
+  self->samples_done = 0;
+}
+
+static void gst_ddp_sampler_class_init(GstDdpSamplerClass *klass) {
+  auto *gobject_class = G_OBJECT_CLASS(klass);
+  auto *element_class = GST_ELEMENT_CLASS(klass);
+  gobject_class->set_property = set_property;
+  gobject_class->get_property = get_property;
+  gobject_class->finalize = finalize;
+  element_class->change_state = change_state;
+  element_class->set_context = set_context;
+  const SamplerConfig d;
+  const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  g_object_class_install_property(gobject_class, PROP_TRAINER,
+      g_param_spec_string("trainer", "Trainer", "Name of the ddptrainsink whose weights are sampled", nullptr, rw));
+  g_object_class_install_property(gobject_class, PROP_EVERY,
+      g_param_spec_uint64("every", "Every", "Sample every N optimizer steps (0: only at-start / at-end)", 0,
+                          G_MAXUINT64, d.every, rw));
+  g_object_class_install_property(gobject_class, PROP_AT_START,
+      g_param_spec_boolean("at-start", "At start", "Also sample the weights before the first step", d.at_start, rw));
+  g_object_class_install_property(gobject_class, PROP_AT_END,
+      g_param_spec_boolean("at-end", "At end", "Also sample the final weights when the trainer has finished",
+                           d.at_end, rw));
+  g_object_class_install_property(gobject_class, PROP_SKIP_IF_BUSY,
+      g_param_spec_boolean("skip-if-busy", "Skip if busy",
+                           "When a sampling is due while the previous snapshot is still waiting for the sampler, skip "
+                           "it (a ddpsampler-skipped message) instead of holding the trainer at that step",
+                           d.skip_if_busy, rw));
+  g_object_class_install_property(gobject_class, PROP_SAMPLER,
+      g_param_spec_string("sampler", "Sampler",
+                          "auto (Wan: unipc, CogVideoX: dpm), euler or unipc (flow matching, Wan), ddim or dpm "
+                          "(v-prediction, CogVideoX): diffusers' schedulers, stepped as the pipelines step them",
+                          d.sampler.c_str(), rw));
+  g_object_class_install_property(gobject_class, PROP_STEPS,
+      g_param_spec_int("steps", "Steps", "Inference steps per sample", 1, 1000, d.steps, rw));
+  g_object_class_install_property(gobject_class, PROP_GUIDANCE,
+      g_param_spec_double("guidance", "Guidance", "Classifier-free guidance scale (<= 1: no negative pass)", 0.0,
+                          100.0, d.guidance, rw));
+  g_object_class_install_property(gobject_class, PROP_FLOW_SHIFT,
+      g_param_spec_double("flow-shift", "Flow shift", "Wan's sigma shift (3.0 at 480p, 5.0 at 720p)", 0.01, 100.0,
+                          d.flow_shift, rw));
+  g_object_class_install_property(gobject_class, PROP_SNR_SHIFT_SCALE,
+      g_param_spec_double("snr-shift-scale", "SNR shift scale",
+                          "CogVideoX's scheduler snr_shift_scale (2b: 3.0, 5b: 1.0); 0: 3.0", 0.0, 100.0,
+                          d.snr_shift_scale, rw));
+  g_object_class_install_property(gobject_class, PROP_NUM_FRAMES,
+      g_param_spec_int("num-frames", "Frames", "Frames per sample when the prompt file gives none (0: Wan 81, "
+                       "CogVideoX 49); rounded to 4k+1 as the pipelines do", 0, 100000, 0, rw));
+  g_object_class_install_property(gobject_class, PROP_WIDTH,
+      g_param_spec_int("width", "Width", "Width when the prompt file gives none (0: Wan 832, CogVideoX 720)", 0,
+                       16384, 0, rw));
+  g_object_class_install_property(gobject_class, PROP_HEIGHT,
+      g_param_spec_int("height", "Height", "Height when the prompt file gives none (0: 480)", 0, 16384, 0, rw));
+  g_object_class_install_property(gobject_class, PROP_SEED,
+      g_param_spec_int64("seed", "Seed",
+                         "Seed of prompts whose file gives none: the initial noise is torch.randn from a CPU "
+                         "generator seeded with it, as diffusers' pipelines draw it",
+                         0, G_MAXINT64, d.seed, rw));
+  g_object_class_install_property(gobject_class, PROP_TEMPORAL_COMPRESSION,
+      g_param_spec_uint("temporal-compression", "Temporal compression", "The VAE's frames per latent frame", 1, 16,
+                        d.temporal_compression, rw));
+  g_object_class_install_property(gobject_class, PROP_SPATIAL_COMPRESSION,
+      g_param_spec_uint("spatial-compression", "Spatial compression",
+                        "The VAE's pixels per latent (0: 16 for Wan 2.2's 48 latent channels, else 8)", 0, 64,
+                        d.spatial_compression, rw));
+  g_object_class_install_property(gobject_class, PROP_DEVICE,
+      g_param_spec_string("device", "Device", "Where the sampler's copy of the model runs (\"\": the trainer's)", "",
+                          rw));
+  g_object_class_install_property(gobject_class, PROP_SAMPLES_DONE,
+      g_param_spec_uint64("samples-done", "Samples done", "Samples this rank has generated", 0, G_MAXUINT64, 0,
+                          GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS)));
+  gst_element_class_add_static_pad_template(element_class, &sink_template);
+  gst_element_class_add_static_pad_template(element_class, &src_template);
+  gst_element_class_set_static_metadata(
+      element_class, "DDP sampler", "Filter/Tensor",
+      "Every `every` steps of its trainer, generates latents for this rank's share of the prompts (prompt i on rank "
+      "i mod world size) from the trainer's current weights, with the family's sampler and classifier-free "
+      "guidance" VIDEOTRAIN_DOC_DDPSAMPLER_MESSAGES,
+      "gst-videotrain");
+}

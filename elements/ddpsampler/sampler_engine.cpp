@@ -1,0 +1,369 @@
+#include "sampler_engine.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "default_rng.h"
+#include "metas.h"
+#include "models/native_model.h"
+#include "models/param_snapshot.h"
+#include "models/samplers.h"
+#include "run_context.h"
+#include "tensor_buffer.h"
+#include "prompt_record.h"
+
+namespace videotrain {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Embedded {
+  std::string text;
+  at::Tensor embeds, mask;  // [L, D], [L] (mask may be undefined)
+};
+
+struct PromptEntry {
+  int64_t seed = -1, frames = 0, width = 0, height = 0;
+  Embedded prompt, negative;
+  bool has_prompt = false, has_negative = false;
+};
+
+struct FamilyDefaults {
+  int64_t frames, width, height;
+};
+
+FamilyDefaults defaults_of(const std::string &family) {
+  if (family == "cogvideox") return {49, 720, 480};
+  return {81, 832, 480};  // Wan 2.1/2.2 at 480p
+}
+
+}  // namespace
+
+struct SamplerEngine::Impl {
+  SamplerConfig cfg;
+  std::shared_ptr<RunContext> run;
+  int callback = -1;
+  int rank = 0, world = 1;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::map<uint32_t, PromptEntry> prompts;  // this rank's share
+  bool prompts_complete = false;
+  std::shared_ptr<const ParamSnapshot> pending;
+  bool finished = false, flushing = false;
+  uint64_t last_offered = UINT64_MAX;
+  std::vector<BusMessage> messages;
+  std::string error;
+  uint64_t samples = 0;
+
+  // Sampling thread only.
+  std::unique_ptr<TrainModel> model;
+  std::string model_spec;
+
+  void note(const std::string &name, uint64_t step, const std::string &text) {
+    BusMessage m(name == "warning" ? BusMessage::kWarning : name);
+    if (name != "warning") m.ints["step"] = int64_t(step);
+    m.strings["text"] = text;
+    messages.push_back(std::move(m));
+  }
+
+  // Hands the trainer's current weights to the sampling thread (trainer's thread).
+  void offer(uint64_t step, bool final) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (flushing) return;
+    if (final && last_offered == step) return;  // sampled at this step already
+    if (pending) {
+      if (cfg.skip_if_busy && !final) {
+        note("ddpsampler-skipped", step,
+             "sampling at step " + std::to_string(step) + " skipped: the previous one has not started (skip-if-busy)");
+        return;
+      }
+      // The trainer holds here until the sampler takes the previous snapshot (bounded memory).
+      const auto patience = std::chrono::milliseconds(int64_t(std::max(1.0, run->timeout_s()) * 1000));
+      if (!cv.wait_for(lock, patience, [&] { return !pending || flushing; })) {
+        note("warning", step,
+             "sampling at step " + std::to_string(step) + " skipped: the sampler took no snapshot for " +
+                 std::to_string(int(run->timeout_s())) + " s (is its prompt branch running?)");
+        return;
+      }
+      if (flushing) return;
+    }
+    lock.unlock();
+    auto snap = run->snapshot_state();
+    lock.lock();
+    if (!snap || flushing) return;
+    pending = std::move(snap);
+    last_offered = step;
+    cv.notify_all();
+  }
+
+  void on_step(const StepReport &r) {
+    if (r.finished) {
+      if (cfg.at_end) offer(run->steps_done(), true);
+      std::lock_guard<std::mutex> lock(mu);
+      finished = true;
+      cv.notify_all();
+      return;
+    }
+    if (r.model_built) {
+      if (cfg.at_start && run->steps_done() == 0) offer(0, false);
+      return;
+    }
+    if (cfg.every > 0 && r.step % cfg.every == 0) offer(r.step, false);
+  }
+
+  c10::Device device() const {
+    const std::string d = cfg.device.empty() || cfg.device == "auto" ? run->device_name() : cfg.device;
+    return c10::Device(d);
+  }
+
+  models::DitModel &dit_for(const ParamSnapshot &snap) {
+    const auto dev = device();
+    if (!model || model_spec != snap.model) {
+      BorrowedDefaultRng rng(dev);  // building draws initial weights from the default generator
+      model = make_model(snap.model, snap.dims, dev, snap.options);
+      model_spec = snap.model;
+    }
+    load_snapshot(*model, snap);
+    models::DitModel *dit = model->dit();
+    if (!dit)
+      throw std::runtime_error("ddpsampler samples native transformers (ddptrainsink model=DIR, a diffusers folder); "
+                               "the trainer's model '" + snap.model + "' is not one");
+    return *dit;
+  }
+
+  models::SamplerKind kind_for(const std::string &family) const {
+    const std::string name = cfg.sampler == "auto" ? (family == "cogvideox" ? "dpm" : "unipc") : cfg.sampler;
+    const auto kind = models::parse_sampler(name);
+    if (family != models::sampler_family(kind))
+      throw std::runtime_error("sampler=" + name + " is " + (family == "wan" ? "CogVideoX's" : "Wan's") +
+                               " but the trainer's model is " + family + " (use " +
+                               (family == "wan" ? "euler or unipc" : "ddim or dpm") + ")");
+    return kind;
+  }
+
+  at::Tensor text_of(const Embedded &e, const std::string &family, const c10::Device &dev) const {
+    at::Tensor t = e.embeds.to(dev, at::kFloat).unsqueeze(0);
+    // Wan's pipelines pass the encoder's output trimmed to the tokens and zero-padded; CogVideoX's all of it.
+    if (family == "wan" && e.mask.defined()) t = models::zero_text_padding(t, e.mask.to(dev).unsqueeze(0));
+    return t;
+  }
+
+  bool sample_all(const ParamSnapshot &snap, const std::function<bool(SampleOut &)> &emit) {
+    auto &dit = dit_for(snap);
+    const std::string family = dit.family();
+    const auto kind = kind_for(family);
+    const auto dev = device();
+    const auto def = defaults_of(family);
+    const int64_t channels = dit.latent_channels();
+    const int64_t spatial = cfg.spatial_compression ? cfg.spatial_compression : (channels == 48 ? 16 : 8);
+    const int64_t temporal = cfg.temporal_compression;
+    std::map<uint32_t, PromptEntry> mine;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      mine = prompts;
+    }
+    for (const auto &[index, p] : mine) {
+      const auto t0 = Clock::now();
+      int64_t frames = p.frames ? p.frames : cfg.num_frames ? cfg.num_frames : def.frames;
+      const int64_t width = p.width ? p.width : cfg.width ? cfg.width : def.width;
+      const int64_t height = p.height ? p.height : cfg.height ? cfg.height : def.height;
+      const int64_t seed = p.seed >= 0 ? p.seed : cfg.seed;
+      const std::string where = "prompt " + std::to_string(index);
+      if ((frames - 1) % temporal != 0) {  // as the pipelines round it
+        const int64_t fixed = frames / temporal * temporal + 1;
+        std::lock_guard<std::mutex> lock(mu);
+        note("warning", snap.step, where + ": num_frames " + std::to_string(frames) + " is not " +
+                                       std::to_string(temporal) + "k+1, rounded to " + std::to_string(fixed));
+        frames = fixed;
+      }
+      if (width % (spatial * 2) != 0 || height % (spatial * 2) != 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        note("warning", snap.step, where + ": " + std::to_string(width) + "x" + std::to_string(height) +
+                                       " is not a multiple of " + std::to_string(spatial * 2) + ": not sampled");
+        continue;
+      }
+      const int64_t t = (frames - 1) / temporal + 1, h = height / spatial, w = width / spatial;
+      const std::vector<int64_t> shape =
+          family == "cogvideox" ? std::vector<int64_t>{1, t, channels, h, w} : std::vector<int64_t>{1, channels, t, h, w};
+      const at::Tensor pe = text_of(p.prompt, family, dev), ne = text_of(p.negative, family, dev);
+      if (pe.size(-1) != dit.text_dim())
+        throw std::runtime_error("the prompt embeddings are " + std::to_string(pe.size(-1)) + " wide, the model takes " +
+                                 std::to_string(dit.text_dim()) + " (is textencoder's model the one this transformer "
+                                 "was trained with?)");
+      models::SamplerOptions so;
+      so.kind = kind;
+      so.steps = cfg.steps;
+      so.flow_shift = cfg.flow_shift;
+      so.snr_shift_scale = cfg.snr_shift_scale > 0 ? cfg.snr_shift_scale : 3.0;
+      auto sampler = models::Sampler::make(so);
+      // The pipelines' noise: torch.randn(shape) from a CPU generator seeded with the seed.
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
+      const at::Tensor noise = at::randn(shape, gen, at::TensorOptions(at::kFloat)).to(dev);
+      at::Tensor lat = models::sample_latents(dit, *sampler, noise, pe, ne, cfg.guidance, gen)[0];
+      if (family == "cogvideox") lat = lat.permute({1, 0, 2, 3});
+      lat = lat.to(at::kCPU, at::kFloat).contiguous();
+
+      SampleOut out;
+      out.step = snap.step;
+      out.prompt_index = index;
+      out.seed = seed;
+      out.frames = frames;
+      out.width = width;
+      out.height = height;
+      out.prompt = p.prompt.text;
+      out.sampler = models::sampler_name(kind);
+      out.latents = buffer_from_tensor(lat);
+      auto *meta = gst_buffer_add_videotrain_sample_meta(out.latents, p.prompt.text.c_str(), "");
+      meta->sample_id = index;
+      meta->clip_index = snap.step;
+      out.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        samples++;
+      }
+      if (!emit(out)) return false;
+    }
+    return true;
+  }
+};
+
+SamplerEngine::SamplerEngine(const SamplerConfig &config) : impl_(std::make_unique<Impl>()) { impl_->cfg = config; }
+
+SamplerEngine::~SamplerEngine() { detach(); }
+
+bool SamplerEngine::attach(std::shared_ptr<RunContext> run) {
+  auto &d = *impl_;
+  try {
+    models::parse_sampler(d.cfg.sampler == "auto" ? "unipc" : d.cfg.sampler);
+    models::SamplerOptions o;
+    o.steps = d.cfg.steps;
+    o.flow_shift = d.cfg.flow_shift;
+    models::Sampler::make(o);
+  } catch (const std::exception &e) {
+    d.error = e.what();
+    return false;
+  }
+  d.run = std::move(run);
+  d.rank = d.run->rank();
+  d.world = d.run->world_size();
+  Impl *p = impl_.get();
+  d.callback = d.run->add_step_callback([p](const StepReport &r) { p->on_step(r); });
+  // Subscribed after the model was built: at-start takes step 0 now.
+  if (d.cfg.at_start && d.run->has_model() && d.run->steps_done() == 0) d.offer(0, false);
+  return true;
+}
+
+bool SamplerEngine::attached() const { return impl_->run != nullptr; }
+
+void SamplerEngine::detach() {
+  auto &d = *impl_;
+  set_flushing(true);
+  if (d.run && d.callback >= 0) d.run->remove_step_callback(d.callback);
+  d.callback = -1;
+  d.run.reset();
+}
+
+bool SamplerEngine::add_prompt(GstBuffer *buffer) {
+  auto &d = *impl_;
+  std::string why;
+  auto record = tensor_from_buffer(buffer, &why);
+  if (!record || record->scalar_type() != at::kLong || record->numel() != kPromptFields) {
+    d.error = "a buffer that is not a promptsrc prompt (int64 [6] record): " + (why.empty() ? "wrong tensor" : why) +
+              " (link promptsrc ! textencoder ! ddpsampler)";
+    return false;
+  }
+  at::Tensor embeds, mask;
+  if (!text_tensors_from_buffer(buffer, &embeds, &mask, &why) || !embeds.defined()) {
+    d.error = "a prompt without text embeddings" + (why.empty() ? std::string() : ": " + why) +
+              " (put a textencoder between promptsrc and ddpsampler)";
+    return false;
+  }
+  SampleInfo info;
+  read_sample_meta(buffer, &info);
+  const auto r = record->contiguous();
+  const int64_t *v = r.data_ptr<int64_t>();
+  const auto index = static_cast<uint32_t>(v[kPromptIndex]);
+  if (d.world > 1 && index % uint32_t(d.world) != uint32_t(d.rank)) return true;  // another rank's
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto &e = d.prompts[index];
+  e.seed = v[kPromptSeed];
+  e.frames = v[kPromptFrames];
+  e.width = v[kPromptWidth];
+  e.height = v[kPromptHeight];
+  Embedded &slot = v[kPromptRole] == kRoleNegative ? e.negative : e.prompt;
+  (v[kPromptRole] == kRoleNegative ? e.has_negative : e.has_prompt) = true;
+  slot.text = info.caption;
+  slot.embeds = embeds.to(at::kCPU);
+  slot.mask = mask.defined() ? mask.to(at::kCPU) : mask;
+  return true;
+}
+
+bool SamplerEngine::prompts_done() {
+  auto &d = *impl_;
+  std::lock_guard<std::mutex> lock(d.mu);
+  for (auto it = d.prompts.begin(); it != d.prompts.end();) {
+    if (!it->second.has_prompt || !it->second.has_negative) {
+      d.note("warning", 0, "prompt " + std::to_string(it->first) + " came without its " +
+                               (it->second.has_prompt ? "negative prompt" : "prompt") + ": not sampled");
+      it = d.prompts.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  d.prompts_complete = true;
+  d.cv.notify_all();
+  return true;
+}
+
+SamplerEngine::Next SamplerEngine::run_next(const std::function<bool(SampleOut &)> &emit) {
+  auto &d = *impl_;
+  std::shared_ptr<const ParamSnapshot> snap;
+  {
+    std::unique_lock<std::mutex> lock(d.mu);
+    d.cv.wait(lock, [&] { return d.flushing || (d.pending && d.prompts_complete) || (d.finished && !d.pending); });
+    if (d.flushing) return Next::kFlushing;
+    if (!d.pending) return Next::kFinished;
+    snap = std::move(d.pending);
+    d.pending.reset();
+    d.cv.notify_all();  // a trainer waiting to hand the next one goes on
+  }
+  try {
+    torch::NoGradGuard no_grad;
+    if (!d.sample_all(*snap, emit)) return Next::kFlushing;
+  } catch (const std::exception &e) {
+    d.error = std::string("sampling at step ") + std::to_string(snap->step) + " failed: " + e.what();
+    return Next::kError;
+  }
+  return Next::kSampled;
+}
+
+void SamplerEngine::set_flushing(bool flushing) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->flushing = flushing;
+  impl_->cv.notify_all();
+}
+
+std::vector<BusMessage> SamplerEngine::take_messages() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return std::move(impl_->messages);
+}
+
+const std::string &SamplerEngine::error() const { return impl_->error; }
+
+size_t SamplerEngine::prompts_kept() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->prompts.size();
+}
+
+uint64_t SamplerEngine::samples_done() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->samples;
+}
+
+}  // namespace videotrain

@@ -1,0 +1,182 @@
+/* promptsrc: a prompt file (one prompt a line, or a CSV with prompt, negative_prompt, seed,
+ * num_frames, width, height) as a stream for sampling branches. Each prompt becomes two buffers, the
+ * prompt and its negative prompt (empty when the file has none), each with a sample meta whose
+ * caption is the text, so that textencoder embeds both; the main tensor (int64 [6], see
+ * prompt_record.h) says which prompt and role it is and what the file asks for it. */
+#include "gstpromptsrc.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bus_messages_doc.h"
+#include "metas.h"
+#include "prompt_file.h"
+#include "prompt_record.h"
+#include "tensor_caps.h"
+
+GST_DEBUG_CATEGORY_STATIC(promptsrc_debug);
+#define GST_CAT_DEFAULT promptsrc_debug
+
+using namespace videotrain;
+
+struct _GstPromptSrc {
+  GstBaseSrc parent;
+  gchar *location;             // object lock
+  guint max_prompt_bytes;
+  std::vector<Prompt> *prompts;  // read at start
+  size_t next;                   // buffers pushed (two per prompt)
+};
+
+G_DEFINE_TYPE(GstPromptSrc, gst_prompt_src, GST_TYPE_BASE_SRC);
+GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(promptsrc, "promptsrc", GST_RANK_NONE, GST_TYPE_PROMPT_SRC,
+                                      GST_DEBUG_CATEGORY_INIT(promptsrc_debug, "promptsrc", 0,
+                                                              "Prompts for sampling branches from a prompt file"));
+
+enum { PROP_0, PROP_LOCATION, PROP_MAX_PROMPT_BYTES, PROP_NUM_PROMPTS };
+
+static GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
+    "src", GST_PAD_SRC, GST_PAD_ALWAYS,
+    GST_STATIC_CAPS(VIDEOTRAIN_TENSOR_MEDIA_TYPE ", content=(string)" VIDEOTRAIN_PROMPT_CONTENT
+                                                 ", dtype=(string)int64, device=(string)cpu"));
+
+static gboolean prompt_src_start(GstBaseSrc *src) {
+  auto *self = GST_PROMPT_SRC(src);
+  GST_OBJECT_LOCK(self);
+  const std::string location = self->location ? self->location : "";
+  PromptFileLimits limits;
+  limits.max_prompt_bytes = self->max_prompt_bytes;
+  GST_OBJECT_UNLOCK(self);
+  if (location.empty()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("No prompt file: set location=FILE"),
+                      ("one prompt a line, or a CSV with a prompt column"));
+    return FALSE;
+  }
+  std::vector<Prompt> prompts;
+  std::vector<std::string> warnings;
+  std::string error;
+  if (!read_prompt_file(location, limits, &prompts, &warnings, &error)) {
+    GST_ELEMENT_ERROR(self, RESOURCE, OPEN_READ, ("Cannot use the prompt file: %s", error.c_str()),
+                      ("location=%s", location.c_str()));
+    return FALSE;
+  }
+  for (const auto &w : warnings)
+    GST_ELEMENT_WARNING(self, STREAM, FORMAT, ("%s: %s", location.c_str(), w.c_str()), (nullptr));
+  GST_INFO_OBJECT(self, "%zu prompts from %s", prompts.size(), location.c_str());
+  GST_OBJECT_LOCK(self);
+  *self->prompts = std::move(prompts);
+  self->next = 0;
+  GST_OBJECT_UNLOCK(self);
+  g_object_notify(G_OBJECT(self), "num-prompts");
+  return TRUE;
+}
+
+static gboolean prompt_src_stop(GstBaseSrc *src) {
+  auto *self = GST_PROMPT_SRC(src);
+  GST_OBJECT_LOCK(self);
+  self->prompts->clear();
+  self->next = 0;
+  GST_OBJECT_UNLOCK(self);
+  return TRUE;
+}
+
+static GstFlowReturn prompt_src_create(GstBaseSrc *src, guint64, guint, GstBuffer **out) {
+  auto *self = GST_PROMPT_SRC(src);
+  GST_OBJECT_LOCK(self);
+  if (self->next >= 2 * self->prompts->size()) {
+    GST_OBJECT_UNLOCK(self);
+    return GST_FLOW_EOS;
+  }
+  const Prompt p = (*self->prompts)[self->next / 2];
+  const bool negative = self->next % 2 == 1;
+  self->next++;
+  GST_OBJECT_UNLOCK(self);
+
+  const int64_t record[kPromptFields] = {int64_t(p.index), negative ? kRoleNegative : kRolePrompt, p.seed, p.frames,
+                                         p.width, p.height};
+  GstBuffer *buf = gst_buffer_new_allocate(nullptr, sizeof(record), nullptr);
+  gst_buffer_fill(buf, 0, record, sizeof(record));
+  add_tensor_meta(buf, "int64", "cpu", {kPromptFields});
+  const std::string &text = negative ? p.negative : p.text;
+  auto *meta = gst_buffer_add_videotrain_sample_meta(buf, text.c_str(), "");
+  meta->sample_id = p.index;
+  GST_BUFFER_OFFSET(buf) = p.index;
+  *out = buf;
+  return GST_FLOW_OK;
+}
+
+static void prompt_src_set_property(GObject *object, guint id, const GValue *value, GParamSpec *pspec) {
+  auto *self = GST_PROMPT_SRC(object);
+  GST_OBJECT_LOCK(self);
+  switch (id) {
+    case PROP_LOCATION:
+      g_free(self->location);
+      self->location = g_value_dup_string(value);
+      break;
+    case PROP_MAX_PROMPT_BYTES: self->max_prompt_bytes = g_value_get_uint(value); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+static void prompt_src_get_property(GObject *object, guint id, GValue *value, GParamSpec *pspec) {
+  auto *self = GST_PROMPT_SRC(object);
+  GST_OBJECT_LOCK(self);
+  switch (id) {
+    case PROP_LOCATION: g_value_set_string(value, self->location); break;
+    case PROP_MAX_PROMPT_BYTES: g_value_set_uint(value, self->max_prompt_bytes); break;
+    case PROP_NUM_PROMPTS: g_value_set_uint(value, guint(self->prompts->size())); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+static void prompt_src_finalize(GObject *object) {
+  auto *self = GST_PROMPT_SRC(object);
+  g_free(self->location);
+  delete self->prompts;
+  G_OBJECT_CLASS(gst_prompt_src_parent_class)->finalize(object);
+}
+
+static void gst_prompt_src_init(GstPromptSrc *self) {
+  self->location = nullptr;
+  self->max_prompt_bytes = 16384;
+  self->prompts = new std::vector<Prompt>();
+  self->next = 0;
+  gst_base_src_set_format(GST_BASE_SRC(self), GST_FORMAT_BYTES);
+}
+
+static void gst_prompt_src_class_init(GstPromptSrcClass *klass) {
+  auto *gobject_class = G_OBJECT_CLASS(klass);
+  auto *element_class = GST_ELEMENT_CLASS(klass);
+  auto *base_class = GST_BASE_SRC_CLASS(klass);
+  gobject_class->set_property = prompt_src_set_property;
+  gobject_class->get_property = prompt_src_get_property;
+  gobject_class->finalize = prompt_src_finalize;
+  const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  g_object_class_install_property(
+      gobject_class, PROP_LOCATION,
+      g_param_spec_string("location", "Location",
+                          "Prompt file: one prompt a line (blank lines and lines starting with # are skipped), or a "
+                          "CSV whose header names its columns: prompt (required), negative_prompt, seed, num_frames, "
+                          "width, height (empty cells take ddpsampler's properties)",
+                          nullptr, rw));
+  g_object_class_install_property(
+      gobject_class, PROP_MAX_PROMPT_BYTES,
+      g_param_spec_uint("max-prompt-bytes", "Max prompt bytes",
+                        "Longer prompts are cut at a UTF-8 character boundary, with a warning", 16, 1u << 24, 16384,
+                        rw));
+  g_object_class_install_property(
+      gobject_class, PROP_NUM_PROMPTS,
+      g_param_spec_uint("num-prompts", "Number of prompts", "Prompts read from the file (after start)", 0, G_MAXUINT,
+                        0, GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS)));
+  gst_element_class_add_static_pad_template(element_class, &src_template);
+  gst_element_class_set_static_metadata(
+      element_class, "Prompt source", "Source",
+      "Reads a prompt file for sampling branches: two buffers per prompt (the prompt, then its negative prompt), "
+      "each with a sample meta whose caption textencoder embeds" VIDEOTRAIN_DOC_PROMPTSRC_MESSAGES,
+      "gst-videotrain");
+  base_class->start = prompt_src_start;
+  base_class->stop = prompt_src_stop;
+  base_class->create = prompt_src_create;
+}

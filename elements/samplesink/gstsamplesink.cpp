@@ -1,0 +1,323 @@
+/* samplesink: writes each sample of a sampling branch (ddpsampler ! vaedecoder ! samplesink) as a file
+ * of its own. The "ddpsampler-sample" event before a sample's frames names it (step, prompt); its
+ * frames go through a private pipeline, appsrc ! ENCODER ! filesink, built from the `encoder`
+ * description (default: H.264 in MP4 through GStreamer's own elements), which is finished (EOS) and
+ * closed at the next sample's event or at EOS, so every file is complete on its own. */
+#include "gstsamplesink.h"
+
+#include <gst/app/gstappsrc.h>
+#include <gst/video/video.h>
+#include <glib/gstdio.h>
+
+#include <cerrno>
+#include <string>
+
+#include "bus_messages_doc.h"
+#include "sample_names.h"
+
+GST_DEBUG_CATEGORY_STATIC(samplesink_debug);
+#define GST_CAT_DEFAULT samplesink_debug
+
+using namespace videotrain;
+
+static const char *kDefaultLocation = "samples/step-%08d/prompt-%02d.mp4";
+static const char *kDefaultEncoder = "videoconvert ! video/x-raw,format=I420 ! openh264enc ! h264parse ! mp4mux";
+
+struct _GstSampleSink {
+  GstBaseSink parent;
+  gchar *location, *encoder;  // object lock
+  guint64 files_written;      // object lock
+  // Streaming thread:
+  GstCaps *caps;
+  GstVideoInfo info;
+  bool have_info;
+  bool named;  // a ddpsampler-sample event gave the next file's step and prompt
+  guint64 step;
+  guint prompt;
+  GstElement *pipe;  // the open file's pipeline
+  GstElement *appsrc;
+  std::string *path;
+  guint64 frames;
+};
+
+G_DEFINE_TYPE(GstSampleSink, gst_sample_sink, GST_TYPE_BASE_SINK);
+GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(samplesink, "samplesink", GST_RANK_NONE, GST_TYPE_SAMPLE_SINK,
+                                      GST_DEBUG_CATEGORY_INIT(samplesink_debug, "samplesink", 0,
+                                                              "One video file per generated sample"));
+
+enum { PROP_0, PROP_LOCATION, PROP_ENCODER, PROP_FILES_WRITTEN };
+
+static GstStaticPadTemplate sink_template =
+    GST_STATIC_PAD_TEMPLATE("sink", GST_PAD_SINK, GST_PAD_ALWAYS, GST_STATIC_CAPS("video/x-raw"));
+
+// Ends the open file: EOS through its pipeline, then closed. FALSE (with an element error) when it failed.
+static gboolean finish_file(GstSampleSink *self) {
+  if (!self->pipe) return TRUE;
+  gst_app_src_end_of_stream(GST_APP_SRC(self->appsrc));
+  GstBus *bus = gst_element_get_bus(self->pipe);
+  GstMessage *msg = gst_bus_timed_pop_filtered(bus, 120 * GST_SECOND, GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
+  gst_object_unref(bus);
+  gboolean ok = msg && GST_MESSAGE_TYPE(msg) == GST_MESSAGE_EOS;
+  if (!ok) {
+    GError *err = nullptr;
+    gchar *dbg = nullptr;
+    if (msg) gst_message_parse_error(msg, &err, &dbg);
+    GST_ELEMENT_ERROR(self, RESOURCE, WRITE,
+                      ("Could not write sample %s: %s", self->path->c_str(),
+                       err ? err->message : "the encoder did not finish within 120 s"),
+                      ("%s", dbg ? dbg : ""));
+    if (err) g_error_free(err);
+    g_free(dbg);
+  }
+  if (msg) gst_message_unref(msg);
+  gst_element_set_state(self->pipe, GST_STATE_NULL);
+  gst_object_unref(self->pipe);
+  gst_object_unref(self->appsrc);
+  self->pipe = self->appsrc = nullptr;
+  if (ok) {
+    GST_OBJECT_LOCK(self);
+    self->files_written++;
+    GST_OBJECT_UNLOCK(self);
+    GST_INFO_OBJECT(self, "wrote %s (%" G_GUINT64_FORMAT " frames)", self->path->c_str(), self->frames);
+    gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self),
+        gst_structure_new("samplesink-file", "path", G_TYPE_STRING, self->path->c_str(), "step", G_TYPE_UINT64,
+                          self->step, "prompt", G_TYPE_UINT, self->prompt, "frames", G_TYPE_UINT64, self->frames,
+                          nullptr)));
+  }
+  self->named = false;
+  return ok;
+}
+
+// Opens the next file's pipeline. FALSE: error posted.
+static gboolean open_file(GstSampleSink *self) {
+  GST_OBJECT_LOCK(self);
+  const std::string location = self->location, encoder = self->encoder;
+  GST_OBJECT_UNLOCK(self);
+  *self->path = sample_file_name(location, self->step, self->prompt);
+  gchar *dir = g_path_get_dirname(self->path->c_str());
+  const int made = g_mkdir_with_parents(dir, 0755);
+  g_free(dir);
+  if (made != 0) {
+    GST_ELEMENT_ERROR(self, RESOURCE, OPEN_WRITE, ("Cannot create the folder of %s: %s", self->path->c_str(),
+                                                   g_strerror(errno)), (nullptr));
+    return FALSE;
+  }
+  GError *err = nullptr;
+  const std::string desc = "appsrc name=src format=time ! " + encoder + " ! filesink name=file";
+  GstElement *pipe = gst_parse_launch(desc.c_str(), &err);
+  if (!pipe || err) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
+                      ("Cannot build the encoder '%s': %s", encoder.c_str(), err ? err->message : "unknown"),
+                      ("set encoder= to a gst-launch description from raw video to a muxed stream; the default needs "
+                       "openh264enc (gstreamer1.0-plugins-bad) and mp4mux (gstreamer1.0-plugins-good)"));
+    if (err) g_error_free(err);
+    if (pipe) gst_object_unref(pipe);
+    return FALSE;
+  }
+  GstElement *file = gst_bin_get_by_name(GST_BIN(pipe), "file");
+  g_object_set(file, "location", self->path->c_str(), nullptr);
+  gst_object_unref(file);
+  self->appsrc = gst_bin_get_by_name(GST_BIN(pipe), "src");
+  g_object_set(self->appsrc, "caps", self->caps, "block", TRUE, "max-bytes", guint64(64) << 20, nullptr);
+  self->pipe = pipe;
+  self->frames = 0;
+  if (gst_element_set_state(pipe, GST_STATE_PLAYING) == GST_STATE_CHANGE_FAILURE) {
+    GST_ELEMENT_ERROR(self, RESOURCE, OPEN_WRITE, ("Cannot start writing %s", self->path->c_str()), (nullptr));
+    gst_element_set_state(pipe, GST_STATE_NULL);
+    gst_object_unref(self->appsrc);
+    gst_object_unref(pipe);
+    self->pipe = self->appsrc = nullptr;
+    return FALSE;
+  }
+  return TRUE;
+}
+
+static GstFlowReturn render(GstBaseSink *sink, GstBuffer *buf) {
+  auto *self = GST_SAMPLE_SINK(sink);
+  if (!self->pipe) {
+    if (!self->named) {  // frames without a sampler's event: one file per stream, step 0, prompt 0
+      self->named = true;
+      self->step = 0;
+      self->prompt = 0;
+    }
+    if (!open_file(self)) return GST_FLOW_ERROR;
+  }
+  // Each file starts at 0 and runs at the caps' frame rate.
+  GstBuffer *out = gst_buffer_copy(buf);
+  if (self->have_info && self->info.fps_n > 0) {
+    const GstClockTime d = gst_util_uint64_scale_int(GST_SECOND, self->info.fps_d, self->info.fps_n);
+    GST_BUFFER_PTS(out) = self->frames * d;
+    GST_BUFFER_DTS(out) = GST_CLOCK_TIME_NONE;
+    GST_BUFFER_DURATION(out) = d;
+  }
+  self->frames++;
+  const GstFlowReturn ret = gst_app_src_push_buffer(GST_APP_SRC(self->appsrc), out);
+  if (ret != GST_FLOW_OK) {
+    finish_file(self);
+    return ret == GST_FLOW_FLUSHING ? ret : GST_FLOW_ERROR;
+  }
+  return GST_FLOW_OK;
+}
+
+static gboolean sink_event(GstBaseSink *sink, GstEvent *event) {
+  auto *self = GST_SAMPLE_SINK(sink);
+  switch (GST_EVENT_TYPE(event)) {
+    case GST_EVENT_CUSTOM_DOWNSTREAM: {
+      const GstStructure *s = gst_event_get_structure(event);
+      if (s && gst_structure_has_name(s, "ddpsampler-sample")) {
+        if (!finish_file(self)) {
+          gst_event_unref(event);
+          return FALSE;
+        }
+        guint64 step = 0;
+        guint prompt = 0;
+        gst_structure_get_uint64(s, "step", &step);
+        gst_structure_get_uint(s, "prompt", &prompt);
+        self->step = step;
+        self->prompt = prompt;
+        self->named = true;
+      }
+      break;
+    }
+    case GST_EVENT_EOS:
+      finish_file(self);
+      break;
+    default: break;
+  }
+  return GST_BASE_SINK_CLASS(gst_sample_sink_parent_class)->event(sink, event);
+}
+
+static gboolean set_caps(GstBaseSink *sink, GstCaps *caps) {
+  auto *self = GST_SAMPLE_SINK(sink);
+  if (self->pipe && self->caps && !gst_caps_is_equal(self->caps, caps)) finish_file(self);
+  gst_caps_replace(&self->caps, caps);
+  self->have_info = gst_video_info_from_caps(&self->info, caps);
+  return TRUE;
+}
+
+static gboolean start(GstBaseSink *sink) {
+  auto *self = GST_SAMPLE_SINK(sink);
+  GST_OBJECT_LOCK(self);
+  const std::string location = self->location ? self->location : "";
+  GST_OBJECT_UNLOCK(self);
+  const std::string why = check_sample_pattern(location);
+  if (!why.empty()) {
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("location '%s' %s", location.c_str(), why.c_str()),
+                      ("e.g. location=samples/step-%%08d/prompt-%%02d.mp4"));
+    return FALSE;
+  }
+  // The encoder description is built once here so that a missing element is an error before data flows.
+  GST_OBJECT_LOCK(self);
+  const std::string encoder = self->encoder ? self->encoder : "";
+  GST_OBJECT_UNLOCK(self);
+  GError *err = nullptr;
+  GstElement *probe = gst_parse_bin_from_description(encoder.c_str(), TRUE, &err);
+  if (!probe || err) {
+    GST_ELEMENT_ERROR(self, CORE, MISSING_PLUGIN, ("Cannot build the encoder '%s': %s", encoder.c_str(),
+                                                   err ? err->message : "unknown"),
+                      ("set encoder= to a gst-launch description from raw video to a muxed stream; the default needs "
+                       "openh264enc (gstreamer1.0-plugins-bad) and mp4mux (gstreamer1.0-plugins-good)"));
+    if (err) g_error_free(err);
+    if (probe) gst_object_unref(probe);
+    return FALSE;
+  }
+  gst_object_unref(probe);
+  self->named = false;
+  return TRUE;
+}
+
+static gboolean stop(GstBaseSink *sink) {
+  auto *self = GST_SAMPLE_SINK(sink);
+  if (self->pipe) {  // a stop in the middle of a sample: close what was written
+    gst_element_set_state(self->pipe, GST_STATE_NULL);
+    gst_object_unref(self->pipe);
+    gst_object_unref(self->appsrc);
+    self->pipe = self->appsrc = nullptr;
+  }
+  gst_caps_replace(&self->caps, nullptr);
+  return TRUE;
+}
+
+static void set_property(GObject *object, guint id, const GValue *value, GParamSpec *pspec) {
+  auto *self = GST_SAMPLE_SINK(object);
+  GST_OBJECT_LOCK(self);
+  switch (id) {
+    case PROP_LOCATION:
+      g_free(self->location);
+      self->location = g_value_dup_string(value);
+      break;
+    case PROP_ENCODER:
+      g_free(self->encoder);
+      self->encoder = g_value_dup_string(value);
+      break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+static void get_property(GObject *object, guint id, GValue *value, GParamSpec *pspec) {
+  auto *self = GST_SAMPLE_SINK(object);
+  GST_OBJECT_LOCK(self);
+  switch (id) {
+    case PROP_LOCATION: g_value_set_string(value, self->location); break;
+    case PROP_ENCODER: g_value_set_string(value, self->encoder); break;
+    case PROP_FILES_WRITTEN: g_value_set_uint64(value, self->files_written); break;
+    default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
+  }
+  GST_OBJECT_UNLOCK(self);
+}
+
+static void finalize(GObject *object) {
+  auto *self = GST_SAMPLE_SINK(object);
+  g_free(self->location);
+  g_free(self->encoder);
+  delete self->path;
+  if (self->caps) gst_caps_unref(self->caps);
+  G_OBJECT_CLASS(gst_sample_sink_parent_class)->finalize(object);
+}
+
+static void gst_sample_sink_init(GstSampleSink *self) {
+  self->location = g_strdup(kDefaultLocation);
+  self->encoder = g_strdup(kDefaultEncoder);
+  self->files_written = 0;
+  self->caps = nullptr;
+  self->have_info = false;
+  self->named = false;
+  self->pipe = self->appsrc = nullptr;
+  self->path = new std::string();
+  self->frames = 0;
+  gst_base_sink_set_sync(GST_BASE_SINK(self), FALSE);
+}
+
+static void gst_sample_sink_class_init(GstSampleSinkClass *klass) {
+  auto *gobject_class = G_OBJECT_CLASS(klass);
+  auto *element_class = GST_ELEMENT_CLASS(klass);
+  auto *base = GST_BASE_SINK_CLASS(klass);
+  gobject_class->set_property = set_property;
+  gobject_class->get_property = get_property;
+  gobject_class->finalize = finalize;
+  const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
+  g_object_class_install_property(gobject_class, PROP_LOCATION,
+      g_param_spec_string("location", "Location",
+                          "File name pattern: the first %d (e.g. %08d) is the step, the second the prompt index; "
+                          "folders are created",
+                          kDefaultLocation, rw));
+  g_object_class_install_property(gobject_class, PROP_ENCODER,
+      g_param_spec_string("encoder", "Encoder",
+                          "gst-launch description from raw video to a muxed stream, e.g. \"videoconvert ! x264enc ! "
+                          "mp4mux\" or \"videoconvert ! vp8enc ! webmmux\"",
+                          kDefaultEncoder, rw));
+  g_object_class_install_property(gobject_class, PROP_FILES_WRITTEN,
+      g_param_spec_uint64("files-written", "Files written", "Sample files completed", 0, G_MAXUINT64, 0,
+                          GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS)));
+  gst_element_class_add_static_pad_template(element_class, &sink_template);
+  gst_element_class_set_static_metadata(
+      element_class, "Sample sink", "Sink/Video",
+      "Writes each generated sample as its own video file, named from its step and prompt" VIDEOTRAIN_DOC_SAMPLESINK_MESSAGES,
+      "gst-videotrain");
+  base->render = render;
+  base->event = sink_event;
+  base->set_caps = set_caps;
+  base->start = start;
+  base->stop = stop;
+}

@@ -1,0 +1,120 @@
+/* What users write for sampling branches: prompt files (promptsrc) and samplesink's location
+ * patterns. */
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <string>
+#include <vector>
+
+#include "promptsrc/prompt_file.h"
+#include "samplesink/sample_names.h"
+#include "test_util.h"
+
+using namespace videotrain;
+
+namespace {
+
+struct Read {
+  bool ok;
+  std::vector<Prompt> prompts;
+  std::vector<std::string> warnings;
+  std::string error;
+};
+
+Read read_text(const std::string &text, PromptFileLimits limits = {}) {
+  vttest::TempDir dir;
+  const std::string path = dir.file("prompts.txt");
+  vttest::write_file(path, text);
+  Read r;
+  r.ok = read_prompt_file(path, limits, &r.prompts, &r.warnings, &r.error);
+  return r;
+}
+
+}  // namespace
+
+TEST(PromptFile, OnePromptALine) {
+  const auto r = read_text("# sample prompts\n\na red ball rolling\n  two people, walking  \r\n");
+  ASSERT_TRUE(r.ok) << r.error;
+  ASSERT_EQ(r.prompts.size(), 2u);
+  EXPECT_EQ(r.prompts[0].text, "a red ball rolling");
+  EXPECT_EQ(r.prompts[1].text, "two people, walking");  // commas are text in a plain file
+  EXPECT_EQ(r.prompts[1].index, 1u);
+  EXPECT_EQ(r.prompts[1].seed, -1);
+  EXPECT_EQ(r.prompts[1].frames, 0);
+}
+
+TEST(PromptFile, CsvWithColumnsInAnyOrder) {
+  const auto r = read_text(
+      "Seed,Prompt,negative_prompt,num_frames,width,height\n"
+      "7,\"a cat, walking\",blurry,17,64,48\n"
+      "\n"
+      ",\"said \"\"hi\"\"\nover two lines\",,,,\n");
+  ASSERT_TRUE(r.ok) << r.error;
+  ASSERT_EQ(r.prompts.size(), 2u);
+  EXPECT_EQ(r.prompts[0].text, "a cat, walking");
+  EXPECT_EQ(r.prompts[0].negative, "blurry");
+  EXPECT_EQ(r.prompts[0].seed, 7);
+  EXPECT_EQ(r.prompts[0].frames, 17);
+  EXPECT_EQ(r.prompts[0].width, 64);
+  EXPECT_EQ(r.prompts[0].height, 48);
+  EXPECT_EQ(r.prompts[1].text, "said \"hi\"\nover two lines");
+  EXPECT_EQ(r.prompts[1].seed, -1);
+  EXPECT_EQ(r.prompts[1].width, 0);
+}
+
+TEST(PromptFile, BadValuesNameTheLineAndColumn) {
+  auto r = read_text("prompt,seed\nfine,1\nbad,12x\n");
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("line 3"), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find("seed '12x'"), std::string::npos) << r.error;
+  r = read_text("prompt,width\nx,4\n");
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("width"), std::string::npos) << r.error;
+  r = read_text("prompt,seed\nx,99999999999999999999\n");
+  EXPECT_FALSE(r.ok) << "an overflowing seed was taken";
+  r = read_text("prompt\n\"never closed\n");
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("quote"), std::string::npos) << r.error;
+}
+
+TEST(PromptFile, EmptyMissingAndHostileFilesAreErrors) {
+  for (const char *text : {"", "\n\n# only a comment\n", "prompt,seed\n"}) {
+    const auto r = read_text(text);
+    EXPECT_FALSE(r.ok) << "'" << text << "'";
+    EXPECT_NE(r.error.find("no prompts"), std::string::npos) << r.error;
+  }
+  EXPECT_FALSE(read_text("\xff\xfe not text\n").ok);
+  std::vector<Prompt> p;
+  std::vector<std::string> w;
+  std::string e;
+  vttest::TempDir dir;
+  EXPECT_FALSE(read_prompt_file(dir.file("missing.txt"), {}, &p, &w, &e));
+  EXPECT_NE(e.find("missing.txt"), std::string::npos) << e;
+  const std::string fifo = dir.file("fifo.txt");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_FALSE(read_prompt_file(fifo, {}, &p, &w, &e));  // refused, not blocked on
+  EXPECT_NE(e.find("not a regular file"), std::string::npos) << e;
+  EXPECT_FALSE(read_prompt_file("/dev/zero", {}, &p, &w, &e));
+}
+
+TEST(PromptFile, LongPromptsAreCutAtACharacterWithAWarning) {
+  PromptFileLimits limits;
+  limits.max_prompt_bytes = 5;
+  const auto r = read_text("ab\xc3\xa9\xc3\xa9xyz\n", limits);  // a b é é x y z: byte 5 is inside the second é
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.prompts[0].text, "ab\xc3\xa9");
+  ASSERT_EQ(r.warnings.size(), 1u);
+  EXPECT_NE(r.warnings[0].find("line 1"), std::string::npos);
+}
+
+TEST(SampleNames, PatternTakesStepThenPrompt) {
+  EXPECT_EQ(check_sample_pattern("samples/step-%08d/prompt-%02d.mp4"), "");
+  EXPECT_EQ(sample_file_name("samples/step-%08d/prompt-%02d.mp4", 42, 3), "samples/step-00000042/prompt-03.mp4");
+  EXPECT_EQ(sample_file_name("s%d_%d%%.webm", 7, 11), "s7_11%.webm");
+  EXPECT_NE(check_sample_pattern("samples/%d.mp4"), "");
+  EXPECT_NE(check_sample_pattern("%s-%d-%d.mp4"), "");  // no printf on user text
+  EXPECT_NE(check_sample_pattern("%d-%d-%d.mp4"), "");
+  EXPECT_NE(check_sample_pattern("%999d-%d.mp4"), "");
+  EXPECT_NE(check_sample_pattern(""), "");
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Sample videos while training, as users run it: pipelines/train-wan-samples.pipeline on 2 ranks
+# (tiny Wan DiT, tiny Wan 2.1 VAE), 3 prompts sampled every 2 steps of 4 (at-start off): each rank
+# samples its share (prompt i on rank i mod 2) and samplesink writes 2 x 3 MP4s that ffprobe reads
+# with the frame count and size each prompt asked for; a bad prompt file is an error at start.
+set -euo pipefail
+build=${VIDEOTRAIN_BUILD_DIR:?}
+src=${VIDEOTRAIN_SOURCE_DIR:?}
+ref=${VIDEOTRAIN_REFERENCE_DIR:?}
+work=$(mktemp -d "${TMPDIR:-/tmp}/videotrain-samples-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+export GST_PLUGIN_PATH="$build/plugins/videotrain"
+export OMP_NUM_THREADS=1
+bash "$src/scripts/make_dataset.sh" "$work/data" 8 >/dev/null
+/usr/bin/python3 "$src/scripts/make_text_encoder.py" "$work/text" --captions "$work/data/train.csv" >/dev/null 2>&1
+bash "$src/scripts/make_tiny_wan.sh" "$work/dit" --latent-channels 4 --text-dim 32 --seed 3 --build "$build" >/dev/null
+cat > "$work/prompts.csv" <<'CSV'
+prompt,negative_prompt,seed,num_frames,width,height
+a red ball rolling on grass,blurry,7,5,32,32
+"a cat, walking",,8,9,64,32
+waves on a beach,,,5,32,48
+CSV
+run() {  # run NAME PROMPTS
+  timeout 300 "$build/tools/videotrain-launch" -n 2 -f "$src/pipelines/train-wan-samples.pipeline" \
+    -D DATA="$work/data" -D VAE="$ref/wan_vae/tiny_wan21" -D TOKENIZER="$work/text/spiece.model" \
+    -D TEXT_ENCODER="$work/text/text_encoder.pt" -D MAX_LENGTH=16 -D BUCKETS=32x32 -D FRAME_BUCKETS=5 -D FPS=0 \
+    -D FRAMES=5 -D WIDTH=32 -D HEIGHT=32 -D PREFETCH=1 -D BATCH=2 -D MICRO=1 -D STEPS=4 -D MODEL="$work/dit" \
+    -D CKPT="$work/ckpt-$1" -D CKPT_EVERY=100 -D LR=1e-3 -D SEED=1 -D LATENT=mode -D CAPTION_DROPOUT=0 \
+    -D METRICS="$work/$1.jsonl" -D TIMEOUT=120 -D PROMPTS="$2" -D SAMPLE_EVERY=2 -D SAMPLE_AT_START=false \
+    -D SAMPLE_STEPS=3 -D SAMPLE_FPS=8 -D SAMPLES="$work/samples-$1" > "$work/$1.log" 2>&1
+}
+run ok "$work/prompts.csv" || { cat "$work/ok.log"; echo "FAIL: the run with a sample branch did not end"; exit 1; }
+n=$(grep -c "ddpsampler-sample" "$work/ok.log" || true)
+[ "$n" = 6 ] || { cat "$work/ok.log"; echo "FAIL: $n ddpsampler-sample messages, expected 6 (2 steps x 3 prompts)"; exit 1; }
+expect() {  # expect STEP PROMPT FRAMES WIDTH HEIGHT
+  local f
+  f="$work/samples-ok/step-$(printf %08d "$1")/prompt-$(printf %02d "$2").mp4"
+  [ -s "$f" ] || { ls -R "$work/samples-ok" || true; echo "FAIL: no $f"; exit 1; }
+  got=$(ffprobe -v error -count_frames -select_streams v:0 -show_entries stream=nb_read_frames,width,height \
+    -of csv=p=0 "$f")
+  [ "$got" = "$4,$5,$3" ] || { echo "FAIL: $f has width,height,frames $got, expected $4,$5,$3"; exit 1; }
+}
+for step in 2 4; do
+  expect $step 0 5 32 32
+  expect $step 1 9 64 32
+  expect $step 2 5 32 48
+done
+files=$(find "$work/samples-ok" -name '*.mp4' | wc -l)
+[ "$files" = 6 ] || { echo "FAIL: $files files, expected 6"; exit 1; }
+# Prompt 1 on rank 1 and prompts 0, 2 on rank 0: the rank-prefixed messages say who sampled what.
+grep -q "\[rank 1\] ddpsampler-sample: step 2, prompt 1" "$work/ok.log" ||
+  { grep ddpsampler-sample "$work/ok.log"; echo "FAIL: prompt 1 was not sampled on rank 1"; exit 1; }
+if grep -q "training waits" "$work/ok.log"; then echo "FAIL: training waited for sampling"; exit 1; fi
+echo "samples: 6 MP4s (2 steps x 3 prompts over 2 ranks) with the frames and sizes the prompt file asked for"
+printf 'prompt,seed\nfine,1\nbad,12x\n' > "$work/bad.csv"
+if run bad "$work/bad.csv"; then echo "FAIL: a bad prompt file did not stop the run"; exit 1; fi
+grep -q "line 3: seed '12x'" "$work/bad.log" || { cat "$work/bad.log"; echo "FAIL: the error does not name the line"; exit 1; }
+echo "samples: a bad prompt file is an error naming its line"
