@@ -10,7 +10,9 @@
  *
  * forward: IN holds the class's own inputs in diffusers' layout (Wan: hidden_states [B,C,T,H,W],
  * timestep [B] or [B, tokens], encoder_hidden_states [B,L,D], optionally encoder_attention_mask
- * [B,L] whose zeros zero those rows, as Wan's pipelines pass text). OUT gets `output`; with
+ * [B,L] whose zeros zero those rows, as Wan's pipelines pass text; CogVideoX: hidden_states
+ * [B,F,C,H,W], frames before channels, timestep [B], encoder_hidden_states [B,226,D]: T5's output
+ * with no mask, rotary tables computed from the shape). OUT gets `output`; with
  * --backward, IN also holds `cotangent` and OUT gets grad.hidden_states, grad.encoder_hidden_states
  * and grad.<parameter> of d(sum(output * cotangent)); with --lora FILE (diffusers, ComfyUI or kohya
  * naming) the base is frozen and the gradients are the LoRA tensors', in diffusers/PEFT naming
@@ -81,13 +83,14 @@ std::string human(double bytes) {
   return buf;
 }
 
-// blocks.7.attn1.to_q -> blocks.{i}.attn1.to_q (one line per kind of module).
+// blocks.7.attn1.to_q -> blocks.{i}.attn1.to_q, transformer_blocks.7.* (CogVideoX) likewise (one line
+// per kind of module).
 std::string pattern_of(const std::string &name) {
   std::string out;
   size_t i = 0;
+  const size_t at = name.rfind("blocks.", 0) == 0 ? 7 : name.rfind("transformer_blocks.", 0) == 0 ? 19 : 0;
   while (i < name.size()) {
-    if (std::isdigit(static_cast<unsigned char>(name[i])) && (i == 0 || name[i - 1] == '.') && name.rfind("blocks.", 0) == 0 &&
-        i == 7) {
+    if (at && i == at && std::isdigit(static_cast<unsigned char>(name[i]))) {
       while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) i++;
       out += "{i}";
     } else {

@@ -85,6 +85,7 @@ enum {
   PROP_LOGIT_MEAN,
   PROP_LOGIT_STD,
   PROP_FLOW_SHIFT,
+  PROP_SNR_SHIFT_SCALE,
   PROP_TIMESTEP_RANGE,
   PROP_VAL_SIGMAS,
   PROP_SAVE_DTYPE,
@@ -347,6 +348,7 @@ static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GVa
     case PROP_LOGIT_MEAN: c.native.logit_mean = g_value_get_double(v); break;
     case PROP_LOGIT_STD: c.native.logit_std = g_value_get_double(v); break;
     case PROP_FLOW_SHIFT: c.native.flow_shift = g_value_get_double(v); break;
+    case PROP_SNR_SHIFT_SCALE: c.native.snr_shift_scale = g_value_get_double(v); break;
     case PROP_TIMESTEP_RANGE: c.timestep_range = str(); break;
     case PROP_VAL_SIGMAS: c.val_sigmas = str(); break;
     case PROP_SAVE_DTYPE: c.save_dtype = enum_nick(save_dtype_type(), g_value_get_enum(v)); break;
@@ -405,6 +407,7 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
     case PROP_LOGIT_MEAN: g_value_set_double(v, c.native.logit_mean); break;
     case PROP_LOGIT_STD: g_value_set_double(v, c.native.logit_std); break;
     case PROP_FLOW_SHIFT: g_value_set_double(v, c.native.flow_shift); break;
+    case PROP_SNR_SHIFT_SCALE: g_value_set_double(v, c.native.snr_shift_scale); break;
     case PROP_TIMESTEP_RANGE: g_value_set_string(v, c.timestep_range.c_str()); break;
     case PROP_VAL_SIGMAS: g_value_set_string(v, c.val_sigmas.c_str()); break;
     case PROP_SAVE_DTYPE: g_value_set_enum(v, enum_value(save_dtype_type(), c.save_dtype)); break;
@@ -575,10 +578,17 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                                                "Native Wan models: sigma' = s*sigma / (1 + (s-1)*sigma); 1: no shift "
                                                "(3.0 is the Wan 480p recipe, 5.0 for 720p)",
                                                0.01, 100, d.native.flow_shift, rw));
+  install(PROP_SNR_SHIFT_SCALE,
+          g_param_spec_double("snr-shift-scale", "SNR shift scale",
+                              "Native CogVideoX models (v-prediction on its DDPM schedule): the schedule's "
+                              "snr_shift_scale; 0: the folder's ../scheduler/scheduler_config.json, else 3.0 for the "
+                              "CogVideoX-2b layout and 1.0 for 5b and 1.5, as the published schedulers",
+                              0, 100, d.native.snr_shift_scale, rw));
   install(PROP_TIMESTEP_RANGE,
           g_param_spec_string("timestep-range", "Timestep range",
                               "Native Wan models: LO,HI in [0, 1000]: shifted sigmas are rescaled into [LO, HI]/1000 "
-                              "(Wan 2.2 A14B: 875,1000 for the high-noise expert, 0,875 for the low-noise one)",
+                              "(Wan 2.2 A14B: 875,1000 for the high-noise expert, 0,875 for the low-noise one); "
+                              "CogVideoX: integer timesteps drawn uniformly in [LO, HI)",
                               d.timestep_range.c_str(), rw));
   install(PROP_VAL_SIGMAS, g_param_spec_string("val-sigmas", "Validation sigmas",
                                                "Native models: the fixed sigmas (comma list in (0, 1]) at which "

@@ -33,6 +33,14 @@ const std::pair<const char *, const char *> kWanTop[] = {
     {"proj_out", "head.head"},
 };
 
+// CogVideoX LoRAs outside diffusers' file (ComfyUI's CogVideoX wrapper, kohya-style trainers) keep
+// diffusers' module names: diffusion_model.<name>, or lora_unet_<name with underscores>. The modules
+// a LoRA can name, so that the underscored form maps back.
+const char *const kCogVideoXBlock[] = {"attn1.to_q",     "attn1.to_k", "attn1.to_v",   "attn1.to_out.0",
+                                       "ff.net.0.proj",  "ff.net.2",   "norm1.linear", "norm2.linear"};
+const char *const kCogVideoXTop[] = {"patch_embed.proj",        "patch_embed.text_proj", "time_embedding.linear_1",
+                                     "time_embedding.linear_2", "norm_out.linear",       "proj_out"};
+
 bool ends_with(const std::string &s, const std::string &t) {
   return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
 }
@@ -50,6 +58,21 @@ std::string kohya_name(std::string original) {
 }
 
 }  // namespace
+
+std::string cogvideox_module(const std::string &name, bool underscored) {
+  auto spell = [&](std::string n) {
+    if (underscored) std::replace(n.begin(), n.end(), '.', '_');
+    return n;
+  };
+  for (const char *t : kCogVideoXTop)
+    if (name == spell(t)) return t;
+  static const std::regex dotted(R"(^transformer_blocks\.(\d+)\.(.+)$)"), kohya(R"(^transformer_blocks_(\d+)_(.+)$)");
+  std::smatch m;
+  if (std::regex_match(name, m, underscored ? kohya : dotted))
+    for (const char *b : kCogVideoXBlock)
+      if (m[2] == spell(b)) return "transformer_blocks." + m[1].str() + "." + b;
+  return "";
+}
 
 std::string wan_diffusers_name(const std::string &original) {
   for (const auto &[d, o] : kWanTop)
@@ -112,13 +135,15 @@ LoraFile read_lora_file(const std::string &path) {
     } else if (stem.rfind("diffusion_model.", 0) == 0) {
       naming("comfyui", key);
       module = wan_diffusers_name(stem.substr(16));
+      if (module.empty()) module = cogvideox_module(stem.substr(16), false);
     } else if (stem.rfind("lora_unet_", 0) == 0) {
       naming("kohya", key);
       module = wan_diffusers_name(wan_kohya_to_original(stem.substr(10)));
+      if (module.empty()) module = cogvideox_module(stem.substr(10), true);
     }
     if (module.empty())
-      throw std::runtime_error("'" + path + "' key '" + key + "' names no Linear module of a Wan transformer: a LoRA "
-                               "for another model, or a naming other than diffusers (transformer.blocks.0.attn1.to_q), "
+      throw std::runtime_error("'" + path + "' key '" + key + "' names no Linear module of a Wan or CogVideoX transformer: a "
+                               "LoRA for another model, or a naming other than diffusers (transformer.blocks.0.attn1.to_q), "
                                "ComfyUI (diffusion_model.blocks.0.self_attn.q) or kohya (lora_unet_blocks_0_self_attn_q)");
     auto &lm = out.modules[module];
     if (part == ".alpha") {
@@ -181,6 +206,8 @@ void write_lora_file(const std::string &path, const LoraFile &lora, const std::s
   std::map<std::string, std::string> meta{{"format", "pt"}};
   nlohmann::json targets = nlohmann::json::array(), alpha_pattern = nlohmann::json::object();
   const double global = lora.modules.empty() ? 0 : lora.alpha_of(lora.modules.begin()->second);
+  bool cogvideox = false;  // CogVideoX's module names (transformer_blocks.*) stay diffusers' in every naming
+  for (const auto &[name, m] : lora.modules) cogvideox = cogvideox || name.rfind("transformer_blocks.", 0) == 0;
   for (const auto &[name, m] : lora.modules) {
     const double a = lora.alpha_of(m);
     if (naming == "diffusers") {
@@ -190,7 +217,7 @@ void write_lora_file(const std::string &path, const LoraFile &lora, const std::s
       if (a != global) alpha_pattern[name] = a;
       continue;
     }
-    const std::string o = wan_original_name(name);
+    const std::string o = cogvideox ? cogvideox_module(name, false) : wan_original_name(name);
     if (o.empty()) throw std::runtime_error("module '" + name + "' has no name in the " + naming + " naming");
     std::string stem = "diffusion_model." + o, down = ".lora_A.weight", up = ".lora_B.weight";
     if (naming == "kohya") {

@@ -32,7 +32,12 @@ struct LoraFile {
 // or "" when the module has none.
 std::string wan_original_name(const std::string &diffusers_name);
 
-// Reads `path` into diffusers' module names (Wan's name table; no model needed). Throws
+// The CogVideoX module `name` names in diffusers' dotted form (underscored: kohya's form,
+// transformer_blocks_0_attn1_to_q), or "" when no CogVideoX Linear has that name. CogVideoX LoRAs in
+// the ComfyUI and kohya namings use diffusers' module names.
+std::string cogvideox_module(const std::string &name, bool underscored);
+
+// Reads `path` into diffusers' module names (Wan's name table, CogVideoX's; no model needed). Throws
 // std::runtime_error naming the key: a naming it does not recognise, a module no Wan model has, a
 // rank that differs between modules, an A without its B.
 LoraFile read_lora_file(const std::string &path);

@@ -15,7 +15,10 @@ struct ModelOptions {
   double logit_mean = 0.0, logit_std = 1.0;
   double flow_shift = 3.0;                   // sigma' = s sigma / (1 + (s - 1) sigma)
   double timestep_lo = 0.0, timestep_hi = 1000.0;  // sigma' rescaled into [lo, hi] / 1000
-  std::vector<double> val_sigmas{0.25, 0.5, 0.75};
+  std::vector<double> val_sigmas{0.25, 0.5, 0.75};  // CogVideoX: timesteps 1000 sigma (at most 999)
+  // CogVideoX's DDPM schedule: 0 = the folder's ../scheduler/scheduler_config.json, else 3.0 for the
+  // sincos layout (2b) and 1.0 for the rotary ones (5b, 1.5), as the published schedulers.
+  double snr_shift_scale = 0;
   bool gradient_checkpointing = false;
   // LoRA (rank 0: off) over the frozen base, or a partial fine-tune (`trainable`, a regex on
   // parameter names); without either every parameter trains.

@@ -4,15 +4,19 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
 
+#include "cogvideox_transformer.h"
 #include "layers.h"
 #include "lora.h"
 #include "model_parts.h"
+#include "schedules.h"
 #include "seeded_hash.h"
 #include "wan_transformer.h"
 #include "weights_io.h"
@@ -51,6 +55,25 @@ class WanDit : public DitModel {
   WanTransformer net_;
 };
 
+// CogVideoX: hidden_states [B, F, C, H, W] (frames before channels), as diffusers' class takes them.
+class CogVideoXDit : public DitModel {
+ public:
+  explicit CogVideoXDit(const CogVideoXConfig &c) : net_(c) {}
+  std::string family() const override { return "cogvideox"; }
+  std::string class_name() const override { return "CogVideoXTransformer3DModel"; }
+  torch::nn::Module &module() override { return *net_; }
+  at::Tensor forward(const at::Tensor &x, const at::Tensor &t, const at::Tensor &text) override {
+    return net_->forward(x, t, text);
+  }
+  void set_gradient_checkpointing(bool on) override { net_->gradient_checkpointing = on; }
+  std::string config_json() const override { return cogvideox_transformer_config_json(net_->cfg); }
+  int64_t latent_channels() const override { return net_->cfg.in_channels; }
+  int64_t text_dim() const override { return net_->cfg.text_embed_dim; }
+
+ private:
+  CogVideoXTransformer net_;
+};
+
 std::string class_of(const std::string &config_text) {
   const auto j = nlohmann::json::parse(config_text, nullptr, false);
   if (j.is_object() && j.contains("_class_name") && j["_class_name"].is_string()) return j["_class_name"].get<std::string>();
@@ -65,9 +88,15 @@ std::unique_ptr<DitModel> build_from(const std::string &config_text, const std::
     std::string err;
     if (!parse_wan_transformer_config(config_text, &c, &err)) throw std::runtime_error("'" + where + "': " + err);
     m = std::make_unique<WanDit>(c);
+  } else if (cls == "CogVideoXTransformer3DModel") {
+    CogVideoXConfig c;
+    std::string err;
+    if (!parse_cogvideox_transformer_config(config_text, &c, &err))
+      throw std::runtime_error("'" + where + "' (CogVideoXTransformer3DModel): " + err);
+    m = std::make_unique<CogVideoXDit>(c);
   } else {
     throw std::runtime_error("'" + where + "' is a " + (cls.empty() ? std::string("folder without a _class_name") : cls) +
-                             "; ddptrainsink trains WanTransformer3DModel folders (a diffusers transformer/ "
+                             "; ddptrainsink trains WanTransformer3DModel and CogVideoXTransformer3DModel folders (a diffusers transformer/ "
                              "subfolder), TorchScript files or builtin: models");
   }
   m->module().to(device);
@@ -127,6 +156,69 @@ at::Tensor zero_text_padding(const at::Tensor &text_embeds, const at::Tensor &te
   return text_embeds * (text_mask != 0).unsqueeze(-1).to(text_embeds.scalar_type());
 }
 
+
+double cogvideox_snr_shift_scale(const std::string &dir, bool rotary) {
+  const auto path = std::filesystem::path(dir) / ".." / "scheduler" / "scheduler_config.json";
+  std::ifstream f(path);
+  if (f) {
+    const auto j = nlohmann::json::parse(f, nullptr, false);
+    if (j.is_object() && j.contains("snr_shift_scale") && j["snr_shift_scale"].is_number() &&
+        j["snr_shift_scale"].get<double>() > 0)
+      return j["snr_shift_scale"].get<double>();
+  }
+  return rotary ? 1.0 : 3.0;
+}
+
+void draw_ddpm(const at::Tensor &x0, const std::vector<uint64_t> &ids, unsigned epoch, const ModelOptions &o,
+               at::Tensor *timestep, at::Tensor *noise) {
+  const int64_t m = x0.size(0);
+  const double lo = std::max(0.0, o.timestep_lo), hi = std::min(1000.0, o.timestep_hi);
+  std::vector<int64_t> ts(m);
+  std::vector<at::Tensor> ns;
+  for (int64_t i = 0; i < m; i++) {
+    const uint64_t seed = hash_combine(hash_combine(o.seed, ids.at(i)), epoch) & 0x7fffffffffffffffull;
+    auto g = at::detail::createCPUGenerator(seed);
+    const double u = at::rand({1}, g, torch::TensorOptions().dtype(torch::kDouble)).item<double>();
+    ts[i] = std::clamp<int64_t>(static_cast<int64_t>(std::floor(lo + u * (hi - lo))), 0, 999);
+    ns.push_back(at::randn(x0[i].sizes(), g, torch::TensorOptions().dtype(torch::kFloat)));
+  }
+  *timestep = torch::tensor(ts, torch::kLong).to(x0.device());
+  *noise = torch::stack(ns).to(x0.device(), x0.scalar_type());
+}
+
+namespace {
+at::Tensor per_sample(const at::Tensor &v, const at::Tensor &like) {
+  std::vector<int64_t> shape(like.dim(), 1);
+  shape[0] = like.size(0);
+  return v.view(shape);
+}
+}  // namespace
+
+void vpred_terms(const at::Tensor &x0, const at::Tensor &noise, const at::Tensor &t, const at::Tensor &alphas,
+                 at::Tensor *x_t, at::Tensor *weight) {
+  const auto a = alphas.to(x0.device()).index_select(0, t.to(x0.device(), torch::kLong));
+  const auto af = a.to(x0.scalar_type());  // add_noise casts the schedule to the sample's dtype first
+  *x_t = per_sample(af.sqrt(), x0) * x0 + per_sample((1 - af).sqrt(), x0) * noise;
+  *weight = 1.0 / (1.0 - a);
+}
+
+at::Tensor vpred_x0(const at::Tensor &x_t, const at::Tensor &v, const at::Tensor &t, const at::Tensor &alphas) {
+  const auto a = alphas.to(x_t.device()).index_select(0, t.to(x_t.device(), torch::kLong)).to(v.scalar_type());
+  return per_sample(a.sqrt(), x_t) * x_t - per_sample((1 - a).sqrt(), x_t) * v;
+}
+
+at::Tensor vpred_loss(const at::Tensor &x0_pred, const at::Tensor &x0, const at::Tensor &w) {
+  const auto e = (x0_pred.to(torch::kFloat) - x0.to(torch::kFloat)).pow(2);
+  return (per_sample(w.to(torch::kFloat), e) * e).flatten(1).mean(1);
+}
+
+at::Tensor cogvideox_latents(const at::Tensor &latents, int64_t patch_t) {
+  auto x = latents.permute({0, 2, 1, 3, 4});
+  const int64_t extra = patch_t > 1 ? (patch_t - x.size(1) % patch_t) % patch_t : 0;
+  if (extra) x = torch::cat({x.narrow(1, 0, 1).expand({-1, extra, -1, -1, -1}), x}, 1);
+  return x.contiguous();
+}
+
 }  // namespace models
 
 namespace {
@@ -137,6 +229,12 @@ class NativeTrainModel : public TrainModel {
   NativeTrainModel(std::string dir, std::unique_ptr<models::DitModel> dit, const ModelOptions &o)
       : dir_(std::move(dir)), dit_(std::move(dit)), opt_(o) {
     dit_->set_gradient_checkpointing(o.gradient_checkpointing);
+    if (auto *cog = dynamic_cast<models::CogVideoXTransformerImpl *>(&dit_->module())) {
+      cog_patch_t_ = std::max<int64_t>(1, cog->cfg.patch_size_t);
+      const double s = o.snr_shift_scale > 0 ? o.snr_shift_scale
+                                             : models::cogvideox_snr_shift_scale(dir_, cog->cfg.use_rotary_positional_embeddings);
+      alphas_cumprod_ = torch::tensor(models::cogvideox_alphas_cumprod(s), torch::kDouble);  // schedules.h
+    }
     if (o.lora()) {
       attach_lora();
     } else if (!o.trainable.empty()) {
@@ -175,14 +273,25 @@ class NativeTrainModel : public TrainModel {
 
   at::Tensor training_step(const ModelInputs &in) override {
     const auto x0 = checked_latents(in);
-    at::Tensor sigma, noise, x_t, t, target;
-    if (in.sample_ids.size() == static_cast<size_t>(x0.size(0))) {
-      models::draw_flow(x0, in.sample_ids, in.epoch, opt_, &sigma, &noise);
-    } else {  // no sample ids (an app's own stream): the step's default generator
-      std::vector<uint64_t> ids(x0.size(0));
+    std::vector<uint64_t> ids = in.sample_ids;
+    unsigned epoch = in.epoch;
+    if (ids.size() != static_cast<size_t>(x0.size(0))) {  // no sample ids (an app's own stream): the step's default generator
+      ids.assign(x0.size(0), 0);
       for (auto &id : ids) id = static_cast<uint64_t>(torch::randint(INT64_MAX, {1}, torch::kLong).item<int64_t>());
-      models::draw_flow(x0, ids, 0, opt_, &sigma, &noise);
+      epoch = 0;
     }
+    if (alphas_cumprod_.defined()) {
+      // CogVideoX: v-prediction on its DDPM schedule, the loss on the x0 estimate weighted 1 / (1 - a_t);
+      // the T5 output as the pipelines pass it (no mask).
+      const auto x = models::cogvideox_latents(x0, cog_patch_t_);
+      at::Tensor t, noise, x_t, w;
+      models::draw_ddpm(x, ids, epoch, opt_, &t, &noise);
+      models::vpred_terms(x, noise, t, alphas_cumprod_, &x_t, &w);
+      const auto v = dit_->forward(x_t, t, in.text_embeds);
+      return models::vpred_loss(models::vpred_x0(x_t, v, t, alphas_cumprod_), x, w).mean();
+    }
+    at::Tensor sigma, noise, x_t, t, target;
+    models::draw_flow(x0, ids, epoch, opt_, &sigma, &noise);
     models::flow_terms(x0, noise, sigma, &x_t, &t, &target);
     const auto pred = dit_->forward(x_t, t, models::zero_text_padding(in.text_embeds, in.text_mask));
     return torch::mse_loss(pred.to(torch::kFloat), target.to(torch::kFloat));
@@ -197,8 +306,22 @@ class NativeTrainModel : public TrainModel {
       ns.push_back(at::randn(x0[i].sizes(), g, torch::TensorOptions().dtype(torch::kFloat)));
     }
     const auto noise = torch::stack(ns).to(x0.device(), x0.scalar_type());
-    const auto text = models::zero_text_padding(in.text_embeds, in.text_mask);
     at::Tensor total;
+    if (alphas_cumprod_.defined()) {  // CogVideoX: timesteps 1000 sigma, noise in its frames-first layout
+      const auto x = models::cogvideox_latents(x0, cog_patch_t_);
+      const auto nx = models::cogvideox_latents(noise, cog_patch_t_);
+      for (double s : opt_.val_sigmas) {
+        const auto t = torch::full({m}, std::clamp<int64_t>(static_cast<int64_t>(s * 1000), 0, 999),
+                                   x0.options().dtype(torch::kLong));
+        at::Tensor x_t, w;
+        models::vpred_terms(x, nx, t, alphas_cumprod_, &x_t, &w);
+        const auto v = dit_->forward(x_t, t, in.text_embeds);
+        const auto l = models::vpred_loss(models::vpred_x0(x_t, v, t, alphas_cumprod_), x, w);
+        total = total.defined() ? total + l : l;
+      }
+      return total / static_cast<double>(opt_.val_sigmas.size());
+    }
+    const auto text = models::zero_text_padding(in.text_embeds, in.text_mask);
     for (double s : opt_.val_sigmas) {
       at::Tensor x_t, t, target;
       models::flow_terms(x0, noise, torch::full({m}, s, x0.options().dtype(torch::kFloat)), &x_t, &t, &target);
@@ -258,7 +381,7 @@ class NativeTrainModel : public TrainModel {
     if (in.text_embeds.size(2) != dit_->text_dim())
       throw std::runtime_error("text embeddings have " + std::to_string(in.text_embeds.size(2)) + " dimensions; " +
                                dir_ + " takes " + std::to_string(dit_->text_dim()) +
-                               " (the family's text encoder: umT5-XXL for Wan)");
+                               " (the family's text encoder: umT5-XXL for Wan, T5-XXL for CogVideoX)");
     return in.latents;
   }
   void attach_lora() {
@@ -344,6 +467,8 @@ class NativeTrainModel : public TrainModel {
   std::string dir_;
   std::unique_ptr<models::DitModel> dit_;
   ModelOptions opt_;
+  at::Tensor alphas_cumprod_;  // CogVideoX's schedule (float64); undefined for flow-matching families
+  int64_t cog_patch_t_ = 1;
 };
 
 }  // namespace

@@ -53,4 +53,26 @@ void flow_terms(const at::Tensor &x0, const at::Tensor &noise, const at::Tensor 
 // encoder's output trimmed to the tokens and zero-padded).
 at::Tensor zero_text_padding(const at::Tensor &text_embeds, const at::Tensor &text_mask);
 
+// snr_shift_scale of a CogVideoX transformer folder: its ../scheduler/scheduler_config.json's when
+// there is one, else 3.0 (sincos layout, CogVideoX-2b) or 1.0 (rotary: 5b, 1.5).
+double cogvideox_snr_shift_scale(const std::string &transformer_dir, bool rotary);
+// Each sample's integer timestep, uniform in [timestep_lo, timestep_hi) within [0, 999], and noise,
+// from a CPU generator seeded by (seed, sample id, epoch). timestep int64 [m].
+void draw_ddpm(const at::Tensor &x0, const std::vector<uint64_t> &sample_ids, unsigned epoch, const ModelOptions &o,
+               at::Tensor *timestep, at::Tensor *noise);
+// x_t = sqrt(a_t) x0 + sqrt(1 - a_t) noise (diffusers' add_noise: a_t in x0's dtype); the loss weight
+// 1 / (1 - a_t) (float64 [m]).
+void vpred_terms(const at::Tensor &x0, const at::Tensor &noise, const at::Tensor &timestep,
+                 const at::Tensor &alphas_cumprod, at::Tensor *x_t, at::Tensor *weight);
+// The x0 estimate from the model's velocity: sqrt(a_t) x_t - sqrt(1 - a_t) v (diffusers'
+// scheduler.get_velocity(v, x_t, t), as CogVideoX's training scripts use it).
+at::Tensor vpred_x0(const at::Tensor &x_t, const at::Tensor &v, const at::Tensor &timestep,
+                    const at::Tensor &alphas_cumprod);
+// Each sample's mean(w (x0_pred - x0)^2) over its elements, float32 [m].
+at::Tensor vpred_loss(const at::Tensor &x0_pred, const at::Tensor &x0, const at::Tensor &weight);
+// Latents [m, C, T, H, W] as CogVideoX takes them, [m, F, C, H, W], with frames padded to a multiple
+// of patch_t by repeating the first frame in front (CogVideoX's own fine-tuning code; its pipelines
+// likewise drop the leading extra frames after sampling).
+at::Tensor cogvideox_latents(const at::Tensor &latents, int64_t patch_t);
+
 }  // namespace videotrain::models

@@ -160,5 +160,27 @@ r = run("forward", model, inp, out)
 check(r.returncode == 1 and "timestep" in r.stderr, "a missing input is an error: " + r.stderr.strip())
 r = run("info", os.path.join(ref, "wan_vae", "tiny_wan21"))
 check(r.returncode == 1 and "AutoencoderKLWan" in r.stderr, "a VAE folder is refused naming its class: " + r.stderr.strip())
+# CogVideoX folders: info names the class and its LoRA targets; forward --backward in the class's own
+# layout ([B, F, C, H, W]) equals diffusers on each layout's first case; an export runs.
+for name, c in (("cogvideox_2b_tiny", "b2_t3_h8_w12"), ("cogvideox_5b_tiny", "b2_t3_h8_w12"),
+                ("cogvideox15_tiny", "b2_t4_h8_w12")):
+    cog = os.path.join(ref, "dit", name)
+    r = run("info", cog)
+    check(r.returncode == 0 and "CogVideoXTransformer3DModel (family cogvideox)" in r.stdout and
+          "transformer_blocks.{i}.attn1.to_q  (x2)" in r.stdout, f"info {name}: " + r.stderr.strip())
+    cc, _ = read(os.path.join(cog, "cases.safetensors"))
+    write(inp, {"hidden_states": cc[f"input.{c}.hidden_states"], "timestep": cc[f"input.{c}.timestep"],
+                "encoder_hidden_states": cc[f"input.{c}.encoder_hidden_states"], "cotangent": cc[f"cotangent.{c}"]})
+    r = run("forward", cog, inp, out, "--backward")
+    got, _ = read(out) if r.returncode == 0 else ({}, {})
+    check(r.returncode == 0 and rel(got["output"], cc[f"output.{c}"]) < 1e-5 and
+          rel(got["grad.hidden_states"], cc[f"grad_input.{c}.hidden_states"]) < 1e-5,
+          f"forward --backward {name} equals diffusers (1e-5): " + r.stderr.strip())
+    exp = os.path.join(tmp, "exported-" + name)
+    r = run("export", cog, exp, "--dtype", "bf16")
+    r2 = run("forward", exp, inp, out)
+    check(r.returncode == 0 and r2.returncode == 0 and 0 < rel(read(out)[0]["output"], cc[f"output.{c}"]) < 3e-2,
+          f"export {name} as bf16 runs: " + r.stderr.strip() + r2.stderr.strip())
+
 print(f"{len(failures) == 0 and 'all' or len(failures)} checks " + ("passed" if not failures else "failed"))
 sys.exit(1 if failures else 0)

@@ -1,0 +1,297 @@
+/* CogVideoX transformer: see cogvideox_transformer.h. The computation follows diffusers'
+ * cogvideox_transformer_3d.py, embeddings.py (CogVideoXPatchEmbed, get_3d_sincos_pos_embed,
+ * get_3d_rotary_pos_embed), normalization.py (CogVideoXLayerNormZero, AdaLayerNorm),
+ * CogVideoXAttnProcessor2_0 and pipeline_cogvideox.py (rotary grids), commit 58eb52c; checked against
+ * its outputs and gradients in tests/models/test_cogvideox_transformer.cpp. */
+#include "cogvideox_transformer.h"
+
+#include <cfenv>
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+namespace videotrain::models {
+
+namespace {
+
+std::string shape_of(const at::Tensor &t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+// Rotary positions on the rows of x [B, H, S, D] with cos, sin [S, D]: pairs (2i, 2i+1) rotate together.
+at::Tensor apply_rope(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &sin) {
+  const auto xf = x.to(at::kFloat);
+  const auto pairs = xf.unflatten(-1, {-1, 2});
+  const auto rotated = at::stack({-pairs.select(-1, 1), pairs.select(-1, 0)}, -1).flatten(-2);
+  return (xf * cos + rotated * sin).to(x.scalar_type());
+}
+
+// nn.LayerNorm in float32 whatever the input's dtype (CPU autocast in LibTorch 1.13 would hand it bf16
+// input with float32 weights), as autocast runs layer_norm on CUDA.
+at::Tensor layer_norm32(const torch::nn::LayerNorm &m, const at::Tensor &x) {
+  return at::layer_norm(x.to(at::kFloat), m->options.normalized_shape(), m->weight.to(at::kFloat),
+                        m->bias.to(at::kFloat), m->options.eps());
+}
+
+// Python's round() (ties to even), as get_resize_crop_region_for_grid uses it.
+int64_t round_even(double v) {
+  const int mode = std::fegetround();
+  std::fesetround(FE_TONEAREST);
+  const double r = std::nearbyint(v);
+  std::fesetround(mode);
+  return static_cast<int64_t>(r);
+}
+
+// get_1d_rotary_pos_embed(dim, pos, use_real=True) in float32: cos and sin [n, dim], each angle twice.
+std::pair<at::Tensor, at::Tensor> rotary_1d(int64_t dim, const at::Tensor &pos) {
+  const auto f = at::TensorOptions().dtype(at::kFloat);
+  const auto freqs = 1.0 / at::pow(10000.0, at::arange(0, dim, 2, f).slice(0, 0, dim / 2) / static_cast<double>(dim));
+  const auto a = at::outer(pos, freqs);
+  return {a.cos().repeat_interleave(2, 1), a.sin().repeat_interleave(2, 1)};
+}
+
+// get_1d_sincos_pos_embed_from_grid: [sin, cos] of pos * 10000^(-i / (dim/2)) in float64.
+at::Tensor sincos_1d(int64_t dim, const at::Tensor &pos) {
+  auto omega = at::arange(dim / 2, at::TensorOptions().dtype(at::kDouble)) / (dim / 2.0);
+  omega = 1.0 / at::pow(10000.0, omega);
+  const auto a = at::outer(pos.to(at::kDouble).reshape(-1), omega);
+  return at::cat({a.sin(), a.cos()}, 1);
+}
+
+// Timesteps(dim, flip_sin_to_cos, freq_shift) as get_timestep_embedding computes it.
+at::Tensor timestep_embedding(const at::Tensor &t, int64_t dim, bool flip, int64_t shift) {
+  const int64_t half = dim / 2;
+  auto exponent = -std::log(10000.0) * at::arange(0, half, t.options().dtype(at::kFloat));
+  exponent = exponent / static_cast<double>(half - shift);
+  const auto a = t.to(at::kFloat).unsqueeze(1) * exponent.exp().unsqueeze(0);
+  auto e = flip ? at::cat({a.cos(), a.sin()}, -1) : at::cat({a.sin(), a.cos()}, -1);
+  if (dim % 2) e = at::constant_pad_nd(e, {0, 1});
+  return e;
+}
+
+}  // namespace
+
+/* ---------------- block ---------------- */
+
+CogVideoXNormZeroImpl::CogVideoXNormZeroImpl(int64_t time_dim, int64_t dim, double eps) {
+  linear = register_module("linear", Linear(time_dim, 6 * dim));
+  norm = register_module("norm", LayerNorm32(dim, eps, true));
+}
+
+at::Tensor CogVideoXNormZeroImpl::forward(const at::Tensor &x, const at::Tensor &temb, int64_t text_len,
+                                          at::Tensor *gate) {
+  // shift, scale, gate (video), enc_shift, enc_scale, enc_gate (text): each [B, 1, dim].
+  const auto m = linear(torch::silu(temb)).unsqueeze(1).chunk(6, -1);
+  const auto n = norm(x).to(x.scalar_type());
+  const int64_t S = x.size(1) - text_len;
+  const auto text = n.narrow(1, 0, text_len) * (1 + m[4]) + m[3];
+  const auto video = n.narrow(1, text_len, S) * (1 + m[1]) + m[0];
+  *gate = at::cat({m[5].expand({-1, text_len, -1}), m[2].expand({-1, S, -1})}, 1);
+  return at::cat({text, video}, 1);
+}
+
+CogVideoXBlockImpl::CogVideoXBlockImpl(const CogVideoXConfig &c) : heads(c.num_attention_heads) {
+  const int64_t dim = c.dim();
+  norm1 = register_module("norm1", CogVideoXNormZero(c.time_embed_dim, dim, c.norm_eps));
+  auto attn = register_module("attn1", std::make_shared<torch::nn::Module>());
+  to_q = attn->register_module("to_q", Linear(dim, dim, c.attention_bias));
+  to_k = attn->register_module("to_k", Linear(dim, dim, c.attention_bias));
+  to_v = attn->register_module("to_v", Linear(dim, dim, c.attention_bias));
+  auto out = attn->register_module("to_out", torch::nn::ModuleList());
+  to_out = Linear(dim, dim);
+  out->push_back(to_out);
+  out->push_back(torch::nn::Identity());  // diffusers' dropout: no parameters
+  const auto qk = torch::nn::LayerNormOptions({c.attention_head_dim}).eps(1e-6);
+  norm_q = attn->register_module("norm_q", torch::nn::LayerNorm(qk));
+  norm_k = attn->register_module("norm_k", torch::nn::LayerNorm(qk));
+  norm2 = register_module("norm2", CogVideoXNormZero(c.time_embed_dim, dim, c.norm_eps));
+  auto ff = register_module("ff", std::make_shared<torch::nn::Module>());
+  auto net = ff->register_module("net", torch::nn::ModuleList());
+  auto gelu = std::make_shared<torch::nn::Module>();  // net.0: GELU(approximate="tanh") with .proj
+  ff_in = gelu->register_module("proj", Linear(dim, 4 * dim));
+  net->push_back(gelu);
+  net->push_back(torch::nn::Identity());
+  ff_out = Linear(4 * dim, dim);
+  net->push_back(ff_out);
+}
+
+at::Tensor CogVideoXBlockImpl::forward(const at::Tensor &x, const at::Tensor &temb, int64_t text_len,
+                                       const at::Tensor &cos, const at::Tensor &sin) {
+  at::Tensor gate;
+  auto n = norm1(x, temb, text_len, &gate);
+  auto split = [&](const at::Tensor &t) { return t.unflatten(2, {heads, -1}).transpose(1, 2); };  // [B, H, N, D]
+  const auto v = split(to_v(n));
+  // q and k normalised in float32, then in v's dtype for attention (bf16 under autocast).
+  auto q = layer_norm32(norm_q, split(to_q(n))).to(v.scalar_type());
+  auto k = layer_norm32(norm_k, split(to_k(n))).to(v.scalar_type());
+  if (cos.defined()) {
+    const int64_t S = x.size(1) - text_len;
+    q = at::cat({q.narrow(2, 0, text_len), apply_rope(q.narrow(2, text_len, S), cos, sin)}, 2);
+    k = at::cat({k.narrow(2, 0, text_len), apply_rope(k.narrow(2, text_len, S), cos, sin)}, 2);
+  }
+  const auto o = attention(q, k, v).transpose(1, 2).flatten(2);
+  auto h = x + gate * to_out(o).to(x.scalar_type());
+  n = norm2(h, temb, text_len, &gate);
+  return h + gate * ff_out(gelu_tanh(ff_in(n))).to(h.scalar_type());
+}
+
+/* ---------------- model ---------------- */
+
+CogVideoXTransformerImpl::CogVideoXTransformerImpl(const CogVideoXConfig &c) : cfg(c) {
+  const int64_t dim = c.dim(), p = c.patch_size;
+  auto pe = register_module("patch_embed", std::make_shared<torch::nn::Module>());
+  if (c.patch_size_t == 0)
+    patch_conv = pe->register_module(
+        "proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(c.in_channels, dim, p).stride(p).bias(c.patch_bias)));
+  else  // 1.5: a Linear over p_t x p x p x C inputs (diffusers gives it a bias whatever patch_bias says)
+    patch_linear = pe->register_module("proj", Linear(c.in_channels * p * p * c.patch_size_t, dim));
+  text_proj = pe->register_module("text_proj", Linear(c.text_embed_dim, dim));
+  auto te = register_module("time_embedding", std::make_shared<torch::nn::Module>());
+  time_1 = te->register_module("linear_1", Linear(dim, c.time_embed_dim));
+  time_2 = te->register_module("linear_2", Linear(c.time_embed_dim, c.time_embed_dim));
+  blocks = register_module("transformer_blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_layers; i++) blocks->push_back(CogVideoXBlock(c));
+  norm_final = register_module("norm_final", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(c.norm_eps)));
+  auto no = register_module("norm_out", std::make_shared<torch::nn::Module>());
+  out_mod = no->register_module("linear", Linear(c.time_embed_dim, 2 * dim));
+  out_norm = no->register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(c.norm_eps)));
+  proj_out = register_module("proj_out", Linear(dim, p * p * (c.patch_size_t ? c.patch_size_t : 1) * c.out_channels));
+}
+
+std::pair<at::Tensor, at::Tensor> CogVideoXTransformerImpl::rotary_tables(int64_t frames, int64_t height,
+                                                                          int64_t width) const {
+  const int64_t p = cfg.patch_size, gh = height / p, gw = width / p, hd = cfg.attention_head_dim;
+  const auto f = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor grid_t, grid_h, grid_w;
+  int64_t T = frames;
+  if (cfg.patch_size_t == 0) {
+    // CogVideoX 1.0: the grid resized into the base (sample size) grid and centred, linspace positions.
+    const int64_t bw = cfg.sample_width / p, bh = cfg.sample_height / p;
+    int64_t rh, rw;
+    if (static_cast<double>(gh) / gw > static_cast<double>(bh) / bw) {
+      rh = bh;
+      rw = round_even(static_cast<double>(bh) / gh * gw);
+    } else {
+      rw = bw;
+      rh = round_even(static_cast<double>(bw) / gw * gh);
+    }
+    const int64_t top = round_even((bh - rh) / 2.0), left = round_even((bw - rw) / 2.0);
+    grid_h = at::linspace(static_cast<double>(top), static_cast<double>((top + rh) * (gh - 1)) / gh, gh, f);
+    grid_w = at::linspace(static_cast<double>(left), static_cast<double>((left + rw) * (gw - 1)) / gw, gw, f);
+    grid_t = at::linspace(0.0, static_cast<double>(T * (T - 1)) / T, T, f);
+  } else {
+    // CogVideoX 1.5: "slice" grids, positions 0, 1, ... along each axis.
+    T = (frames + cfg.patch_size_t - 1) / cfg.patch_size_t;
+    grid_t = at::arange(T, f);
+    grid_h = at::arange(gh, f);
+    grid_w = at::arange(gw, f);
+  }
+  const auto t = rotary_1d(hd / 4, grid_t), h = rotary_1d(hd / 8 * 3, grid_h), w = rotary_1d(hd / 8 * 3, grid_w);
+  auto combine = [&](const at::Tensor &a, const at::Tensor &b, const at::Tensor &c) {
+    return at::cat({a.view({T, 1, 1, -1}).expand({T, gh, gw, -1}), b.view({1, gh, 1, -1}).expand({T, gh, gw, -1}),
+                    c.view({1, 1, gw, -1}).expand({T, gh, gw, -1})},
+                   -1)
+        .reshape({T * gh * gw, -1});
+  };
+  return {combine(t.first, h.first, w.first), combine(t.second, h.second, w.second)};
+}
+
+at::Tensor CogVideoXTransformerImpl::sincos_table(int64_t frames, int64_t height, int64_t width) const {
+  const int64_t dim = cfg.dim(), gh = height / cfg.patch_size, gw = width / cfg.patch_size;
+  const auto f = at::TensorOptions().dtype(at::kFloat);
+  // get_3d_sincos_pos_embed: spatial 3/4 (first half from the w coordinate, then h), temporal 1/4;
+  // grids in float32, the table in float64.
+  const auto gy = (at::arange(gh, f) / cfg.spatial_interpolation_scale).view({gh, 1}).expand({gh, gw}).reshape(-1);
+  const auto gx = (at::arange(gw, f) / cfg.spatial_interpolation_scale).view({1, gw}).expand({gh, gw}).reshape(-1);
+  const int64_t ds = 3 * dim / 4, dt = dim / 4;
+  const auto spatial = at::cat({sincos_1d(ds / 2, gx), sincos_1d(ds / 2, gy)}, 1);  // [h w, ds]
+  const auto temporal = sincos_1d(dt, at::arange(frames, f) / cfg.temporal_interpolation_scale);  // [F, dt]
+  return at::cat({temporal.view({frames, 1, dt}).expand({frames, gh * gw, dt}),
+                  spatial.view({1, gh * gw, ds}).expand({frames, gh * gw, ds})},
+                 -1)
+      .reshape({frames * gh * gw, dim})
+      .to(at::kFloat);
+}
+
+std::vector<at::Tensor> CogVideoXTransformerImpl::positions(int64_t frames, int64_t height, int64_t width,
+                                                            const c10::Device &device) {
+  std::lock_guard<std::mutex> lock(positions_mutex_);
+  const auto key = std::make_tuple(frames, height, width, device.str());
+  auto it = positions_.find(key);
+  if (it != positions_.end()) return it->second;
+  std::vector<at::Tensor> v;
+  if (cfg.use_rotary_positional_embeddings) {
+    const auto cs = rotary_tables(frames, height, width);
+    v = {cs.first.to(device), cs.second.to(device)};
+  } else {
+    v = {sincos_table(frames, height, width).to(device)};
+  }
+  if (positions_.size() >= 16) positions_.clear();  // a few bucket shapes in practice
+  positions_[key] = v;
+  return v;
+}
+
+at::Tensor CogVideoXTransformerImpl::forward(const at::Tensor &x, const at::Tensor &timestep, const at::Tensor &text) {
+  const int64_t p = cfg.patch_size, pt = cfg.patch_size_t ? cfg.patch_size_t : 1;
+  if (x.dim() != 5 || x.size(2) != cfg.in_channels || x.size(1) % pt || x.size(3) % p || x.size(4) % p)
+    throw std::invalid_argument(
+        "hidden_states has shape " + shape_of(x) + "; this CogVideoX model takes [B, F, " +
+        std::to_string(cfg.in_channels) + ", H, W] (frames before channels) with H, W multiples of " +
+        std::to_string(p) + (pt > 1 ? " and F a multiple of patch_size_t " + std::to_string(pt) : std::string()));
+  const int64_t B = x.size(0), F = x.size(1), C = x.size(2), H = x.size(3), W = x.size(4);
+  const int64_t h = H / p, w = W / p, S = (F / pt) * h * w, dim = cfg.dim();
+  if (timestep.dim() != 1 || timestep.size(0) != B)
+    throw std::invalid_argument("timestep has shape " + shape_of(timestep) + "; expected [" + std::to_string(B) + "]");
+  if (text.dim() != 3 || text.size(0) != B || text.size(2) != cfg.text_embed_dim ||
+      (!cfg.use_rotary_positional_embeddings && text.size(1) != cfg.max_text_seq_length))
+    throw std::invalid_argument(
+        "encoder_hidden_states has shape " + shape_of(text) + "; expected [" + std::to_string(B) + ", " +
+        (cfg.use_rotary_positional_embeddings ? std::string("L") : std::to_string(cfg.max_text_seq_length)) + ", " +
+        std::to_string(cfg.text_embed_dim) + "]" +
+        (cfg.use_rotary_positional_embeddings ? "" : " (this layout's position table starts with max_text_seq_length "
+                                                     "text rows: the text encoder's max-length)"));
+  const auto pos = positions(F, H, W, x.device());
+
+  const auto temb = time_2(torch::silu(time_1(
+      timestep_embedding(timestep, dim, cfg.flip_sin_to_cos, cfg.freq_shift).to(time_1->weight.scalar_type()))));
+  at::Tensor video;
+  if (patch_conv) {
+    video = patch_conv(x.reshape({B * F, C, H, W}).to(patch_conv->weight.scalar_type()));  // [B F, dim, h, w]
+    video = video.view({B, F, dim, h * w}).transpose(2, 3).reshape({B, S, dim});
+  } else {
+    video = x.permute({0, 1, 3, 4, 2})
+                .reshape({B, F / pt, pt, h, p, w, p, C})
+                .permute({0, 1, 3, 5, 7, 2, 4, 6})
+                .reshape({B, S, C * pt * p * p});
+    video = patch_linear(video);
+  }
+  // The residual stream in float32 (autocast runs the projections in bf16).
+  video = video.to(at::kFloat);
+  if (!cfg.use_rotary_positional_embeddings) video = video + pos[0];
+  const int64_t L = text.size(1);
+  auto hs = at::cat({text_proj(text).to(at::kFloat), video}, 1);  // text rows' positions are zero
+  const at::Tensor cos = cfg.use_rotary_positional_embeddings ? pos[0] : at::Tensor();
+  const at::Tensor sin = cfg.use_rotary_positional_embeddings ? pos[1] : at::Tensor();
+  for (const auto &blk : *blocks) {
+    auto block = blk->as<CogVideoXBlock>();
+    if (gradient_checkpointing && torch::GradMode::is_enabled())
+      hs = checkpointed(
+          [block, L, cos, sin](const std::vector<at::Tensor> &in) { return block->forward(in[0], in[1], L, cos, sin); },
+          {hs, temb});
+    else
+      hs = block->forward(hs, temb, L, cos, sin);
+  }
+  auto out = layer_norm32(norm_final, hs.narrow(1, L, S));
+  const auto m = out_mod(torch::silu(temb)).unsqueeze(1).chunk(2, -1);  // shift, scale
+  out = proj_out(layer_norm32(out_norm, out) * (1 + m[1]) + m[0]);
+  const int64_t Co = cfg.out_channels;
+  if (!cfg.patch_size_t)
+    return out.reshape({B, F, h, w, Co, p, p}).permute({0, 1, 4, 2, 5, 3, 6}).reshape({B, F, Co, H, W});
+  return out.reshape({B, F / pt, h, w, Co, pt, p, p})
+      .permute({0, 1, 5, 4, 2, 6, 3, 7})
+      .reshape({B, F, Co, H, W});
+}
+
+}  // namespace videotrain::models

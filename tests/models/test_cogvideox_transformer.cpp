@@ -1,0 +1,362 @@
+/* The native CogVideoX transformer against diffusers' CogVideoXTransformer3DModel (tests/reference/dit:
+ * cogvideox_2b_tiny, cogvideox_5b_tiny, cogvideox15_tiny): outputs, input gradients and every
+ * parameter's gradient, with and without gradient checkpointing; the rotary tables against the
+ * pipeline's; folders that must not load; CogVideoX's v-prediction objective against diffusers'
+ * training script numbers and its DDPM schedule. */
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "common/autocast_guard.h"
+#include "models/cogvideox_transformer.h"
+#include "models/layers.h"
+#include "models/lora.h"
+#include "models/native_model.h"
+#include "models/schedules.h"
+#include "ref_cases.h"
+#include "test_util.h"
+
+using namespace videotrain;
+using namespace videotrain::models;
+using modeltest::RefFile;
+using modeltest::rel_l2;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string dit_dir(const std::string &name) { return vttest::reference_dir() + "/dit/" + name; }
+
+void check_family(const std::string &name, bool checkpointing) {
+  auto m = open_dit(dit_dir(name), torch::kCPU);
+  ASSERT_EQ(m->family(), "cogvideox");
+  m->set_gradient_checkpointing(checkpointing);
+  auto &net = dynamic_cast<CogVideoXTransformerImpl &>(m->module());
+  RefFile cases("dit/" + name + "/cases.safetensors");
+  ASSERT_TRUE(cases.ok());
+  const auto list = nlohmann::json::parse(cases.meta("cases"));
+  ASSERT_EQ(list.size(), 2u);
+  for (const auto &[c, info] : list.items()) {
+    SCOPED_TRACE(name + "/" + c + (checkpointing ? " (checkpointing)" : ""));
+    const bool params = info.value("parameter_gradients", false);
+    for (auto &p : m->module().parameters()) p.mutable_grad() = at::Tensor();
+    auto x = cases.get("input." + c + ".hidden_states").requires_grad_(true);
+    const auto text = cases.get("input." + c + ".encoder_hidden_states");
+    if (cases.has("input." + c + ".rotary_cos")) {  // the model computes the pipeline's tables itself
+      const auto [cos, sin] = net.rotary_tables(x.size(1), x.size(3), x.size(4));
+      EXPECT_LT(rel_l2(cos, cases.get("input." + c + ".rotary_cos")), 1e-7);
+      EXPECT_LT(rel_l2(sin, cases.get("input." + c + ".rotary_sin")), 1e-7);
+    }
+    auto out = m->forward(x, cases.get("input." + c + ".timestep"), text);
+    (out * cases.get("cotangent." + c)).sum().backward();
+    const double eo = rel_l2(out.detach(), cases.get("output." + c));
+    const double ex = rel_l2(x.grad(), cases.get("grad_input." + c + ".hidden_states"));
+    EXPECT_LT(eo, 1e-5);
+    EXPECT_LT(ex, 1e-5);
+    double worst = 0;
+    std::string worst_name;
+    if (params) {
+      int n = 0;
+      for (const auto &p : m->module().named_parameters(true)) {
+        const auto ref = cases.get("grad." + c + "." + p.key());
+        n++;
+        if (p.key().find("attn1.norm_k.bias") != std::string::npos && name == "cogvideox_2b_tiny") {
+          // Mathematically zero without RoPE (a constant added to every key); float32 noise both sides.
+          EXPECT_LT(p.value().grad().norm().item<double>(), 1e-5) << p.key();
+          continue;
+        }
+        const double e = rel_l2(p.value().grad(), ref);
+        if (e > worst) worst = e, worst_name = p.key();
+      }
+      EXPECT_EQ(n, 2 * 24 + 16);
+      EXPECT_LT(worst, 1e-4) << worst_name;
+    }
+    std::printf("%s/%s%s: output %.2g, grad hidden_states %.2g%s\n", name.c_str(), c.c_str(),
+                checkpointing ? " (checkpointing)" : "", eo, ex,
+                params ? (", worst parameter gradient " + std::to_string(worst) + " (" + worst_name + ")").c_str() : "");
+  }
+}
+
+std::string tmp_dir(const std::string &tag) {
+  auto d = fs::temp_directory_path() / ("vt-cogvideox-" + tag + "-" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+std::string open_error(const std::string &dir) {
+  try {
+    open_dit(dir, torch::kCPU);
+  } catch (const std::exception &e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(CogVideoXTransformer, MatchesDiffusers2b) { check_family("cogvideox_2b_tiny", false); }
+TEST(CogVideoXTransformer, MatchesDiffusers5b) { check_family("cogvideox_5b_tiny", false); }
+TEST(CogVideoXTransformer, MatchesDiffusers15) { check_family("cogvideox15_tiny", false); }
+TEST(CogVideoXTransformer, GradientCheckpointingGivesTheSameGradients) {
+  check_family("cogvideox_2b_tiny", true);
+  check_family("cogvideox_5b_tiny", true);
+  check_family("cogvideox15_tiny", true);
+}
+
+// Shapes the layout cannot take are errors naming the input, not crashes.
+TEST(CogVideoXTransformer, BadInputsNameTheInput) {
+  auto m = open_dit(dit_dir("cogvideox_2b_tiny"), torch::kCPU);
+  auto m15 = open_dit(dit_dir("cogvideox15_tiny"), torch::kCPU);
+  auto error = [](DitModel &d, const at::Tensor &x, const at::Tensor &t, const at::Tensor &text) -> std::string {
+    try {
+      d.forward(x, t, text);
+    } catch (const std::invalid_argument &e) {
+      return e.what();
+    }
+    return "";
+  };
+  const auto t = torch::tensor({5}, torch::kLong);
+  EXPECT_NE(error(*m, torch::zeros({1, 3, 4, 8, 12}), t, torch::zeros({1, 20, 32})).find("max_text_seq_length"),
+            std::string::npos);
+  EXPECT_NE(error(*m, torch::zeros({1, 4, 3, 8, 12}), t, torch::zeros({1, 226, 32})).find("frames before channels"),
+            std::string::npos);
+  EXPECT_NE(error(*m15, torch::zeros({1, 3, 4, 8, 12}), t, torch::zeros({1, 224, 32})).find("patch_size_t 2"),
+            std::string::npos);
+  // Rotary layouts take any text length.
+  EXPECT_EQ(error(*m15, torch::zeros({1, 2, 4, 8, 12}), t, torch::zeros({1, 7, 32})), "");
+}
+
+TEST(CogVideoXTransformer, BadFoldersAreErrorsNamingTheKey) {
+  const std::string base = tmp_dir("bad");
+  auto fresh = [&](const std::string &tag, const std::function<void(nlohmann::json &)> &edit) {
+    const std::string d = base + "/" + tag;
+    fs::create_directories(d);
+    fs::copy_file(dit_dir("cogvideox_5b_tiny") + "/diffusion_pytorch_model.safetensors",
+                  d + "/diffusion_pytorch_model.safetensors");
+    auto j = nlohmann::json::parse(std::ifstream(dit_dir("cogvideox_5b_tiny") + "/config.json"));
+    edit(j);
+    std::ofstream(d + "/config.json") << j.dump(2);
+    return open_error(d);
+  };
+  std::string e = fresh("i2v", [](nlohmann::json &j) { j["in_channels"] = 8; });
+  EXPECT_NE(e.find("'in_channels'"), std::string::npos) << e;
+  EXPECT_NE(e.find("image-to-video"), std::string::npos) << e;
+  e = fresh("ofs", [](nlohmann::json &j) { j["ofs_embed_dim"] = 512; });
+  EXPECT_NE(e.find("'ofs_embed_dim'"), std::string::npos) << e;
+  e = fresh("learned", [](nlohmann::json &j) { j["use_learned_positional_embeddings"] = true; });
+  EXPECT_NE(e.find("'use_learned_positional_embeddings'"), std::string::npos) << e;
+  e = fresh("unknown", [](nlohmann::json &j) { j["sliding_window"] = 4; });
+  EXPECT_NE(e.find("'sliding_window'"), std::string::npos) << e;
+  e = fresh("act", [](nlohmann::json &j) { j["activation_fn"] = "relu"; });
+  EXPECT_NE(e.find("'activation_fn'"), std::string::npos) << e;
+  e = fresh("layers", [](nlohmann::json &j) { j["num_layers"] = 3; });
+  EXPECT_NE(e.find("transformer_blocks.2."), std::string::npos) << e;
+  e = fresh("sincos", [](nlohmann::json &j) { j["use_rotary_positional_embeddings"] = false; });
+  EXPECT_EQ(e, "");  // 2b and 5b share their tensors: only the positions differ
+  fs::remove_all(base);
+}
+
+// The written config reads back to the same model (every key diffusers writes, I2V keys null).
+TEST(CogVideoXTransformer, ConfigRoundTrip) {
+  for (const std::string name : {"cogvideox_2b_tiny", "cogvideox15_tiny"}) {
+    std::ifstream f(dit_dir(name) + "/config.json");
+    const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    CogVideoXConfig a, b;
+    std::string err;
+    ASSERT_TRUE(parse_cogvideox_transformer_config(text, &a, &err)) << err;
+    ASSERT_TRUE(parse_cogvideox_transformer_config(cogvideox_transformer_config_json(a), &b, &err)) << err;
+    EXPECT_EQ(cogvideox_transformer_config_json(a), cogvideox_transformer_config_json(b));
+    EXPECT_EQ(a.patch_size_t, name == "cogvideox15_tiny" ? 2 : 0);
+    EXPECT_EQ(a.max_text_seq_length, name == "cogvideox15_tiny" ? 224 : 226);
+  }
+}
+
+// CogVideoX's DDPM schedule (schedules.h; snr_shift_scale 3.0 for 2b, 1.0 for 5b) as the trainer uses it
+// equals diffusers' alphas_cumprod; the x0 estimate is get_velocity on the shared inputs.
+TEST(CogVideoXObjective, ScheduleMatchesDiffusers) {
+  RefFile ref("schedulers/schedules.safetensors");
+  for (const auto &[tag, s] : {std::pair<std::string, double>{"snr3", 3.0}, {"snr1", 1.0}}) {
+    const auto a = torch::tensor(cogvideox_alphas_cumprod(s), torch::kDouble);
+    ASSERT_EQ(a.scalar_type(), torch::kDouble);
+    for (const std::string sched : {"cogvideox_ddim.", "cogvideox_dpm."}) {
+      const auto ref_a = ref.get(sched + tag + ".alphas_cumprod");
+      EXPECT_LT((a - ref_a).abs().max().item<double>(), 1e-15) << sched << tag;
+    }
+    EXPECT_EQ(a[999].item<double>(), 0.0);
+    const auto v = vpred_x0(ref.get("cogvideox.get_velocity.noise"), ref.get("cogvideox.get_velocity.sample"),
+                            ref.get("cogvideox.get_velocity.timesteps"), a);
+    EXPECT_LT(rel_l2(v, ref.get("cogvideox_ddim." + tag + ".get_velocity")), 1e-6) << tag;
+  }
+}
+
+// diffusers' examples/cogvideo/train_cogvideox_lora.py step (schedulers/training_objectives.safetensors):
+// x_t, the model's velocity, the x0 estimate, the weights and the loss.
+TEST(CogVideoXObjective, MatchesDiffusersTrainingScript) {
+  RefFile ref("schedulers/training_objectives.safetensors");
+  auto m = open_dit(dit_dir("cogvideox_2b_tiny"), torch::kCPU);
+  torch::NoGradGuard ng;
+  const auto a = torch::tensor(cogvideox_alphas_cumprod(3.0), torch::kDouble);
+  const auto x0 = ref.get("cogvideox.model_input"), noise = ref.get("cogvideox.noise"),
+             t = ref.get("cogvideox.timesteps");
+  at::Tensor x_t, w;
+  vpred_terms(x0, noise, t, a, &x_t, &w);
+  EXPECT_LT(rel_l2(x_t, ref.get("cogvideox.noisy_model_input")), 1e-6);
+  EXPECT_LT(rel_l2(w, ref.get("cogvideox.weights")), 1e-12);
+  const auto v = m->forward(x_t, t, ref.get("cogvideox.encoder_hidden_states"));
+  EXPECT_LT(rel_l2(v, ref.get("cogvideox.model_output")), 1e-5);
+  const auto pred = vpred_x0(x_t, v, t, a);
+  EXPECT_LT(rel_l2(pred, ref.get("cogvideox.model_pred")), 1e-5);
+  const auto loss = vpred_loss(pred, x0, w).mean();
+  EXPECT_LT(rel_l2(loss, ref.get("cogvideox.loss")), 1e-5);
+  std::printf("cogvideox objective: loss %.9g vs %.9g\n", loss.item<double>(), ref.get("cogvideox.loss").item<double>());
+}
+
+// Latents [B, C, T, H, W] become [B, F, C, H, W]; 1.5 pads odd frame counts with the first frame in front.
+TEST(CogVideoXObjective, LatentLayoutAndFramePadding) {
+  const auto x = torch::arange(2 * 4 * 3 * 2 * 2, torch::kFloat).view({2, 4, 3, 2, 2});
+  const auto a = cogvideox_latents(x, 1);
+  EXPECT_EQ(a.sizes(), (std::vector<int64_t>{2, 3, 4, 2, 2}));
+  EXPECT_TRUE(torch::equal(a[1][2], x[1].select(1, 2)));
+  const auto b = cogvideox_latents(x, 2);
+  EXPECT_EQ(b.sizes(), (std::vector<int64_t>{2, 4, 4, 2, 2}));
+  EXPECT_TRUE(torch::equal(b.narrow(1, 1, 3), a));
+  EXPECT_TRUE(torch::equal(b.select(1, 0), a.select(1, 0)));
+  EXPECT_EQ(cogvideox_latents(x.narrow(2, 0, 2), 2).size(1), 2);
+}
+
+// The folder's scheduler config gives snr_shift_scale; without one, the layout's published value.
+TEST(CogVideoXObjective, SnrShiftScaleFromTheFolder) {
+  const std::string base = tmp_dir("snr");
+  fs::create_directories(base + "/transformer");
+  fs::create_directories(base + "/scheduler");
+  EXPECT_EQ(cogvideox_snr_shift_scale(base + "/transformer", false), 3.0);
+  EXPECT_EQ(cogvideox_snr_shift_scale(base + "/transformer", true), 1.0);
+  std::ofstream(base + "/scheduler/scheduler_config.json") << R"({"snr_shift_scale": 2.5})";
+  EXPECT_EQ(cogvideox_snr_shift_scale(base + "/transformer", false), 2.5);
+  fs::remove_all(base);
+}
+
+// ddptrainsink's face of a CogVideoX folder: per-sample draws, fixed-timestep validation, 1.5's odd
+// frame counts, wrong inputs named.
+TEST(CogVideoXObjective, TrainModelFace) {
+  ModelOptions o;
+  o.val_sigmas = {0.3, 0.999};
+  for (const std::string name : {"cogvideox_2b_tiny", "cogvideox15_tiny"}) {
+    SCOPED_TRACE(name);
+    auto m = make_model(dit_dir(name), ModelDims{}, torch::kCPU, o);
+    ModelInputs in;
+    torch::manual_seed(0);
+    in.latents = torch::randn({2, 4, 3, 8, 12});  // 3 frames: 1.5 pads to 4
+    in.text_embeds = torch::randn({2, name == "cogvideox15_tiny" ? 224 : 226, 32});
+    in.text_mask = torch::ones({2, in.text_embeds.size(1)}, torch::kLong);
+    in.sample_ids = {5, 9};
+    torch::NoGradGuard ng;
+    const auto v1 = m->validation_step(in, {11, 12});
+    EXPECT_TRUE(torch::equal(v1, m->validation_step(in, {11, 12})));
+    EXPECT_EQ(v1.sizes(), (std::vector<int64_t>{2}));
+    EXPECT_FALSE(torch::equal(v1, m->validation_step(in, {13, 12})));
+    const auto l1 = m->training_step(in);
+    EXPECT_TRUE(std::isfinite(l1.item<float>()));
+    EXPECT_EQ(l1.item<float>(), m->training_step(in).item<float>());
+    in.epoch = 1;
+    EXPECT_NE(m->training_step(in).item<float>(), l1.item<float>());
+    // No mask applied: the padding rows are T5's own outputs and change the loss.
+    auto masked = in;
+    masked.text_mask = torch::zeros_like(in.text_mask);
+    EXPECT_EQ(m->training_step(masked).item<float>(), m->training_step(in).item<float>());
+  }
+  // Timesteps stay integers in [lo, hi).
+  o.timestep_lo = 990;
+  at::Tensor t, noise;
+  draw_ddpm(torch::zeros({8, 4, 2, 2, 2}), {1, 2, 3, 4, 5, 6, 7, 8}, 0, o, &t, &noise);
+  EXPECT_EQ(t.scalar_type(), torch::kLong);
+  EXPECT_TRUE((t >= 990).all().item<bool>() && (t <= 999).all().item<bool>());
+}
+
+// A LoRA on CogVideoX's attention (the default targets) written in the diffusers, ComfyUI and kohya
+// namings reads back to the same modules, alpha and tensors, and gives the same output once applied.
+TEST(CogVideoXLora, ThreeNamingsRoundTrip) {
+  auto m = open_dit(dit_dir("cogvideox_5b_tiny"), torch::kCPU);
+  torch::manual_seed(4);
+  int n = 0;
+  for (auto &[name, l] : linear_modules(m->module()))
+    if (name.find(".attn1.to_") != std::string::npos) {
+      l->add_lora(4, 2.0);
+      torch::NoGradGuard ng;
+      l->lora_b.normal_();
+      n++;
+    }
+  ASSERT_EQ(n, 8);
+  RefFile cases("dit/cogvideox_5b_tiny/cases.safetensors");
+  const std::string c = "b2_t3_h8_w12";
+  torch::NoGradGuard ng;
+  const auto x = cases.get("input." + c + ".hidden_states"), t = cases.get("input." + c + ".timestep"),
+             text = cases.get("input." + c + ".encoder_hidden_states");
+  const auto with_lora = m->forward(x, t, text);
+  EXPECT_GT(rel_l2(with_lora, cases.get("output." + c)), 1e-3);  // the LoRA changes the output
+  const auto lora = lora_of(m->module());
+  const std::string base = tmp_dir("lora");
+  for (const std::string naming : {"diffusers", "comfyui", "kohya"}) {
+    SCOPED_TRACE(naming);
+    const std::string path = base + "/" + naming + ".safetensors";
+    write_lora_file(path, lora, naming);
+    std::string err;
+    auto f = SafetensorsFile::open(path, &err);
+    ASSERT_TRUE(f);
+    const std::string key = naming == "diffusers" ? "transformer.transformer_blocks.1.attn1.to_out.0.lora_A.weight"
+                            : naming == "comfyui" ? "diffusion_model.transformer_blocks.1.attn1.to_out.0.lora_A.weight"
+                                                  : "lora_unet_transformer_blocks_1_attn1_to_out_0.lora_down.weight";
+    EXPECT_TRUE(f->find(key)) << key;
+    const auto back = read_lora(path, m->module());
+    ASSERT_EQ(back.modules.size(), 8u);
+    for (const auto &[name, lm] : lora.modules) {
+      ASSERT_TRUE(back.modules.count(name)) << name;
+      EXPECT_TRUE(torch::equal(back.modules.at(name).a, lm.a)) << name;
+      EXPECT_TRUE(torch::equal(back.modules.at(name).b, lm.b)) << name;
+      EXPECT_EQ(back.alpha_of(back.modules.at(name)), 8.0) << name;
+    }
+    auto fresh = open_dit(dit_dir("cogvideox_5b_tiny"), torch::kCPU);
+    apply_lora(fresh->module(), back, false);
+    EXPECT_TRUE(torch::equal(fresh->forward(x, t, text), with_lora));
+  }
+  fs::remove_all(base);
+}
+
+// bf16 autocast (ddptrainsink's precision on CUDA, and on CPU with precision=bf16): the mixed-dtype
+// path (bf16 projections, float32 residual stream, norms and rotary) runs forward and backward with
+// checkpointing for each layout; outputs near the float32 reference, finite gradients in float32.
+void check_bf16(const std::string &name, const c10::Device &device) {
+  auto m = open_dit(dit_dir(name), device);
+  m->set_gradient_checkpointing(true);
+  RefFile cases("dit/" + name + "/cases.safetensors");
+  const std::string c = name == "cogvideox15_tiny" ? "b2_t4_h8_w12" : "b2_t3_h8_w12";
+  auto x = cases.get("input." + c + ".hidden_states").to(device).requires_grad_(true);
+  at::Tensor out;
+  {
+    AutocastGuard cast(true, device.is_cuda());
+    out = m->forward(x, cases.get("input." + c + ".timestep").to(device),
+                     cases.get("input." + c + ".encoder_hidden_states").to(device));
+  }
+  (out.to(torch::kFloat) * cases.get("cotangent." + c).to(device)).sum().backward();
+  const double e = rel_l2(out.detach().cpu(), cases.get("output." + c));
+  const double g = rel_l2(x.grad().cpu(), cases.get("grad_input." + c + ".hidden_states"));
+  std::printf("%s bf16 autocast on %s: output %.2g, grad hidden_states %.2g\n", name.c_str(), device.str().c_str(), e, g);
+  EXPECT_LT(e, 2e-2) << name;
+  EXPECT_LT(g, 2e-2) << name;
+  for (const auto &p : m->module().named_parameters(true)) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_EQ(p.value().grad().scalar_type(), torch::kFloat) << p.key();
+    EXPECT_TRUE(torch::isfinite(p.value().grad()).all().item<bool>()) << p.key();
+  }
+}
+
+TEST(CogVideoXTransformer, Bf16AutocastRunsEachLayout) {
+  for (const std::string name : {"cogvideox_2b_tiny", "cogvideox_5b_tiny", "cogvideox15_tiny"}) check_bf16(name, torch::kCPU);
+}
