@@ -54,6 +54,9 @@ class RunContext {
   virtual int master_port() const = 0;
   virtual double timeout_s() const = 0;
 
+  // The trainer's model property (a diffusers folder, a TorchScript file, builtin:NAME).
+  virtual std::string model_spec() const { return ""; }
+
   // Built (at start, or at the first micro-batch for built-in models), and steps done.
   virtual bool has_model() const = 0;
   virtual uint64_t steps_done() const = 0;

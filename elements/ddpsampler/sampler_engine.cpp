@@ -7,7 +7,10 @@
 #include <map>
 #include <mutex>
 
+#include <nlohmann/json.hpp>
+
 #include "default_rng.h"
+#include "regular_file.h"
 #include "metas.h"
 #include "models/native_model.h"
 #include "models/param_snapshot.h"
@@ -40,6 +43,26 @@ struct FamilyDefaults {
 FamilyDefaults defaults_of(const std::string &family) {
   if (family == "cogvideox") return {49, 720, 480};
   return {81, 832, 480};  // Wan 2.1/2.2 at 480p
+}
+
+// The family of a diffusers transformer folder from its config.json ("" with *why when it is not one).
+std::string folder_family(const std::string &spec, std::string *why) {
+  if (!is_model_folder(spec)) {
+    *why = "ddpsampler samples native transformers (ddptrainsink model=DIR, a diffusers folder); the trainer's "
+           "model '" + spec + "' is not one";
+    return "";
+  }
+  std::string text;
+  if (!read_small_file(spec + "/config.json", kMaxConfigBytes, &text, why)) return "";
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  const std::string cls = j.is_object() && j.contains("_class_name") && j["_class_name"].is_string()
+                              ? j["_class_name"].get<std::string>()
+                              : "";
+  if (cls == "WanTransformer3DModel") return "wan";
+  if (cls == "CogVideoXTransformer3DModel") return "cogvideox";
+  *why = "the trainer's model " + spec + " is a " + (cls.empty() ? "folder without _class_name" : cls) +
+         ", which ddpsampler has no sampler for (Wan, CogVideoX)";
+  return "";
 }
 
 }  // namespace
@@ -163,6 +186,12 @@ struct SamplerEngine::Impl {
     const int64_t channels = dit.latent_channels();
     const int64_t spatial = cfg.spatial_compression ? cfg.spatial_compression : (channels == 48 ? 16 : 8);
     const int64_t temporal = cfg.temporal_compression;
+    int64_t patch_t = 1;
+    if (family == "cogvideox") {
+      const auto j = nlohmann::json::parse(dit.config_json(), nullptr, false);
+      if (j.is_object() && j.contains("patch_size_t") && j["patch_size_t"].is_number_integer())
+        patch_t = j["patch_size_t"].get<int64_t>();
+    }
     std::map<uint32_t, PromptEntry> mine;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -189,8 +218,11 @@ struct SamplerEngine::Impl {
         continue;
       }
       const int64_t t = (frames - 1) / temporal + 1, h = height / spatial, w = width / spatial;
-      const std::vector<int64_t> shape =
-          family == "cogvideox" ? std::vector<int64_t>{1, t, channels, h, w} : std::vector<int64_t>{1, channels, t, h, w};
+      // CogVideoX 1.5 (patch_size_t): the pipeline pads the latent frames up to a multiple of it in
+      // front, and drops those frames after sampling.
+      const int64_t extra = family == "cogvideox" && patch_t > 1 && t % patch_t ? patch_t - t % patch_t : 0;
+      const std::vector<int64_t> shape = family == "cogvideox" ? std::vector<int64_t>{1, t + extra, channels, h, w}
+                                                               : std::vector<int64_t>{1, channels, t, h, w};
       const at::Tensor pe = text_of(p.prompt, family, dev), ne = text_of(p.negative, family, dev);
       if (pe.size(-1) != dit.text_dim())
         throw std::runtime_error("the prompt embeddings are " + std::to_string(pe.size(-1)) + " wide, the model takes " +
@@ -206,7 +238,7 @@ struct SamplerEngine::Impl {
       at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
       const at::Tensor noise = at::randn(shape, gen, at::TensorOptions(at::kFloat)).to(dev);
       at::Tensor lat = models::sample_latents(dit, *sampler, noise, pe, ne, cfg.guidance, gen)[0];
-      if (family == "cogvideox") lat = lat.permute({1, 0, 2, 3});
+      if (family == "cogvideox") lat = lat.slice(0, extra).permute({1, 0, 2, 3});
       lat = lat.to(at::kCPU, at::kFloat).contiguous();
 
       SampleOut out;
@@ -248,6 +280,21 @@ bool SamplerEngine::attach(std::shared_ptr<RunContext> run) {
   } catch (const std::exception &e) {
     d.error = e.what();
     return false;
+  }
+  // The sampler must fit the trainer's model: said at start, not at the first sample.
+  if (const std::string spec = run->model_spec(); !spec.empty()) {
+    std::string why;
+    const std::string family = folder_family(spec, &why);
+    if (family.empty()) {
+      d.error = why;
+      return false;
+    }
+    try {
+      d.kind_for(family);
+    } catch (const std::exception &e) {
+      d.error = e.what();
+      return false;
+    }
   }
   d.run = std::move(run);
   d.rank = d.run->rank();

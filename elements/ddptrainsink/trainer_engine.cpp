@@ -477,6 +477,7 @@ std::vector<TrainerEngine::Message> TrainerEngine::take_messages() {
 int TrainerEngine::rank() const { return impl_->rank; }
 int TrainerEngine::world_size() const { return impl_->world; }
 uint64_t TrainerEngine::steps_done() const { return impl_->steps_done; }
+std::string TrainerEngine::model_spec() const { return impl_->cfg.model; }
 std::string TrainerEngine::device_name() const { return videotrain::device_name(impl_->device); }
 std::string TrainerEngine::master_addr() const { return impl_->master_addr; }
 int TrainerEngine::master_port() const { return impl_->master_port; }

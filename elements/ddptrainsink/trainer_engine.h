@@ -176,6 +176,7 @@ class TrainerEngine : public RunContext {
   int rank() const override;
   int world_size() const override;
   std::string device_name() const override;
+  std::string model_spec() const override;
   std::string master_addr() const override;
   int master_port() const override;
   double timeout_s() const override;

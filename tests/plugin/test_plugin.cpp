@@ -6,8 +6,8 @@
 #include "test_util.h"
 
 namespace {
-const char *kElements[] = {"csvvideosrc", "vaeencoder",   "vaedecoder", "textencoder",
-                           "microbatcher", "ddptrainsink", "ddpvalsink"};
+const char *kElements[] = {"csvvideosrc", "vaeencoder", "vaedecoder", "textencoder", "microbatcher",
+                           "ddptrainsink", "ddpvalsink", "promptsrc",  "ddpsampler",  "samplesink"};
 }
 
 TEST(Plugin, LoadsFromTheBuildTreeWithEveryElement) {
@@ -62,9 +62,10 @@ TEST(Plugin, GstInspectListsTheElements) {
 TEST(Plugin, TheReadmeNamesHowManyElementsGstInspectLists) {
   // Troubleshooting tells users what `gst-inspect-1.0 videotrain` should list.
   const std::string readme = vttest::read_file(vttest::env_or("VIDEOTRAIN_SOURCE_DIR", ".") + "/README.md");
-  const char *counts[] = {"zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"};
+  const char *counts[] = {"zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                          "twelve"};
   const size_t n = sizeof kElements / sizeof kElements[0];
-  ASSERT_LT(n, 10u);
+  ASSERT_LT(n, 13u);
   EXPECT_NE(readme.find("should list " + std::string(counts[n]) + " elements"), std::string::npos)
       << "README.md does not say gst-inspect-1.0 lists " << counts[n] << " elements";
 }

@@ -2,7 +2,8 @@
 # Sample videos while training, as users run it: pipelines/train-wan-samples.pipeline on 2 ranks
 # (tiny Wan DiT, tiny Wan 2.1 VAE, the tiny umT5 encoder), 3 prompts sampled every 2 steps of 4 (at-start off): each rank
 # samples its share (prompt i on rank i mod 2) and samplesink writes 2 x 3 MP4s that ffprobe reads
-# with the frame count and size each prompt asked for; a bad prompt file is an error at start.
+# with the frame count and size each prompt asked for; a bad prompt file and a sampler of another
+# family are errors at start.
 set -euo pipefail
 build=${VIDEOTRAIN_BUILD_DIR:?}
 src=${VIDEOTRAIN_SOURCE_DIR:?}
@@ -19,14 +20,14 @@ a red ball rolling on grass,blurry,7,5,32,32
 "a cat, walking",,8,9,64,32
 waves on a beach,,,5,32,48
 CSV
-run() {  # run NAME PROMPTS
+run() {  # run NAME PROMPTS [SAMPLER]
   timeout 300 "$build/tools/videotrain-launch" -n 2 -f "$src/pipelines/train-wan-samples.pipeline" \
     -D DATA="$work/data" -D VAE="$ref/wan_vae/tiny_wan21" -D TOKENIZER="$ref/text_encoder/umt5_tiny" \
     -D TEXT_ENCODER="$ref/text_encoder/umt5_tiny" -D MAX_LENGTH=16 -D BUCKETS=32x32 -D FRAME_BUCKETS=5 -D FPS=0 \
     -D FRAMES=5 -D WIDTH=32 -D HEIGHT=32 -D PREFETCH=1 -D BATCH=2 -D MICRO=1 -D STEPS=4 -D MODEL="$work/dit" \
     -D CKPT="$work/ckpt-$1" -D CKPT_EVERY=100 -D LR=1e-3 -D SEED=1 -D LATENT=mode -D CAPTION_DROPOUT=0 \
     -D METRICS="$work/$1.jsonl" -D TIMEOUT=120 -D PROMPTS="$2" -D SAMPLE_EVERY=2 -D SAMPLE_AT_START=false \
-    -D SAMPLE_STEPS=3 -D SAMPLE_FPS=8 -D SAMPLES="$work/samples-$1" > "$work/$1.log" 2>&1
+    -D SAMPLE_STEPS=3 -D SAMPLE_FPS=8 -D SAMPLES="$work/samples-$1" -D SAMPLER="${3:-auto}" > "$work/$1.log" 2>&1
 }
 run ok "$work/prompts.csv" || { cat "$work/ok.log"; echo "FAIL: the run with a sample branch did not end"; exit 1; }
 n=$(grep -c "ddpsampler-sample" "$work/ok.log" || true)
@@ -55,3 +56,8 @@ printf 'prompt,seed\nfine,1\nbad,12x\n' > "$work/bad.csv"
 if run bad "$work/bad.csv"; then echo "FAIL: a bad prompt file did not stop the run"; exit 1; fi
 grep -q "line 3: seed '12x'" "$work/bad.log" || { cat "$work/bad.log"; echo "FAIL: the error does not name the line"; exit 1; }
 echo "samples: a bad prompt file is an error naming its line"
+if run family "$work/prompts.csv" ddim; then echo "FAIL: a CogVideoX sampler on a Wan model did not stop the run"; exit 1; fi
+grep -q "sampler=ddim is CogVideoX's but the trainer's model is wan" "$work/family.log" ||
+  { cat "$work/family.log"; echo "FAIL: the sampler/model mismatch is not named"; exit 1; }
+[ ! -d "$work/ckpt-family/step-00000002" ] || { echo "FAIL: the mismatch was found only after training began"; exit 1; }
+echo "samples: a sampler of another family is an error at start naming it"
