@@ -6,9 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <regex>
 
 #include "layers.h"
+#include "lora_names.h"
 #include "safetensors.h"
 #include "weights_io.h"
 
@@ -16,34 +16,6 @@ namespace videotrain::models {
 
 namespace {
 
-// diffusers <- original Wan (wan/modules/model.py), the map ComfyUI-format LoRAs use.
-const std::pair<const char *, const char *> kWanNames[] = {
-    {"attn1.to_q", "self_attn.q"},      {"attn1.to_k", "self_attn.k"},
-    {"attn1.to_v", "self_attn.v"},      {"attn1.to_out.0", "self_attn.o"},
-    {"attn2.to_q", "cross_attn.q"},     {"attn2.to_k", "cross_attn.k"},
-    {"attn2.to_v", "cross_attn.v"},     {"attn2.to_out.0", "cross_attn.o"},
-    {"ffn.net.0.proj", "ffn.0"},        {"ffn.net.2", "ffn.2"},
-};
-const std::pair<const char *, const char *> kWanTop[] = {
-    {"condition_embedder.text_embedder.linear_1", "text_embedding.0"},
-    {"condition_embedder.text_embedder.linear_2", "text_embedding.2"},
-    {"condition_embedder.time_embedder.linear_1", "time_embedding.0"},
-    {"condition_embedder.time_embedder.linear_2", "time_embedding.2"},
-    {"condition_embedder.time_proj", "time_projection.1"},
-    {"proj_out", "head.head"},
-};
-
-// CogVideoX LoRAs outside diffusers' file (ComfyUI's CogVideoX wrapper, kohya-style trainers) keep
-// diffusers' module names: diffusion_model.<name>, or lora_unet_<name with underscores>. The modules
-// a LoRA can name, so that the underscored form maps back.
-const char *const kCogVideoXBlock[] = {"attn1.to_q",     "attn1.to_k", "attn1.to_v",   "attn1.to_out.0",
-                                       "ff.net.0.proj",  "ff.net.2",   "norm1.linear", "norm2.linear"};
-const char *const kCogVideoXTop[] = {"patch_embed.proj",        "patch_embed.text_proj", "time_embedding.linear_1",
-                                     "time_embedding.linear_2", "norm_out.linear",       "proj_out"};
-
-bool ends_with(const std::string &s, const std::string &t) {
-  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
-}
 
 at::Tensor to_tensor(const SafetensorsEntry &e, const std::string &path) {
   if (e.dtype != "F32" && e.dtype != "F16" && e.dtype != "BF16")
@@ -51,61 +23,8 @@ at::Tensor to_tensor(const SafetensorsEntry &e, const std::string &path) {
   return tensor_of(e).to(torch::kFloat);
 }
 
-// kohya/musubi spell an original module name with underscores: blocks.0.self_attn.q -> blocks_0_self_attn_q.
-std::string kohya_name(std::string original) {
-  std::replace(original.begin(), original.end(), '.', '_');
-  return original;
-}
 
 }  // namespace
-
-std::string cogvideox_module(const std::string &name, bool underscored) {
-  auto spell = [&](std::string n) {
-    if (underscored) std::replace(n.begin(), n.end(), '.', '_');
-    return n;
-  };
-  for (const char *t : kCogVideoXTop)
-    if (name == spell(t)) return t;
-  static const std::regex dotted(R"(^transformer_blocks\.(\d+)\.(.+)$)"), kohya(R"(^transformer_blocks_(\d+)_(.+)$)");
-  std::smatch m;
-  if (std::regex_match(name, m, underscored ? kohya : dotted))
-    for (const char *b : kCogVideoXBlock)
-      if (m[2] == spell(b)) return "transformer_blocks." + m[1].str() + "." + b;
-  return "";
-}
-
-std::string wan_diffusers_name(const std::string &original) {
-  for (const auto &[d, o] : kWanTop)
-    if (original == o) return d;
-  static const std::regex block(R"(^blocks\.(\d+)\.(.+)$)");
-  std::smatch m;
-  if (std::regex_match(original, m, block))
-    for (const auto &[d, o] : kWanNames)
-      if (m[2] == o) return "blocks." + m[1].str() + "." + d;
-  return "";
-}
-
-std::string wan_kohya_to_original(const std::string &k) {
-  for (const auto &[d, o] : kWanTop)
-    if (k == kohya_name(o)) return o;
-  static const std::regex block(R"(^blocks_(\d+)_(.+)$)");
-  std::smatch m;
-  if (std::regex_match(k, m, block))
-    for (const auto &[d, o] : kWanNames)
-      if (m[2] == kohya_name(o)) return "blocks." + m[1].str() + "." + o;
-  return "";
-}
-
-std::string wan_original_name(const std::string &name) {
-  for (const auto &[d, o] : kWanTop)
-    if (name == d) return o;
-  static const std::regex block(R"(^blocks\.(\d+)\.(.+)$)");
-  std::smatch m;
-  if (std::regex_match(name, m, block))
-    for (const auto &[d, o] : kWanNames)
-      if (m[2] == d) return "blocks." + m[1].str() + "." + o;
-  return "";
-}
 
 LoraFile read_lora_file(const std::string &path) {
   std::string err;
@@ -119,32 +38,12 @@ LoraFile read_lora_file(const std::string &path) {
       throw std::runtime_error("'" + path + "' mixes namings: '" + key + "' is " + n + ", earlier keys " + out.naming);
   };
   for (const auto &[key, e] : f->entries()) {
-    std::string stem, part;
-    for (const char *suffix : {".lora_A.weight", ".lora_B.weight", ".lora_down.weight", ".lora_up.weight", ".alpha"})
-      if (ends_with(key, suffix)) {
-        stem = key.substr(0, key.size() - std::strlen(suffix));
-        part = suffix;
-      }
-    if (stem.empty())
-      throw std::runtime_error("'" + path + "' key '" + key + "' is not a LoRA tensor (lora_A/lora_B, lora_down/"
-                               "lora_up or alpha)");
-    std::string module;
-    if (stem.rfind("transformer.", 0) == 0) {
-      naming("diffusers", key);
-      module = stem.substr(12);
-    } else if (stem.rfind("diffusion_model.", 0) == 0) {
-      naming("comfyui", key);
-      module = wan_diffusers_name(stem.substr(16));
-      if (module.empty()) module = cogvideox_module(stem.substr(16), false);
-    } else if (stem.rfind("lora_unet_", 0) == 0) {
-      naming("kohya", key);
-      module = wan_diffusers_name(wan_kohya_to_original(stem.substr(10)));
-      if (module.empty()) module = cogvideox_module(stem.substr(10), true);
-    }
-    if (module.empty())
-      throw std::runtime_error("'" + path + "' key '" + key + "' names no Linear module of a Wan or CogVideoX transformer: a "
-                               "LoRA for another model, or a naming other than diffusers (transformer.blocks.0.attn1.to_q), "
-                               "ComfyUI (diffusion_model.blocks.0.self_attn.q) or kohya (lora_unet_blocks_0_self_attn_q)");
+    LoraKey k;
+    std::string why;
+    if (!parse_lora_key(key, &k, &why)) throw std::runtime_error("'" + path + "' key '" + key + "' " + why);
+    naming(k.naming, key);
+    const std::string &module = k.module;
+    const std::string &part = k.part;
     auto &lm = out.modules[module];
     if (part == ".alpha") {
       if (e.nbytes == 0) throw std::runtime_error("'" + path + "' key '" + key + "' is empty");
@@ -217,17 +116,11 @@ void write_lora_file(const std::string &path, const LoraFile &lora, const std::s
       if (a != global) alpha_pattern[name] = a;
       continue;
     }
-    const std::string o = cogvideox ? cogvideox_module(name, false) : wan_original_name(name);
-    if (o.empty()) throw std::runtime_error("module '" + name + "' has no name in the " + naming + " naming");
-    std::string stem = "diffusion_model." + o, down = ".lora_A.weight", up = ".lora_B.weight";
-    if (naming == "kohya") {
-      stem = "lora_unet_" + kohya_name(o);
-      down = ".lora_down.weight";
-      up = ".lora_up.weight";
-    }
-    add(stem + down, m.a);
-    add(stem + up, m.b);
-    add(stem + ".alpha", torch::tensor(a, torch::kFloat).reshape({}));
+    const std::string down = lora_key(name, naming, cogvideox, LoraPart::kDown);
+    if (down.empty()) throw std::runtime_error("module '" + name + "' has no name in the " + naming + " naming");
+    add(down, m.a);
+    add(lora_key(name, naming, cogvideox, LoraPart::kUp), m.b);
+    add(lora_key(name, naming, cogvideox, LoraPart::kAlpha), torch::tensor(a, torch::kFloat).reshape({}));
   }
   if (naming == "diffusers") {
     // PEFT's LoraConfig as diffusers' save_lora_weights stores it (keys prefixed transformer.), so that

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "lora_names.h"
+
 namespace videotrain::models {
 
 struct LoraModule {
@@ -27,15 +29,6 @@ struct LoraFile {
   int64_t rank = 0;
   double alpha_of(const LoraModule &m) const;  // the module's, else the file's, else its rank
 };
-
-// The original Wan name of a diffusers module name ("blocks.0.attn1.to_q" -> "blocks.0.self_attn.q"),
-// or "" when the module has none.
-std::string wan_original_name(const std::string &diffusers_name);
-
-// The CogVideoX module `name` names in diffusers' dotted form (underscored: kohya's form,
-// transformer_blocks_0_attn1_to_q), or "" when no CogVideoX Linear has that name. CogVideoX LoRAs in
-// the ComfyUI and kohya namings use diffusers' module names.
-std::string cogvideox_module(const std::string &name, bool underscored);
 
 // Reads `path` into diffusers' module names (Wan's name table, CogVideoX's; no model needed). Throws
 // std::runtime_error naming the key: a naming it does not recognise, a module no Wan model has, a
