@@ -20,9 +20,10 @@ void set_error(char *err, size_t len, const std::string &text) {
 
 extern "C" {
 
-__attribute__((visibility("default"))) void *vt_spm_load(const char *path, char *err, size_t err_len) {
+// The model file's bytes (the caller reads the file through its bounded open).
+__attribute__((visibility("default"))) void *vt_spm_load_bytes(const char *data, size_t n, char *err, size_t err_len) {
   auto *sp = new sentencepiece::SentencePieceProcessor();
-  auto st = sp->Load(path);
+  auto st = sp->LoadFromSerializedProto(absl::string_view(data, n));
   if (!st.ok()) {
     set_error(err, err_len, st.ToString());
     delete sp;

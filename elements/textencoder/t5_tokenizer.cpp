@@ -1,4 +1,5 @@
 #include "t5_tokenizer.h"
+#include "regular_file.h"
 
 #include <dlfcn.h>
 #include <sys/stat.h>
@@ -21,7 +22,7 @@ namespace {
 
 // The SentencePiece shim (spm_shim.cpp), loaded once per process into a scope of its own.
 struct SpmApi {
-  void *(*load)(const char *, char *, size_t) = nullptr;
+  void *(*load)(const char *, size_t, char *, size_t) = nullptr;  // the model file's bytes
   void (*free_model)(void *) = nullptr;
   int (*id)(void *, const char *) = nullptr;
   int (*encode)(void *, const char *, size_t, int **, size_t *, char *, size_t) = nullptr;
@@ -58,7 +59,7 @@ const SpmApi &spm_api() {
                   " (set VIDEOTRAIN_SPM_LIBRARY to its path)";
       return;
     }
-    api.load = reinterpret_cast<decltype(api.load)>(dlsym(h, "vt_spm_load"));
+    api.load = reinterpret_cast<decltype(api.load)>(dlsym(h, "vt_spm_load_bytes"));
     api.free_model = reinterpret_cast<decltype(api.free_model)>(dlsym(h, "vt_spm_free"));
     api.id = reinterpret_cast<decltype(api.id)>(dlsym(h, "vt_spm_id"));
     api.encode = reinterpret_cast<decltype(api.encode)>(dlsym(h, "vt_spm_encode"));
@@ -82,12 +83,11 @@ namespace {
 
 // A JSON file of the tokenizer folder; null when absent. Throws naming it when unreadable or not JSON.
 nlohmann::json read_json(const std::string &path) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) return nullptr;
-  if (!S_ISREG(st.st_mode) || st.st_size > (16 << 20))
-    throw std::runtime_error("tokenizer file '" + path + "' is not a regular file under 16 MiB (property tokenizer)");
-  std::ifstream f(path);
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, false);
+  if (!exists(path)) return nullptr;
+  std::string text, why;
+  if (!read_small_file(path, kMaxConfigBytes, &text, &why))
+    throw std::runtime_error("tokenizer file " + why + " (property tokenizer)");
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (!j.is_object()) throw std::runtime_error("tokenizer file '" + path + "' is not a JSON object (property tokenizer)");
   return j;
 }
@@ -115,8 +115,13 @@ T5Tokenizer::T5Tokenizer(const std::string &path) : model_(new Model) {
   if (is_dir && !exists(model_path_))
     throw std::runtime_error("tokenizer folder '" + path + "' has no spiece.model (property tokenizer): a T5 / umT5 "
                              "tokenizer/ folder holds one");
+  // Read here through the bounded open (a FIFO or device given as the model is refused, not waited on)
+  // and handed over as bytes.
+  std::string model_bytes, why;
+  if (!read_small_file(model_path_, 256u << 20, &model_bytes, &why))
+    throw std::runtime_error("cannot load SentencePiece model '" + model_path_ + "' (property tokenizer): " + why);
   char err[512] = "";
-  model_->handle = api.load(model_path_.c_str(), err, sizeof err);
+  model_->handle = api.load(model_bytes.data(), model_bytes.size(), err, sizeof err);
   if (!model_->handle)
     throw std::runtime_error("cannot load SentencePiece model '" + model_path_ + "' (property tokenizer): " + err);
   const int pieces = api.id(model_->handle, "size");

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -210,6 +212,18 @@ TEST(NativeTextEncoder, FoldersThatDoNotFitNameTheFile) {
     EXPECT_FALSE(TextEncoderEngine::create(options(d, 16), &err));
     EXPECT_NE(err.find(d + "/special_tokens_map.json"), std::string::npos) << err;
     EXPECT_NE(err.find("<eos>"), std::string::npos) << err;
+  }
+  // Hostile files in the tokenizer folder: refused at once, not read forever (issue 28).
+  for (const char *name : {"spiece.model", "tokenizer_config.json"}) {
+    SCOPED_TRACE(name);
+    fs::remove_all(tmp.file("umt5_tiny"));
+    const std::string d = copy_folder("umt5_tiny", tmp);
+    fs::remove(d + "/" + name);
+    ASSERT_EQ(mkfifo((d + "/" + name).c_str(), 0600), 0);
+    EXPECT_FALSE(TextEncoderEngine::create(options(d, 16), &err));
+    EXPECT_NE(err.find(d + "/" + name), std::string::npos) << err;
+    EXPECT_NE(err.find("not a regular file"), std::string::npos) << err;
+    fs::remove_all(d);
   }
 }
 
