@@ -59,7 +59,8 @@ ls -1 "$ckpt_t2v"
 # A native Wan 2.1 transformer (the real architecture at toy widths, scripts/make_tiny_wan.sh) on a
 # tiny Wan 2.1 VAE, trained with Wan's rectified-flow objective through pipelines/train-wan.pipeline;
 # the finished run exports a diffusers folder (bf16) that WanTransformer3DModel.from_pretrained loads.
-[[ -f "$data/wan-vae/config.json" ]] || build/tools/videotrain-make-vae "$data/wan-vae" --family wan21 --seed 1 --tiny
+rm -rf "$data/wan-vae"  # made each time: small, and older demo folders lack the decoder vaedecoder needs
+build/tools/videotrain-make-vae "$data/wan-vae" --family wan21 --seed 1 --tiny
 rm -rf "$data/wan-dit"
 bash scripts/make_tiny_wan.sh "$data/wan-dit" --latent-channels 4 --text-dim 32 --seed 1 >/dev/null
 ckpt_wan="$data/checkpoints-wan"

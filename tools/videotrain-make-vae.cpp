@@ -1,7 +1,8 @@
 /* videotrain-make-vae OUTDIR [--family cogvideox|wan21] [--seed N] [--tiny | --mid] [--dtype F32|F16|BF16]
  *
  * Writes a diffusers VAE folder (config.json + diffusion_pytorch_model.safetensors) with seeded
- * random encoder weights, for demos and tests without downloads.
+ * random encoder and decoder weights (vaeencoder and vaedecoder take it), for demos and tests
+ * without downloads.
  *
  * --family cogvideox (default): AutoencoderKLCogVideoX. Default: the CogVideoX-2b layout;
  *   --tiny: block_out_channels [16,32,32,32], 1 layer per block, 4 groups, 4 latent channels;

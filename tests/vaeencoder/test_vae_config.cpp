@@ -205,8 +205,10 @@ TEST(MakeVae, WritesALoadableSeededFolder) {
     EXPECT_EQ(cfg.block_out_channels, tiny_config().block_out_channels);
     auto f = SafetensorsFile::open(out + "/diffusion_pytorch_model.safetensors", &err);
     ASSERT_TRUE(f) << err;
-    EXPECT_EQ(f->entries().size(), encoder_tensor_table(cfg).size());
+    // Encoder and decoder: vaeencoder and vaedecoder both take the folder.
+    EXPECT_EQ(f->entries().size(), encoder_tensor_table(cfg).size() + decoder_tensor_table(cfg).size());
     EXPECT_EQ(f->find("encoder.conv_in.conv.weight")->dtype, dt);
+    EXPECT_NE(f->find("decoder.conv_out.conv.weight"), nullptr);
   }
   // Same seed, same bytes; another seed, other bytes.
   ASSERT_TRUE(make_random_vae(dir.file("s3b"), tiny_config(), 3, "F32", &err));

@@ -365,8 +365,11 @@ bool make_random_vae(const std::string &dir, const VaeConfig &cfg, uint64_t seed
       return false;
     }
   }
-  return write_random_weights(dir + "/diffusion_pytorch_model.safetensors", encoder_tensor_table(cfg), seed, dtype,
-                              error);
+  // Encoder tensors first (their draws do not depend on the decoder's), then the decoder's, so that
+  // vaedecoder takes the folder too.
+  auto table = encoder_tensor_table(cfg);
+  for (auto &t : decoder_tensor_table(cfg)) table.push_back(std::move(t));
+  return write_random_weights(dir + "/diffusion_pytorch_model.safetensors", table, seed, dtype, error);
 }
 
 }  // namespace videotrain::vae

@@ -57,7 +57,7 @@ VaeConfig cogvideox_2b_config();
 VaeConfig mid_config();
 
 // Writes config.json + diffusion_pytorch_model.safetensors into `dir` (created if
-// needed) with seeded random encoder weights (conv weights uniform in +-1/sqrt(fan_in),
+// needed) with seeded random encoder and decoder weights (conv weights uniform in +-1/sqrt(fan_in),
 // like PyTorch's default init; norms near identity). dtype: "F32", "F16" or "BF16".
 bool make_random_vae(const std::string &dir, const VaeConfig &cfg, uint64_t seed, const std::string &dtype,
                      std::string *error);

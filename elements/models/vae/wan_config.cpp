@@ -268,8 +268,9 @@ bool make_random_wan_vae(const std::string &dir, const WanConfig &cfg, uint64_t 
       return false;
     }
   }
-  return write_random_weights(dir + "/diffusion_pytorch_model.safetensors", wan_encoder_tensor_table(check), seed,
-                              dtype, error);
+  auto table = wan_encoder_tensor_table(check);  // encoder first: its draws stay as they were
+  for (auto &t : wan_decoder_tensor_table(check)) table.push_back(std::move(t));
+  return write_random_weights(dir + "/diffusion_pytorch_model.safetensors", table, seed, dtype, error);
 }
 
 }  // namespace videotrain::vae

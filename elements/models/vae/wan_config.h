@@ -44,7 +44,7 @@ std::string wan_config_to_json(const WanConfig &cfg);
 WanConfig wan21_config();
 WanConfig tiny_wan21_config();
 // Writes config.json + diffusion_pytorch_model.safetensors into `dir` (created if needed) with
-// seeded random encoder weights (as make_random_vae). dtype: "F32", "F16" or "BF16".
+// seeded random encoder and decoder weights (as make_random_vae). dtype: "F32", "F16" or "BF16".
 bool make_random_wan_vae(const std::string &dir, const WanConfig &cfg, uint64_t seed, const std::string &dtype,
                          std::string *error);
 
