@@ -3,47 +3,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config_fields.h"
+
 namespace videotrain::models {
 
 using json = nlohmann::json;
-
-namespace {
-
-bool get_count(const json &j, const char *key, int64_t lo, int64_t hi, int64_t *out, std::string *error) {
-  if (!j.contains(key)) return true;  // diffusers' default stands
-  const auto &v = j[key];
-  if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
-    *error = std::string("'") + key + "' is " + v.dump() + ", expected a whole number in [" + std::to_string(lo) +
-             ", " + std::to_string(hi) + "]";
-    return false;
-  }
-  *out = v.get<int64_t>();
-  return true;
-}
-
-bool get_bool(const json &j, const char *key, bool *out, std::string *error) {
-  if (!j.contains(key)) return true;
-  if (!j[key].is_boolean()) {
-    *error = std::string("'") + key + "' is " + j[key].dump() + ", expected true or false";
-    return false;
-  }
-  *out = j[key].get<bool>();
-  return true;
-}
-
-bool get_real(const json &j, const char *key, double lo, double hi, double *out, std::string *error) {
-  if (!j.contains(key)) return true;
-  const auto &v = j[key];
-  if (!v.is_number() || !(v.get<double>() > lo && v.get<double>() < hi)) {
-    *error = std::string("'") + key + "' is " + v.dump() + ", expected a number in (" + std::to_string(lo) + ", " +
-             std::to_string(hi) + ")";
-    return false;
-  }
-  *out = v.get<double>();
-  return true;
-}
-
-}  // namespace
 
 bool parse_cogvideox_transformer_config(const std::string &text, CogVideoXConfig *out, std::string *error) {
   const json j = json::parse(text, nullptr, false);

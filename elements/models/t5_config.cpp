@@ -3,25 +3,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config_fields.h"
+
 namespace videotrain::models {
 
 using json = nlohmann::json;
-
-namespace {
-
-bool get_count(const json &j, const char *key, int64_t lo, int64_t hi, int64_t *out, std::string *error) {
-  if (!j.contains(key)) return true;  // transformers' default stands
-  const auto &v = j[key];
-  if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
-    *error = std::string("'") + key + "' is " + v.dump() + ", expected a whole number in [" + std::to_string(lo) +
-             ", " + std::to_string(hi) + "]";
-    return false;
-  }
-  *out = v.get<int64_t>();
-  return true;
-}
-
-}  // namespace
 
 bool parse_t5_config(const std::string &text, T5Config *out, std::string *error) {
   const json j = json::parse(text, nullptr, false);
