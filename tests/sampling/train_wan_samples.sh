@@ -27,7 +27,8 @@ run() {  # run NAME PROMPTS [SAMPLER]
     -D FRAMES=5 -D WIDTH=32 -D HEIGHT=32 -D PREFETCH=1 -D BATCH=2 -D MICRO=1 -D STEPS=4 -D MODEL="$work/dit" \
     -D CKPT="$work/ckpt-$1" -D CKPT_EVERY=100 -D LR=1e-3 -D SEED=1 -D LATENT=mode -D CAPTION_DROPOUT=0 \
     -D METRICS="$work/$1.jsonl" -D TIMEOUT=120 -D PROMPTS="$2" -D SAMPLE_EVERY=2 -D SAMPLE_AT_START=false \
-    -D SAMPLE_STEPS=3 -D SAMPLE_FPS=8 -D SAMPLES="$work/samples-$1" -D SAMPLER="${3:-auto}" > "$work/$1.log" 2>&1
+    -D SAMPLE_STEPS=3 -D SAMPLE_FPS=8 -D SAMPLES="$work/samples-$1" -D SAMPLER="${3:-auto}" \
+    -D EXTRA="tensorboard-dir=$work/tb-$1" > "$work/$1.log" 2>&1
 }
 run ok "$work/prompts.csv" || { cat "$work/ok.log"; echo "FAIL: the run with a sample branch did not end"; exit 1; }
 n=$(grep -c "ddpsampler-sample" "$work/ok.log" || true)
@@ -52,6 +53,17 @@ grep -q "\[rank 1\] ddpsampler-sample: step 2, prompt 1" "$work/ok.log" ||
   { grep ddpsampler-sample "$work/ok.log"; echo "FAIL: prompt 1 was not sampled on rank 1"; exit 1; }
 if grep -q "training waits" "$work/ok.log"; then echo "FAIL: training waited for sampling"; exit 1; fi
 echo "samples: 6 MP4s (2 steps x 3 prompts over 2 ranks) with the frames and sizes the prompt file asked for"
+# samplesink trainer=trainer: rank 0's samples (prompts 0 and 2) as PNG images in the trainer's events.
+/usr/bin/python3 - "$work/tb-ok" <<'PY'
+import glob, sys
+data = b"".join(open(f, "rb").read() for f in glob.glob(sys.argv[1] + "/events.out.tfevents.*"))
+tags = [f"samples/prompt-{p:02d}/frame-{f:03d}".encode() for p in (0, 2) for f in (0, 2, 4)]
+missing = [t.decode() for t in tags if t not in data]
+assert not missing, f"no TensorBoard image for {missing}"
+pngs = data.count(b"\x89PNG\r\n\x1a\n")
+assert pngs >= 12, f"{pngs} PNG images, fewer than 2 steps x 2 prompts x 3 frames"
+print(f"samples: {pngs} PNG frames in rank 0's TensorBoard events")
+PY
 printf 'prompt,seed\nfine,1\nbad,12x\n' > "$work/bad.csv"
 if run bad "$work/bad.csv"; then echo "FAIL: a bad prompt file did not stop the run"; exit 1; fi
 grep -q "line 3: seed '12x'" "$work/bad.log" || { cat "$work/bad.log"; echo "FAIL: the error does not name the line"; exit 1; }
