@@ -19,5 +19,8 @@ enum PromptField : int {
 enum PromptRole : int64_t { kRolePrompt = 0, kRoleNegative = 1 };
 
 #define VIDEOTRAIN_PROMPT_CONTENT "prompts"
+/* A custom query a sampler sends downstream at start: a vaedecoder answers with the latent
+ * channels it takes (int "channels"), its pixels per latent ("spatial") and family ("family"). */
+#define VIDEOTRAIN_LATENT_QUERY "videotrain-latent-channels"
 
 }  // namespace videotrain

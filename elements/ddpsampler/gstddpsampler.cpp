@@ -97,6 +97,21 @@ static gboolean ensure_attached(GstDdpSampler *self) {
     return FALSE;
   }
   GST_INFO_OBJECT(self, "sampling for '%s' on rank %d of %d", name.c_str(), run->rank(), run->world_size());
+  // A vaedecoder downstream (started before us: state changes go from the sinks up) says which
+  // latents it takes, so that a VAE of another model is an error now, not at the first sample.
+  GstQuery *q = gst_query_new_custom(GST_QUERY_CUSTOM, gst_structure_new_empty(VIDEOTRAIN_LATENT_QUERY));
+  if (gst_pad_peer_query(self->srcpad, q)) {
+    const GstStructure *s = gst_query_get_structure(q);
+    gint channels = 0, spatial = 0;
+    const gchar *family = gst_structure_get_string(s, "family");
+    if (gst_structure_get_int(s, "channels", &channels) && gst_structure_get_int(s, "spatial", &spatial) &&
+        !self->engine->check_vae(channels, spatial, family ? family : "?")) {
+      gst_query_unref(q);
+      GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("%s", self->engine->error().c_str()), (nullptr));
+      return FALSE;
+    }
+  }
+  gst_query_unref(q);
   return TRUE;
 }
 

@@ -46,7 +46,7 @@ FamilyDefaults defaults_of(const std::string &family) {
 }
 
 // The family of a diffusers transformer folder from its config.json ("" with *why when it is not one).
-std::string folder_family(const std::string &spec, std::string *why) {
+std::string folder_family(const std::string &spec, int64_t *in_channels, std::string *why) {
   if (!is_model_folder(spec)) {
     *why = "ddpsampler samples native transformers (ddptrainsink model=DIR, a diffusers folder); the trainer's "
            "model '" + spec + "' is not one";
@@ -58,6 +58,8 @@ std::string folder_family(const std::string &spec, std::string *why) {
   const std::string cls = j.is_object() && j.contains("_class_name") && j["_class_name"].is_string()
                               ? j["_class_name"].get<std::string>()
                               : "";
+  if (j.is_object() && j.contains("in_channels") && j["in_channels"].is_number_integer())
+    *in_channels = j["in_channels"].get<int64_t>();
   if (cls == "WanTransformer3DModel") return "wan";
   if (cls == "CogVideoXTransformer3DModel") return "cogvideox";
   *why = "the trainer's model " + spec + " is a " + (cls.empty() ? "folder without _class_name" : cls) +
@@ -83,6 +85,8 @@ struct SamplerEngine::Impl {
   std::vector<BusMessage> messages;
   std::string error;
   uint64_t samples = 0;
+  int64_t model_channels = 0;  // the trainer's model's in_channels (0: unknown)
+  int64_t vae_spatial = 0;     // the vaedecoder downstream's pixels per latent (0: none answered)
 
   // Sampling thread only.
   std::unique_ptr<TrainModel> model;
@@ -184,7 +188,9 @@ struct SamplerEngine::Impl {
     const auto dev = device();
     const auto def = defaults_of(family);
     const int64_t channels = dit.latent_channels();
-    const int64_t spatial = cfg.spatial_compression ? cfg.spatial_compression : (channels == 48 ? 16 : 8);
+    const int64_t spatial = cfg.spatial_compression ? cfg.spatial_compression
+                            : vae_spatial           ? vae_spatial
+                                                    : (channels == 48 ? 16 : 8);
     const int64_t temporal = cfg.temporal_compression;
     int64_t patch_t = 1;
     if (family == "cogvideox") {
@@ -284,7 +290,7 @@ bool SamplerEngine::attach(std::shared_ptr<RunContext> run) {
   // The sampler must fit the trainer's model: said at start, not at the first sample.
   if (const std::string spec = run->model_spec(); !spec.empty()) {
     std::string why;
-    const std::string family = folder_family(spec, &why);
+    const std::string family = folder_family(spec, &d.model_channels, &why);
     if (family.empty()) {
       d.error = why;
       return false;
@@ -307,6 +313,18 @@ bool SamplerEngine::attach(std::shared_ptr<RunContext> run) {
 }
 
 bool SamplerEngine::attached() const { return impl_->run != nullptr; }
+
+bool SamplerEngine::check_vae(int channels, int spatial, const std::string &family) {
+  auto &d = *impl_;
+  if (d.model_channels > 0 && channels != d.model_channels) {
+    d.error = "the vaedecoder after ddpsampler (a " + family + " VAE) takes " + std::to_string(channels) +
+              " latent channels but the trainer's model makes " + std::to_string(d.model_channels) +
+              ": give vaedecoder the VAE the model was trained with";
+    return false;
+  }
+  d.vae_spatial = spatial;
+  return true;
+}
 
 void SamplerEngine::detach() {
   auto &d = *impl_;

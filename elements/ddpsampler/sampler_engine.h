@@ -63,6 +63,9 @@ class SamplerEngine {
   bool attach(std::shared_ptr<RunContext> run);
   bool attached() const;
   void detach();
+  // What the vaedecoder downstream answered at start: false with error() when its latent channels
+  // are not the model's; its spatial compression sizes the latents (unless spatial-compression is set).
+  bool check_vae(int channels, int spatial, const std::string &family);
 
   // A textencoder-embedded promptsrc buffer (record, caption, text_embeds, text_mask). Prompts of
   // other ranks are dropped. False with error() when the buffer is not one.

@@ -19,6 +19,7 @@
 #include "decode_engine.h"
 #include "first_line.h"
 #include "metas.h"
+#include "prompt_record.h"
 #include "tensor_caps.h"
 
 GST_DEBUG_CATEGORY_STATIC(vaedecoder_debug);
@@ -96,6 +97,21 @@ static gboolean load_engine(GstVaeDecoder *self) {
                   eng->spatial_compression());
   *self->engine = std::move(eng);
   return TRUE;
+}
+
+// Tells a sampler upstream, at start, which latents this VAE takes (prompt_record.h).
+static gboolean gst_vae_decoder_sink_query(GstPad *pad, GstObject *parent, GstQuery *query) {
+  auto *self = GST_VAE_DECODER(parent);
+  if (GST_QUERY_TYPE(query) == GST_QUERY_CUSTOM) {
+    GstStructure *s = gst_query_writable_structure(query);
+    DecodeEngine *eng = self->engine->get();
+    if (s && gst_structure_has_name(s, VIDEOTRAIN_LATENT_QUERY) && eng) {
+      gst_structure_set(s, "channels", G_TYPE_INT, eng->latent_channels(), "spatial", G_TYPE_INT,
+                        eng->spatial_compression(), "family", G_TYPE_STRING, eng->family_name().c_str(), nullptr);
+      return TRUE;
+    }
+  }
+  return gst_pad_query_default(pad, parent, query);
 }
 
 static gboolean send_caps(GstVaeDecoder *self, int width, int height) {
@@ -380,6 +396,7 @@ static void gst_vae_decoder_init(GstVaeDecoder *self) {
       gst_pad_new_from_template(gst_element_class_get_pad_template(GST_ELEMENT_GET_CLASS(self), "sink"), "sink");
   gst_pad_set_chain_function(self->sinkpad, gst_vae_decoder_chain);
   gst_pad_set_event_function(self->sinkpad, gst_vae_decoder_sink_event);
+  gst_pad_set_query_function(self->sinkpad, gst_vae_decoder_sink_query);
   gst_element_add_pad(GST_ELEMENT(self), self->sinkpad);
   self->srcpad = gst_pad_new_from_static_template(&src_template, "src");
   gst_pad_use_fixed_caps(self->srcpad);

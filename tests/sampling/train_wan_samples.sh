@@ -73,3 +73,20 @@ grep -q "sampler=ddim is CogVideoX's but the trainer's model is wan" "$work/fami
   { cat "$work/family.log"; echo "FAIL: the sampler/model mismatch is not named"; exit 1; }
 [ ! -d "$work/ckpt-family/step-00000002" ] || { echo "FAIL: the mismatch was found only after training began"; exit 1; }
 echo "samples: a sampler of another family is an error at start naming it"
+# A VAE of another model after the sampler (Wan 2.2's 8 latent channels for a 4-channel model): an
+# error at start naming both, not at the first sample.
+if timeout 300 "$build/tools/videotrain-launch" -n 1 -f "$src/pipelines/train-wan.pipeline" \
+    -D DATA="$work/data" -D VAE="$ref/wan_vae/tiny_wan21" -D TOKENIZER="$ref/text_encoder/umt5_tiny" \
+    -D TEXT_ENCODER="$ref/text_encoder/umt5_tiny" -D MAX_LENGTH=16 -D BUCKETS=32x32 -D FRAME_BUCKETS=5 -D FPS=0 \
+    -D FRAMES=5 -D WIDTH=32 -D HEIGHT=32 -D PREFETCH=1 -D BATCH=2 -D MICRO=1 -D STEPS=4 -D MODEL="$work/dit" \
+    -D CKPT="$work/ckpt-vae" -D CKPT_EVERY=100 -D LR=1e-3 -D SEED=1 -D LATENT=mode -D CAPTION_DROPOUT=0 \
+    -D METRICS="$work/vae.jsonl" -D TIMEOUT=120 -D EXTRA="promptsrc location=$work/prompts.csv ! textencoder \
+tokenizer=$ref/text_encoder/umt5_tiny model=$ref/text_encoder/umt5_tiny max-length=16 caption-dropout=0 ! \
+ddpsampler trainer=trainer every=2 steps=2 ! queue ! vaedecoder model=$ref/wan_vae/tiny_wan22 ! fakesink" \
+    > "$work/vae.log" 2>&1; then
+  echo "FAIL: a VAE of another model after the sampler did not stop the run"; exit 1
+fi
+grep -q "takes 8 latent channels but the trainer's model makes 4" "$work/vae.log" ||
+  { cat "$work/vae.log"; echo "FAIL: the VAE/model mismatch is not named"; exit 1; }
+grep -q '"loss"' "$work/vae.jsonl" 2>/dev/null && { echo "FAIL: the mismatch was found only after training began"; exit 1; }
+echo "samples: a vaedecoder of another model's VAE is an error at start naming both"
