@@ -86,6 +86,7 @@ struct SamplerEngine::Impl {
   std::string error;
   uint64_t samples = 0;
   int64_t model_channels = 0;  // the trainer's model's in_channels (0: unknown)
+  bool warned_wait = false;
   int64_t vae_spatial = 0;     // the vaedecoder downstream's pixels per latent (0: none answered)
 
   // Sampling thread only.
@@ -111,6 +112,13 @@ struct SamplerEngine::Impl {
         return;
       }
       // The trainer holds here until the sampler takes the previous snapshot (bounded memory).
+      if (!warned_wait) {
+        warned_wait = true;
+        note("warning", step,
+             "training waits at step " + std::to_string(step) + " for the sampler to take the previous snapshot: "
+             "sampling is slower than every=" + std::to_string(cfg.every) +
+                 " steps (raise every, lower steps, or set skip-if-busy=true)");
+      }
       const auto patience = std::chrono::milliseconds(int64_t(std::max(1.0, run->timeout_s()) * 1000));
       if (!cv.wait_for(lock, patience, [&] { return !pending || flushing; })) {
         note("warning", step,
