@@ -10,6 +10,7 @@
 #include "models/vae/vae_config.h"
 #include "models/vae/vae_decoder_parts.h"
 #include "models/vae/wan_config.h"
+#include "models/vae/wan_encoder.h"
 #include "models/weights_io.h"
 #include "regular_file.h"
 #include "safetensors.h"
@@ -101,42 +102,6 @@ at::Tensor VaeDecoder::finish(const at::Tensor &x) const {
   return y.to(at::kFloat);
 }
 
-namespace {
-
-// Joins one chunk's tiles (rows[i][j]) as diffusers does, in place: each tile blends with the tile
-// above and the one to the left, both as already blended, over as many rows (columns) as both
-// have up to bh (bw); then each keeps its first sh x sw pixels.
-at::Tensor blend_tiles(std::vector<std::vector<at::Tensor>> &rows, int64_t bh, int64_t bw, int64_t sh, int64_t sw) {
-  std::vector<at::Tensor> out_rows;
-  for (size_t i = 0; i < rows.size(); i++) {
-    std::vector<at::Tensor> out_row;
-    for (size_t j = 0; j < rows[i].size(); j++) {
-      at::Tensor &tile = rows[i][j];
-      if (i > 0) {
-        const at::Tensor &a = rows[i - 1][j];
-        const int64_t n = std::min({a.size(3), tile.size(3), bh});
-        for (int64_t y = 0; y < n; y++) {
-          const double f = static_cast<double>(y) / static_cast<double>(n);
-          tile.select(3, y).copy_(a.select(3, a.size(3) - n + y) * (1 - f) + tile.select(3, y) * f);
-        }
-      }
-      if (j > 0) {
-        const at::Tensor &a = rows[i][j - 1];
-        const int64_t n = std::min({a.size(4), tile.size(4), bw});
-        for (int64_t x = 0; x < n; x++) {
-          const double f = static_cast<double>(x) / static_cast<double>(n);
-          tile.select(4, x).copy_(a.select(4, a.size(4) - n + x) * (1 - f) + tile.select(4, x) * f);
-        }
-      }
-      out_row.push_back(tile.narrow(3, 0, std::min(sh, tile.size(3))).narrow(4, 0, std::min(sw, tile.size(4))));
-    }
-    out_rows.push_back(at::cat(out_row, 4));
-  }
-  return at::cat(out_rows, 3);
-}
-
-}  // namespace
-
 void VaeDecoder::decode(const at::Tensor &z, const DecodeTiles &tiles, const FramesFn &on_frames) const {
   c10::InferenceMode guard;
   if (z.dim() != 5 || z.size(0) != 1 || z.size(1) != latent_channels_)
@@ -173,7 +138,7 @@ void VaeDecoder::decode(const at::Tensor &z, const DecodeTiles &tiles, const Fra
       }
       rows.push_back(std::move(row));
     }
-    at::Tensor out = blend_tiles(rows, (tiles.tile_h - tiles.stride_h) / p, (tiles.tile_w - tiles.stride_w) / p,
+    at::Tensor out = blend_tile_rows(rows, (tiles.tile_h - tiles.stride_h) / p, (tiles.tile_w - tiles.stride_w) / p,
                                  tiles.stride_h / p, tiles.stride_w / p);
     out = out.narrow(3, 0, std::min(out.size(3), h * s / p)).narrow(4, 0, std::min(out.size(4), w * s / p));
     on_frames(finish(out));

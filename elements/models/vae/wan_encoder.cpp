@@ -197,13 +197,7 @@ WanEncoder::TileGrid WanEncoder::tile_grid(int64_t height, int64_t width, int ti
   return g;
 }
 
-at::Tensor WanEncoder::blend_tiles(std::vector<std::vector<at::Tensor>> rows, int64_t height, int64_t width,
-                                   int tile_h, int tile_w, int stride_h, int stride_w) const {
-  const int64_t s = cfg_.spatial_compression() / cfg_.patch_size;  // per patchified pixel
-  const int64_t bh = tile_h / s - stride_h / s, bw = tile_w / s - stride_w / s;
-  const int64_t sh = stride_h / s, sw = stride_w / s;
-  // In place, as diffusers does: a tile blends with its upper neighbour as already blended, over
-  // as many rows as both have (an edge tile may have fewer than the blend).
+at::Tensor blend_tile_rows(std::vector<std::vector<at::Tensor>> &rows, int64_t bh, int64_t bw, int64_t sh, int64_t sw) {
   std::vector<at::Tensor> out_rows;
   for (size_t i = 0; i < rows.size(); i++) {
     std::vector<at::Tensor> out_row;
@@ -229,8 +223,16 @@ at::Tensor WanEncoder::blend_tiles(std::vector<std::vector<at::Tensor>> rows, in
     }
     out_rows.push_back(at::cat(out_row, 4));
   }
+  return at::cat(out_rows, 3);
+}
+
+at::Tensor WanEncoder::blend_tiles(std::vector<std::vector<at::Tensor>> rows, int64_t height, int64_t width,
+                                   int tile_h, int tile_w, int stride_h, int stride_w) const {
+  const int64_t s = cfg_.spatial_compression() / cfg_.patch_size;  // per patchified pixel
+  const int64_t bh = tile_h / s - stride_h / s, bw = tile_w / s - stride_w / s;
+  const int64_t sh = stride_h / s, sw = stride_w / s;
   const int64_t c = cfg_.spatial_compression();
-  at::Tensor all = at::cat(out_rows, 3);
+  at::Tensor all = blend_tile_rows(rows, bh, bw, sh, sw);
   return all.narrow(3, 0, std::min(all.size(3), height / c)).narrow(4, 0, std::min(all.size(4), width / c));
 }
 

@@ -24,6 +24,12 @@ struct WanCache {
   std::vector<at::Tensor> entries;
 };
 
+// Joins tiles (rows[i][j], [B, C, T, h, w]) as diffusers' VAEs do, in place: each tile blends
+// linearly with the tile above and the one to the left, both as already blended, over as many rows
+// (columns) as both have up to bh (bw); then each keeps its first sh x sw; the rows are concatenated.
+// Wan's tiled encode and every tiled decode use it.
+at::Tensor blend_tile_rows(std::vector<std::vector<at::Tensor>> &rows, int64_t bh, int64_t bw, int64_t sh, int64_t sw);
+
 class WanEncoder {
  public:
   // Reads dir/config.json and dir/diffusion_pytorch_model.safetensors. Throws
