@@ -16,9 +16,6 @@ bool parse_cogvideox_transformer_config(const std::string &text, CogVideoXConfig
     return false;
   };
   if (!j.is_object()) return fail("config.json is not a JSON object");
-  if (!j.contains("_class_name") || j["_class_name"] != "CogVideoXTransformer3DModel")
-    return fail("config.json's _class_name is " + (j.contains("_class_name") ? j["_class_name"].dump() : "missing") +
-                ", not \"CogVideoXTransformer3DModel\"");
   static const char *known[] = {
       "num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "flip_sin_to_cos", "freq_shift",
       "time_embed_dim", "ofs_embed_dim", "text_embed_dim", "num_layers", "dropout", "attention_bias", "sample_width",
@@ -26,12 +23,8 @@ bool parse_cogvideox_transformer_config(const std::string &text, CogVideoXConfig
       "max_text_seq_length", "activation_fn", "timestep_activation_fn", "norm_elementwise_affine", "norm_eps",
       "spatial_interpolation_scale", "temporal_interpolation_scale", "use_rotary_positional_embeddings",
       "use_learned_positional_embeddings", "patch_bias"};
-  for (const auto &[key, value] : j.items()) {
-    if (key.rfind('_', 0) == 0) continue;  // _class_name, _diffusers_version, _name_or_path
-    bool ok = false;
-    for (const char *k : known) ok = ok || key == k;
-    if (!ok) return fail("config.json key '" + key + "' is not one this CogVideoX port supports");
-  }
+  if (const std::string bad = check_diffusers_keys(j, "CogVideoXTransformer3DModel", known, "CogVideoX"); !bad.empty())
+    return fail(bad);
   const std::string i2v = ": an image-to-video CogVideoX (I2V), not supported yet; use a text-to-video folder";
   if (j.contains("ofs_embed_dim") && !j["ofs_embed_dim"].is_null())
     return fail("config.json key 'ofs_embed_dim' is " + j["ofs_embed_dim"].dump() + i2v);

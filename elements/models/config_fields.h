@@ -46,4 +46,20 @@ inline bool get_real(const nlohmann::json &j, const char *key, double lo, double
   return true;
 }
 
+// A diffusers config: "" when `_class_name` is `cls` and every key not starting with '_' is in
+// `known`, else what is wrong (`port` names the port in the message: "Wan", "CogVideoX").
+template <size_t N>
+std::string check_diffusers_keys(const nlohmann::json &j, const char *cls, const char *(&known)[N], const char *port) {
+  if (!j.contains("_class_name") || j["_class_name"] != cls)
+    return "config.json's _class_name is " + (j.contains("_class_name") ? j["_class_name"].dump() : "missing") +
+           ", not \"" + cls + "\"";
+  for (const auto &[key, value] : j.items()) {
+    if (key.rfind('_', 0) == 0) continue;  // _class_name, _diffusers_version, _name_or_path
+    bool ok = false;
+    for (const char *k : known) ok = ok || key == k;
+    if (!ok) return "config.json key '" + key + "' is not one this " + port + " port supports";
+  }
+  return "";
+}
+
 }  // namespace videotrain::models

@@ -16,19 +16,12 @@ bool parse_wan_transformer_config(const std::string &text, WanConfig *out, std::
     return false;
   };
   if (!j.is_object()) return fail("config.json is not a JSON object");
-  if (!j.contains("_class_name") || j["_class_name"] != "WanTransformer3DModel")
-    return fail("config.json's _class_name is " + (j.contains("_class_name") ? j["_class_name"].dump() : "missing") +
-                ", not \"WanTransformer3DModel\"");
   static const char *known[] = {"patch_size", "num_attention_heads", "attention_head_dim", "in_channels",
                                 "out_channels", "text_dim", "freq_dim", "ffn_dim", "num_layers", "cross_attn_norm",
                                 "qk_norm", "eps", "image_dim", "added_kv_proj_dim", "rope_max_seq_len",
                                 "pos_embed_seq_len"};
-  for (const auto &[key, value] : j.items()) {
-    if (key.rfind('_', 0) == 0) continue;  // _class_name, _diffusers_version, _name_or_path
-    bool ok = false;
-    for (const char *k : known) ok = ok || key == k;
-    if (!ok) return fail("config.json key '" + key + "' is not one this Wan port supports");
-  }
+  if (const std::string bad = check_diffusers_keys(j, "WanTransformer3DModel", known, "Wan"); !bad.empty())
+    return fail(bad);
   WanConfig c;
   for (const char *k : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
     if (j.contains(k) && !j[k].is_null())
