@@ -16,6 +16,8 @@
 #include "gst_enum.h"
 #include "metas.h"
 #include "resume_query.h"
+#include "row_facts.h"
+#include "row_facts_query.h"
 #include "shapes_query.h"
 #include "source_engine.h"
 
@@ -305,6 +307,35 @@ static gboolean gst_csv_video_src_start(GstBaseSrc *src) {
                                                                       gst_structure_copy(s))));
     gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), s));
   };
+  // With several ranks the ddptrainsink downstream relays each rank's row facts to the others
+  // (through its run's c10d store) before an epoch is planned, so that every rank moves a row whose
+  // manifest columns lied from the same epoch and all plan the same steps.
+  GstQuery *facts_probe = row_facts_query_new(kRowFactsProbe, "");
+  std::string probe_text;
+  const bool can_agree = gst_pad_peer_query(GST_BASE_SRC_PAD(src), facts_probe) &&
+                         row_facts_query_reply(facts_probe, &probe_text) == RowFactsReply::kAgreed;
+  gst_query_unref(facts_probe);
+  if (can_agree) cb.agree_rows = [self](uint32_t epoch, const std::vector<RowFact> &mine, std::vector<RowFact> *all,
+                         std::string *why) {
+    using A = SourceCallbacks::Agreement;
+    GstQuery *q = row_facts_query_new(epoch, format_row_facts(mine));
+    std::string text;
+    const bool asked = gst_pad_peer_query(GST_BASE_SRC_PAD(self), q);
+    const RowFactsReply reply = asked ? row_facts_query_reply(q, &text) : RowFactsReply::kNobody;
+    gst_query_unref(q);
+    if (reply == RowFactsReply::kNobody) {
+      GST_INFO_OBJECT(self, "no trainer downstream answered the row-facts query for epoch %u", epoch);
+      return A::kAlone;
+    }
+    if (reply == RowFactsReply::kFailed) {
+      *why = text;
+      return text.empty() ? A::kCancelled : A::kFailed;  // an empty reason: the trainer is stopping
+    }
+    if (!parse_row_facts(text, all, why)) return A::kFailed;
+    GST_DEBUG_OBJECT(self, "epoch %u: %zu row facts agreed (%zu of this rank)", epoch, all->size(), mine.size());
+    return A::kAgreed;
+  };
+  cb.warning = [self](const std::string &w) { GST_ELEMENT_WARNING(self, RESOURCE, READ, ("%s", w.c_str()), (NULL)); };
   // A vaeencoder with a latent cache downstream answers, before each clip is decoded, whether it
   // holds the clip. Without one (asked once: downstream elements start before the source), no clip
   // is looked up and no video is read for its content digest.

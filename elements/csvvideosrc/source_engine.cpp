@@ -181,6 +181,8 @@ bool SourceEngine::start_buckets(std::string *error) {
     cfg_.start_epoch++;
     if (cfg_.num_epochs != 0 && cfg_.start_epoch >= cfg_.num_epochs) break;
   }
+  planned_through_ = cfg_.start_epoch;
+  alone_ = cfg_.world_size > 1 && !cb_.agree_rows;
   return true;
 }
 
@@ -228,6 +230,7 @@ SourceEngine::Position SourceEngine::position(uint64_t seq) const {
   while (abs >= epoch_starts_.back()) {
     const uint32_t last = cfg_.start_epoch + uint32_t(epoch_starts_.size() - 1);
     if (cfg_.num_epochs != 0 && last >= cfg_.num_epochs) break;  // past the end: no length to add
+    if (last > planned_through_.load()) break;  // not planned yet: the position says only its epoch
     epoch_starts_.push_back(epoch_starts_.back() + buckets_->clips_in_epoch(last));
   }
   // The last start at or before `abs` (seq moves back only on a seek).
@@ -268,16 +271,28 @@ void SourceEngine::worker_loop() {
   std::unique_lock<std::mutex> lk(lock_);
   for (;;) {
     work_cv_.wait(lk, [&] {
-      return quit_ || (fatal_.empty() && !past_end(next_dispatch_) &&
+      return quit_ || (fatal_.empty() && !planning_ && !past_end(next_dispatch_) &&
                        next_dispatch_ - next_consume_ < uint64_t(cfg_.prefetch));
     });
     if (quit_) return;
+    if (buckets_) {
+      const uint32_t epoch = position(next_dispatch_).epoch;
+      if (epoch > planned_through_.load()) {  // the next clip opens an epoch: plan it first
+        planning_ = true;
+        if (plan_epoch(lk, epoch)) planned_through_ = epoch;
+        planning_ = false;
+        work_cv_.notify_all();
+        continue;
+      }
+    }
     const uint64_t seq = next_dispatch_++;
     const uint64_t gen = generation_;
     std::shared_ptr<std::atomic<bool>> cancel = cancel_;
+    in_flight_++;
     lk.unlock();
     Result r = produce(seq, cancel.get());
     lk.lock();
+    if (--in_flight_ == 0) work_cv_.notify_all();  // a worker may be waiting to plan an epoch
     if (gen != generation_ || cancel->load()) continue;  // dropped by a seek or stop
     if (!r.fatal.empty() && fatal_.empty()) fatal_ = r.fatal;
     ready_.emplace(seq, std::move(r));
@@ -350,10 +365,45 @@ bool SourceEngine::holds(int64_t frames, int clip_frames, float source_fps) cons
          longest_frame_bucket({clip_frames}, uint64_t(frames), cfg_.frame_stride, cfg_.fps, source_fps) == 0;
 }
 
-void SourceEngine::learn_length(uint64_t index, const ManifestRow &row, int64_t frames) {
+uint32_t SourceEngine::bucket_for_length(uint32_t b, int64_t frames, float fps) const {
+  if (b == BucketSchedule::kNoBucket || spec_.frames.empty() || holds(frames, spec_.frames_of(b), fps)) return b;
+  const uint32_t nf = uint32_t(spec_.frames.size());
+  const int fb = longest_frame_bucket(spec_.frames, uint64_t(frames), cfg_.frame_stride, cfg_.fps, fps);
+  return fb >= 0 ? b / nf * nf + uint32_t(fb) : spec_.pad_short ? b / nf * nf + nf - 1 : BucketSchedule::kNoBucket;
+}
+
+uint32_t SourceEngine::bucket_for_size(uint32_t b, uint32_t width, uint32_t height) const {
+  if (b == BucketSchedule::kNoBucket || spec_.sizes.size() < 2) return b;
+  const uint32_t nf = uint32_t(std::max<size_t>(spec_.frames.size(), 1));
+  const uint32_t s = uint32_t(nearest_size_bucket(spec_.sizes, width, height));
+  return b / nf == s ? b : s * nf + b % nf;
+}
+
+namespace {
+
+// "; <what> from epoch E" for a row that moves from bucket `from` to `to` (nothing when it stays).
+std::string move_clause(const BucketSpec &spec, uint32_t from, uint32_t to, uint32_t epoch, bool alone,
+                        const std::string &why) {
+  if (from == to) return "";
+  const std::string where = to == BucketSchedule::kNoBucket ? std::string("out of the buckets (too short for all)")
+                                                            : "to bucket " + spec.name(to);
+  if (alone)
+    return "; " + why + spec.name(from) + ", but with several ranks and no ddptrainsink downstream to agree " +
+           "through it stays there and is replaced (videotrain-probe the manifest to fix its columns)";
+  return "; " + why + spec.name(from) + ", it moves " + where + " from epoch " + std::to_string(epoch);
+}
+
+}  // namespace
+
+void SourceEngine::learn_length(uint64_t index, const ManifestRow &row, int64_t frames, uint32_t epoch) {
   {
     std::lock_guard<std::mutex> g(bad_lock_);
     if (!real_frames_.emplace(index, frames).second) return;
+    RowFact f;
+    f.index = index;
+    f.epoch = epoch;
+    f.frames = frames;
+    facts_.push_back(f);
   }
   VideoSize v = manifest_->video_size(index);
   const uint32_t said = v.frames;
@@ -361,41 +411,15 @@ void SourceEngine::learn_length(uint64_t index, const ManifestRow &row, int64_t 
   manifest_->set_video_size(index, v);
   std::string w = (said ? "the manifest says " + std::to_string(said) + " frames but its" : std::string("its")) +
                   " video stream has " + std::to_string(frames) + ": clips are placed within those";
-  if (buckets_ && !spec_.frames.empty()) {
-    const uint32_t nf = uint32_t(spec_.frames.size());
-    // lock_ keeps workers from planning further meanwhile: the move starts at the epoch after
-    // the newest one a worker may have planned, so no plan in use changes.
+  if (buckets_) {
     std::lock_guard<std::mutex> g(lock_);
-    const uint32_t from = position(next_dispatch_).epoch + 1;
-    const uint32_t b = buckets_->bucket_of(index, from);
-    if (b != BucketSchedule::kNoBucket && !holds(frames, spec_.frames_of(b), v.fps)) {
-      const int fb = longest_frame_bucket(spec_.frames, uint64_t(frames), cfg_.frame_stride, cfg_.fps, v.fps);
-      const uint32_t to = fb >= 0 ? b / nf * nf + uint32_t(fb)
-                          : spec_.pad_short ? b / nf * nf + nf - 1
-                                            : BucketSchedule::kNoBucket;
-      const std::string where = to == BucketSchedule::kNoBucket ? std::string("out of the buckets (too short for all)")
-                                                                : "to bucket " + spec_.name(to);
-      if (cfg_.world_size > 1) {
-        // Every rank must plan the same groups, and the others do not know: it stays out here.
-        w += "; too short for its bucket " + spec_.name(b) + ", so it is replaced there on this rank (it would move " +
-             where + " with one rank; videotrain-probe the manifest to count its frames)";
-      } else {
-        {
-          // Epoch starts past `from` were measured with the old buckets.
-          std::lock_guard<std::mutex> ge(epochs_lock_);
-          const size_t keep = size_t(from - cfg_.start_epoch) + 1;
-          if (epoch_starts_.size() > keep) epoch_starts_.resize(keep);
-        }
-        buckets_->move_row(index, to, from);
-        w += "; too short for its bucket " + spec_.name(b) + ", it moves " + where + " from epoch " +
-             std::to_string(from);
-      }
-    }
+    const uint32_t b = buckets_->bucket_of(index, epoch);
+    w += move_clause(spec_, b, bucket_for_length(b, frames, v.fps), epoch + 1, alone_, "too short for its bucket ");
   }
   if (cb_.row_warning) cb_.row_warning(row.row, row.path, w);
 }
 
-void SourceEngine::learn_size(uint64_t index, const ManifestRow &row, int width, int height) {
+void SourceEngine::learn_size(uint64_t index, const ManifestRow &row, int width, int height, uint32_t epoch) {
   if (width <= 0 || height <= 0) return;
   {
     std::lock_guard<std::mutex> g(bad_lock_);
@@ -405,35 +429,104 @@ void SourceEngine::learn_size(uint64_t index, const ManifestRow &row, int width,
   if (!v.known_shape()) return;
   const auto off = [](double said, double real) { return said > 2.0 * real || real > 2.0 * said; };
   if (!off(v.width, width) && !off(v.height, height)) return;
+  {
+    std::lock_guard<std::mutex> g(bad_lock_);
+    RowFact f;
+    f.index = index;
+    f.epoch = epoch;
+    f.width = uint32_t(width);
+    f.height = uint32_t(height);
+    facts_.push_back(f);
+  }
   const uint32_t said_w = v.width, said_h = v.height;
   v.width = uint32_t(width);
   v.height = uint32_t(height);
   manifest_->set_video_size(index, v);
   std::string w = "the manifest says " + std::to_string(said_w) + "x" + std::to_string(said_h) + " but its video is " +
                   std::to_string(width) + "x" + std::to_string(height);
-  if (buckets_ && spec_.sizes.size() > 1) {
-    const uint32_t nf = uint32_t(std::max<size_t>(spec_.frames.size(), 1));
-    std::lock_guard<std::mutex> g(lock_);  // see learn_length
-    const uint32_t from = position(next_dispatch_).epoch + 1;
-    const uint32_t b = buckets_->bucket_of(index, from);
-    const uint32_t s = uint32_t(nearest_size_bucket(spec_.sizes, uint32_t(width), uint32_t(height)));
-    if (b != BucketSchedule::kNoBucket && b / nf != s) {
-      const uint32_t to = s * nf + b % nf;
-      if (cfg_.world_size > 1) {
-        w += "; its aspect belongs in bucket " + spec_.name(to) + ", not " + spec_.name(b) +
-             ", but with several ranks it stays (videotrain-probe the manifest to fix its size columns)";
-      } else {
-        {
-          std::lock_guard<std::mutex> ge(epochs_lock_);
-          const size_t keep = size_t(from - cfg_.start_epoch) + 1;
-          if (epoch_starts_.size() > keep) epoch_starts_.resize(keep);
-        }
-        buckets_->move_row(index, to, from);
-        w += "; it moves from bucket " + spec_.name(b) + " to " + spec_.name(to) + " from epoch " + std::to_string(from);
-      }
-    }
+  if (buckets_) {
+    std::lock_guard<std::mutex> g(lock_);
+    const uint32_t b = buckets_->bucket_of(index, epoch);
+    w += move_clause(spec_, b, bucket_for_size(b, uint32_t(width), uint32_t(height)), epoch + 1, alone_,
+                     "its aspect does not belong in bucket ");
   }
   if (cb_.row_warning) cb_.row_warning(row.row, row.path, w);
+}
+
+bool SourceEngine::plan_epoch(std::unique_lock<std::mutex> &lk, uint32_t epoch) {
+  // Every clip before this one produced: the facts of the epochs before are all known, so the
+  // plan does not depend on decode timing or prefetch.
+  work_cv_.wait(lk, [&] { return quit_ || in_flight_ == 0; });
+  if (quit_) return false;
+  std::vector<RowFact> all;
+  {
+    std::lock_guard<std::mutex> g(bad_lock_);
+    all = facts_;
+  }
+  if (cfg_.world_size > 1 && alone_) return true;  // rows stay (said when each was found)
+  if (cfg_.world_size > 1) {
+    using A = SourceCallbacks::Agreement;
+    const std::vector<RowFact> mine = std::move(all);
+    all.clear();
+    std::string why;
+    lk.unlock();  // the others may take a while to get here; frames keep flowing meanwhile
+    const A a = cb_.agree_rows ? cb_.agree_rows(epoch, mine, &all, &why) : A::kAlone;
+    lk.lock();
+    if (quit_ || a == A::kCancelled) return false;
+    if (a == A::kFailed) {
+      if (fatal_.empty())
+        fatal_ = "the ranks could not agree on the rows that change buckets before epoch " + std::to_string(epoch) +
+                 ": " + why;
+      out_cv_.notify_all();
+      return false;
+    }
+    if (a == A::kAlone) {  // asked at start, it answered; now nobody does (a changed pipeline)
+      alone_ = true;
+      if (!mine.empty() && cb_.warning)
+        cb_.warning(std::to_string(mine.size()) + " rows whose manifest columns lie stay in their buckets: with " +
+                    std::to_string(cfg_.world_size) + " ranks they move only through a ddptrainsink downstream");
+      return true;
+    }
+  }
+  apply_facts(epoch, all);
+  return true;
+}
+
+void SourceEngine::apply_facts(uint32_t epoch, const std::vector<RowFact> &facts_in) {
+  std::vector<RowFact> facts = facts_in;
+  normalise_row_facts(&facts);  // the same order on every rank
+  for (const RowFact &f : facts) {
+    if (f.epoch >= epoch || f.index >= manifest_->size()) continue;
+    if (f.frames >= 0 && applied_.insert({f.index, 0}).second) {
+      bool other;
+      {
+        std::lock_guard<std::mutex> g(bad_lock_);
+        other = real_frames_.emplace(f.index, f.frames).second;  // another rank's: decodes here place within
+      }
+      VideoSize v = manifest_->video_size(f.index);
+      if (other) {
+        v.frames = uint32_t(f.frames);
+        manifest_->set_video_size(f.index, v);
+      }
+      const uint32_t b = buckets_->bucket_of(f.index, epoch), to = bucket_for_length(b, f.frames, v.fps);
+      if (to != b) buckets_->move_row(f.index, to, epoch);
+    }
+    if (f.width > 0 && applied_.insert({f.index, 1}).second) {
+      bool other;
+      {
+        std::lock_guard<std::mutex> g(bad_lock_);
+        other = sizes_checked_.insert(f.index).second;
+      }
+      if (other) {
+        VideoSize v = manifest_->video_size(f.index);
+        v.width = f.width;
+        v.height = f.height;
+        manifest_->set_video_size(f.index, v);
+      }
+      const uint32_t b = buckets_->bucket_of(f.index, epoch), to = bucket_for_size(b, f.width, f.height);
+      if (to != b) buckets_->move_row(f.index, to, epoch);
+    }
+  }
 }
 
 uint64_t SourceEngine::random_key(uint32_t epoch, uint64_t row) const {
@@ -559,8 +652,14 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
         release(cand.index, "", pos.epoch);
         return r;
       }
-      if (r.clip.real_frames >= 0) learn_length(cand.index, row, r.clip.real_frames);
-      if (st == DecodeStatus::Ok) learn_size(cand.index, row, r.clip.source_width, r.clip.source_height);
+      if (r.clip.real_frames >= 0) {
+        learn_length(cand.index, row, r.clip.real_frames, pos.epoch);
+      } else if (st == DecodeStatus::Short && r.clip.total_frames >= 0 &&
+                 r.clip.total_frames + 2 < int64_t(manifest_->video_size(cand.index).frames)) {
+        // The container is shorter than the manifest says (a hand-edited or stale num_frames).
+        learn_length(cand.index, row, r.clip.total_frames, pos.epoch);
+      }
+      if (st == DecodeStatus::Ok) learn_size(cand.index, row, r.clip.source_width, r.clip.source_height, pos.epoch);
       // Short by what it really holds: too short for this clip length, not for every one.
       const bool bad = st != DecodeStatus::Ok && !(st == DecodeStatus::Short && known_frames(cand.index) >= 0);
       release(cand.index, bad ? reason : "", pos.epoch);

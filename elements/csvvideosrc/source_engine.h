@@ -23,6 +23,7 @@
 #include "cache_protocol.h"
 #include "clip_decoder.h"
 #include "manifest.h"
+#include "row_facts.h"
 #include "schedule.h"
 #include "shapes_query.h"
 
@@ -82,6 +83,17 @@ struct SourceCallbacks {
   std::function<bool(const ClipIdentity &)> cached;
   // A row used with a change (a caption cut to max-caption-bytes): once per row and run.
   std::function<void(uint64_t row, const std::string &path, const std::string &warning)> row_warning;
+  // With several ranks and buckets, before each epoch after the first is planned (on a worker
+  // thread, no lock held): this rank's row facts in, every rank's out, so that every rank moves
+  // the same rows from the same epoch. kAlone: nothing downstream to agree through; rows then
+  // stay in their buckets. Unset (nothing downstream answered the element's probe at start): the
+  // same, said when each such row is found.
+  enum class Agreement { kAlone, kAgreed, kFailed, kCancelled };
+  std::function<Agreement(uint32_t epoch, const std::vector<RowFact> &mine, std::vector<RowFact> *all,
+                          std::string *why)>
+      agree_rows;
+  // A warning about the run rather than a row.
+  std::function<void(const std::string &warning)> warning;
 };
 
 struct SourceStats {
@@ -171,13 +183,21 @@ class SourceEngine {
   Claim claim(uint64_t index, const std::atomic<bool> *cancel, BadRow *known);
   void release(uint64_t index, const std::string &bad_reason, uint32_t epoch);  // reason empty: not bad
   void report_bad(const Position &pos, uint64_t index, const ManifestRow &row, const std::string &reason);
-  // A decode found the row's video stream shorter than the manifest says: remembered (and the
-  // manifest's length fixed) for the run, said once, and a row that cannot fill its frame bucket
-  // moves to one it can (or out) from the next epoch that no clip in flight uses.
-  void learn_length(uint64_t index, const ManifestRow &row, int64_t frames);
+  // A decode (of a clip of `epoch`) found the row's video stream shorter than the manifest says:
+  // remembered (and the manifest's length fixed) for the run, said once, and kept as a row fact.
+  // A row that cannot fill its frame bucket moves to one it can (or out) from epoch + 1.
+  void learn_length(uint64_t index, const ManifestRow &row, int64_t frames, uint32_t epoch);
   // The first decode of a row whose manifest size is off by more than a factor of 2: the size is
-  // fixed for the run and, with one rank, the row moves to the size bucket of its real aspect.
-  void learn_size(uint64_t index, const ManifestRow &row, int width, int height);
+  // fixed for the run and the row moves to the size bucket of its real aspect from epoch + 1.
+  void learn_size(uint64_t index, const ManifestRow &row, int width, int height, uint32_t epoch);
+  // Where a row of bucket `b` belongs with `frames` real frames / a real size (b when it stays).
+  uint32_t bucket_for_length(uint32_t b, int64_t frames, float fps) const;
+  uint32_t bucket_for_size(uint32_t b, uint32_t width, uint32_t height) const;
+  // Buckets: before the first clip of `epoch` is dispatched (lock_ held, planning_ set). Waits
+  // until no clip is in flight, so that the facts of every clip before are known, agrees on them
+  // with the other ranks (unlocked) and moves their rows from `epoch`. False on a stop or error.
+  bool plan_epoch(std::unique_lock<std::mutex> &lk, uint32_t epoch);
+  void apply_facts(uint32_t epoch, const std::vector<RowFact> &facts);  // lock_ held
   // The row's real frame count where a decode found it, else -1.
   int64_t known_frames(uint64_t index);
   // Whether `frames` source frames give a clip of `clip_frames` (frame-stride / fps).
@@ -213,6 +233,12 @@ class SourceEngine {
   uint64_t generation_ = 0;
   std::shared_ptr<std::atomic<bool>> cancel_;
   uint64_t next_dispatch_ = 0, next_consume_ = 0;
+  uint64_t in_flight_ = 0;  // clips being produced
+  // Buckets: the newest epoch planned (position() does not plan past it), and whether a worker
+  // is planning the next.
+  std::atomic<uint32_t> planned_through_{0};
+  bool planning_ = false;
+  bool alone_ = false;  // several ranks with nothing to agree through: rows stay
   std::map<uint64_t, Result> ready_;
   Result current_;
   size_t current_pos_ = 0;
@@ -226,6 +252,8 @@ class SourceEngine {
   std::unordered_map<uint64_t, BadRow> bad_;        // by manifest index
   std::unordered_map<uint64_t, int64_t> real_frames_;  // by manifest index: lengths decodes found
   std::unordered_set<uint64_t> sizes_checked_;         // by manifest index: sizes compared once
+  std::vector<RowFact> facts_;                         // what this rank's decodes found
+  std::set<std::pair<uint64_t, int>> applied_;          // (index, 0 length / 1 size) facts moved on (lock_)
   std::set<uint64_t> trying_;                      // manifest indices being decoded now
   std::map<uint32_t, std::set<uint64_t>> reported_;  // epoch -> manifest indices reported (its replaced count)
 

@@ -324,6 +324,33 @@ int DistGroup::peer_gone_before(uint64_t steps_done) {
   return -1;
 }
 
+std::vector<std::string> DistGroup::exchange(const std::string &name, const std::string &mine) {
+  const std::string base = "exchange/" + name + "/", me = "rank " + std::to_string(opts_.rank);
+  auto &store = *impl_->prefixed;
+  std::vector<std::string> out(size_t(opts_.world_size));
+  const auto until = std::chrono::steady_clock::now() + opts_.timeout;
+  try {
+    store.set(base + std::to_string(opts_.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    for (int r = 0; r < opts_.world_size; r++) {
+      const std::string key = base + std::to_string(r);
+      while (!store.check({key})) {
+        if (cancelled()) throw DistError(name + " on " + me + ": interrupted");
+        if (std::chrono::steady_clock::now() >= until)
+          throw DistError(name + ": rank " + std::to_string(r) + " did not get there within the " +
+                          std::to_string(opts_.timeout.count() / 1000) + " s timeout (" + describe_peers() + ")");
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      const auto v = store.get(key);
+      out[size_t(r)].assign(v.begin(), v.end());
+    }
+  } catch (const DistError &) {
+    throw;
+  } catch (const std::exception &e) {
+    throw store_gone(name + " on " + me, e);
+  }
+  return out;
+}
+
 std::string DistGroup::describe_peers() {
   // Looks at the store with check() (non-blocking) so that diagnosing never hangs.
   std::ostringstream out;

@@ -81,6 +81,11 @@ class DistGroup : public PeerMarks {
   // "rank 1 (last finished step 1) stopped responding" or the store's state.
   std::string describe_peers() override;
 
+  // Every rank's `mine` for `name` (a store key each; every rank calls it once per name), in rank
+  // order. Waits (polling, so that cancel() ends it) within the timeout; throws DistError naming
+  // the ranks that never posted, or the store's loss. Safe beside the training thread's use.
+  std::vector<std::string> exchange(const std::string &name, const std::string &mine);
+
   /* Interruption (ddptrainsink's unlock): from any thread, cancel(true) makes a wait() in
    * progress, and every later one until cancel(false), throw DistError at once. A
    * collective left that way may still be running in Gloo's threads with the peers out of

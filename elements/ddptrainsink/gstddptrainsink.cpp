@@ -21,6 +21,7 @@
 #include "cpu_heap.h"
 #include "gst_enum.h"
 #include "resume_query.h"
+#include "row_facts_query.h"
 #include "run_context_gst.h"
 #include "tensor_caps.h"
 #include "trainer_buffers.h"
@@ -291,6 +292,22 @@ static gboolean gst_ddp_train_sink_query(GstBaseSink *sink, GstQuery *query) {
     videotrain_resume_query_answer(query, &pos);
     GST_INFO_OBJECT(self, "resume: epoch %u clip %" G_GUINT64_FORMAT " step %" G_GUINT64_FORMAT, pos.epoch, pos.clip,
                     pos.step);
+    return TRUE;
+  }
+  if (is_row_facts_query(query)) {
+    // csvvideosrc's worker, before it plans an epoch: relayed between the ranks (may wait for them).
+    auto engine = get_engine(self);
+    uint32_t epoch = 0;
+    std::string mine, all;
+    if (!engine || !row_facts_query_request(query, &epoch, &mine)) return FALSE;
+    if (epoch == kRowFactsProbe) {
+      row_facts_query_answer(query, true, "");
+      return TRUE;
+    }
+    const bool ok = engine->agree_row_facts(epoch, mine, &all);
+    if (ok) GST_DEBUG_OBJECT(self, "row facts of epoch %u agreed", epoch);
+    else if (!all.empty()) GST_WARNING_OBJECT(self, "row facts of epoch %u: %s", epoch, all.c_str());
+    row_facts_query_answer(query, ok, all);
     return TRUE;
   }
   if (answer_context_query(GST_ELEMENT(self), query)) return TRUE;

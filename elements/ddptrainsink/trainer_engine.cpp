@@ -443,6 +443,8 @@ void TrainerEngine::stop() {
   if (im.group) im.group->mark_exit();
   im.reducer.reset();
   im.agreement.reset();
+  if (im.group) im.group->cancel(true);  // an agree_row_facts() waiting gives up
+  std::lock_guard<std::mutex> g(im.group_use);
   im.group.reset();
   im.run_log.close();
 }
@@ -462,6 +464,27 @@ const std::string &TrainerEngine::error() const { return impl_->error; }
 void TrainerEngine::interrupt(bool on) {
   impl_->start_cancelled = on;
   if (impl_->group) impl_->group->cancel(on);
+}
+
+bool TrainerEngine::agree_row_facts(uint32_t epoch, const std::string &mine, std::string *all) {
+  auto &im = *impl_;
+  std::lock_guard<std::mutex> g(im.group_use);
+  if (im.world == 1) {
+    *all = mine;
+    return true;
+  }
+  if (!im.group) {
+    all->clear();  // not started, or stopped
+    return false;
+  }
+  try {
+    all->clear();
+    for (const std::string &s : im.group->exchange("row facts of epoch " + std::to_string(epoch), mine)) *all += s;
+    return true;
+  } catch (const std::exception &e) {
+    *all = im.group->cancelled() ? std::string() : first_line(e.what());
+    return false;
+  }
 }
 
 void TrainerEngine::set_message_hook(std::function<void()> hook) { impl_->message_hook = std::move(hook); }

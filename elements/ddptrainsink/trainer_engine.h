@@ -166,6 +166,12 @@ class TrainerEngine : public RunContext {
   void set_message_hook(std::function<void()> hook);
   bool interrupted() const;  // the last failure came from interrupt()
 
+  /* csvvideosrc's row facts (row_facts_query.h) before it plans `epoch`, from its worker thread:
+   * posted to the run's store, and true with every rank's in *all once all have posted; false
+   * with why in *all, or an empty *all when the run is stopping (interrupt()). With one rank,
+   * *all = mine. */
+  bool agree_row_facts(uint32_t epoch, const std::string &mine, std::string *all);
+
   const std::string &error() const;
   // Messages that a face posts: drained by the caller after each call.
   // ddptrainsink-step | ddptrainsink-checkpoint | warning (text in "text")

@@ -38,6 +38,7 @@ struct TrainerEngine::Impl {
   bool bf16 = false;
   std::string backend = "gloo";
   std::unique_ptr<DistGroup> group;
+  std::mutex group_use;  // other threads' use of group (agree_row_facts) against stop()'s reset
   std::unique_ptr<StepAgreement> agreement;  // with group
   std::unique_ptr<TrainModel> model;
   ModelDims dims;  // what the model was built for
