@@ -26,4 +26,13 @@ gboolean videotrain_resume_query_parse(GstQuery *query, VideoTrainResumePosition
          gst_structure_get_uint64(s, "step", &pos->step);
 }
 
+void videotrain_resume_query_set_row_facts(GstQuery *query, const gchar *facts) {
+  gst_structure_set(gst_query_writable_structure(query), "row-facts", G_TYPE_STRING, facts, NULL);
+}
+
+const gchar *videotrain_resume_query_row_facts(GstQuery *query) {
+  const GstStructure *s = gst_query_get_structure(query);
+  return s ? gst_structure_get_string(s, "row-facts") : NULL;
+}
+
 }  // extern "C"

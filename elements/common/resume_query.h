@@ -22,5 +22,9 @@ gboolean videotrain_is_resume_query(GstQuery *query);
 void videotrain_resume_query_answer(GstQuery *query, const VideoTrainResumePosition *pos);
 /* TRUE when someone answered. */
 gboolean videotrain_resume_query_parse(GstQuery *query, VideoTrainResumePosition *pos);
+/* The row facts (row_facts.h) the checkpoint holds: set by the trainer after answering; NULL when
+ * none were given (owned by the query). */
+void videotrain_resume_query_set_row_facts(GstQuery *query, const gchar *facts);
+const gchar *videotrain_resume_query_row_facts(GstQuery *query);
 
 G_END_DECLS

@@ -16,6 +16,9 @@ namespace videotrain {
 // The epoch of a probe at start: a trainer answers it at once (agreed, no facts), so that the
 // source knows whether anything downstream can relay its facts.
 constexpr uint32_t kRowFactsProbe = UINT32_MAX;
+// The epoch of a notice: `mine` holds facts just learned, which the trainer keeps for its
+// checkpoints (answered at once).
+constexpr uint32_t kRowFactsLearned = UINT32_MAX - 1;
 
 GstQuery *row_facts_query_new(uint32_t epoch, const std::string &mine);
 bool is_row_facts_query(GstQuery *query);

@@ -335,6 +335,14 @@ static gboolean gst_csv_video_src_start(GstBaseSrc *src) {
     GST_DEBUG_OBJECT(self, "epoch %u: %zu row facts agreed (%zu of this rank)", epoch, all->size(), mine.size());
     return A::kAgreed;
   };
+  // The trainer keeps what the decodes found for its checkpoints, so that a resumed run moves the
+  // same rows at the same epochs.
+  if (can_agree)
+    cb.fact_learned = [self](const RowFact &f) {
+      GstQuery *q = row_facts_query_new(kRowFactsLearned, format_row_facts({f}));
+      gst_pad_peer_query(GST_BASE_SRC_PAD(self), q);
+      gst_query_unref(q);
+    };
   cb.warning = [self](const std::string &w) { GST_ELEMENT_WARNING(self, RESOURCE, READ, ("%s", w.c_str()), (NULL)); };
   // A vaeencoder with a latent cache downstream answers, before each clip is decoded, whether it
   // holds the clip. Without one (asked once: downstream elements start before the source), no clip
@@ -381,6 +389,13 @@ static gboolean gst_csv_video_src_start(GstBaseSrc *src) {
                     pos.clip);
     cfg.start_epoch = pos.epoch;
     cfg.start_clip = pos.clip;
+    std::string why;
+    const gchar *facts = videotrain_resume_query_row_facts(q);
+    if (facts && !parse_row_facts(facts, &cfg.resumed_facts, &why))
+      GST_ELEMENT_WARNING(self, RESOURCE, READ, ("The checkpoint's row facts are damaged: %s", why.c_str()),
+                          ("rows whose manifest columns lie are found again as they are decoded"));
+    else if (!cfg.resumed_facts.empty())
+      GST_INFO_OBJECT(self, "%zu row facts from the checkpoint", cfg.resumed_facts.size());
   }
   gst_query_unref(q);
   auto engine = std::make_unique<SourceEngine>(cfg, cb);

@@ -175,14 +175,33 @@ bool SourceEngine::start_buckets(std::string *error) {
     std::lock_guard<std::mutex> g(epochs_lock_);
     epoch_starts_.assign(1, 0);
   }
+  alone_ = cfg_.world_size > 1 && !cb_.agree_rows;
+  // A resumed run knows what the run before found: the facts of epochs before the start move
+  // their rows before the start is planned (each row then has the bucket it had there), the
+  // rest move in their epochs; none is learned (or told) again.
+  {
+    std::lock_guard<std::mutex> g(bad_lock_);
+    for (const RowFact &f : cfg_.resumed_facts) {
+      if (f.index >= manifest_->size()) continue;
+      if (f.frames >= 0) real_frames_.emplace(f.index, f.frames);
+      if (f.width > 0) sizes_checked_.insert(f.index);
+      facts_.push_back(f);
+    }
+  }
+  auto apply_resumed = [&] {
+    if (alone_ || cfg_.resumed_facts.empty()) return;
+    std::lock_guard<std::mutex> g(lock_);
+    apply_facts(cfg_.start_epoch, cfg_.resumed_facts);
+  };
+  apply_resumed();
   // A position at or past an epoch's end continues in the next epoch.
   for (uint64_t n; cfg_.start_clip >= (n = buckets_->clips_in_epoch(cfg_.start_epoch));) {
     cfg_.start_clip -= n;
     cfg_.start_epoch++;
     if (cfg_.num_epochs != 0 && cfg_.start_epoch >= cfg_.num_epochs) break;
+    apply_resumed();
   }
   planned_through_ = cfg_.start_epoch;
-  alone_ = cfg_.world_size > 1 && !cb_.agree_rows;
   return true;
 }
 
@@ -396,15 +415,16 @@ std::string move_clause(const BucketSpec &spec, uint32_t from, uint32_t to, uint
 }  // namespace
 
 void SourceEngine::learn_length(uint64_t index, const ManifestRow &row, int64_t frames, uint32_t epoch) {
+  RowFact f;
+  f.index = index;
+  f.epoch = epoch;
+  f.frames = frames;
   {
     std::lock_guard<std::mutex> g(bad_lock_);
     if (!real_frames_.emplace(index, frames).second) return;
-    RowFact f;
-    f.index = index;
-    f.epoch = epoch;
-    f.frames = frames;
     facts_.push_back(f);
   }
+  if (cb_.fact_learned) cb_.fact_learned(f);
   VideoSize v = manifest_->video_size(index);
   const uint32_t said = v.frames;
   v.frames = uint32_t(frames);
@@ -429,15 +449,16 @@ void SourceEngine::learn_size(uint64_t index, const ManifestRow &row, int width,
   if (!v.known_shape()) return;
   const auto off = [](double said, double real) { return said > 2.0 * real || real > 2.0 * said; };
   if (!off(v.width, width) && !off(v.height, height)) return;
+  RowFact f;
+  f.index = index;
+  f.epoch = epoch;
+  f.width = uint32_t(width);
+  f.height = uint32_t(height);
   {
     std::lock_guard<std::mutex> g(bad_lock_);
-    RowFact f;
-    f.index = index;
-    f.epoch = epoch;
-    f.width = uint32_t(width);
-    f.height = uint32_t(height);
     facts_.push_back(f);
   }
+  if (cb_.fact_learned) cb_.fact_learned(f);
   const uint32_t said_w = v.width, said_h = v.height;
   v.width = uint32_t(width);
   v.height = uint32_t(height);
@@ -498,13 +519,12 @@ void SourceEngine::apply_facts(uint32_t epoch, const std::vector<RowFact> &facts
   for (const RowFact &f : facts) {
     if (f.epoch >= epoch || f.index >= manifest_->size()) continue;
     if (f.frames >= 0 && applied_.insert({f.index, 0}).second) {
-      bool other;
       {
         std::lock_guard<std::mutex> g(bad_lock_);
-        other = real_frames_.emplace(f.index, f.frames).second;  // another rank's: decodes here place within
+        real_frames_.emplace(f.index, f.frames);  // another rank's: decodes here place within
       }
       VideoSize v = manifest_->video_size(f.index);
-      if (other) {
+      if (v.frames != uint32_t(f.frames)) {
         v.frames = uint32_t(f.frames);
         manifest_->set_video_size(f.index, v);
       }
@@ -512,13 +532,12 @@ void SourceEngine::apply_facts(uint32_t epoch, const std::vector<RowFact> &facts
       if (to != b) buckets_->move_row(f.index, to, epoch);
     }
     if (f.width > 0 && applied_.insert({f.index, 1}).second) {
-      bool other;
       {
         std::lock_guard<std::mutex> g(bad_lock_);
-        other = sizes_checked_.insert(f.index).second;
+        sizes_checked_.insert(f.index);
       }
-      if (other) {
-        VideoSize v = manifest_->video_size(f.index);
+      VideoSize v = manifest_->video_size(f.index);
+      if (v.width != f.width || v.height != f.height) {
         v.width = f.width;
         v.height = f.height;
         manifest_->set_video_size(f.index, v);

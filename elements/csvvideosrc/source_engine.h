@@ -62,6 +62,8 @@ struct SourceConfig {
   int decode_threads = 1;
   double decode_timeout_s = 60.0;
   int max_replacements = 32;  // candidates tried for one clip before giving up
+  // Row facts a resumed checkpoint holds (every rank's): applied as if found in their epochs.
+  std::vector<RowFact> resumed_facts;
 };
 
 struct ReplacedEvent {
@@ -92,6 +94,8 @@ struct SourceCallbacks {
   std::function<Agreement(uint32_t epoch, const std::vector<RowFact> &mine, std::vector<RowFact> *all,
                           std::string *why)>
       agree_rows;
+  // A row fact just learned (a worker thread, no lock held), for the trainer's checkpoints.
+  std::function<void(const RowFact &)> fact_learned;
   // A warning about the run rather than a row.
   std::function<void(const std::string &warning)> warning;
 };

@@ -324,7 +324,8 @@ int DistGroup::peer_gone_before(uint64_t steps_done) {
   return -1;
 }
 
-std::vector<std::string> DistGroup::exchange(const std::string &name, const std::string &mine) {
+std::vector<std::string> DistGroup::exchange(const std::string &name, const std::string &mine,
+                                             const std::function<bool()> &needless) {
   const std::string base = "exchange/" + name + "/", me = "rank " + std::to_string(opts_.rank);
   auto &store = *impl_->prefixed;
   std::vector<std::string> out(size_t(opts_.world_size));
@@ -335,6 +336,7 @@ std::vector<std::string> DistGroup::exchange(const std::string &name, const std:
       const std::string key = base + std::to_string(r);
       while (!store.check({key})) {
         if (cancelled()) throw DistError(name + " on " + me + ": interrupted");
+        if (needless && needless()) return {};
         if (std::chrono::steady_clock::now() >= until)
           throw DistError(name + ": rank " + std::to_string(r) + " did not get there within the " +
                           std::to_string(opts_.timeout.count() / 1000) + " s timeout (" + describe_peers() + ")");
@@ -347,6 +349,30 @@ std::vector<std::string> DistGroup::exchange(const std::string &name, const std:
     throw;
   } catch (const std::exception &e) {
     throw store_gone(name + " on " + me, e);
+  }
+  return out;
+}
+
+void DistGroup::post(const std::string &name, const std::string &value) {
+  try {
+    impl_->prefixed->set("posted/" + name + "/" + std::to_string(opts_.rank),
+                         std::vector<uint8_t>(value.begin(), value.end()));
+  } catch (const std::exception &e) {
+    throw store_gone(name + " on rank " + std::to_string(opts_.rank), e);
+  }
+}
+
+std::vector<std::string> DistGroup::peek_all(const std::string &name) {
+  std::vector<std::string> out(size_t(opts_.world_size));
+  try {
+    for (int r = 0; r < opts_.world_size; r++) {
+      const std::string key = "posted/" + name + "/" + std::to_string(r);
+      if (!impl_->prefixed->check({key})) continue;
+      const auto v = impl_->prefixed->get(key);
+      out[size_t(r)].assign(v.begin(), v.end());
+    }
+  } catch (const std::exception &e) {
+    throw store_gone(name + " on rank " + std::to_string(opts_.rank), e);
   }
   return out;
 }

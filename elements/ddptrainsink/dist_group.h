@@ -84,7 +84,13 @@ class DistGroup : public PeerMarks {
   // Every rank's `mine` for `name` (a store key each; every rank calls it once per name), in rank
   // order. Waits (polling, so that cancel() ends it) within the timeout; throws DistError naming
   // the ranks that never posted, or the store's loss. Safe beside the training thread's use.
-  std::vector<std::string> exchange(const std::string &name, const std::string &mine);
+  // Empty when `needless` says, while waiting, that the answer is no longer needed.
+  std::vector<std::string> exchange(const std::string &name, const std::string &mine,
+                                    const std::function<bool()> &needless = {});
+  // This rank's value of `name`, and every other rank's as posted so far (never blocks; "" for a
+  // rank that posted none). Throw DistError when the store is gone.
+  void post(const std::string &name, const std::string &value);
+  std::vector<std::string> peek_all(const std::string &name);
 
   /* Interruption (ddptrainsink's unlock): from any thread, cancel(true) makes a wait() in
    * progress, and every later one until cancel(false), throw DistError at once. A

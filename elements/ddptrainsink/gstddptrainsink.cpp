@@ -290,6 +290,7 @@ static gboolean gst_ddp_train_sink_query(GstBaseSink *sink, GstQuery *query) {
     ResumePoint rp = engine->resume_point();
     VideoTrainResumePosition pos{rp.epoch, rp.clip, rp.step};
     videotrain_resume_query_answer(query, &pos);
+    videotrain_resume_query_set_row_facts(query, rp.row_facts.c_str());
     GST_INFO_OBJECT(self, "resume: epoch %u clip %" G_GUINT64_FORMAT " step %" G_GUINT64_FORMAT, pos.epoch, pos.clip,
                     pos.step);
     return TRUE;
@@ -301,6 +302,11 @@ static gboolean gst_ddp_train_sink_query(GstBaseSink *sink, GstQuery *query) {
     std::string mine, all;
     if (!engine || !row_facts_query_request(query, &epoch, &mine)) return FALSE;
     if (epoch == kRowFactsProbe) {
+      row_facts_query_answer(query, true, "");
+      return TRUE;
+    }
+    if (epoch == kRowFactsLearned) {
+      engine->note_row_facts(mine);
       row_facts_query_answer(query, true, "");
       return TRUE;
     }

@@ -84,6 +84,12 @@ void TrainerEngine::Impl::find_checkpoint() {
   last_ckpt_step = resume_from.step;
   resumed = true;
   rp.step = resume_from.step;
+  const auto facts = resume_from.state.find("row_facts");
+  rp.row_facts = facts != resume_from.state.end() && facts->is_string() ? facts->get<std::string>() : std::string();
+  {
+    std::lock_guard<std::mutex> g(facts_mu);
+    row_facts = rp.row_facts;  // the next checkpoint keeps them
+  }
   steps_done = resume_from.step;
   if (cfg.latent_channels <= 0) cfg.latent_channels = resume_from.state.value("latent_channels", 0);
 }
@@ -158,6 +164,7 @@ std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
                 {"seed", cfg.seed},
                 {"world_size", world},
                 {"positions", pos},
+                {"row_facts", all_row_facts(!rescue)},  // a rescue does not touch the store
                 {"optimizer_file", "optimizer.pt"},
                 {"rng_note", "no generator state: each step reseeds from seed, rank and step"}};
   if (rescue) state["rescue"] = true;  // informative only: resume reads it like any other

@@ -342,6 +342,7 @@ ProcessResult TrainerEngine::process_inputs(const ModelInputs &in, const MicroBa
     return im.interrupted ? ProcessResult::kInterrupted : ProcessResult::kError;
   }
   if (im.cfg.max_steps > 0 && im.steps_done >= im.cfg.max_steps) {
+    im.wants_no_data = true;
     if (im.all_steps_skipped()) {
       im.error = im.all_skipped_text();
       return ProcessResult::kError;
@@ -370,6 +371,7 @@ void TrainerEngine::add_wait_time(double seconds) {
 
 bool TrainerEngine::finish() {
   auto &im = *impl_;
+  im.wants_no_data = true;
   struct Finished {  // ddpvalsink's final validation: after the last (joined) step
     Impl &im;
     ~Finished() {
@@ -479,12 +481,51 @@ bool TrainerEngine::agree_row_facts(uint32_t epoch, const std::string &mine, std
   }
   try {
     all->clear();
-    for (const std::string &s : im.group->exchange("row facts of epoch " + std::to_string(epoch), mine)) *all += s;
+    // A run that trains no more (max-steps, end of stream) needs no agreement: the source's next
+    // buffer only learns that downstream is done (its peers may never get this far).
+    const auto posted = im.group->exchange("row facts of epoch " + std::to_string(epoch), mine,
+                                           [&im] { return im.wants_no_data.load(); });
+    if (posted.empty()) *all = mine;
+    for (const std::string &s : posted) *all += s;
     return true;
   } catch (const std::exception &e) {
     *all = im.group->cancelled() ? std::string() : first_line(e.what());
     return false;
   }
+}
+
+void TrainerEngine::note_row_facts(const std::string &facts) {
+  auto &im = *impl_;
+  std::string mine;
+  {
+    std::lock_guard<std::mutex> f(im.facts_mu);
+    mine = im.row_facts += facts;
+  }
+  std::lock_guard<std::mutex> g(im.group_use);  // short: no agreement runs while a rank decodes
+  if (!im.group || im.world == 1) return;
+  try {
+    im.group->post("row facts", mine);
+  } catch (const std::exception &e) {
+    std::lock_guard<std::mutex> f(im.facts_mu);
+    im.row_facts_lost = first_line(e.what());  // the checkpoint then says less; training goes on
+  }
+}
+
+std::string TrainerEngine::Impl::all_row_facts(bool peers) {
+  std::string all;
+  {
+    std::lock_guard<std::mutex> f(facts_mu);
+    all = row_facts;
+  }
+  if (!peers || !group || world == 1) return all;
+  try {
+    const auto posted = group->peek_all("row facts");
+    for (int r = 0; r < world; r++)
+      if (r != rank) all += posted[size_t(r)];
+  } catch (const std::exception &) {
+    // The store is gone (a peer or rank 0's host failed): this rank's own facts, as on a rescue.
+  }
+  return all;
 }
 
 void TrainerEngine::set_message_hook(std::function<void()> hook) { impl_->message_hook = std::move(hook); }

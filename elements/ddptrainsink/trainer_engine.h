@@ -89,6 +89,7 @@ struct ResumePoint {
   unsigned epoch = 0;
   uint64_t clip = 0;
   uint64_t step = 0;  // next optimizer step
+  std::string row_facts;  // csvvideosrc's row facts of every rank when it was written (row_facts.h)
 };
 
 // The gradient reducer after the last sync step (tests; see bucket_reducer.h). Empty
@@ -171,6 +172,9 @@ class TrainerEngine : public RunContext {
    * with why in *all, or an empty *all when the run is stopping (interrupt()). With one rank,
    * *all = mine. */
   bool agree_row_facts(uint32_t epoch, const std::string &mine, std::string *all);
+  // A row fact csvvideosrc just learned (its worker thread): kept, posted to the store for rank 0,
+  // and written with every checkpoint (all ranks' facts), so that a resumed source knows them.
+  void note_row_facts(const std::string &facts);
 
   const std::string &error() const;
   // Messages that a face posts: drained by the caller after each call.

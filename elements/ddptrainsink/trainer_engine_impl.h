@@ -39,6 +39,13 @@ struct TrainerEngine::Impl {
   std::string backend = "gloo";
   std::unique_ptr<DistGroup> group;
   std::mutex group_use;  // other threads' use of group (agree_row_facts) against stop()'s reset
+  // This rank's (and a resumed checkpoint's) row facts; the checkpoint's writer reads them while
+  // csvvideosrc's workers add to them (never under group_use, which an agreement holds long).
+  std::mutex facts_mu;
+  std::atomic<bool> wants_no_data{false};  // max-steps reached or end of stream: data is not trained on
+  std::string row_facts, row_facts_lost;  // row_facts_lost: why posting them failed (informative)
+  // For a checkpoint (training thread: the group stays): every rank's with `peers`, else this rank's.
+  std::string all_row_facts(bool peers);
   std::unique_ptr<StepAgreement> agreement;  // with group
   std::unique_ptr<TrainModel> model;
   ModelDims dims;  // what the model was built for

@@ -5,11 +5,13 @@
 # csvvideosrc through the resume query.
 # With the argument `buckets`, the source mixes sizes and lengths (4 size buckets, 2 frame buckets; the
 # corrupt row is replaced within its bucket): the ranks run equal steps of one shape each, and resume
-# stays exact.
+# stays exact. With `liar`, the same plus a row whose num_frames (79) lies about its video (40
+# frames): it moves from the 9-frame bucket to the 5-frame one from epoch 1 on both ranks, and the
+# resumed run (stopped epochs later) has it there too, from the checkpoint's row facts.
 set -euo pipefail
 mode=${1:-plain}
 shape="num-frames=5 width=32 height=32"
-if [[ $mode == buckets ]]; then
+if [[ $mode == buckets || $mode == liar ]]; then
   shape="buckets=32x24,32x32,48x24,24x32 frame-buckets=9,5 frame-stride=8"
   export GST_DEBUG=microbatcher:6  # its log names each micro-batch's shape
 fi
@@ -19,6 +21,10 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/videotrain-resume-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 export GST_PLUGIN_PATH="$build/plugins/videotrain"
 bash "$src/scripts/make_dataset.sh" "$work/data" 6 >/dev/null
+if [[ $mode == liar ]]; then  # clip000 has 40 frames
+  sed -n '2s/^\([^,]*\),"[^"]*",[0-9]*,/\1,"a liar",79,/p' "$work/data/train.csv" >> "$work/data/train.csv"
+  grep -q '"a liar",79' "$work/data/train.csv" || { cat "$work/data/train.csv"; echo "no liar row"; exit 1; }
+fi
 "$build/tools/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
 half=10
 run() {  # run NAME MAX_STEPS RESUME
@@ -48,7 +54,15 @@ bad = [(s, full[s], part[s]) for s in full if abs(full[s] - part[s]) > 1e-5 * ma
 assert not bad, f"losses differ after resume (step, uninterrupted, resumed): {bad}"
 print(f"resume: steps {half + 1}..{2 * half} repeat the uninterrupted run's losses")
 PY
-if [[ $mode == buckets ]]; then
+if [[ $mode == liar ]]; then
+  # Row 6 holds 40 frames (found in epoch 0); the checkpoint the resumed run started from said so.
+  for c in part/step-00000010 full/step-00000020 part/step-00000020; do
+    /usr/bin/python3 -c 'import json, sys; f = json.load(open(sys.argv[1]))["row_facts"].split("\n")
+assert "6 0 40 0 0" in f, f"{sys.argv[1]}: row facts {f}"' "$work/$c/trainer.json"
+  done
+  echo "liar: its 40 frames are in the checkpoints' row facts; the resumed run moved it as the uninterrupted one"
+fi
+if [[ $mode == buckets || $mode == liar ]]; then
   shapes=$(grep -ho 'samples \[[0-9, ]*\]' "$work/full.log" | sort -u | wc -l)
   ((shapes >= 3)) || { echo "buckets: the uninterrupted run trained $shapes latent shapes, expected several"; exit 1; }
   echo "buckets: $shapes latent shapes trained"
