@@ -31,6 +31,9 @@ struct StepReport {
   bool skipped = false;        // non-finite loss or gradients: optimizer step skipped
   bool model_built = false;    // not a step: the model was just built (or resumed), before its first step
   bool finished = false;       // not a step: the run's end of stream is done (every rank ended), or failed
+  // With finished: a step failed (a peer gone, nan-policy=fail, bad input, an interruption), so the
+  // run trains no more; there is no final state worth sampling or validating.
+  bool failed = false;
   // Every rank had a step callback when this step's all-reduce ran (the same on every
   // rank): subscribers that join a fast run at different steps (validators) all see the
   // steps where this is set, so that they can start at the same one.
@@ -66,7 +69,8 @@ class RunContext {
    * steps, never halfway through one; null before the model exists. Step callbacks run
    * on the training thread right after each optimizer step, once with model_built set
    * when the model exists, before its first micro-batch is trained, and once with
-   * finished set at the end of the run's end of stream (keep them short; they may call
+   * finished set at the end of the run's end of stream or, with failed too, when a step
+   * fails (keep them short; they may call
    * snapshot_state()). A callback added before a step's all-reduce sees that step; which
    * steps every rank's callbacks see says StepReport::every_rank_subscribed. */
   virtual std::shared_ptr<const ParamSnapshot> snapshot_state() const = 0;

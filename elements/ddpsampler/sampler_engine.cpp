@@ -103,7 +103,7 @@ struct SamplerEngine::Impl {
   // Hands the trainer's current weights to the sampling thread (trainer's thread).
   void offer(uint64_t step, bool final) {
     std::unique_lock<std::mutex> lock(mu);
-    if (flushing) return;
+    if (flushing || finished) return;
     if (final && last_offered == step) return;  // sampled at this step already
     if (pending) {
       if (cfg.skip_if_busy && !final) {
@@ -139,7 +139,8 @@ struct SamplerEngine::Impl {
 
   void on_step(const StepReport &r) {
     if (r.finished) {
-      if (cfg.at_end) offer(run->steps_done(), true);
+      // A failed run: nothing more to sample; run_next() returns once the pending snapshot is done.
+      if (cfg.at_end && !r.failed) offer(run->steps_done(), true);
       std::lock_guard<std::mutex> lock(mu);
       finished = true;
       cv.notify_all();

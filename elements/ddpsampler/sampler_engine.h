@@ -76,7 +76,8 @@ class SamplerEngine {
   enum class Next { kSampled, kFinished, kFlushing, kError };
   // Blocks until a snapshot is due (and the prompts are in), samples this rank's prompts from it
   // and hands each sample to emit (which may return false to stop early). kFinished once the
-  // trainer has finished and its last snapshot is sampled.
+  // trainer has finished and its last snapshot is sampled, or once a step of the trainer failed
+  // (a peer gone) and the snapshot in hand, if any, is sampled: no at-end sample then.
   Next run_next(const std::function<bool(SampleOut &)> &emit);
   void set_flushing(bool flushing);
 

@@ -45,6 +45,9 @@ struct DistGroup::Impl {
   c10::intrusive_ptr<c10d::Store> tcp;     // the TCPStore
   c10::intrusive_ptr<c10d::Store> prefixed;
   c10::intrusive_ptr<PgBase> pg;
+  // describe_peers(); connection_lost: the collective failed because a peer's connection
+  // closed, so a peer behind this rank is gone rather than slow.
+  std::string describe(const DistOptions &opts, bool connection_lost);
 };
 
 namespace {
@@ -221,8 +224,11 @@ void DistGroup::wait(const c10::intrusive_ptr<c10d::Work> &work, const std::stri
     throw;
   } catch (const std::exception &e) {
     const std::string msg = first_line(e.what());
+    // Gloo's words for a peer whose process is gone (its socket closed).
+    const bool lost = msg.find("Connection closed by peer") != std::string::npos ||
+                      msg.find("Connection reset by peer") != std::string::npos;
     throw DistError(opts_.backend + " " + what + " failed on rank " + std::to_string(opts_.rank) + " of " +
-                    std::to_string(opts_.world_size) + ": " + describe_peers() + " (" + msg + ")");
+                    std::to_string(opts_.world_size) + ": " + impl_->describe(opts_, lost) + " (" + msg + ")");
   }
 }
 
@@ -377,29 +383,33 @@ std::vector<std::string> DistGroup::peek_all(const std::string &name) {
   return out;
 }
 
-std::string DistGroup::describe_peers() {
+std::string DistGroup::describe_peers() { return impl_->describe(opts_, false); }
+
+std::string DistGroup::Impl::describe(const DistOptions &opts, bool connection_lost) {
   // Looks at the store with check() (non-blocking) so that diagnosing never hangs.
   std::ostringstream out;
   try {
     long long mine = -1;
     std::vector<std::pair<int, long long>> peers;
-    for (int r = 0; r < opts_.world_size; r++) {
+    for (int r = 0; r < opts.world_size; r++) {
       long long step = -1;
-      if (impl_->prefixed->check({key_progress(r)})) {
-        auto v = impl_->prefixed->get(key_progress(r));
+      if (prefixed->check({key_progress(r)})) {
+        auto v = prefixed->get(key_progress(r));
         step = std::atoll(std::string(v.begin(), v.end()).c_str());
       }
-      if (r == opts_.rank)
+      if (r == opts.rank)
         mine = step;
       else
         peers.emplace_back(r, step);
     }
     std::vector<std::string> suspects;
     for (auto &[r, step] : peers) {
-      bool exited = impl_->prefixed->check({key_exit(r)});
+      bool exited = prefixed->check({key_exit(r)});
       if (exited || step < mine) {
         std::ostringstream s;
-        s << "rank " << r << (exited ? " finished and left" : " stopped responding") << " (last finished step "
+        s << "rank " << r
+          << (exited ? " finished and left" : connection_lost ? " failed or exited" : " stopped responding")
+          << " (last finished step "
           << (step < 0 ? std::string("none") : std::to_string(step)) << ")";
         suspects.push_back(s.str());
       }
@@ -418,7 +428,7 @@ std::string DistGroup::describe_peers() {
       for (size_t i = 0; i < suspects.size(); i++) out << (i ? "; " : "") << suspects[i];
     }
   } catch (const std::exception &) {
-    out << "rank 0 (the c10d store at " << opts_.master_addr << ":" << opts_.master_port
+    out << "rank 0 (the c10d store at " << opts.master_addr << ":" << opts.master_port
         << ") is unreachable: it exited or failed";
   }
   return out.str();

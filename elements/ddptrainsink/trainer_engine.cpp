@@ -230,7 +230,6 @@ TrainerEngine::TrainerEngine(const TrainerConfig &config) : impl_(std::make_uniq
 
 TrainerEngine::~TrainerEngine() { stop(); }
 
-
 ProcessResult TrainerEngine::process_tensor(const at::Tensor &batch, const MicroBatchInfo &info) {
   ModelInputs in;
   in.latents = batch;
@@ -239,7 +238,27 @@ ProcessResult TrainerEngine::process_tensor(const at::Tensor &batch, const Micro
 }
 
 ProcessResult TrainerEngine::process_inputs(const ModelInputs &in, const MicroBatchInfo &info) {
-  auto &im = *impl_;
+  const ProcessResult r = impl_->process(in, info);
+  if (r == ProcessResult::kError || r == ProcessResult::kInterrupted) impl_->report_failure();
+  return r;
+}
+
+void TrainerEngine::Impl::report_failure() {
+  if (failure_reported) return;
+  failure_reported = true;
+  StepReport r;
+  r.step = steps_done;
+  r.finished = true;
+  r.failed = true;
+  try {
+    notify(r);
+  } catch (const std::exception &e) {
+    warn("after the failed step: " + first_line(e.what()));
+  }
+}
+
+ProcessResult TrainerEngine::Impl::process(const ModelInputs &in, const MicroBatchInfo &info) {
+  auto &im = *this;
   if (im.cfg.max_steps > 0 && im.steps_done >= im.cfg.max_steps) return ProcessResult::kDone;
   im.interrupted = false;
   if (im.group && im.group->broken()) {

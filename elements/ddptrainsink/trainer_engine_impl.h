@@ -160,6 +160,12 @@ struct TrainerEngine::Impl {
   StepReport unlogged;
   bool has_unlogged = false;
   void notify(const StepReport &r);  // the step callbacks
+  // process_inputs() without its failure report.
+  ProcessResult process(const ModelInputs &in, const MicroBatchInfo &info);
+  // The step callbacks' report of a failed run (finished and failed set), once: what waits for
+  // the next step (a sampler) learns that none will come.
+  void report_failure();
+  bool failure_reported = false;
   void metrics_written(bool ok);  // warns once when rank 0's metrics file cannot be written
 };
 

@@ -657,6 +657,7 @@ bool ValidationEngine::attach(std::shared_ptr<RunContext> trainer) {
     hub->cb_id = trainer->add_step_callback([weak, every](const StepReport &r) {
       auto h = weak.lock();
       if (!h) return;
+      if (r.failed) return;  // the face's error stops the run: no final pass of a failed one
       if (r.finished) return h->dispatch(0, true);
       if (r.model_built) return h->maybe_at_start();
       if (r.step == 1) h->at_start_held(r);
