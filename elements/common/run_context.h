@@ -83,8 +83,9 @@ class RunContext {
   // False when the metrics file cannot be written; nothing on other ranks.
   virtual bool append_log(const std::string &json_line, uint64_t step,
                           const std::vector<std::pair<std::string, float>> &scalars) = 0;
-  // A PNG (RGB) in the run's TensorBoard events under `tag` (samplesink's sample frames): rank 0
-  // with tensorboard-dir only; false where there is no events file.
+  // A PNG (RGB) in the run's TensorBoard events under `tag` (samplesink's sample frames), with
+  // tensorboard-dir: rank 0's events file, other ranks' own in <tensorboard-dir>/samples-rank<R>
+  // (created at their first image); false where there is no events file.
   virtual bool append_image(const std::string &tag, uint64_t step, const std::string &png, int width, int height) {
     (void)tag, (void)step, (void)png, (void)width, (void)height;
     return false;

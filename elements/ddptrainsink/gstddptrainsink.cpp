@@ -669,7 +669,8 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                                                  "folder is created)",
                                                  "", rw));
   install(PROP_TENSORBOARD_DIR, g_param_spec_string("tensorboard-dir", "TensorBoard folder",
-                                                    "Write TensorBoard event files of the step scalars (rank 0)", "",
+                                                    "Write TensorBoard event files of the step scalars (rank 0); samplesink's frames of other "
+                                                    "ranks go to its subfolders samples-rankR", "",
                                                     rw));
   install(PROP_STEPS, g_param_spec_uint64("steps", "Steps", "Optimizer steps done", 0, G_MAXUINT64, 0, ro));
   install(PROP_LOSS, g_param_spec_double("loss", "Loss", "Loss of the last step, averaged over ranks", -G_MAXDOUBLE,

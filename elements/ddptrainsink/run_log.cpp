@@ -17,6 +17,7 @@ namespace videotrain {
 std::string RunLog::open(int rank, const std::string &metrics_file) {
   std::lock_guard<std::mutex> lock(mu_);
   writer_ = rank == 0;
+  rank_ = rank;
   metrics_file_ = metrics_file;
   if (!writer_ || metrics_file.empty()) return "";
   const fs::path parent = fs::path(metrics_file).parent_path();
@@ -31,7 +32,11 @@ std::string RunLog::open(int rank, const std::string &metrics_file) {
 
 std::string RunLog::open_tensorboard(const std::string &dir) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!writer_ || dir.empty()) return "";
+  if (dir.empty()) return "";
+  if (!writer_) {
+    tb_dir_ = dir + "/samples-rank" + std::to_string(rank_);
+    return "";
+  }
   std::string err;
   tb_open_ = tb_.open(dir, "", &err);
   return tb_open_ ? "" : err;
@@ -47,11 +52,16 @@ bool RunLog::append_line(const std::string &line) {
 
 void RunLog::add_scalars(uint64_t step, const std::vector<std::pair<std::string, float>> &scalars) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (tb_open_ && !scalars.empty()) tb_.add_scalars(static_cast<int64_t>(step), scalars);
+  if (writer_ && tb_open_ && !scalars.empty()) tb_.add_scalars(static_cast<int64_t>(step), scalars);
 }
 
 bool RunLog::add_image(uint64_t step, const std::string &tag, const std::string &png, int width, int height) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!tb_open_ && !tb_dir_.empty()) {  // another rank's first image
+    std::string err;
+    tb_open_ = tb_.open(tb_dir_, "", &err);  // err: the images are left out, training goes on
+    tb_dir_.clear();                          // one try, not one per frame
+  }
   if (!tb_open_) return false;
   tb_.add_image(static_cast<int64_t>(step), tag, png, width, height, 3);
   return true;
@@ -90,6 +100,7 @@ void RunLog::close() {
   std::lock_guard<std::mutex> lock(mu_);
   tb_.close();
   tb_open_ = false;
+  tb_dir_.clear();
 }
 
 }  // namespace videotrain

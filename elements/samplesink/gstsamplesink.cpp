@@ -65,8 +65,8 @@ static bool picked(guint64 i, guint n, guint k) {
   return false;
 }
 
-// A few frames per sample as PNG images in the trainer's TensorBoard events (rank 0's, where the
-// trainer has tensorboard-dir).
+// A few frames per sample as PNG images in the trainer's TensorBoard events (where the trainer has
+// tensorboard-dir: rank 0's events file, other ranks' <tensorboard-dir>/samples-rank<R>).
 static void tensorboard_frame(GstSampleSink *self, GstBuffer *buf) {
   GST_OBJECT_LOCK(self);
   const std::string trainer = self->trainer_name ? self->trainer_name : "";
@@ -397,8 +397,8 @@ static void gst_sample_sink_class_init(GstSampleSinkClass *klass) {
                           kDefaultEncoder, rw));
   g_object_class_install_property(gobject_class, PROP_TRAINER,
       g_param_spec_string("trainer", "Trainer",
-                          "Name of the ddptrainsink whose TensorBoard events (its tensorboard-dir, rank 0) get a few "
-                          "frames of each sample as images; unset: none",
+                          "Name of the ddptrainsink whose TensorBoard events (its tensorboard-dir; ranks other than 0 "
+                          "write to its subfolder samples-rankR) get a few frames of each sample as images; unset: none",
                           nullptr, rw));
   g_object_class_install_property(gobject_class, PROP_TENSORBOARD_FRAMES,
       g_param_spec_uint("tensorboard-frames", "TensorBoard frames",

@@ -2,7 +2,8 @@
 # Sample videos while training, as users run it: pipelines/train-wan-samples.pipeline on 2 ranks
 # (tiny Wan DiT, tiny Wan 2.1 VAE, the tiny umT5 encoder), 3 prompts sampled every 2 steps of 4 (at-start off): each rank
 # samples its share (prompt i on rank i mod 2) and samplesink writes 2 x 3 MP4s that ffprobe reads
-# with the frame count and size each prompt asked for; a bad prompt file and a sampler of another
+# with the frame count and size each prompt asked for, and puts every rank's frames in TensorBoard
+# (rank 1's under tensorboard-dir/samples-rank1); a bad prompt file and a sampler of another
 # family are errors at start.
 set -euo pipefail
 build=${VIDEOTRAIN_BUILD_DIR:?}
@@ -53,16 +54,25 @@ grep -q "\[rank 1\] ddpsampler-sample: step 2, prompt 1" "$work/ok.log" ||
   { grep ddpsampler-sample "$work/ok.log"; echo "FAIL: prompt 1 was not sampled on rank 1"; exit 1; }
 if grep -q "training waits" "$work/ok.log"; then echo "FAIL: training waited for sampling"; exit 1; fi
 echo "samples: 6 MP4s (2 steps x 3 prompts over 2 ranks) with the frames and sizes the prompt file asked for"
-# samplesink trainer=trainer: rank 0's samples (prompts 0 and 2) as PNG images in the trainer's events.
+# samplesink trainer=trainer: rank 0's samples (prompts 0 and 2) as PNG images in the trainer's events,
+# rank 1's (prompt 1, 9 frames: 0, 4, 8) in an events file of its own under samples-rank1, images only.
 /usr/bin/python3 - "$work/tb-ok" <<'PY'
 import glob, sys
-data = b"".join(open(f, "rb").read() for f in glob.glob(sys.argv[1] + "/events.out.tfevents.*"))
-tags = [f"samples/prompt-{p:02d}/frame-{f:03d}".encode() for p in (0, 2) for f in (0, 2, 4)]
-missing = [t.decode() for t in tags if t not in data]
-assert not missing, f"no TensorBoard image for {missing}"
-pngs = data.count(b"\x89PNG\r\n\x1a\n")
-assert pngs >= 12, f"{pngs} PNG images, fewer than 2 steps x 2 prompts x 3 frames"
-print(f"samples: {pngs} PNG frames in rank 0's TensorBoard events")
+def events(folder, tags, want, who):
+    files = glob.glob(folder + "/events.out.tfevents.*")
+    assert len(files) == 1, f"{len(files)} events files in {folder}, expected 1 ({who})"
+    data = open(files[0], "rb").read()
+    missing = [t for t in tags if t.encode() not in data]
+    assert not missing, f"no TensorBoard image for {missing} ({who})"
+    pngs = data.count(b"\x89PNG\r\n\x1a\n")
+    assert pngs >= want, f"{pngs} PNG images, fewer than {want} ({who})"
+    print(f"samples: {pngs} PNG frames in {who}'s TensorBoard events")
+    return data
+tag = "samples/prompt-{:02d}/frame-{:03d}".format
+rank0 = events(sys.argv[1], [tag(p, f) for p in (0, 2) for f in (0, 2, 4)], 12, "rank 0")
+assert tag(1, 0).encode() not in rank0, "prompt 1 (rank 1's) in rank 0's events"
+rank1 = events(sys.argv[1] + "/samples-rank1", [tag(1, f) for f in (0, 4, 8)], 6, "rank 1")
+assert b"train/loss" not in rank1, "rank 1's events repeat the step scalars"
 PY
 printf 'prompt,seed\nfine,1\nbad,12x\n' > "$work/bad.csv"
 if run bad "$work/bad.csv"; then echo "FAIL: a bad prompt file did not stop the run"; exit 1; fi
