@@ -64,7 +64,8 @@ GstBuffer *prompt_buffer(int64_t index, int64_t role) {
 
 // One rank; writes its verdict to VT_SAMPLE_OUT: "error"/"ok", the seconds its failing training
 // step took, the time it failed (now_s()), whether its sampler returned, its samples
-// (step:prompt,...), then the trainer's error. Rank 1 writes "died <time>" just before it exits.
+// (step:prompt,...), then the trainer's error. Rank 1 writes "died <time> <steps trained>" just
+// before it exits.
 TEST(SamplerDeathWorker, Rank) {
   const std::string out = vttest::env_or("VT_SAMPLE_OUT", "");
   ASSERT_FALSE(out.empty()) << "run by SamplerMultiRank.ARankDyingMidSampleMakesTheOtherFailBeforeTheTimeout only";
