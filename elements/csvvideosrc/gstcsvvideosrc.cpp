@@ -552,6 +552,13 @@ static GstFlowReturn gst_csv_video_src_create(GstPushSrc *src, GstBuffer **buf) 
       return GST_FLOW_ERROR;
   }
   frame = gst_buffer_make_writable(frame);  // sole owner: no copy
+  if (gst_debug_category_get_threshold(GST_CAT_DEFAULT) >= GST_LEVEL_LOG) {
+    const auto *m = gst_buffer_get_videotrain_clip_meta(frame);
+    if (m && m->frame_index == 0)
+      GST_LOG_OBJECT(self, "clip %" G_GUINT64_FORMAT " of epoch %u: row %" G_GUINT64_FORMAT " (%s)%s, %u frames from %" G_GUINT64_FORMAT ", %" G_GSIZE_FORMAT " bytes a frame, group %" G_GUINT64_FORMAT,
+                     m->clip_index, m->epoch, m->sample_id, m->path, m->padding ? " padding" : "", m->num_frames,
+                     m->source_frame, gst_buffer_get_size(frame), m->group);
+  }
   if (e->bucketed()) {
     const ClipShape shape = e->frame_shape();
     if (shape.width != self->caps_shape.width || shape.height != self->caps_shape.height) {

@@ -673,14 +673,22 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
       }
       if (r.clip.real_frames >= 0) {
         learn_length(cand.index, row, r.clip.real_frames, pos.epoch);
-      } else if (st == DecodeStatus::Short && r.clip.total_frames >= 0 &&
-                 r.clip.total_frames + 2 < int64_t(manifest_->video_size(cand.index).frames)) {
-        // The container is shorter than the manifest says (a hand-edited or stale num_frames).
-        learn_length(cand.index, row, r.clip.total_frames, pos.epoch);
+      } else if (st == DecodeStatus::Short && r.clip.total_frames >= 0) {
+        if (r.clip.total_frames + 2 < int64_t(manifest_->video_size(cand.index).frames)) {
+          // The container is shorter than the manifest says (a hand-edited or stale num_frames).
+          learn_length(cand.index, row, r.clip.total_frames, pos.epoch);
+        } else {
+          // Not a lie (a stand-in asked for more than its bucket's length): later clips of this
+          // length skip the decode, with the same outcome.
+          std::lock_guard<std::mutex> g(bad_lock_);
+          real_frames_.emplace(cand.index, r.clip.total_frames);
+        }
       }
       if (st == DecodeStatus::Ok) learn_size(cand.index, row, r.clip.source_width, r.clip.source_height, pos.epoch);
-      // Short by what it really holds: too short for this clip length, not for every one.
-      const bool bad = st != DecodeStatus::Ok && !(st == DecodeStatus::Short && known_frames(cand.index) >= 0);
+      // Too short for this clip length is not bad for every length (a stand-in for a longer
+      // bucket, a row that moves): never banned, so that what a run chooses does not depend on
+      // which stand-ins an earlier epoch tried (a resumed run has not tried them).
+      const bool bad = st != DecodeStatus::Ok && st != DecodeStatus::Short;
       release(cand.index, bad ? reason : "", pos.epoch);
       if (st == DecodeStatus::Ok) {
         // A replacement repeats a sample of the shard to keep the ranks even, like padding:

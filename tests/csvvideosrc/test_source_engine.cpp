@@ -392,7 +392,11 @@ TEST_F(SourceEngineTest, BadRowsAreReportedOncePerEpochAndNeverReplaceOthers) {
         if (ev.epoch == epoch) {
           rows.insert(ev.row);
           if (epoch == 1 && prefetch == 1) {
-            EXPECT_NE(ev.reason.find("bad since epoch 0"), std::string::npos) << ev.reason;
+            // Too short is not banned (it may suit a shorter clip); its known length skips the decode.
+            EXPECT_NE(ev.reason.find(ev.path.find("short.mp4") != std::string::npos ? "too few frames: the video has 2"
+                                                                                     : "bad since epoch 0"),
+                      std::string::npos)
+                << ev.reason;
           }
         }
       EXPECT_EQ(rows, std::multiset<uint64_t>(bad.begin(), bad.end()))

@@ -5,9 +5,11 @@
 # csvvideosrc through the resume query.
 # With the argument `buckets`, the source mixes sizes and lengths (4 size buckets, 2 frame buckets; the
 # corrupt row is replaced within its bucket): the ranks run equal steps of one shape each, and resume
-# stays exact. With `liar`, the same plus a row whose num_frames (79) lies about its video (40
-# frames): it moves from the 9-frame bucket to the 5-frame one from epoch 1 on both ranks, and the
-# resumed run (stopped epochs later) has it there too, from the checkpoint's row facts.
+# stays exact. With `liar`, the same plus a row whose columns lie about its video: num_frames 79
+# for 40 frames and 120x40 for 160x120. Epoch 0 finds its length (the stand-ins tried for its
+# 9-frame bucket, too short, must not be banned for the run); it moves to the 5-frame bucket from
+# epoch 1, its real size shows and it moves to the 32x24 bucket from epoch 2, on both ranks; the run
+# resumed in epoch 3 has it there too, from the checkpoint's row facts, and repeats the losses.
 set -euo pipefail
 mode=${1:-plain}
 shape="num-frames=5 width=32 height=32"
@@ -22,7 +24,8 @@ trap 'rm -rf "$work"' EXIT
 export GST_PLUGIN_PATH="$build/plugins/videotrain"
 bash "$src/scripts/make_dataset.sh" "$work/data" 6 >/dev/null
 if [[ $mode == liar ]]; then  # clip000 has 40 frames
-  sed -n '2s/^\([^,]*\),"[^"]*",[0-9]*,/\1,"a liar",79,/p' "$work/data/train.csv" >> "$work/data/train.csv"
+  # Shifted columns: num_frames 79, height 40, width 120 for a 160x120 video of 40 frames.
+  awk -F, 'NR == 2 { $2 = "\"a liar\""; $3 = 79; print }' OFS=, "$work/data/train.csv" >> "$work/data/train.csv"
   grep -q '"a liar",79' "$work/data/train.csv" || { cat "$work/data/train.csv"; echo "no liar row"; exit 1; }
 fi
 "$build/tools/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
@@ -55,12 +58,12 @@ assert not bad, f"losses differ after resume (step, uninterrupted, resumed): {ba
 print(f"resume: steps {half + 1}..{2 * half} repeat the uninterrupted run's losses")
 PY
 if [[ $mode == liar ]]; then
-  # Row 6 holds 40 frames (found in epoch 0); the checkpoint the resumed run started from said so.
+  # Row 6 holds 40 frames (found in epoch 0) of 160x120 (epoch 1); the checkpoints say so.
   for c in part/step-00000010 full/step-00000020 part/step-00000020; do
     /usr/bin/python3 -c 'import json, sys; f = json.load(open(sys.argv[1]))["row_facts"].split("\n")
-assert "6 0 40 0 0" in f, f"{sys.argv[1]}: row facts {f}"' "$work/$c/trainer.json"
+assert "6 0 40 0 0" in f and "6 1 -1 160 120" in f, f"{sys.argv[1]}: row facts {f}"' "$work/$c/trainer.json"
   done
-  echo "liar: its 40 frames are in the checkpoints' row facts; the resumed run moved it as the uninterrupted one"
+  echo "liar: its length and size are in the checkpoints' row facts; the resumed run moved it as the uninterrupted one"
 fi
 if [[ $mode == buckets || $mode == liar ]]; then
   shapes=$(grep -ho 'samples \[[0-9, ]*\]' "$work/full.log" | sort -u | wc -l)
