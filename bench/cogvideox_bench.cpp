@@ -2,15 +2,17 @@
  * (30 heads x 64, time 512, text 4096 x 226 tokens, 16 latent channels, sincos positions) against
  * bench/cogvideox_dit_peer.py, a plain PyTorch implementation that matches the same reference cases
  * (cogvideox_dit_peer.py --check), on the same torch threads; and the peak memory of one training
- * step at a real clip size with gradient checkpointing (49x480x720: 13x60x90 latents, 13,500 video
+ * step at a real clip size with gradient checkpointing (49x480x720: 13x60x90 latents, 17,550 video
  * tokens + 226 text).
  *
  *   cogvideox-bench [--frames 3] [--height 30] [--width 44] [--threads 2] [--repeat 2] [--rounds 3]
  *   cogvideox-bench --memory [--frames 13] [--height 60] [--width 90] [--checkpointing 1]
+ *   cogvideox-bench --profile FILE   # one forward+backward under LibTorch's profiler: a Chrome trace
  * The peer runs through PYTHON (default /usr/bin/python3) from VIDEOTRAIN_SOURCE_DIR or the source
  * tree this was built from. */
 #include <ATen/Parallel.h>
 #include <sys/resource.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -55,6 +57,7 @@ int main(int argc, char **argv) {
   int64_t frames = 3, height = 30, width = 44;
   int threads = 2, repeat = 2, rounds = 3;
   bool memory = false, checkpointing = true;
+  std::string profile;  // --profile FILE: one step under LibTorch's profiler, as a Chrome trace
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::atoll(argv[++i]) : 0; };
@@ -66,6 +69,7 @@ int main(int argc, char **argv) {
     else if (a == "--rounds") rounds = std::max<int>(1, static_cast<int>(next()));
     else if (a == "--checkpointing") checkpointing = next() != 0;
     else if (a == "--memory") memory = true;
+    else if (a == "--profile" && i + 1 < argc) profile = argv[++i];
     else {
       std::fprintf(stderr, "cogvideox-bench: unknown argument %s\n", a.c_str());
       return 2;
@@ -84,6 +88,16 @@ int main(int argc, char **argv) {
   const auto text = torch::randn({1, 226, 4096});
   const auto t = torch::full({1}, 500, torch::kLong);
   const int64_t tokens = frames * (height / 2) * (width / 2);
+  if (!profile.empty()) {  // where our step's time goes (chrome://tracing, or summed by name)
+    m->forward(x, t, text).square().mean().backward();  // warm-up
+    for (auto &p : m->module().parameters()) p.mutable_grad() = at::Tensor();
+    {
+      torch::autograd::profiler::RecordProfile rp(profile);
+      m->forward(x, t, text).square().mean().backward();
+    }
+    std::printf("{\"profile\": \"%s\", \"video_tokens\": %lld}\n", profile.c_str(), (long long)tokens);
+    return 0;
+  }
   if (memory) {
     auto t0 = std::chrono::steady_clock::now();
     m->forward(x, t, text).square().mean().backward();

@@ -6,6 +6,7 @@
  *
  *   wan-bench [--frames 3] [--height 30] [--width 52] [--threads 2] [--repeat 2] [--rounds 3] [--no-peer]
  *   wan-bench --memory [--frames 13] [--height 60] [--width 90] [--checkpointing 1]
+ *   wan-bench --profile FILE   # one forward+backward under LibTorch's profiler: a Chrome trace
  *   wan-bench --lora-vs-full [--frames 3] [--height 30] [--width 52]   # a LoRA step (rank 32 on the
  *             attention projections, base frozen) against a full fine-tune step, each with AdamW, each
  *             in a process of its own: seconds and peak RSS of each
@@ -13,6 +14,7 @@
  * tree this was built from. */
 #include <ATen/Parallel.h>
 #include <sys/resource.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -61,6 +63,7 @@ int main(int argc, char **argv) {
   int threads = 2, repeat = 2, rounds = 3;
   bool peer = true, memory = false, checkpointing = true, versus = false;
   std::string train;  // full | lora: one optimizer step (--lora-vs-full runs both)
+  std::string profile;  // --profile FILE: one step under LibTorch's profiler, as a Chrome trace
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::atoll(argv[++i]) : 0; };
@@ -75,6 +78,7 @@ int main(int argc, char **argv) {
     else if (a == "--memory") memory = true;
     else if (a == "--lora-vs-full") versus = true;
     else if (a == "--train" && i + 1 < argc) train = argv[++i];
+    else if (a == "--profile" && i + 1 < argc) profile = argv[++i];
     else {
       std::fprintf(stderr, "wan-bench: unknown argument %s\n", a.c_str());
       return 2;
@@ -107,6 +111,16 @@ int main(int argc, char **argv) {
   const auto ctx = torch::randn({1, text, 4096});
   const auto t = torch::full({1}, 500.0);
   const int64_t tokens = frames * (height / 2) * (width / 2);
+  if (!profile.empty()) {  // where our step's time goes (chrome://tracing, or summed by name)
+    m->forward(x, t, ctx).square().mean().backward();  // warm-up
+    for (auto &p : m->module().parameters()) p.mutable_grad() = at::Tensor();
+    {
+      torch::autograd::profiler::RecordProfile rp(profile);
+      m->forward(x, t, ctx).square().mean().backward();
+    }
+    std::printf("{\"profile\": \"%s\", \"tokens\": %lld}\n", profile.c_str(), (long long)tokens);
+    return 0;
+  }
   if (!train.empty()) {
     std::vector<at::Tensor> params;
     if (train == "lora") {

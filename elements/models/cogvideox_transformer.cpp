@@ -20,12 +20,12 @@ std::string shape_of(const at::Tensor &t) {
   return s.str();
 }
 
-// Rotary positions on the rows of x [B, H, S, D] with cos, sin [S, D]: pairs (2i, 2i+1) rotate together.
+// Rotary positions on the rows of x [B, H, S, D] with cos, sin [S, D]: pairs (2i, 2i+1) rotate together,
+// x * cos + rotate_half(x) * sin computed as one complex product per pair (cos and sin repeat per pair).
 at::Tensor apply_rope(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &sin) {
-  const auto xf = x.to(at::kFloat);
-  const auto pairs = xf.unflatten(-1, {-1, 2});
-  const auto rotated = at::stack({-pairs.select(-1, 1), pairs.select(-1, 0)}, -1).flatten(-2);
-  return (xf * cos + rotated * sin).to(x.scalar_type());
+  const auto rot = at::complex(cos.slice(-1, 0, c10::nullopt, 2), sin.slice(-1, 0, c10::nullopt, 2));
+  const auto xc = at::view_as_complex(x.to(at::kFloat).unflatten(-1, {-1, 2}));
+  return at::view_as_real(xc * rot).flatten(-2).to(x.scalar_type());
 }
 
 // nn.LayerNorm in float32 whatever the input's dtype (CPU autocast in LibTorch 1.13 would hand it bf16
@@ -121,20 +121,21 @@ at::Tensor CogVideoXBlockImpl::forward(const at::Tensor &x, const at::Tensor &te
                                        const at::Tensor &cos, const at::Tensor &sin) {
   at::Tensor gate;
   auto n = norm1(x, temb, text_len, &gate);
-  auto split = [&](const at::Tensor &t) { return t.unflatten(2, {heads, -1}).transpose(1, 2); };  // [B, H, N, D]
-  const auto v = split(to_v(n));
-  // q and k normalised in float32, then in v's dtype for attention (bf16 under autocast).
-  auto q = layer_norm32(norm_q, split(to_q(n))).to(v.scalar_type());
-  auto k = layer_norm32(norm_k, split(to_k(n))).to(v.scalar_type());
+  auto heads_of = [&](const at::Tensor &t) { return t.unflatten(2, {heads, -1}); };  // [B, N, H, D]
+  const auto v = heads_of(to_v(n)).transpose(1, 2);  // [B, H, N, D]
+  // q and k normalised in float32 (before the transpose: LayerNorm on contiguous rows, no copies),
+  // then in v's dtype for attention (bf16 under autocast).
+  auto q = layer_norm32(norm_q, heads_of(to_q(n))).to(v.scalar_type()).transpose(1, 2);
+  auto k = layer_norm32(norm_k, heads_of(to_k(n))).to(v.scalar_type()).transpose(1, 2);
   if (cos.defined()) {
     const int64_t S = x.size(1) - text_len;
     q = at::cat({q.narrow(2, 0, text_len), apply_rope(q.narrow(2, text_len, S), cos, sin)}, 2);
     k = at::cat({k.narrow(2, 0, text_len), apply_rope(k.narrow(2, text_len, S), cos, sin)}, 2);
   }
   const auto o = attention(q, k, v).transpose(1, 2).flatten(2);
-  auto h = x + gate * to_out(o).to(x.scalar_type());
+  auto h = at::addcmul(x, gate, to_out(o).to(x.scalar_type()));  // gated residuals: one pass each
   n = norm2(h, temb, text_len, &gate);
-  return h + gate * ff_out(gelu_tanh(ff_in(n))).to(h.scalar_type());
+  return at::addcmul(h, gate, ff_out(gelu_tanh(ff_in(n))).to(h.scalar_type()));
 }
 
 /* ---------------- model ---------------- */

@@ -20,10 +20,12 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias) {
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor &x) {
-  auto y = torch::nn::functional::linear(x, weight, bias);
+  // at::linear, not torch::nn::functional::linear: the C++ frontend's own version takes matmul and
+  // a separate bias add for [B, S, in] inputs, where ATen's folds the bias into the GEMM (addmm).
+  auto y = at::linear(x, weight, bias);
   if (!lora_a.defined()) return y;
   const auto xd = lora_dropout > 0 && is_training() ? torch::dropout(x, lora_dropout, true) : x;
-  return y + torch::nn::functional::linear(torch::nn::functional::linear(xd, lora_a), lora_b) * lora_scale;
+  return at::add(y, at::linear(at::linear(xd, lora_a), lora_b), lora_scale);
 }
 
 void LinearImpl::add_lora(int64_t rank, double scale, double dropout) {
@@ -78,58 +80,75 @@ at::Tensor gelu_tanh(const at::Tensor &x) { return at::gelu(x, "tanh"); }
 
 namespace {
 
-int64_t default_chunk(const at::Tensor &q, const at::Tensor &k) {
+// Query rows whose float32 scores fit `budget_mb` (all of them: q.size(2)).
+int64_t rows_within(const at::Tensor &q, const at::Tensor &k, int64_t budget_mb) {
   const int64_t per_row = q.size(0) * q.size(1) * k.size(2) * 4;  // float32 scores of one query row
-  const int64_t rows = std::max<int64_t>(1, (int64_t(64) << 20) / std::max<int64_t>(1, per_row));
+  const int64_t rows = std::max<int64_t>(1, (budget_mb << 20) / std::max<int64_t>(1, per_row));
   return std::min<int64_t>(rows, q.size(2));
 }
+// Chunks of 64 MB of scores; whole scores up to 256 MB (autograd then keeps the probabilities, no
+// more than the block's other saved activations at such sizes, and backward needs no recompute).
+int64_t default_chunk(const at::Tensor &q, const at::Tensor &k) { return rows_within(q, k, 64); }
+bool scores_fit_whole(const at::Tensor &q, const at::Tensor &k) { return rows_within(q, k, 256) >= q.size(2); }
 
 // Scores and softmax in float32 (double stays double).
 at::ScalarType accumulate_type(const at::Tensor &t) { return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
 
+/* Attention in query chunks: each chunk's [n x Sk] scores live only while it is computed, and
+ * backward computes them again. q (scaled: a pass over [Sq x D] rather than over the scores), k
+ * and v are laid out once as [B*H, S, D] for batched GEMMs; the probabilities come from one fused
+ * softmax, forward and again in backward, so nothing but
+ * q, k, v and the output is kept. */
 struct ChunkedAttention : torch::autograd::Function<ChunkedAttention> {
   static at::Tensor forward(torch::autograd::AutogradContext *ctx, const at::Tensor &q, const at::Tensor &k,
                             const at::Tensor &v, int64_t chunk) {
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
     const auto acc = accumulate_type(q);
-    auto out = torch::empty_like(q);
-    auto lse = torch::empty({q.size(0), q.size(1), q.size(2), 1}, q.options().dtype(acc));
-    const auto kt = k.transpose(-1, -2);
-    for (int64_t s = 0; s < q.size(2); s += chunk) {
-      const int64_t n = std::min(chunk, q.size(2) - s);
-      auto scores = at::matmul(q.narrow(2, s, n), kt).to(acc) * scale;
-      auto l = at::logsumexp(scores, -1, true);
-      out.narrow(2, s, n).copy_(at::matmul((scores - l).exp_().to(v.scalar_type()), v));
-      lse.narrow(2, s, n).copy_(l);
+    const int64_t B = q.size(0), H = q.size(1), Sq = q.size(2), Sk = k.size(2);
+    const auto q3 = (q * scale).reshape({B * H, Sq, q.size(3)}).contiguous();
+    const auto k3 = k.reshape({B * H, Sk, k.size(3)}).contiguous(), v3 = v.reshape({B * H, Sk, v.size(3)}).contiguous();
+    auto out3 = at::empty({B * H, Sq, v.size(3)}, v.options());
+    const auto kt = k3.transpose(1, 2);
+    for (int64_t s = 0; s < Sq; s += chunk) {
+      const int64_t n = std::min(chunk, Sq - s);
+      const auto p = at::softmax(at::bmm(q3.narrow(1, s, n), kt), -1, acc);
+      out3.narrow(1, s, n).copy_(at::bmm(p.to(v.scalar_type()), v3));
     }
-    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->save_for_backward({q3, k3, v3, out3});
     ctx->saved_data["chunk"] = chunk;
-    return out;
+    ctx->saved_data["shape"] = q.sizes();
+    return out3.view({B, H, Sq, v.size(3)});
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const auto &q3 = saved[0], &k3 = saved[1], &v3 = saved[2], &out3 = saved[3];
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
-    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-    const auto acc = accumulate_type(q);
-    const auto go = grads[0].to(out.scalar_type());
-    auto dq = torch::empty_like(q);
-    auto dk = torch::zeros(k.sizes(), k.options().dtype(acc));
-    auto dv = torch::zeros(v.sizes(), v.options().dtype(acc));
-    const auto kt = k.transpose(-1, -2), vt = v.transpose(-1, -2);
-    for (int64_t s = 0; s < q.size(2); s += chunk) {
-      const int64_t n = std::min(chunk, q.size(2) - s);
-      const auto qc = q.narrow(2, s, n), goc = go.narrow(2, s, n);
-      auto p = (at::matmul(qc, kt).to(acc) * scale - lse.narrow(2, s, n)).exp_();
-      dv += at::matmul(p.transpose(-1, -2), goc.to(acc));
-      auto dp = at::matmul(goc, vt).to(acc);
-      const auto delta = (goc.to(acc) * out.narrow(2, s, n).to(acc)).sum(-1, true);
-      auto ds = p.mul_(dp.sub_(delta)).mul_(scale);
-      dq.narrow(2, s, n).copy_(at::matmul(ds.to(k.scalar_type()), k));
-      dk += at::matmul(ds.transpose(-1, -2), qc.to(acc));
+    const auto qshape = ctx->saved_data["shape"].toIntVector();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(qshape[3]));
+    const auto acc = accumulate_type(q3);
+    const int64_t BH = q3.size(0), Sq = q3.size(1), Sk = k3.size(1);
+    const auto go3 = grads[0].to(out3.scalar_type()).reshape(out3.sizes()).contiguous();
+    auto dq3 = at::empty_like(q3);
+    auto dk3 = at::zeros(k3.sizes(), k3.options().dtype(acc)), dv3 = at::zeros(v3.sizes(), v3.options().dtype(acc));
+    const auto kt = k3.transpose(1, 2), vt = v3.transpose(1, 2);
+    for (int64_t s = 0; s < Sq; s += chunk) {
+      const int64_t n = std::min(chunk, Sq - s);
+      const auto qc = q3.narrow(1, s, n), goc = go3.narrow(1, s, n).to(acc);
+      auto p = at::softmax(at::bmm(qc, kt), -1, acc);
+      dv3 += at::bmm(p.transpose(1, 2), goc);
+      auto dp = at::bmm(goc.to(v3.scalar_type()), vt).to(acc);
+      const auto delta = (goc * out3.narrow(1, s, n).to(acc)).sum(-1, true);
+      // d(scores) without the scale, which q3 carries into dk and dq takes below.
+      const auto ds = p.mul_(dp.sub_(delta));
+      dq3.narrow(1, s, n).copy_(at::bmm(ds.to(k3.scalar_type()), k3));
+      dk3 += at::bmm(ds.transpose(1, 2), qc.to(acc));
     }
-    return {dq, dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor()};
+    (void)BH, (void)Sk;
+    const auto dq = dq3.mul_(scale).view(qshape);
+    const auto dk = dk3.to(k3.scalar_type()).view({qshape[0], qshape[1], Sk, k3.size(2)});
+    const auto dv = dv3.to(v3.scalar_type()).view({qshape[0], qshape[1], Sk, v3.size(2)});
+    return {dq, dk, dv, at::Tensor()};
   }
 };
 
@@ -163,10 +182,11 @@ at::Tensor attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor 
   if (fused_attention_here(q)) return at::scaled_dot_product_attention(q, k, v);
 #endif
   // Scores small enough to keep whole: plain autograd (no recompute in backward) is faster.
-  if (chunk <= 0 && default_chunk(q, k) >= q.size(2)) {
+  // The scale goes on q, not on the [Sq x Sk] scores: a pass over the largest tensor fewer, each way.
+  if (chunk <= 0 && scores_fit_whole(q, k)) {
     const auto dt = at::promote_types(at::promote_types(q.scalar_type(), k.scalar_type()), v.scalar_type());
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-    const auto scores = at::matmul(q.to(dt), k.to(dt).transpose(-1, -2)).to(accumulate_type(q)) * scale;
+    const auto scores = at::matmul(q.to(dt) * scale, k.to(dt).transpose(-1, -2)).to(accumulate_type(q));
     return at::matmul(at::softmax(scores, -1).to(dt), v.to(dt));
   }
   return chunked_attention(q, k, v, chunk);

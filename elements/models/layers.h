@@ -61,10 +61,9 @@ at::Tensor gelu_tanh(const at::Tensor &x);
 
 // softmax(q k^T / sqrt(D)) v for q [B, H, Sq, D], k and v [B, H, Sk, D]. LibTorch's fused
 // scaled-dot-product attention where it has one that keeps no probability matrix (CUDA from 2.0,
-// CPU from 2.2); scores that fit in one default chunk as plain autograd ops; otherwise queries in
-// chunks of `chunk` rows with a backward that recomputes each
-// chunk's probabilities from the saved log-sum-exp (flash attention's recurrence), so memory is
-// O(chunk x Sk) in both passes. chunk 0: a default that keeps a chunk near 64 MiB.
+// CPU from 2.2); float32 scores of at most 256 MiB whole, as plain autograd ops; otherwise queries
+// in chunks of `chunk` rows whose backward computes each chunk's probabilities again from q and k,
+// so memory is O(chunk x Sk) in both passes. chunk 0: a default that keeps a chunk near 64 MiB.
 at::Tensor attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t chunk = 0);
 // The chunked path alone (tests compare it with the fused one where both exist).
 at::Tensor chunked_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t chunk);

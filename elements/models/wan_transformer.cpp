@@ -13,12 +13,13 @@ namespace videotrain::models {
 
 namespace {
 
-// Rotary positions on x [B, S, H, D] with cos, sin [S, D] (pairs (2i, 2i+1) rotate together).
+// Rotary positions on x [B, S, H, D] with cos, sin [S, D] (pairs (2i, 2i+1) rotate together): one
+// complex product per pair (as Wan's own code computes it), a single pass forward and backward
+// where the real form takes six and a stack.
 at::Tensor apply_rope(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &sin) {
-  const auto xf = x.to(at::kFloat).unflatten(-1, {-1, 2});
-  const auto x1 = xf.select(-1, 0), x2 = xf.select(-1, 1);
-  const auto c = cos.slice(-1, 0, c10::nullopt, 2).unsqueeze(1), s = sin.slice(-1, 1, c10::nullopt, 2).unsqueeze(1);
-  return at::stack({x1 * c - x2 * s, x1 * s + x2 * c}, -1).flatten(-2).to(x.scalar_type());
+  const auto rot = at::complex(cos.slice(-1, 0, c10::nullopt, 2), sin.slice(-1, 0, c10::nullopt, 2)).unsqueeze(1);
+  const auto xc = at::view_as_complex(x.to(at::kFloat).contiguous().unflatten(-1, {-1, 2}));
+  return at::view_as_real(xc * rot).flatten(-2).to(x.scalar_type());
 }
 
 }  // namespace
@@ -77,15 +78,16 @@ WanBlockImpl::WanBlockImpl(const WanConfig &c) {
 at::Tensor WanBlockImpl::forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &mod,
                                  const at::Tensor &cos, const at::Tensor &sin) {
   // mod [B, 1|S, 6, dim] + table [1, 6, dim] -> six [B, 1|S, dim] (shift, scale, gate; then for the FFN).
+  // addcmul: the modulation and the gated residuals in one pass each.
   const auto m = (scale_shift_table.to(at::kFloat).unsqueeze(0) + mod.to(at::kFloat)).unbind(2);
   auto h = x;
-  auto n = (norm1(h) * (1 + m[1]) + m[0]).to(h.scalar_type());
-  h = (h.to(at::kFloat) + attn1(n, n, cos, sin) * m[2]).to(h.scalar_type());
+  auto n = at::addcmul(m[0], norm1(h), 1 + m[1]).to(h.scalar_type());
+  h = at::addcmul(h.to(at::kFloat), attn1(n, n, cos, sin).to(at::kFloat), m[2]).to(h.scalar_type());
   n = norm2 ? norm2(h).to(h.scalar_type()) : h;
   h = h + attn2(n, context, at::Tensor(), at::Tensor());
-  n = (norm3(h) * (1 + m[4]) + m[3]).to(h.scalar_type());
+  n = at::addcmul(m[3], norm3(h), 1 + m[4]).to(h.scalar_type());
   auto ff = ffn_net[2]->as<Linear>()->forward(ffn_net[0]->as<GeluProj>()->forward(n));
-  return (h.to(at::kFloat) + ff.to(at::kFloat) * m[5]).to(h.scalar_type());
+  return at::addcmul(h.to(at::kFloat), ff.to(at::kFloat), m[5]).to(h.scalar_type());
 }
 
 /* ---------------- model ---------------- */
@@ -173,7 +175,9 @@ at::Tensor WanTransformerImpl::forward(const at::Tensor &x, const at::Tensor &ti
   }
   const auto cos = at::cat(cs, -1).reshape({S, -1}).to(x.device()), sin = at::cat(ss, -1).reshape({S, -1}).to(x.device());
 
-  auto hs = patch_embedding(x).flatten(2).transpose(1, 2);  // [B, S, dim]
+  // [B, S, dim], made contiguous once here: element-wise ops keep their input's layout, so a
+  // transposed residual stream would make every LayerNorm (and its backward) copy it again.
+  auto hs = patch_embedding(x).flatten(2).transpose(1, 2).contiguous();
   // Time: [B] -> [B, 1, ...]; per token [B, S] -> [B, S, ...].
   const auto t = timestep.dim() == 1 ? timestep.unsqueeze(1) : timestep;
   const auto temb = time_2(torch::silu(time_1(timestep_sinusoid(t.flatten(), cfg.freq_dim)))).unflatten(0, {B, t.size(1)});
