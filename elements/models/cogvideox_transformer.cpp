@@ -20,13 +20,6 @@ std::string shape_of(const at::Tensor &t) {
   return s.str();
 }
 
-// Rotary positions on the rows of x [B, H, S, D] with cos, sin [S, D]: pairs (2i, 2i+1) rotate together,
-// x * cos + rotate_half(x) * sin computed as one complex product per pair (cos and sin repeat per pair).
-at::Tensor apply_rope(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &sin) {
-  const auto rot = at::complex(cos.slice(-1, 0, c10::nullopt, 2), sin.slice(-1, 0, c10::nullopt, 2));
-  const auto xc = at::view_as_complex(x.to(at::kFloat).unflatten(-1, {-1, 2}));
-  return at::view_as_real(xc * rot).flatten(-2).to(x.scalar_type());
-}
 
 // nn.LayerNorm in float32 whatever the input's dtype (CPU autocast in LibTorch 1.13 would hand it bf16
 // input with float32 weights), as autocast runs layer_norm on CUDA.
@@ -129,8 +122,8 @@ at::Tensor CogVideoXBlockImpl::forward(const at::Tensor &x, const at::Tensor &te
   auto k = layer_norm32(norm_k, heads_of(to_k(n))).to(v.scalar_type()).transpose(1, 2);
   if (cos.defined()) {
     const int64_t S = x.size(1) - text_len;
-    q = at::cat({q.narrow(2, 0, text_len), apply_rope(q.narrow(2, text_len, S), cos, sin)}, 2);
-    k = at::cat({k.narrow(2, 0, text_len), apply_rope(k.narrow(2, text_len, S), cos, sin)}, 2);
+    q = at::cat({q.narrow(2, 0, text_len), rotate_pairs(q.narrow(2, text_len, S), cos, sin)}, 2);
+    k = at::cat({k.narrow(2, 0, text_len), rotate_pairs(k.narrow(2, text_len, S), cos, sin)}, 2);
   }
   const auto o = attention(q, k, v).transpose(1, 2).flatten(2);
   auto h = at::addcmul(x, gate, to_out(o).to(x.scalar_type()));  // gated residuals: one pass each

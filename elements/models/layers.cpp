@@ -78,6 +78,13 @@ at::Tensor LayerNorm32Impl::forward(const at::Tensor &x) {
 
 at::Tensor gelu_tanh(const at::Tensor &x) { return at::gelu(x, "tanh"); }
 
+at::Tensor rotate_pairs(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &sin) {
+  const auto rot = at::complex(cos.slice(-1, 0, c10::nullopt, 2), sin.slice(-1, 0, c10::nullopt, 2));
+  auto xf = x.to(at::kFloat);
+  if (xf.stride(-1) != 1) xf = xf.contiguous();  // view_as_complex needs the pairs adjacent
+  return at::view_as_real(at::view_as_complex(xf.unflatten(-1, {-1, 2})) * rot).flatten(-2).to(x.scalar_type());
+}
+
 namespace {
 
 // Query rows whose float32 scores fit `budget_mb` (all of them: q.size(2)).

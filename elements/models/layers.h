@@ -59,6 +59,11 @@ TORCH_MODULE(LayerNorm32);
 
 at::Tensor gelu_tanh(const at::Tensor &x);
 
+// Rotary positions: the pairs (2i, 2i+1) of x's last dim turned by the angles whose cos and sin
+// (each repeated for both members of a pair, as Wan's and CogVideoX's tables are) broadcast against
+// x; computed in float32 as one complex product per pair, returned in x's dtype.
+at::Tensor rotate_pairs(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &sin);
+
 // softmax(q k^T / sqrt(D)) v for q [B, H, Sq, D], k and v [B, H, Sk, D]. LibTorch's fused
 // scaled-dot-product attention where it has one that keeps no probability matrix (CUDA from 2.0,
 // CPU from 2.2); float32 scores of at most 256 MiB whole, as plain autograd ops; otherwise queries

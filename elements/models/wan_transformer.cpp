@@ -11,19 +11,6 @@ namespace videotrain::models {
 
 /* ---------------- attention ---------------- */
 
-namespace {
-
-// Rotary positions on x [B, S, H, D] with cos, sin [S, D] (pairs (2i, 2i+1) rotate together): one
-// complex product per pair (as Wan's own code computes it), a single pass forward and backward
-// where the real form takes six and a stack.
-at::Tensor apply_rope(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &sin) {
-  const auto rot = at::complex(cos.slice(-1, 0, c10::nullopt, 2), sin.slice(-1, 0, c10::nullopt, 2)).unsqueeze(1);
-  const auto xc = at::view_as_complex(x.to(at::kFloat).contiguous().unflatten(-1, {-1, 2}));
-  return at::view_as_real(xc * rot).flatten(-2).to(x.scalar_type());
-}
-
-}  // namespace
-
 WanAttentionImpl::WanAttentionImpl(int64_t dim, int64_t heads_, double eps) : heads(heads_) {
   to_q = register_module("to_q", Linear(dim, dim));
   to_k = register_module("to_k", Linear(dim, dim));
@@ -41,8 +28,9 @@ at::Tensor WanAttentionImpl::forward(const at::Tensor &x, const at::Tensor &cont
   auto q = norm_q(to_q(x)).to(v.scalar_type()).unflatten(2, {heads, -1});
   auto k = norm_k(to_k(context)).to(v.scalar_type()).unflatten(2, {heads, -1});
   if (cos.defined()) {
-    q = apply_rope(q, cos, sin);
-    k = apply_rope(k, cos, sin);
+    // x [B, S, H, D] against the [S, D] tables.
+    q = rotate_pairs(q, cos.unsqueeze(1), sin.unsqueeze(1));
+    k = rotate_pairs(k, cos.unsqueeze(1), sin.unsqueeze(1));
   }
   auto o = attention(q.transpose(1, 2), k.transpose(1, 2), v.unflatten(2, {heads, -1}).transpose(1, 2));
   o = o.transpose(1, 2).flatten(2);
