@@ -123,7 +123,7 @@ struct ChunkedAttention : torch::autograd::Function<ChunkedAttention> {
     }
     ctx->save_for_backward({q3, k3, v3, out3});
     ctx->saved_data["chunk"] = chunk;
-    ctx->saved_data["shape"] = q.sizes();
+    ctx->saved_data["heads"] = H;
     return out3.view({B, H, Sq, v.size(3)});
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
@@ -131,10 +131,10 @@ struct ChunkedAttention : torch::autograd::Function<ChunkedAttention> {
     const auto saved = ctx->get_saved_variables();
     const auto &q3 = saved[0], &k3 = saved[1], &v3 = saved[2], &out3 = saved[3];
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
-    const auto qshape = ctx->saved_data["shape"].toIntVector();
-    const double scale = 1.0 / std::sqrt(static_cast<double>(qshape[3]));
+    const int64_t H = ctx->saved_data["heads"].toInt();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q3.size(2)));
     const auto acc = accumulate_type(q3);
-    const int64_t BH = q3.size(0), Sq = q3.size(1), Sk = k3.size(1);
+    const int64_t B = q3.size(0) / H, Sq = q3.size(1), Sk = k3.size(1);
     const auto go3 = grads[0].to(out3.scalar_type()).reshape(out3.sizes()).contiguous();
     auto dq3 = at::empty_like(q3);
     auto dk3 = at::zeros(k3.sizes(), k3.options().dtype(acc)), dv3 = at::zeros(v3.sizes(), v3.options().dtype(acc));
@@ -151,10 +151,9 @@ struct ChunkedAttention : torch::autograd::Function<ChunkedAttention> {
       dq3.narrow(1, s, n).copy_(at::bmm(ds.to(k3.scalar_type()), k3));
       dk3 += at::bmm(ds.transpose(1, 2), qc.to(acc));
     }
-    (void)BH, (void)Sk;
-    const auto dq = dq3.mul_(scale).view(qshape);
-    const auto dk = dk3.to(k3.scalar_type()).view({qshape[0], qshape[1], Sk, k3.size(2)});
-    const auto dv = dv3.to(v3.scalar_type()).view({qshape[0], qshape[1], Sk, v3.size(2)});
+    const auto dq = dq3.mul_(scale).view({B, H, Sq, q3.size(2)});
+    const auto dk = dk3.to(k3.scalar_type()).view({B, H, Sk, k3.size(2)});
+    const auto dv = dv3.to(v3.scalar_type()).view({B, H, Sk, v3.size(2)});
     return {dq, dk, dv, at::Tensor()};
   }
 };
@@ -176,12 +175,7 @@ at::Tensor chunked_attention(const at::Tensor &q, const at::Tensor &k, const at:
   if (chunk <= 0) chunk = default_chunk(q, k);
   // One dtype for the three (autocast may have cast only some of the projections).
   const auto dt = at::promote_types(at::promote_types(q.scalar_type(), k.scalar_type()), v.scalar_type());
-  // GCC 14 sees an out-of-bounds copy in LibTorch's own Function::apply (a std::vector<bool>
-  // reserve it inlines); a false positive in a system header.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Warray-bounds"
   return ChunkedAttention::apply(q.to(dt), k.to(dt), v.to(dt), chunk);
-#pragma GCC diagnostic pop
 }
 
 at::Tensor attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t chunk) {
