@@ -125,27 +125,44 @@ bool parse_wan_config(const std::string &json_text, WanConfig *out, std::string 
   return true;
 }
 
-std::vector<std::pair<std::string, std::vector<int64_t>>> wan_encoder_tensor_table(const WanConfig &cfg) {
+namespace {
+
+// The names and shapes of a Wan VAE's tensors, as its encoder and decoder tables list them.
+struct TensorTable {
   std::vector<std::pair<std::string, std::vector<int64_t>>> t;
-  auto conv = [&](const std::string &p, int64_t out, int64_t in, std::vector<int64_t> k) {
+  void conv(const std::string &p, int64_t out, int64_t in, std::vector<int64_t> k) {
     std::vector<int64_t> shape{out, in};
     shape.insert(shape.end(), k.begin(), k.end());
     t.push_back({p + ".weight", shape});
     t.push_back({p + ".bias", {out}});
-  };
-  auto resnet = [&](const std::string &p, int64_t in, int64_t out) {
+  }
+  void resnet(const std::string &p, int64_t in, int64_t out) {
     t.push_back({p + ".norm1.gamma", {in, 1, 1, 1}});
     conv(p + ".conv1", out, in, {3, 3, 3});
     t.push_back({p + ".norm2.gamma", {out, 1, 1, 1}});
     conv(p + ".conv2", out, out, {3, 3, 3});
     if (in != out) conv(p + ".conv_shortcut", out, in, {1, 1, 1});
-  };
+  }
+  // resnet, attention, resnet at `dim` channels.
+  void mid_block(const std::string &p, int64_t dim) {
+    resnet(p + ".resnets.0", dim, dim);
+    t.push_back({p + ".attentions.0.norm.gamma", {dim, 1, 1}});
+    conv(p + ".attentions.0.to_qkv", 3 * dim, dim, {1, 1});
+    conv(p + ".attentions.0.proj", dim, dim, {1, 1});
+    resnet(p + ".resnets.1", dim, dim);
+  }
+};
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> wan_encoder_tensor_table(const WanConfig &cfg) {
+  TensorTable tt;
   auto resample = [&](const std::string &p, int64_t dim, bool time) {
-    conv(p + ".resample.1", dim, dim, {3, 3});
-    if (time) conv(p + ".time_conv", dim, dim, {3, 1, 1});
+    tt.conv(p + ".resample.1", dim, dim, {3, 3});
+    if (time) tt.conv(p + ".time_conv", dim, dim, {3, 1, 1});
   };
   const auto d = cfg.dims();
-  conv("encoder.conv_in", d[0], cfg.in_channels, {3, 3, 3});
+  tt.conv("encoder.conv_in", d[0], cfg.in_channels, {3, 3, 3});
   int flat = 0;
   for (int i = 0; i < cfg.levels(); i++) {
     const bool down = i != cfg.levels() - 1;
@@ -154,7 +171,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> wan_encoder_tensor_tab
     for (int r = 0; r < cfg.num_res_blocks; r++) {
       const std::string p = cfg.is_residual ? "encoder.down_blocks." + std::to_string(i) + ".resnets." + std::to_string(r)
                                             : "encoder.down_blocks." + std::to_string(flat++);
-      resnet(p, in, d[i + 1]);
+      tt.resnet(p, in, d[i + 1]);
       in = d[i + 1];
     }
     if (down)
@@ -163,42 +180,21 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> wan_encoder_tensor_tab
                d[i + 1], time);
   }
   const int64_t top = d.back();
-  resnet("encoder.mid_block.resnets.0", top, top);
-  t.push_back({"encoder.mid_block.attentions.0.norm.gamma", {top, 1, 1}});
-  conv("encoder.mid_block.attentions.0.to_qkv", 3 * top, top, {1, 1});
-  conv("encoder.mid_block.attentions.0.proj", top, top, {1, 1});
-  resnet("encoder.mid_block.resnets.1", top, top);
-  t.push_back({"encoder.norm_out.gamma", {top, 1, 1, 1}});
-  conv("encoder.conv_out", 2 * cfg.z_dim, top, {3, 3, 3});
-  conv("quant_conv", 2 * cfg.z_dim, 2 * cfg.z_dim, {1, 1, 1});
-  return t;
+  tt.mid_block("encoder.mid_block", top);
+  tt.t.push_back({"encoder.norm_out.gamma", {top, 1, 1, 1}});
+  tt.conv("encoder.conv_out", 2 * cfg.z_dim, top, {3, 3, 3});
+  tt.conv("quant_conv", 2 * cfg.z_dim, 2 * cfg.z_dim, {1, 1, 1});
+  return tt.t;
 }
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> wan_decoder_tensor_table(const WanConfig &cfg) {
-  std::vector<std::pair<std::string, std::vector<int64_t>>> t;
-  auto conv = [&](const std::string &p, int64_t out, int64_t in, std::vector<int64_t> k) {
-    std::vector<int64_t> shape{out, in};
-    shape.insert(shape.end(), k.begin(), k.end());
-    t.push_back({p + ".weight", shape});
-    t.push_back({p + ".bias", {out}});
-  };
-  auto resnet = [&](const std::string &p, int64_t in, int64_t out) {
-    t.push_back({p + ".norm1.gamma", {in, 1, 1, 1}});
-    conv(p + ".conv1", out, in, {3, 3, 3});
-    t.push_back({p + ".norm2.gamma", {out, 1, 1, 1}});
-    conv(p + ".conv2", out, out, {3, 3, 3});
-    if (in != out) conv(p + ".conv_shortcut", out, in, {1, 1, 1});
-  };
+  TensorTable tt;
   // Channels from the deepest level up: base * [dim_mult.back(), reversed dim_mult...].
   std::vector<int64_t> d{static_cast<int64_t>(cfg.base_dim) * cfg.dim_mult.back()};
   for (auto it = cfg.dim_mult.rbegin(); it != cfg.dim_mult.rend(); ++it) d.push_back(int64_t{cfg.base_dim} * *it);
-  conv("post_quant_conv", cfg.z_dim, cfg.z_dim, {1, 1, 1});
-  conv("decoder.conv_in", d[0], cfg.z_dim, {3, 3, 3});
-  resnet("decoder.mid_block.resnets.0", d[0], d[0]);
-  t.push_back({"decoder.mid_block.attentions.0.norm.gamma", {d[0], 1, 1}});
-  conv("decoder.mid_block.attentions.0.to_qkv", 3 * d[0], d[0], {1, 1});
-  conv("decoder.mid_block.attentions.0.proj", d[0], d[0], {1, 1});
-  resnet("decoder.mid_block.resnets.1", d[0], d[0]);
+  tt.conv("post_quant_conv", cfg.z_dim, cfg.z_dim, {1, 1, 1});
+  tt.conv("decoder.conv_in", d[0], cfg.z_dim, {3, 3, 3});
+  tt.mid_block("decoder.mid_block", d[0]);
   const int levels = cfg.levels();
   for (int i = 0; i < levels; i++) {
     const std::string p = "decoder.up_blocks." + std::to_string(i);
@@ -207,16 +203,16 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> wan_decoder_tensor_tab
     // Wan 2.1's upsamplers halve the channels they pass on; 2.2's keep them.
     int64_t in = (i > 0 && !cfg.is_residual) ? d[i] / 2 : d[i];
     const int64_t out = d[i + 1];
-    for (int r = 0; r <= cfg.num_res_blocks; r++, in = out) resnet(p + ".resnets." + std::to_string(r), in, out);
+    for (int r = 0; r <= cfg.num_res_blocks; r++, in = out) tt.resnet(p + ".resnets." + std::to_string(r), in, out);
     if (up) {
       const std::string u = p + (cfg.is_residual ? ".upsampler" : ".upsamplers.0");
-      conv(u + ".resample.1", cfg.is_residual ? out : out / 2, out, {3, 3});
-      if (time) conv(u + ".time_conv", 2 * out, out, {3, 1, 1});
+      tt.conv(u + ".resample.1", cfg.is_residual ? out : out / 2, out, {3, 3});
+      if (time) tt.conv(u + ".time_conv", 2 * out, out, {3, 1, 1});
     }
   }
-  t.push_back({"decoder.norm_out.gamma", {d.back(), 1, 1, 1}});
-  conv("decoder.conv_out", 3 * cfg.patch_size * cfg.patch_size, d.back(), {3, 3, 3});
-  return t;
+  tt.t.push_back({"decoder.norm_out.gamma", {d.back(), 1, 1, 1}});
+  tt.conv("decoder.conv_out", 3 * cfg.patch_size * cfg.patch_size, d.back(), {3, 3, 3});
+  return tt.t;
 }
 
 std::string wan_config_to_json(const WanConfig &cfg) {
