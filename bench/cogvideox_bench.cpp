@@ -11,8 +11,6 @@
  * The peer runs through PYTHON (default /usr/bin/python3) from VIDEOTRAIN_SOURCE_DIR or the source
  * tree this was built from. */
 #include <ATen/Parallel.h>
-#include <sys/resource.h>
-#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
@@ -24,27 +22,13 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "cpu_heap.h"
 #include "models/native_model.h"
 
 using namespace videotrain;
 
 namespace {
-
-std::string run(const std::string &cmd) {
-  std::string out;
-  std::unique_ptr<FILE, int (*)(FILE *)> p(popen(cmd.c_str(), "r"), pclose);
-  if (!p) return out;
-  char buf[512];
-  while (fgets(buf, sizeof(buf), p.get())) out += buf;
-  return out;
-}
-
-double rss_mb() {
-  struct rusage u {};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_maxrss / 1024.0;
-}
 
 const char *kConfig = R"({"_class_name": "CogVideoXTransformer3DModel", "attention_head_dim": 64,
   "num_attention_heads": 30, "num_layers": 2, "in_channels": 16, "out_channels": 16, "time_embed_dim": 512,
@@ -80,71 +64,43 @@ int main(int argc, char **argv) {
   std::string why;
   if (!retain_cpu_heap(&why)) std::fprintf(stderr, "cogvideox-bench: tune-malloc: %s\n", why.c_str());
   torch::manual_seed(0);
-  const double rss0 = rss_mb();
+  const double rss0 = benchutil::peak_rss_mb();
   auto m = models::build_dit(kConfig, torch::kCPU);
-  const double rss_model = rss_mb();
+  const double rss_model = benchutil::peak_rss_mb();
   m->set_gradient_checkpointing(memory ? checkpointing : false);
   const auto x = torch::randn({1, frames, 16, height, width});
   const auto text = torch::randn({1, 226, 4096});
   const auto t = torch::full({1}, 500, torch::kLong);
   const int64_t tokens = frames * (height / 2) * (width / 2);
-  if (!profile.empty()) {  // where our step's time goes (chrome://tracing, or summed by name)
-    m->forward(x, t, text).square().mean().backward();  // warm-up
+  auto step = [&] { m->forward(x, t, text).square().mean().backward(); };
+  auto reset = [&] {
     for (auto &p : m->module().parameters()) p.mutable_grad() = at::Tensor();
-    {
-      torch::autograd::profiler::RecordProfile rp(profile);
-      m->forward(x, t, text).square().mean().backward();
-    }
+  };
+  if (!profile.empty()) {
+    benchutil::profile_step(profile, step, reset);
     std::printf("{\"profile\": \"%s\", \"video_tokens\": %lld}\n", profile.c_str(), (long long)tokens);
     return 0;
   }
   if (memory) {
     auto t0 = std::chrono::steady_clock::now();
-    m->forward(x, t, text).square().mean().backward();
+    step();
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("{\"what\": \"one training step, real width, 2 layers\", \"video_tokens\": %lld, \"text_tokens\": 226, "
                 "\"checkpointing\": %s, \"seconds\": %.1f, \"peak_rss_mb\": %.0f, \"model_and_grads_mb\": %.0f, "
                 "\"step_over_model_mb\": %.0f}\n",
-                (long long)tokens, checkpointing ? "true" : "false", s, rss_mb(), (rss_model - rss0) * 2,
-                rss_mb() - rss_model);
+                (long long)tokens, checkpointing ? "true" : "false", s, benchutil::peak_rss_mb(), (rss_model - rss0) * 2,
+                benchutil::peak_rss_mb() - rss_model);
     return 0;
   }
-  auto ours = [&]() {
-    double best = 1e30;
-    for (int r = 0; r <= repeat; r++) {
-      for (auto &p : m->module().parameters()) p.mutable_grad() = at::Tensor();
-      auto t0 = std::chrono::steady_clock::now();
-      m->forward(x, t, text).square().mean().backward();
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (r > 0) best = std::min(best, s);  // the first is warm-up
-    }
-    return best;
-  };
-  const char *py = std::getenv("PYTHON");
-  const char *src = std::getenv("VIDEOTRAIN_SOURCE_DIR");
-  const std::string cmd = std::string(py ? py : "/usr/bin/python3") + " " + (src ? src : SOURCE_DIR) +
-                          "/bench/cogvideox_dit_peer.py --bench --frames " + std::to_string(frames) + " --height " +
-                          std::to_string(height) + " --width " + std::to_string(width) + " --threads " +
-                          std::to_string(threads) + " --repeat " + std::to_string(repeat);
-  auto theirs = [&]() {
-    const std::string out = run(cmd);
-    const auto at = out.find("\"seconds_per_step\": ");
-    if (at == std::string::npos) throw std::runtime_error("the peer printed no timing (" + cmd + "): " + out);
-    return std::atof(out.c_str() + at + 20);
-  };
-  // Rounds in alternating order (whichever runs second on a shared machine tends to gain a few percent).
-  std::vector<double> ratios;
-  for (int round = 0; round < rounds; round++) {
-    double o, p;
-    if (round % 2 == 0) o = ours(), p = theirs();
-    else p = theirs(), o = ours();
-    ratios.push_back(o / p);
-    std::printf("round %d: ours %.3f s, peer (plain PyTorch %s) %.3f s, ratio %.3f\n", round + 1, o, TORCH_VERSION, p,
-                o / p);
-  }
-  std::sort(ratios.begin(), ratios.end());
+  auto ours = [&] { return benchutil::best_of(repeat, step, reset); };
+  const std::string cmd = benchutil::peer_command("cogvideox_dit_peer.py") + " --bench --frames " + std::to_string(frames) +
+                          " --height " + std::to_string(height) + " --width " + std::to_string(width) +
+                          " --threads " + std::to_string(threads) + " --repeat " + std::to_string(repeat);
+  const std::string peer_name = std::string("plain PyTorch ") + TORCH_VERSION;
+  const double median =
+      benchutil::median_ratio(rounds, ours, [&] { return benchutil::peer_seconds(cmd); }, peer_name.c_str());
   std::printf("{\"threads\": %d, \"video_tokens\": %lld, \"text_tokens\": 226, \"median_ratio_ours_over_peer\": %.3f}  "
               "(<= 1: at least as fast)\n",
-              threads, (long long)tokens, ratios[ratios.size() / 2]);
+              threads, (long long)tokens, median);
   return 0;
 }

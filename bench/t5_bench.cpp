@@ -18,18 +18,10 @@
 #include <memory>
 #include <string>
 
+#include "bench_util.h"
 #include "models/t5_encoder.h"
 
 namespace {
-
-std::string run(const std::string &cmd) {
-  std::string out;
-  std::unique_ptr<FILE, int (*)(FILE *)> p(popen(cmd.c_str(), "r"), pclose);
-  if (!p) return out;
-  char buf[512];
-  while (fgets(buf, sizeof(buf), p.get())) out += buf;
-  return out;
-}
 
 // Resident memory now (VmRSS) and at most so far (VmHWM), MiB.
 double status_mb(const char *key) {
@@ -74,10 +66,7 @@ int main(int argc, char **argv) {
     }
   }
   namespace fs = std::filesystem;
-  const char *src_env = std::getenv("VIDEOTRAIN_SOURCE_DIR");
-  const std::string src = src_env ? src_env : SOURCE_DIR;
-  const char *py_env = std::getenv("PYTHON");
-  const std::string py = std::string(py_env ? py_env : "/usr/bin/python3") + " " + src + "/bench/t5_peer.py";
+  const std::string py = benchutil::peer_command("t5_peer.py");
   std::string tmp;
   if (folder.empty()) {
     char templ[] = "/tmp/t5-bench-XXXXXX";
@@ -119,7 +108,7 @@ int main(int argc, char **argv) {
       std::fprintf(stderr, "t5-bench: the peer does not match the reference (t5_peer.py --check)\n");
       return 1;
     }
-    const std::string out = run(py + " --bench --folder " + folder + " --length " + std::to_string(length) +
+    const std::string out = benchutil::run(py + " --bench --folder " + folder + " --length " + std::to_string(length) +
                                 " --batch " + std::to_string(batch) + " --threads " + std::to_string(threads) +
                                 " --repeat " + std::to_string(repeat));
     const auto at = out.find("\"captions_per_s\": ");

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "cpu_heap.h"
 #include "models/vae/vae_config.h"
 #include "models/vae/vae_decoder.h"
@@ -81,15 +82,6 @@ long peak_in_child(const std::string &model, int frames, int h, int w, int threa
   return r[1] < 0 ? -1 : r[1] - r[0];
 }
 
-std::string run(const std::string &cmd, int *rc) {
-  std::string out;
-  FILE *p = popen(cmd.c_str(), "r");
-  if (!p) return out;
-  char buf[4096];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  *rc = pclose(p);
-  return out;
-}
 
 }  // namespace
 
@@ -158,7 +150,7 @@ int main(int argc, char **argv) {
   bool peer_ok = true;
   for (const char *v : {"cogvideox_vae/tiny_a", "wan_vae/tiny_wan21", "wan_vae/tiny_wan22"}) {
     int rc = 0;
-    std::string out = run(py + "check " + ref + "/" + v + " 2>&1", &rc);
+    std::string out = benchutil::run(py + "check " + ref + "/" + v + " 2>&1", &rc);
     if (rc != 0) {
       peer_ok = false;
       printf("peer check failed on %s:\n%s", v, out.c_str());
@@ -181,7 +173,7 @@ int main(int argc, char **argv) {
   double peer = -1;
   if (peer_ok) {
     int rc = 0;
-    std::string out = run(py + "time " + model + " " + std::to_string(latent_frames(time_frames)) + " " +
+    std::string out = benchutil::run(py + "time " + model + " " + std::to_string(latent_frames(time_frames)) + " " +
                               std::to_string(h) + " " + std::to_string(w) + " " + std::to_string(repeat),
                           &rc);
     const char *p = strstr(out.c_str(), "peer_ms ");
