@@ -20,6 +20,7 @@
 #include "dist_env.h"
 #include "first_line.h"
 #include "models/param_snapshot.h"
+#include "row_facts.h"
 #include "seeded_hash.h"
 #include "tensor_buffer.h"
 #include "trainer_engine_impl.h"
@@ -544,7 +545,13 @@ std::string TrainerEngine::Impl::all_row_facts(bool peers) {
   } catch (const std::exception &) {
     // The store is gone (a peer or rank 0's host failed): this rank's own facts, as on a rescue.
   }
-  return all;
+  // Once each: ranks that decoded the same row learn the same fact, and every rank of a resumed
+  // run starts from the checkpoint's facts (so they would double with each resume).
+  std::vector<RowFact> facts;
+  std::string why;
+  if (!parse_row_facts(all, &facts, &why)) return all;  // not ours to judge: the resumed source warns
+  normalise_row_facts(&facts);
+  return format_row_facts(facts);
 }
 
 void TrainerEngine::set_message_hook(std::function<void()> hook) { impl_->message_hook = std::move(hook); }

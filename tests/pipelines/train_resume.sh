@@ -61,7 +61,8 @@ if [[ $mode == liar ]]; then
   # Row 6 holds 40 frames (found in epoch 0) of 160x120 (epoch 1); the checkpoints say so.
   for c in part/step-00000010 full/step-00000020 part/step-00000020; do
     /usr/bin/python3 -c 'import json, sys; f = json.load(open(sys.argv[1]))["row_facts"].split("\n")
-assert "6 0 40 0 0" in f and "6 1 -1 160 120" in f, f"{sys.argv[1]}: row facts {f}"' "$work/$c/trainer.json"
+assert "6 0 40 0 0" in f and "6 1 -1 160 120" in f, f"{sys.argv[1]}: row facts {f}"
+assert len(set(f)) == len(f), f"{sys.argv[1]}: row facts repeated {f}"' "$work/$c/trainer.json"
   done
   echo "liar: its length and size are in the checkpoints' row facts; the resumed run moved it as the uninterrupted one"
 fi
