@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian (bookworm) packages gst-videotrain needs, if any are missing.
-# Usage: scripts/deps.sh [--bench] [--fuzz]   (--bench adds what the benchmarks compare against,
-# --fuzz clang's libFuzzer for scripts/fuzz.sh)
+# Usage: scripts/deps.sh [--bench] [--fuzz] [--torch2]   (--bench adds what the benchmarks compare
+# against, --fuzz clang's libFuzzer for scripts/fuzz.sh, --torch2 the venv of scripts/torch2.sh)
 set -euo pipefail
 pkgs=(g++ pkg-config meson ninja-build openmpi-bin python3-gi gir1.2-gstreamer-1.0
       libgstreamer1.0-dev libgstreamer-plugins-base1.0-dev gstreamer1.0-tools
@@ -16,6 +16,7 @@ for arg in "$@"; do
   case $arg in
     --bench) pkgs+=(python3-torchvision python3-av time) ;;
     --fuzz) pkgs+=(clang) ;;
+    --torch2) pkgs+=(python3-venv python3-pip) ;;  # scripts/torch2.sh: .venv-torch2 over Debian's python3
     *) ;;  # build.sh passes its arguments on
   esac
 done

@@ -245,7 +245,11 @@ at::Tensor checkpointed(BlockFn fn, const std::vector<at::Tensor> &inputs) {
     torch::NoGradGuard ng;
     out = fn(inputs);
   }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 12)
+  auto node = c10::make_intrusive<CheckpointBackward>();  // autograd holds nodes in intrusive_ptr from 2.12
+#else
   auto node = std::shared_ptr<CheckpointBackward>(new CheckpointBackward(), torch::autograd::deleteNode);
+#endif
   node->fn = std::move(fn);
   for (const auto &x : inputs) {
     node->inputs.push_back(x.detach());

@@ -1,17 +1,29 @@
 # Sourced on a GPU machine without GStreamer: unpacks the Debian packages that
 # scripts/gpu/fetch-debs.sh downloaded into a private prefix (never over /, whose
 # own libraries may be newer) and points pkg-config, the loader and GStreamer at it.
-#   source scripts/gpu/env.sh [DEBS_DIR]   (default .gpu)
-_vt_debs=${1:-.gpu}
+#   source scripts/gpu/env.sh [DEBS_DIR]   (default $VT_GPU_DEBS, else .gpu)
+# Only a folder is taken as DEBS_DIR: a script that sources this file passes its own
+# arguments on unless it names one, and those are not ours (`build.sh -j 16`).
+_vt_debs=${VT_GPU_DEBS:-.gpu}
+if [[ $# -ge 1 && -d $1 ]]; then
+  _vt_debs=$1
+fi
 export VT_GPU_ROOT=${VT_GPU_ROOT:-/tmp/vt-gpu-root}
-if [[ ! -f $VT_GPU_ROOT/.unpacked ]]; then
+# Unpacked again whenever the set of .debs changes (one added, one updated): the stamp
+# holds their names and sizes.
+_vt_set=$(cd "$_vt_debs" 2>/dev/null && ls -l -- *.deb 2>/dev/null | awk '{print $5, $NF}')
+if [[ -z $_vt_set ]]; then
+  echo "scripts/gpu/env.sh: no .deb files in '$_vt_debs' (run scripts/gpu/fetch-debs.sh where there is network)" >&2
+  return 1 2>/dev/null || exit 1
+fi
+if [[ ! -f $VT_GPU_ROOT/.unpacked ]] || [[ $(cat "$VT_GPU_ROOT/.unpacked") != "$_vt_set" ]]; then
   mkdir -p "$VT_GPU_ROOT"
   for f in "$_vt_debs"/*.deb; do dpkg -x "$f" "$VT_GPU_ROOT"; done
   # Debian's .pc files say /usr: make them name the prefix; nothing here links
   # statically, so the private requirements (whose .pc files are not carried) go.
   find "$VT_GPU_ROOT" -name '*.pc' -path '*pkgconfig*' -exec sed -i \
     -e '/^Requires.private:/d' -e "s|=/usr|=$VT_GPU_ROOT/usr|g" -e "s|-I/usr|-I$VT_GPU_ROOT/usr|g" -e "s|-L/usr|-L$VT_GPU_ROOT/usr|g" {} +
-  touch "$VT_GPU_ROOT/.unpacked"
+  printf '%s\n' "$_vt_set" >"$VT_GPU_ROOT/.unpacked"
 fi
 _vt_lib=$VT_GPU_ROOT/usr/lib/x86_64-linux-gnu
 export PATH=$VT_GPU_ROOT/usr/bin:$PATH
@@ -26,4 +38,4 @@ VT_TORCH_PREFIX=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__fi
 VT_PYTHON=$(command -v python3)
 export VT_TORCH_PREFIX VT_PYTHON
 export LD_LIBRARY_PATH=$VT_TORCH_PREFIX/lib:$LD_LIBRARY_PATH
-unset _vt_debs _vt_lib
+unset _vt_debs _vt_lib _vt_set
