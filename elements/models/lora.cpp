@@ -4,8 +4,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <regex>
 
 #include "layers.h"
 #include "lora_names.h"
@@ -21,6 +24,67 @@ at::Tensor to_tensor(const SafetensorsEntry &e, const std::string &path) {
   if (e.dtype != "F32" && e.dtype != "F16" && e.dtype != "BF16")
     throw std::runtime_error("'" + path + "' holds '" + e.name + "' as " + e.dtype + "; LoRA tensors are F32, F16 or BF16");
   return tensor_of(e).to(torch::kFloat);
+}
+
+const char *const kShapesKey = "videotrain.linear_shapes";
+
+// blocks.7.attn1.to_q -> blocks.{i}.attn1.to_q (transformer_blocks.{i}. likewise): every block of a
+// Wan or CogVideoX model has the same Linears.
+std::string block_pattern(const std::string &name) {
+  for (const char *prefix : {"blocks.", "transformer_blocks."}) {
+    const size_t n = std::strlen(prefix);
+    if (name.compare(0, n, prefix) != 0) continue;
+    size_t i = n;
+    while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) i++;
+    if (i > n && i < name.size() && name[i] == '.') return std::string(prefix) + "{i}" + name.substr(i);
+  }
+  return name;
+}
+
+// The block index of blocks.N.* (-1 for a module outside the blocks).
+int64_t block_index(const std::string &name) {
+  if (name.rfind("blocks.", 0) != 0) return -1;
+  size_t i = 7;
+  int64_t v = 0;
+  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) v = v * 10 + (name[i++] - '0');
+  return i > 7 ? v : -1;
+}
+
+// CogVideoX's module names stay diffusers' in every naming; its LoRAs are told from Wan's by a module
+// only CogVideoX has (proj_out alone is both's) or by the model's Linears.
+bool is_cogvideox(const LoraFile &lora) {
+  for (const auto &[name, m] : lora.modules)
+    if (name.rfind("transformer_blocks.", 0) == 0 || (!cogvideox_module(name, false).empty() && wan_original_name(name).empty()))
+      return true;
+  for (const auto &[name, s] : lora.shapes)
+    if (name.rfind("transformer_blocks.", 0) == 0) return true;
+  return false;
+}
+
+// (in, out) of the model's Linear `name`: from the shapes, else from a LoRA module of the same kind.
+bool shape_of(const LoraFile &lora, const std::string &name, std::pair<int64_t, int64_t> *out) {
+  const std::string p = block_pattern(name);
+  auto it = lora.shapes.find(p);
+  if (it != lora.shapes.end()) {
+    *out = it->second;
+    return true;
+  }
+  for (const auto &[n, m] : lora.modules)
+    if (block_pattern(n) == p) {
+      *out = {m.a.size(1), m.b.size(0)};
+      return true;
+    }
+  return false;
+}
+
+void add_shapes(torch::nn::Module &model, LoraFile *lora) {
+  for (const auto &[name, l] : linear_modules(model)) lora->shapes[block_pattern(name)] = {l->in_features(), l->out_features()};
+}
+
+std::vector<std::string> module_names(const LoraFile &lora) {
+  std::vector<std::string> out;
+  for (const auto &[name, m] : lora.modules) out.push_back(name);
+  return out;
 }
 
 
@@ -67,18 +131,65 @@ LoraFile read_lora_file(const std::string &path) {
                                std::to_string(out.rank) + " elsewhere; one rank per file is supported");
     out.rank = r;
   }
-  // diffusers keeps r and lora_alpha in the metadata; without them PEFT's loader takes alpha = r.
+  // diffusers keeps PEFT's LoraConfig in the metadata (keys prefixed transformer. by a pipeline's
+  // save_lora_weights, bare by a model's save_lora_adapter); without it PEFT's loader takes alpha = r.
   const auto md = f->metadata().find("lora_adapter_metadata");
   if (md != f->metadata().end()) {
     const auto j = nlohmann::json::parse(md->second, nullptr, false);
-    if (j.is_object() && j.contains("transformer.lora_alpha") && j["transformer.lora_alpha"].is_number())
-      out.alpha = j["transformer.lora_alpha"].get<double>();
+    auto get = [&](const std::string &k) -> const nlohmann::json * {
+      if (!j.is_object()) return nullptr;
+      if (j.contains("transformer." + k)) return &j["transformer." + k];
+      return j.contains(k) ? &j[k] : nullptr;
+    };
+    const auto *dora = get("use_dora");
+    if (dora && dora->is_boolean() && dora->get<bool>())
+      throw std::runtime_error("'" + path + "' is a DoRA adapter (use_dora in its lora_adapter_metadata); LoRA only");
+    if (const auto *a = get("lora_alpha"); a && a->is_number()) out.alpha = a->get<double>();
+    // PEFT's alpha_pattern: the first pattern that matches the module's name or a dotted tail of it.
+    if (const auto *ap = get("alpha_pattern"); ap && ap->is_object())
+      for (auto &[name, lm] : out.modules)
+        for (auto it = ap->begin(); it != ap->end(); ++it) {
+          const std::string pat = it.key();
+          const auto &v = it.value();
+          bool hit = false;
+          try {
+            hit = std::regex_match(name, std::regex("(.*\\.)?(" + pat + ")$"));
+          } catch (const std::regex_error &) {
+            throw std::runtime_error("'" + path + "' alpha_pattern '" + pat + "' is not a regular expression");
+          }
+          if (hit && v.is_number()) {
+            if (lm.alpha < 0) lm.alpha = v.get<double>();
+            break;
+          }
+        }
+    // rsLoRA scales by alpha / sqrt(r): the same as alpha * sqrt(r) / r.
+    if (const auto *rs = get("use_rslora"); rs && rs->is_boolean() && rs->get<bool>())
+      for (auto &[name, lm] : out.modules) lm.alpha = out.alpha_of(lm) * std::sqrt(static_cast<double>(out.rank));
   }
+  const auto shapes = f->metadata().find(kShapesKey);
+  if (shapes != f->metadata().end()) {
+    const auto j = nlohmann::json::parse(shapes->second, nullptr, false);
+    if (j.is_object())
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        const auto &v = it.value();
+        if (v.is_array() && v.size() == 2 && v[0].is_number_integer() && v[1].is_number_integer())
+          out.shapes[it.key()] = {v[0].get<int64_t>(), v[1].get<int64_t>()};
+      }
+  }
+  // The zero adapters a naming's loaders required change nothing and cannot train (both factors zero).
+  bool any = false;
+  for (const auto &[name, lm] : out.modules) any = any || lm.a.count_nonzero().item<int64_t>() || lm.b.count_nonzero().item<int64_t>();
+  if (any)
+    for (auto it = out.modules.begin(); it != out.modules.end();)
+      it = !it->second.a.count_nonzero().item<int64_t>() && !it->second.b.count_nonzero().item<int64_t>()
+               ? out.modules.erase(it)
+               : std::next(it);
   return out;
 }
 
 LoraFile read_lora(const std::string &path, torch::nn::Module &model) {
   LoraFile out = read_lora_file(path);
+  add_shapes(model, &out);
   const auto targets = linear_modules(model);
   for (const auto &[name, lm] : out.modules) {
     auto it = targets.find(name);
@@ -100,29 +211,27 @@ double LoraFile::alpha_of(const LoraModule &m) const {
 }
 
 void write_lora_file(const std::string &path, const LoraFile &lora, const std::string &naming) {
+  const bool cogvideox = is_cogvideox(lora);
+  const std::string why = lora_naming_problem(module_names(lora), naming, cogvideox);
+  if (!why.empty()) throw std::runtime_error("cannot write '" + path + "' in the " + naming + " naming: " + why);
   std::vector<SafetensorsOutTensor> out;
   auto add = [&](const std::string &name, const at::Tensor &t) { out.push_back(out_tensor(name, t)); };
   std::map<std::string, std::string> meta{{"format", "pt"}};
+  if (!lora.shapes.empty()) {
+    nlohmann::json j = nlohmann::json::object();
+    for (const auto &[name, s] : lora.shapes) j[name] = {s.first, s.second};
+    meta[kShapesKey] = j.dump();
+  }
   nlohmann::json targets = nlohmann::json::array(), alpha_pattern = nlohmann::json::object();
   const double global = lora.modules.empty() ? 0 : lora.alpha_of(lora.modules.begin()->second);
-  bool cogvideox = false;  // CogVideoX's module names (transformer_blocks.*) stay diffusers' in every naming
-  for (const auto &[name, m] : lora.modules) cogvideox = cogvideox || name.rfind("transformer_blocks.", 0) == 0;
-  for (const auto &[name, m] : lora.modules) {
-    const double a = lora.alpha_of(m);
-    if (naming == "diffusers") {
+  if (naming == "diffusers") {
+    for (const auto &[name, m] : lora.modules) {
+      const double a = lora.alpha_of(m);
       add("transformer." + name + ".lora_A.weight", m.a);
       add("transformer." + name + ".lora_B.weight", m.b);
       targets.push_back(name);
       if (a != global) alpha_pattern[name] = a;
-      continue;
     }
-    const std::string down = lora_key(name, naming, cogvideox, LoraPart::kDown);
-    if (down.empty()) throw std::runtime_error("module '" + name + "' has no name in the " + naming + " naming");
-    add(down, m.a);
-    add(lora_key(name, naming, cogvideox, LoraPart::kUp), m.b);
-    add(lora_key(name, naming, cogvideox, LoraPart::kAlpha), torch::tensor(a, torch::kFloat).reshape({}));
-  }
-  if (naming == "diffusers") {
     // PEFT's LoraConfig as diffusers' save_lora_weights stores it (keys prefixed transformer.), so that
     // load_lora_weights takes r and lora_alpha from the file.
     const nlohmann::json cfg = {{"transformer.r", lora.rank}, {"transformer.lora_alpha", global},
@@ -132,13 +241,73 @@ void write_lora_file(const std::string &path, const LoraFile &lora, const std::s
                                 {"transformer.init_lora_weights", true}, {"transformer.rank_pattern", nlohmann::json::object()},
                                 {"transformer.alpha_pattern", alpha_pattern}};
     meta["lora_adapter_metadata"] = cfg.dump(2);
+  } else {
+    // Wan (lora_naming_problem refused CogVideoX): what diffusers' converters for this naming need.
+    std::map<std::string, LoraModule> mods;
+    for (const auto &[name, m] : lora.modules) {
+      LoraModule c = m;
+      c.alpha = lora.alpha_of(m);
+      mods[name] = c;
+    }
+    auto pad = [&](const std::string &name, const std::string &need) {
+      if (mods.count(name)) return;
+      std::pair<int64_t, int64_t> s;
+      if (!shape_of(lora, name, &s))
+        throw std::runtime_error("cannot write '" + path + "' in the " + naming + " naming: " + need +
+                                 ", so the file needs a zero adapter on '" + name +
+                                 "', whose size this LoRA does not give (no such module, no " + kShapesKey +
+                                 " metadata, which the files our trainer writes carry); write the " +
+                                 (naming == "kohya" ? "comfyui or diffusers" : "diffusers") + " naming");
+      LoraModule z;
+      z.a = torch::zeros({lora.rank, s.first});
+      z.b = torch::zeros({s.second, lora.rank});
+      z.alpha = static_cast<double>(lora.rank);
+      mods[name] = z;
+    };
+    if (naming == "kohya") {
+      int64_t last = -1;
+      for (const auto &[name, m] : lora.modules) last = std::max(last, block_index(name));
+      for (int64_t i = 0; i <= last; i++)
+        for (const auto &d : wan_block_modules())
+          pad("blocks." + std::to_string(i) + "." + d,
+              "diffusers' musubi converter (WanPipeline.load_lora_weights) requires every module of blocks 0 to " +
+                  std::to_string(last));
+    } else {
+      bool block = false;
+      for (const auto &[name, m] : lora.modules) block = block || block_index(name) >= 0;
+      if (!block)
+        pad("blocks.0.attn1.to_q", "diffusers' converter of the original Wan naming (WanPipeline.load_lora_weights) "
+                                   "requires a block module");
+    }
+    for (const auto &[name, m] : mods) {
+      // diffusers' converter of the original naming reads .alpha only in the blocks: fold it in elsewhere.
+      const bool fold = naming == "comfyui" && block_index(name) < 0;
+      const double scale = m.alpha / static_cast<double>(m.a.size(0));
+      add(lora_key(name, naming, false, LoraPart::kDown), fold && scale != 1.0 ? m.a * scale : m.a);
+      add(lora_key(name, naming, false, LoraPart::kUp), m.b);
+      if (!fold) add(lora_key(name, naming, false, LoraPart::kAlpha), torch::tensor(m.alpha, torch::kFloat).reshape({}));
+    }
   }
   std::string err;
   if (!write_safetensors(path, out, meta, &err)) throw std::runtime_error(err);
 }
 
+void check_lora_format(torch::nn::Module &model, const std::string &format) {
+  const LoraFile lora = lora_of(model);
+  if (format != "all" && format != "diffusers" && format != "comfyui" && format != "kohya")
+    throw std::runtime_error("lora-format '" + format + "' is not one of diffusers, comfyui, kohya, all");
+  for (const char *n : {"diffusers", "comfyui", "kohya"})
+    if (format == n || format == "all") {
+      const std::string why = lora_naming_problem(module_names(lora), n, is_cogvideox(lora));
+      if (!why.empty())
+        throw std::runtime_error("lora-format=" + format + (format == "all" ? std::string(" (") + n + ")" : "") +
+                                 " with these lora-targets: " + why);
+    }
+}
+
 LoraFile lora_of(torch::nn::Module &model) {
   LoraFile out;
+  add_shapes(model, &out);
   for (const auto &[name, l] : linear_modules(model))
     if (l->has_lora()) {
       LoraModule m;

@@ -95,6 +95,12 @@ std::string cogvideox_module(const std::string &name, bool underscored) {
   return "";
 }
 
+std::vector<std::string> wan_block_modules() {
+  std::vector<std::string> out;
+  for (const auto &[d, o] : kWanNames) out.push_back(d);
+  return out;
+}
+
 std::string wan_original_name(const std::string &name) {
   for (const auto &[d, o] : kWanTop)
     if (name == d) return o;
@@ -125,11 +131,22 @@ bool parse_lora_key(const std::string &key, LoraKey *out, std::string *why) {
   out->module.clear();
   out->naming.clear();
   out->family.clear();
+  auto well_formed = [](const std::string &m) {
+    return !m.empty() && m.find("..") == std::string::npos && m.front() != '.' && m.back() != '.';
+  };
   if (stem.rfind("transformer.", 0) == 0) {
     out->naming = "diffusers";
     const std::string m = stem.substr(12);
     // Any Linear of the model may carry a diffusers LoRA; the model's own check names the ones it lacks.
-    if (!m.empty() && m.find("..") == std::string::npos && m.front() != '.' && m.back() != '.') out->module = m;
+    if (well_formed(m)) out->module = m;
+  } else if (well_formed(stem) && wan_diffusers_name(stem).empty() &&
+             (!wan_original_name(stem).empty() || !cogvideox_module(stem, false).empty() ||
+              stem.rfind("blocks.", 0) == 0 || stem.rfind("transformer_blocks.", 0) == 0 ||
+              stem.rfind("condition_embedder.", 0) == 0)) {
+    // PEFT's keys without the prefix (a model's save_lora_adapter, get_peft_model_state_dict); original
+    // Wan names without diffusion_model. are not taken for diffusers ones.
+    out->naming = "diffusers";
+    out->module = stem;
   } else if (stem.rfind("diffusion_model.", 0) == 0) {
     out->naming = "comfyui";
     out->module = wan_diffusers_name(stem.substr(16));
@@ -154,6 +171,28 @@ bool parse_lora_key(const std::string &key, LoraKey *out, std::string *why) {
     return false;
   }
   return true;
+}
+
+std::string lora_naming_problem(const std::vector<std::string> &modules, const std::string &naming, bool cogvideox) {
+  if (naming == "diffusers") return "";
+  if (naming != "comfyui" && naming != "kohya") return "'" + naming + "' is not a LoRA naming (diffusers, comfyui or kohya)";
+  if (cogvideox)
+    return "no loader reads a CogVideoX LoRA in the " + naming +
+           " naming: diffusers' CogVideoXPipeline.load_lora_weights reads only diffusers keys "
+           "(transformer.transformer_blocks.0.attn1.to_q.lora_A.weight), ComfyUI's own CogVideoX model names its "
+           "layers otherwise (blocks.0.q) and ComfyUI's CogVideoX wrapper loads LoRAs through diffusers; write the "
+           "diffusers naming (lora-format=diffusers)";
+  for (const auto &m : modules) {
+    const std::string o = wan_original_name(m);
+    if (o.empty())
+      return "module '" + m + "' has no name in the original Wan naming ComfyUI and kohya files use; write the "
+             "diffusers naming (lora-format=diffusers)";
+    if (naming == "kohya" && o.rfind("blocks.", 0) != 0)
+      return "a kohya/musubi file holds only the blocks' modules (diffusers' musubi converter, which "
+             "WanPipeline.load_lora_weights runs on lora_unet_ keys, fails on any other) and this LoRA has '" +
+             m + "' (" + o + "); write the comfyui naming (ComfyUI and diffusers load it) or diffusers";
+  }
+  return "";
 }
 
 std::string lora_key(const std::string &module, const std::string &naming, bool cogvideox, LoraPart part) {

@@ -431,6 +431,7 @@ class NativeTrainModel : public TrainModel {
                                    " (videotrain-model info lists them)");
       if (n == 0) throw std::runtime_error("lora-targets '" + opt_.lora_targets + "' names no Linear module of " + dir_);
     }
+    models::check_lora_format(dit_->module(), opt_.lora_format);  // at start, not after the run
     dit_->module().to(device_of());
   }
   void copy_lora(const models::LoraFile &file) {

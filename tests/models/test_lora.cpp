@@ -13,6 +13,7 @@
 #include "models/layers.h"
 #include "models/lora.h"
 #include "models/native_model.h"
+#include "models/weights_io.h"
 #include "ref_cases.h"
 #include "safetensors.h"
 #include "test_util.h"
@@ -174,4 +175,104 @@ TEST(WanLora, FreshLoraLeavesTheOutputUnchanged) {
   for (auto &[name, l] : linear_modules(m->module())) l->add_lora(4, 2.0);
   EXPECT_TRUE(torch::equal(m->forward(x, t, e), before));
   EXPECT_GT(lora_parameters(m->module()).size(), 40u);
+}
+
+// What diffusers' converters need (lora_conversion_utils.py): a kohya/musubi file with every module of
+// every block up to the last one the LoRA has (zero where it has none), a ComfyUI file with a block
+// module and alpha folded in outside the blocks. Read back, the zero adapters drop out and the output
+// is the trained one; combinations no file satisfies are refused naming the naming that works.
+TEST(WanLora, NamingsHoldWhatTheirLoadersNeed) {
+  RefFile base("dit/wan_t2v_tiny/cases.safetensors");
+  const std::string c = "b2_t3_h8_w12";
+  const auto x = base.get("input." + c + ".hidden_states"), t = base.get("input." + c + ".timestep"),
+             e = base.get("input." + c + ".encoder_hidden_states");
+  const std::string dir = std::filesystem::temp_directory_path() / ("vt-namings-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto trained = [&](const std::vector<std::string> &targets) {
+    auto m = open_dit(dit_ref("wan_t2v_tiny"), torch::kCPU);
+    torch::manual_seed(9);
+    for (auto &[name, l] : linear_modules(m->module()))
+      for (const auto &s : targets)
+        if (name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) {
+          l->add_lora(4, 1.5);  // alpha 6, rank 4
+          torch::NoGradGuard ng;
+          l->lora_b.normal_();
+        }
+    return m;
+  };
+  auto output_of = [&](const std::string &path) {
+    auto m = open_dit(dit_ref("wan_t2v_tiny"), torch::kCPU);
+    const auto lora = read_lora(path, m->module());
+    apply_lora(m->module(), lora, false);
+    torch::NoGradGuard ng;
+    return std::make_pair(m->forward(x, t, e), lora.modules.size());
+  };
+  auto keys_of = [](const std::string &path) {
+    std::string err;
+    auto f = SafetensorsFile::open(path, &err);
+    std::map<std::string, at::Tensor> out;
+    for (const auto &[k, en] : f->entries()) out[k] = tensor_of(en);
+    return out;
+  };
+  torch::NoGradGuard ng;
+  {  // default targets (attention) as kohya: every block's ffn_0/ffn_2 as zero adapters
+    auto m = trained({"to_q", "to_k", "to_v", "to_out.0"});
+    const auto want = m->forward(x, t, e);
+    const auto lora = lora_of(m->module());
+    write_lora_file(dir + "/kohya.safetensors", lora, "kohya");
+    const auto k = keys_of(dir + "/kohya.safetensors");
+    for (const char *key : {"lora_unet_blocks_0_ffn_0.lora_down.weight", "lora_unet_blocks_1_ffn_2.lora_up.weight"}) {
+      ASSERT_TRUE(k.count(key)) << key;
+      EXPECT_EQ(k.at(key).count_nonzero().item<int64_t>(), 0) << key;
+    }
+    EXPECT_EQ(k.size(), 2u * 10 * 3);
+    const auto [y, n] = output_of(dir + "/kohya.safetensors");
+    EXPECT_EQ(n, 16u);  // the zero adapters drop out
+    EXPECT_LT(rel_l2(y, want), 1e-6);
+    // lora convert without a model: the sizes come from the file's metadata.
+    write_lora_file(dir + "/d.safetensors", lora, "diffusers");
+    write_lora_file(dir + "/kohya2.safetensors", read_lora_file(dir + "/d.safetensors"), "kohya");
+    EXPECT_LT(rel_l2(output_of(dir + "/kohya2.safetensors").first, want), 1e-6);
+    EXPECT_NO_THROW(check_lora_format(m->module(), "all"));
+  }
+  {  // the head and the embeddings: ComfyUI folds alpha in there; kohya cannot hold them
+    auto m = trained({"proj_out", "condition_embedder.time_proj", "text_embedder.linear_1"});
+    const auto want = m->forward(x, t, e);
+    const auto lora = lora_of(m->module());
+    write_lora_file(dir + "/comfy.safetensors", lora, "comfyui");
+    const auto k = keys_of(dir + "/comfy.safetensors");
+    EXPECT_FALSE(k.count("diffusion_model.head.head.alpha"));
+    EXPECT_TRUE(k.count("diffusion_model.blocks.0.self_attn.q.alpha"));  // the zero adapter the converter needs
+    const auto [y, n] = output_of(dir + "/comfy.safetensors");
+    EXPECT_EQ(n, 3u);
+    EXPECT_LT(rel_l2(y, want), 1e-6);
+    std::string err;
+    try {
+      write_lora_file(dir + "/kohya.safetensors", lora, "kohya");
+    } catch (const std::exception &ex) {
+      err = ex.what();
+    }
+    EXPECT_NE(err.find("proj_out"), std::string::npos) << err;
+    EXPECT_NE(err.find("comfyui"), std::string::npos) << err;
+    EXPECT_NO_THROW(check_lora_format(m->module(), "comfyui"));
+    EXPECT_THROW(check_lora_format(m->module(), "all"), std::runtime_error);
+  }
+  {  // PEFT's bare keys and config (a model's save_lora_adapter): alpha from the unprefixed metadata
+    auto m = trained({"attn1.to_q"});
+    const auto want = m->forward(x, t, e);
+    std::vector<SafetensorsOutTensor> out;
+    for (const auto &[name, l] : linear_modules(m->module()))
+      if (l->has_lora()) {
+        out.push_back(out_tensor(name + ".lora_A.weight", l->lora_a));
+        out.push_back(out_tensor(name + ".lora_B.weight", l->lora_b));
+      }
+    std::string err;
+    ASSERT_TRUE(write_safetensors(dir + "/bare.safetensors", out,
+                                  {{"format", "pt"}, {"lora_adapter_metadata", R"({"r": 4, "lora_alpha": 6.0})"}}, &err))
+        << err;
+    const auto [y, n] = output_of(dir + "/bare.safetensors");
+    EXPECT_EQ(n, 2u);
+    EXPECT_LT(rel_l2(y, want), 1e-6);
+  }
+  std::filesystem::remove_all(dir);
 }

@@ -69,8 +69,9 @@ PY
   echo "FAIL: the export is not a bf16 folder that videotrain-model reads"; exit 1; }
 run again 1 4 2 1 false "$work/ckpt-one/transformer" || { cat "$work/again.log"; echo "FAIL: the exported folder does not train"; exit 1; }
 echo "cogvideox: the exported folder trains again"
-# LoRA with the default targets (to_q, to_k, to_v, to_out.0): exported in the three namings.
-run lone 1 4 2 2 false "$work/dit" "lora-rank=4 lora-alpha=8 lora-format=all" || {
+# LoRA with the default targets (to_q, to_k, to_v, to_out.0): exported in the diffusers naming (no loader
+# reads CogVideoX LoRAs in the ComfyUI or kohya naming: lora-format=all is refused at start).
+run lone 1 4 2 2 false "$work/dit" "lora-rank=4 lora-alpha=8 lora-format=diffusers" || {
   cat "$work/lone.log"; echo "FAIL: the LoRA run did not end"; exit 1; }
 /usr/bin/python3 - "$work" <<'PY'
 import json, os, struct, sys
@@ -82,8 +83,6 @@ def keys(path):
         return [k for k in json.loads(f.read(n)) if k != "__metadata__"]
 d = keys(f"{w}/ckpt-lone/lora/pytorch_lora_weights.safetensors")
 assert len(d) == 16 and all(k.startswith("transformer.transformer_blocks.") and ".attn1." in k for k in d), sorted(d)
-k = keys(f"{w}/ckpt-lone/lora/lora_kohya.safetensors")
-assert "lora_unet_transformer_blocks_0_attn1_to_out_0.lora_down.weight" in k, sorted(k)[:4]
 g = torch.Generator().manual_seed(0)
 t = {"hidden_states": torch.randn(1, 2, 4, 4, 4, generator=g), "timestep": torch.tensor([500]),
      "encoder_hidden_states": torch.randn(1, 16, 32, generator=g)}
@@ -95,18 +94,15 @@ for name, x in t.items():
 h = json.dumps(header).encode()
 open(f"{w}/in.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 PY
-for f in pytorch_lora_weights lora_comfyui lora_kohya; do
+for f in pytorch_lora_weights; do
   "$build/tools/videotrain-model" forward "$work/dit" "$work/in.safetensors" "$work/out-$f.safetensors" \
     --lora "$work/ckpt-lone/lora/$f.safetensors" > /dev/null || { echo "FAIL: forward --lora $f"; exit 1; }
 done
 "$build/tools/videotrain-model" forward "$work/dit" "$work/in.safetensors" "$work/out-base.safetensors" > /dev/null
-cmp -s "$work/out-pytorch_lora_weights.safetensors" "$work/out-lora_comfyui.safetensors" &&
-  cmp -s "$work/out-pytorch_lora_weights.safetensors" "$work/out-lora_kohya.safetensors" || {
-  echo "FAIL: the three LoRA namings give different outputs"; exit 1; }
 if cmp -s "$work/out-pytorch_lora_weights.safetensors" "$work/out-base.safetensors"; then
   echo "FAIL: the LoRA changes nothing"; exit 1
 fi
-echo "cogvideox lora: 16 tensors on attn1.to_q/k/v/out.0; the diffusers, ComfyUI and kohya files give identical outputs"
+echo "cogvideox lora: 16 tensors on attn1.to_q/k/v/out.0 in the diffusers file, which changes the output"
 # CogVideoX 1.5: 9 frames -> 3 latent frames, padded to 4 for patch_size_t 2.
 run p15 1 4 2 2 false "$work/dit15" "" 9 || { cat "$work/p15.log"; echo "FAIL: the 1.5-layout run did not end"; exit 1; }
 echo "cogvideox 1.5: trains on 3 latent frames (padded to 4)"

@@ -1,0 +1,90 @@
+"""Folders written by `videotrain-model init` (our writer, the one export uses) load with diffusers'
+from_pretrained (WanTransformer3DModel, CogVideoXTransformer3DModel in the 2b and 1.5 layouts) with
+no missing, unexpected or mismatched tensor, and diffusers' forward on them equals ours
+(`videotrain-model forward --backward`): the output and the inputs' gradients in float32."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import interop_util as u  # noqa: E402
+
+torch, diffusers, st = u.need("torch", "diffusers", "safetensors.torch")
+torch.manual_seed(0)
+TOL = 1e-5
+
+
+def cogvideox_rotary(model, frames, h, w):
+    """The rotary tables CogVideoXPipeline computes for latents of this size (1.5: patch_size_t)."""
+    pipe = diffusers.CogVideoXPipeline(tokenizer=None, text_encoder=None, vae=None, transformer=model, scheduler=None)
+    return pipe._prepare_rotary_positional_embeddings(h * pipe.vae_scale_factor_spatial, w * pipe.vae_scale_factor_spatial,
+                                                      frames, torch.device("cpu"))
+
+
+def inputs(kind, cfg):
+    g = torch.Generator().manual_seed(1)
+    c = cfg["in_channels"]
+    if kind == "wan":
+        x = torch.randn(2, c, 3, 8, 12, generator=g)
+        text = torch.randn(2, 7, cfg["text_dim"], generator=g)
+    else:
+        frames = 4 if cfg.get("patch_size_t") else 3
+        x = torch.randn(2, frames, c, 8, 12, generator=g)
+        text = torch.randn(2, cfg["max_text_seq_length"], cfg["text_embed_dim"], generator=g)
+    return {"hidden_states": x, "timestep": torch.tensor([500.0, 125.0]), "encoder_hidden_states": text}
+
+
+def diffusers_forward(kind, model, t):
+    x = t["hidden_states"].clone().requires_grad_(True)
+    e = t["encoder_hidden_states"].clone().requires_grad_(True)
+    if kind == "wan":
+        y = model(hidden_states=x, timestep=t["timestep"], encoder_hidden_states=e, return_dict=False)[0]
+    else:
+        rot = None
+        if model.config.use_rotary_positional_embeddings:
+            rot = cogvideox_rotary(model, x.shape[1], x.shape[3], x.shape[4])
+        y = model(hidden_states=x, encoder_hidden_states=e, timestep=t["timestep"], image_rotary_emb=rot,
+                  return_dict=False)[0]
+    (y * t["cotangent"]).sum().backward()
+    return y.detach(), x.grad, e.grad
+
+
+def main():
+    tmp = u.tempdir()
+    cases = [("wan", "wan_t2v_tiny", diffusers.WanTransformer3DModel),
+             ("cogvideox", "cogvideox_2b_tiny", diffusers.CogVideoXTransformer3DModel),
+             ("cogvideox", "cogvideox15_tiny", diffusers.CogVideoXTransformer3DModel)]
+    for kind, name, cls in cases:
+        folder = os.path.join(tmp.name, name)
+        u.run(u.tool("videotrain-model"), "init", u.reference_dir("dit", name, "config.json"), folder, "--seed", "7")
+        model, info = cls.from_pretrained(folder, torch_dtype=torch.float32, output_loading_info=True)
+        model.eval()
+        bad = {k: v for k, v in info.items() if v}
+        u.check(not bad, f"{name}: {cls.__name__}.from_pretrained loads our folder with nothing missing, "
+                         f"unexpected or mismatched {bad if bad else ''}")
+        t = inputs(kind, dict(model.config))
+        with torch.no_grad():
+            probe = diffusers_forward_shape(kind, model, t)
+        t["cotangent"] = torch.randn(probe, generator=torch.Generator().manual_seed(2))
+        y, gx, ge = diffusers_forward(kind, model, t)
+        inp, out = os.path.join(tmp.name, name + "-in.safetensors"), os.path.join(tmp.name, name + "-out.safetensors")
+        st.save_file({k: v.contiguous() for k, v in t.items()}, inp)
+        u.run(u.tool("videotrain-model"), "forward", folder, inp, out, "--backward")
+        ours = st.load_file(out)
+        u.close(y, ours["output"], TOL, f"{name}: output, diffusers vs videotrain-model forward")
+        u.close(gx, ours["grad.hidden_states"], TOL, f"{name}: d/d hidden_states")
+        u.close(ge, ours["grad.encoder_hidden_states"], TOL, f"{name}: d/d encoder_hidden_states")
+    u.finish()
+
+
+def diffusers_forward_shape(kind, model, t):
+    if kind == "wan":
+        return model(hidden_states=t["hidden_states"], timestep=t["timestep"],
+                     encoder_hidden_states=t["encoder_hidden_states"], return_dict=False)[0].shape
+    x = t["hidden_states"]
+    rot = cogvideox_rotary(model, x.shape[1], x.shape[3], x.shape[4]) if model.config.use_rotary_positional_embeddings else None
+    return model(hidden_states=x, encoder_hidden_states=t["encoder_hidden_states"], timestep=t["timestep"],
+                 image_rotary_emb=rot, return_dict=False)[0].shape
+
+
+if __name__ == "__main__":
+    main()
