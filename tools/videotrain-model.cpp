@@ -1,14 +1,22 @@
-/* videotrain-model: checks and converts the native models' folders (diffusers transformer folders).
+/* videotrain-model: checks and converts model folders (diffusers transformer and VAE folders,
+ * transformers T5 / umT5 encoder folders) and shows the samplers' numbers.
  *
  *   videotrain-model info DIR
  *   videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] [--dtype float32|bfloat16]
  *                    [--device cpu|cuda:N] [--checkpointing] [--lora FILE]
+ *   videotrain-model vae encode|decode DIR IN.safetensors OUT.safetensors [--device D] [--dtype T]
+ *   videotrain-model scheduler euler|unipc|ddim|dpm OUT.safetensors [--steps N] [--shift S] [--in IN] [--seed N]
  *   videotrain-model export CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]
  *   videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype ...]
  *   videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya
  *   videotrain-model lora merge BASE_DIR LORA OUT_DIR [--dtype bf16|fp16|fp32]
  *
- * forward: IN holds the class's own inputs in diffusers' layout (Wan: hidden_states [B,C,T,H,W],
+ * The folder's kind comes from its config.json: `_class_name` for diffusers (a transformer, or an
+ * AutoencoderKL* VAE: info; vae encode|decode), `architectures` / `model_type` for transformers (T5 /
+ * umT5 encoders: info; forward takes input_ids [B, L] and optionally attention_mask [B, L] and gives
+ * last_hidden_state [B, L, D] as T5EncoderModel does).
+ *
+ * forward on a transformer folder: IN holds the class's own inputs in diffusers' layout (Wan: hidden_states [B,C,T,H,W],
  * timestep [B] or [B, tokens], encoder_hidden_states [B,L,D], optionally encoder_attention_mask
  * [B,L] whose zeros zero those rows, as Wan's pipelines pass text; CogVideoX: hidden_states
  * [B,F,C,H,W], frames before channels, timestep [B], encoder_hidden_states [B,226,D]: T5's output
@@ -30,6 +38,7 @@
 
 #include "autocast_guard.h"
 #include "first_line.h"
+#include "model_tool.h"
 #include "models/diffusers_folder.h"
 #include "models/layers.h"
 #include "models/lora.h"
@@ -41,13 +50,17 @@
 using namespace videotrain;
 using namespace videotrain::models;
 
-namespace {
+namespace videotrain::model_tool {
 
 int usage() {
   std::fprintf(stderr,
                "usage: videotrain-model info DIR\n"
                "       videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] "
                "[--dtype float32|bfloat16] [--device cpu|cuda:N] [--checkpointing] [--lora FILE]\n"
+               "       videotrain-model vae encode|decode DIR IN.safetensors OUT.safetensors [--device cpu|cuda:N] "
+               "[--dtype float32|bfloat16]\n"
+               "       videotrain-model scheduler euler|unipc|ddim|dpm OUT.safetensors [--steps N] [--shift S] "
+               "[--in IN.safetensors] [--seed N]\n"
                "       videotrain-model export CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]\n"
                "       videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype bf16|fp16|fp32]\n"
                "       videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya\n"
@@ -82,6 +95,67 @@ std::string human(double bytes) {
   std::snprintf(buf, sizeof buf, "%.1f %s", bytes, u[k]);
   return buf;
 }
+
+FolderKind folder_kind(const std::string &dir, std::string *class_name) {
+  const std::string path = dir + "/config.json";
+  const std::string takes =
+      "videotrain-model takes a diffusers transformer or VAE folder, or a transformers T5 / umT5 encoder folder";
+  std::string text, err;
+  if (!read_small_file(path, kMaxConfigBytes, &text, &err)) throw std::runtime_error(err + " (" + takes + ")");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception &e) {
+    throw std::runtime_error("'" + path + "' is not JSON: " + first_line(e.what()));
+  }
+  if (!j.is_object()) throw std::runtime_error("'" + path + "' is not a JSON object");
+  if (j.contains("_class_name") && j["_class_name"].is_string()) {
+    *class_name = j["_class_name"].get<std::string>();
+    return class_name->rfind("AutoencoderKL", 0) == 0 ? FolderKind::Vae : FolderKind::Dit;
+  }
+  if (j.contains("architectures") || j.contains("model_type")) {
+    const auto &a = j.value("architectures", nlohmann::json());
+    *class_name = a.is_array() && !a.empty() && a[0].is_string() ? a[0].get<std::string>()
+                                                                 : j.value("model_type", std::string("?"));
+    return FolderKind::TextEncoder;  // parse_t5_config names what it does not take
+  }
+  throw std::runtime_error("'" + path + "' has neither '_class_name' (diffusers) nor 'architectures' / 'model_type' (transformers): " + takes);
+}
+
+at::Tensor input_tensor(const SafetensorsFile &f, const std::string &name, bool required, const std::string &what_to_give) {
+  const auto *e = f.find(name);
+  if (e) return tensor_of(*e);
+  if (!required) return at::Tensor();
+  std::string has;
+  for (const auto &[k, v] : f.entries()) has += (has.empty() ? "" : ", ") + k;
+  throw std::runtime_error("'" + f.path() + "' has no tensor '" + name + "' (it has: " + (has.empty() ? "none" : has) +
+                           "); give " + what_to_give);
+}
+
+SafetensorsOutTensor output_tensor(const std::string &name, const at::Tensor &t) {
+  const auto st = t.scalar_type();
+  at::ScalarType dt = st == at::kDouble || st == at::kLong ? st : at::kFloat;
+  const auto c = t.detach().to(at::kCPU, dt).contiguous();
+  SafetensorsOutTensor o;
+  o.name = name;
+  o.dtype = dt == at::kDouble ? "F64" : dt == at::kLong ? "I64" : "F32";
+  o.shape = c.sizes().vec();
+  o.bytes.resize(c.numel() * c10::elementSize(dt));
+  if (!o.bytes.empty()) std::memcpy(o.bytes.data(), c.data_ptr(), o.bytes.size());
+  return o;
+}
+
+void write_outputs(const std::string &path, const std::vector<SafetensorsOutTensor> &out, const std::string &model) {
+  std::string err;
+  if (!write_safetensors(path, out, {{"format", "pt"}, {"model", model}}, &err)) throw std::runtime_error(err);
+  std::printf("wrote %zu tensors to %s\n", out.size(), path.c_str());
+}
+
+}  // namespace videotrain::model_tool
+
+using namespace videotrain::model_tool;
+
+namespace {
 
 // blocks.7.attn1.to_q -> blocks.{i}.attn1.to_q, transformer_blocks.7.* (CogVideoX) likewise (one line
 // per kind of module).
@@ -134,13 +208,11 @@ int info(const std::string &dir) {
   return 0;
 }
 
+// A transformer's inputs: what a DiT takes, said when one is missing (say, text-encoder inputs).
 at::Tensor entry_tensor(const SafetensorsFile &f, const std::string &name, bool required) {
-  const auto *e = f.find(name);
-  if (!e) {
-    if (required) throw std::runtime_error("'" + f.path() + "' has no tensor '" + name + "'");
-    return at::Tensor();
-  }
-  return tensor_of(*e);
+  return input_tensor(f, name, required,
+                      "a transformer's inputs: hidden_states, timestep, encoder_hidden_states (optionally "
+                      "encoder_attention_mask; cotangent with --backward)");
 }
 
 void add_out(std::vector<SafetensorsOutTensor> *out, const std::string &name, const at::Tensor &t) {
@@ -237,7 +309,14 @@ int lora(std::vector<std::string> args) {
   args.erase(args.begin());
   if (what == "convert") {
     const std::string format = opt(args, "--format", "");
-    if (args.size() != 2 || (format != "diffusers" && format != "comfyui" && format != "kohya")) return usage();
+    if (args.size() != 2) return usage();
+    if (format != "diffusers" && format != "comfyui" && format != "kohya") {
+      std::fprintf(stderr, "videotrain-model lora convert: %s; the formats are diffusers (PEFT naming, "
+                   "pytorch_lora_weights.safetensors), comfyui (the original Wan / CogVideoX naming) and kohya "
+                   "(lora_unet_ names with alpha tensors)\n",
+                   format.empty() ? "--format is missing" : ("--format " + format + " is not one").c_str());
+      return 2;
+    }
     const auto in = read_lora_file(args[0]);
     write_lora_file(args[1], in, format);
     std::printf("converted %s (%s naming, %zu modules, rank %lld) to %s (%s)\n", args[0].c_str(), in.naming.c_str(),
@@ -269,8 +348,25 @@ int main(int argc, char **argv) {
   const std::string cmd = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   try {
-    if (cmd == "info" && args.size() == 1) return info(args[0]);
-    if (cmd == "forward") return forward(args);
+    if (cmd == "info" && args.size() == 1) {
+      std::string cls;
+      switch (folder_kind(args[0], &cls)) {
+        case FolderKind::TextEncoder: return text_info(args[0]);
+        case FolderKind::Vae: return vae_info(args[0]);
+        case FolderKind::Dit: return info(args[0]);
+      }
+    }
+    if (cmd == "forward" && !args.empty()) {
+      std::string cls;
+      const FolderKind kind = folder_kind(args[0], &cls);
+      if (kind == FolderKind::TextEncoder) return text_forward(args);
+      if (kind == FolderKind::Vae)
+        throw std::runtime_error("'" + args[0] + "' is a VAE (" + cls + "): use `videotrain-model vae encode|decode " +
+                                 args[0] + " IN OUT`");
+      return forward(args);
+    }
+    if (cmd == "vae") return vae_command(args);
+    if (cmd == "scheduler") return scheduler_command(args);
     if (cmd == "export") return export_folder(args);
     if (cmd == "init") return init(args);
     if (cmd == "lora") return lora(args);

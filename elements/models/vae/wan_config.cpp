@@ -80,6 +80,12 @@ bool parse_wan_config(const std::string &json_text, WanConfig *out, std::string 
                   " (base_dim " + std::to_string(c.base_dim) + " times it gives the channels, at most 65536)");
     c.dim_mult.push_back(static_cast<int>(v));
   }
+  if (j.contains("decoder_base_dim") && !j["decoder_base_dim"].is_null()) {
+    if (!get_int(j, "decoder_base_dim", 1, 65536, &c.decoder_base_dim, &err)) return fail(err);
+    for (int m : c.dim_mult)
+      if (int64_t{c.decoder_base_dim} * m > 65536)
+        return fail("'decoder_base_dim' " + std::to_string(c.decoder_base_dim) + " times 'dim_mult' exceeds 65536 channels");
+  }
   c.temperal_downsample.clear();
   if (!j.contains("temperal_downsample") || !j["temperal_downsample"].is_array())
     return fail("'temperal_downsample' is missing or not a list of booleans");
@@ -190,8 +196,9 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> wan_encoder_tensor_tab
 std::vector<std::pair<std::string, std::vector<int64_t>>> wan_decoder_tensor_table(const WanConfig &cfg) {
   TensorTable tt;
   // Channels from the deepest level up: base * [dim_mult.back(), reversed dim_mult...].
-  std::vector<int64_t> d{static_cast<int64_t>(cfg.base_dim) * cfg.dim_mult.back()};
-  for (auto it = cfg.dim_mult.rbegin(); it != cfg.dim_mult.rend(); ++it) d.push_back(int64_t{cfg.base_dim} * *it);
+  const int64_t base = cfg.decoder_base_dim > 0 ? cfg.decoder_base_dim : cfg.base_dim;
+  std::vector<int64_t> d{base * cfg.dim_mult.back()};
+  for (auto it = cfg.dim_mult.rbegin(); it != cfg.dim_mult.rend(); ++it) d.push_back(base * *it);
   tt.conv("post_quant_conv", cfg.z_dim, cfg.z_dim, {1, 1, 1});
   tt.conv("decoder.conv_in", d[0], cfg.z_dim, {3, 3, 3});
   tt.mid_block("decoder.mid_block", d[0]);
@@ -219,7 +226,7 @@ std::string wan_config_to_json(const WanConfig &cfg) {
   json j;
   j["_class_name"] = "AutoencoderKLWan";
   j["base_dim"] = cfg.base_dim;
-  j["decoder_base_dim"] = nullptr;
+  j["decoder_base_dim"] = cfg.decoder_base_dim > 0 ? json(cfg.decoder_base_dim) : json(nullptr);
   j["z_dim"] = cfg.z_dim;
   j["dim_mult"] = cfg.dim_mult;
   j["num_res_blocks"] = cfg.num_res_blocks;

@@ -11,6 +11,7 @@ namespace videotrain::vae {
 
 struct WanConfig {
   int base_dim = 96;
+  int decoder_base_dim = 0;    // the decoder's, when it differs (Wan 2.2: 256 over 160); 0: base_dim
   int z_dim = 16;
   std::vector<int> dim_mult{1, 2, 4, 4};
   int num_res_blocks = 2;

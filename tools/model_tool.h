@@ -1,0 +1,42 @@
+/* What videotrain-model's commands share: option parsing, reading named inputs and writing named
+ * outputs (safetensors), and the kind of model folder config.json says a folder is. */
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "safetensors.h"
+
+namespace videotrain::model_tool {
+
+int usage();
+// Takes `name VALUE` out of args (def when absent); `name` alone for flag().
+std::string opt(std::vector<std::string> &args, const std::string &name, const std::string &def);
+bool flag(std::vector<std::string> &args, const std::string &name);
+std::string human(double bytes);
+
+// What config.json says a folder holds: a diffusers transformer (`_class_name` *Transformer*), a
+// diffusers VAE (`_class_name` AutoencoderKL*), a transformers T5 / umT5 encoder (`architectures`
+// or `model_type`). Throws naming the file and the kinds this tool takes for anything else.
+enum class FolderKind { Dit, Vae, TextEncoder };
+FolderKind folder_kind(const std::string &dir, std::string *class_name);
+
+// IN's tensor `name` (any stored dtype, on the CPU); undefined when absent and not required. A
+// required one that is absent is an error naming the file, the tensor and `what_to_give`.
+at::Tensor input_tensor(const SafetensorsFile &f, const std::string &name, bool required,
+                        const std::string &what_to_give);
+// An output tensor in its own dtype (float32, float64, int64; others as float32).
+SafetensorsOutTensor output_tensor(const std::string &name, const at::Tensor &t);
+void write_outputs(const std::string &path, const std::vector<SafetensorsOutTensor> &out, const std::string &model);
+
+// The commands of the other files.
+int text_info(const std::string &dir);
+int text_forward(std::vector<std::string> args);
+int vae_info(const std::string &dir);
+int vae_command(std::vector<std::string> args);        // vae encode|decode DIR IN OUT
+int scheduler_command(std::vector<std::string> args);  // scheduler KIND OUT ...
+
+}  // namespace videotrain::model_tool
