@@ -428,6 +428,11 @@ class ClipDecode {
     // An earlier decode found the stream shorter than the container says.
     if (req_.known_frames >= 0 && (out_->total_frames < 0 || req_.known_frames < out_->total_frames))
       learned_end(req_.known_frames);
+    // The container lasts longer than the manifest's count of the video stream (an audio or subtitle
+    // track outlasts it): place within the count, not past the stream's end. A manifest that says more
+    // than the container is found out as before (the stream ends early).
+    else if (req_.manifest_frames > 0 && fps_known_ && out_->total_frames > req_.manifest_frames + 2)
+      learned_end(req_.manifest_frames);
   }
 
   // The stream holds `frames` frames (fewer than the estimate): what placing goes by from now on.

@@ -36,6 +36,8 @@ struct ClipRequest {
   int decode_threads = 1;   // 0 = decoder's automatic choice
   double timeout_s = 60.0;  // whole clip, preroll included
   int64_t known_frames = -1;  // the stream's real frame count where an earlier decode found it
+  int64_t manifest_frames = 0;  // the manifest's num_frames (0: none): a count of the video stream
+                                // itself, where the container's duration may cover a longer audio track
 };
 
 enum class DecodeStatus { Ok, Failed, Short, Timeout, Cancelled };

@@ -193,6 +193,58 @@ TEST(FrameCount, AClipPlacedPastTheRealEndIsPlacedWithin) {
   EXPECT_EQ(again.source_frames, clip.source_frames);
 }
 
+// A correctly probed manifest (60 frames) for videos whose audio outlasts the video (5 s against
+// 2 s): with frame buckets, random starts and several epochs, no row is reported as changed, and
+// every clip lies within the 60 frames (issue 38 item 3: the decoder sized the stream by the
+// container's duration, found it "shorter" and warned that 60 frames were 60).
+TEST(FrameCount, AContainerThatOutlastsItsVideoGivesNoWarning) {
+  vttest::TempDir dir;
+  ASSERT_TRUE(make_long_audio(dir.file("a.mp4"), "mp4"));
+  ASSERT_TRUE(make_long_audio(dir.file("b.mkv"), "mkv"));
+  ASSERT_GT(duration_times_rate(dir.file("a.mp4")), 100) << "the container should last as long as its audio";
+  vttest::write_file(dir.file("m.csv"), "path,text,num_frames,fps\na.mp4,a,60,30\nb.mkv,b,60,30\n");
+  videotrain::SourceConfig c;
+  c.manifest.location = dir.file("m.csv");
+  c.width = c.height = 16;
+  c.frame_buckets = "49,33,17";
+  c.num_epochs = 3;
+  c.seed = 5;
+  c.prefetch = 1;
+  c.decode_timeout_s = 30;
+  std::mutex mu;
+  std::vector<std::string> warnings;
+  uint64_t replaced = 0;
+  videotrain::SourceCallbacks cb;
+  cb.row_warning = [&](uint64_t, const std::string &path, const std::string &w) {
+    std::lock_guard<std::mutex> g(mu);
+    warnings.push_back(path + ": " + w);
+  };
+  cb.replaced = [&](const videotrain::ReplacedEvent &) {
+    std::lock_guard<std::mutex> g(mu);
+    replaced++;
+  };
+  videotrain::SourceEngine e(c, cb);
+  std::string err;
+  ASSERT_TRUE(e.start(&err)) << err;
+  GstBuffer *b = nullptr;
+  size_t clips = 0;
+  for (;;) {
+    auto p = e.next(&b, &err);
+    if (p == videotrain::SourceEngine::Pull::Eos) break;
+    ASSERT_EQ(p, videotrain::SourceEngine::Pull::Frame) << err;
+    auto *m = gst_buffer_get_videotrain_clip_meta(b);
+    ASSERT_NE(m, nullptr);
+    EXPECT_EQ(m->num_frames, 49u);
+    EXPECT_LT(m->source_frame, 60u) << "frame " << m->frame_index << " of a clip of " << m->caption;
+    if (m->frame_index == 0) clips++;
+    gst_buffer_unref(b);
+  }
+  e.stop();
+  for (const auto &w : warnings) ADD_FAILURE() << "warning: " << w;
+  EXPECT_EQ(replaced, 0u);
+  EXPECT_EQ(clips, 6u);
+}
+
 // csvvideosrc with frame buckets 40 and 8 and a manifest that says 50 frames (duration x rate)
 // for a video of 20: the row is not banned; it leaves the 40-frame bucket for the 8-frame one.
 TEST(FrameCount, ARowShorterThanItsBucketMovesToOneItFills) {
