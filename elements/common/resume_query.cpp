@@ -35,4 +35,16 @@ const gchar *videotrain_resume_query_row_facts(GstQuery *query) {
   return s ? gst_structure_get_string(s, "row-facts") : NULL;
 }
 
+void videotrain_resume_query_set_world_then(GstQuery *query, gint world, const gchar *clips) {
+  gst_structure_set(gst_query_writable_structure(query), "world-then", G_TYPE_INT, world, "clips-then", G_TYPE_STRING,
+                    clips, NULL);
+}
+
+gboolean videotrain_resume_query_world_then(GstQuery *query, gint *world, const gchar **clips) {
+  const GstStructure *s = gst_query_get_structure(query);
+  if (!s || !gst_structure_get_int(s, "world-then", world)) return FALSE;
+  *clips = gst_structure_get_string(s, "clips-then");
+  return *clips != NULL;
+}
+
 }  // extern "C"

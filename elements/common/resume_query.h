@@ -26,5 +26,9 @@ gboolean videotrain_resume_query_parse(GstQuery *query, VideoTrainResumePosition
  * none were given (owned by the query). */
 void videotrain_resume_query_set_row_facts(GstQuery *query, const gchar *facts);
 const gchar *videotrain_resume_query_row_facts(GstQuery *query);
+/* A checkpoint written by another number of ranks: its world size and every old rank's next clip
+ * in the resume epoch ("c0,c1,..."), from which the source finds the global position. */
+void videotrain_resume_query_set_world_then(GstQuery *query, gint world, const gchar *clips);
+gboolean videotrain_resume_query_world_then(GstQuery *query, gint *world, const gchar **clips);
 
 G_END_DECLS

@@ -228,6 +228,29 @@ uint64_t BucketSchedule::rank_group(uint64_t j, uint64_t groups, bool *wrapped) 
 
 uint64_t BucketSchedule::clips_in_epoch(uint32_t epoch) const { return plan(epoch)->rank_starts.back(); }
 
+uint64_t BucketSchedule::resume_clip(uint32_t epoch, int world_then, const std::vector<uint64_t> &clips_then,
+                                     uint64_t *repeated) const {
+  auto p = plan(epoch);
+  const uint64_t groups = p->layout->groups;
+  *repeated = 0;
+  if (groups == 0 || world_then < 1) return 0;
+  // Old rank r's j-th group is list group r + j * W; it finished those whose clips it passed.
+  uint64_t prefix = groups;
+  for (int r = 0; r < world_then && r < int(clips_then.size()); r++) {
+    uint64_t clips = 0, j = 0;
+    for (; uint64_t(r) + j * uint64_t(world_then) < groups; j++) {
+      clips += p->groups[uint64_t(r) + j * uint64_t(world_then)].size;
+      if (clips > clips_then[size_t(r)]) break;
+    }
+    prefix = std::min(prefix, uint64_t(r) + j * uint64_t(world_then));
+  }
+  if (int(clips_then.size()) < world_then) prefix = 0;
+  if (prefix >= groups) return clips_in_epoch(epoch);
+  const uint64_t steps = prefix / uint64_t(world_);
+  *repeated = prefix - steps * uint64_t(world_);
+  return p->rank_starts[size_t(std::min<uint64_t>(steps, p->rank_starts.size() - 1))];
+}
+
 uint64_t BucketSchedule::locate(const Plan &p, uint64_t clip, uint32_t *offset, bool *wrapped) const {
   // The last group start at or before `clip`.
   auto it = std::upper_bound(p.rank_starts.begin(), p.rank_starts.end() - 1, clip);

@@ -74,6 +74,14 @@ class BucketSchedule {
   // must not be before an epoch already moved from, nor one whose clips are in use.
   void move_row(uint64_t index, uint32_t bucket, uint32_t from_epoch);
   uint32_t bucket_of(uint64_t index, uint32_t epoch) const;
+  // Resuming on another number of ranks: the clip of `epoch` at which this rank starts when the
+  // run before had `world_then` ranks, rank r at clip clips_then[r] of the epoch. The list of groups
+  // does not depend on the world size, so the groups every old rank had finished (the longest
+  // whole prefix of the list) are done; this rank skips its share of them, floor(prefix / W) steps,
+  // so that every rank runs the same number (the < W groups past that are trained again). Sets
+  // *repeated to those groups' count; returns clips_in_epoch(epoch) when the prefix is the list.
+  uint64_t resume_clip(uint32_t epoch, int world_then, const std::vector<uint64_t> &clips_then,
+                       uint64_t *repeated) const;
 
  private:
   struct Layout {

@@ -389,6 +389,17 @@ static gboolean gst_csv_video_src_start(GstBaseSrc *src) {
                     pos.clip);
     cfg.start_epoch = pos.epoch;
     cfg.start_clip = pos.clip;
+    gint world_then = 0;
+    const gchar *clips_then = nullptr;
+    if (videotrain_resume_query_world_then(q, &world_then, &clips_then)) {
+      cfg.resume_world = world_then;
+      gchar **parts = g_strsplit(clips_then, ",", -1);
+      for (gchar **i = parts; *i; i++)
+        if (**i) cfg.resume_clips.push_back(g_ascii_strtoull(*i, nullptr, 10));
+      g_strfreev(parts);
+      GST_INFO_OBJECT(self, "the checkpoint was written by %d rank(s) (clips %s): resuming at the global position",
+                      world_then, clips_then);
+    }
     std::string why;
     const gchar *facts = videotrain_resume_query_row_facts(q);
     if (facts && !parse_row_facts(facts, &cfg.resumed_facts, &why))

@@ -48,8 +48,23 @@ bool SourceEngine::start(std::string *error) {
     if (!start_buckets(error)) return false;
   } else {
     schedule_ = std::make_unique<Schedule>(manifest_->size(), cfg_.rank, cfg_.world_size, cfg_.shuffle, cfg_.seed);
-    // A position at or past an epoch's end (clips consumed) continues in the next epoch.
     const uint64_t cpe = schedule_->clips_per_epoch();
+    if (cfg_.resume_world > 0 && cfg_.resume_world != cfg_.world_size) {
+      // Old rank r took positions r, r + W, ...: the first min(c) * W positions of the epoch's
+      // permutation were seen by every rank; this rank takes its share of them.
+      uint64_t least = cfg_.resume_clips.size() == size_t(cfg_.resume_world) ? UINT64_MAX : 0;
+      for (uint64_t c : cfg_.resume_clips) least = std::min(least, c);
+      const uint64_t seen = std::min<uint64_t>(least * uint64_t(cfg_.resume_world), manifest_->size());
+      cfg_.start_clip = seen >= manifest_->size() ? cpe : seen / uint64_t(cfg_.world_size);
+    }
+    // A position at or past an epoch's end (clips consumed) continues in the next epoch; a
+    // position further on is no checkpoint of this manifest (a forged or foreign trainer.json).
+    if (cfg_.start_clip / cpe > 1) {
+      *error = "start position (epoch " + std::to_string(cfg_.start_epoch) + ", clip " +
+               std::to_string(cfg_.start_clip) + ") is past the end of the epoch (" + std::to_string(cpe) +
+               " clips on this rank): a checkpoint of another manifest?";
+      return false;
+    }
     cfg_.start_epoch += uint32_t(cfg_.start_clip / cpe);
     cfg_.start_clip %= cpe;
   }
@@ -194,7 +209,21 @@ bool SourceEngine::start_buckets(std::string *error) {
     apply_facts(cfg_.start_epoch, cfg_.resumed_facts);
   };
   apply_resumed();
-  // A position at or past an epoch's end continues in the next epoch.
+  if (cfg_.resume_world > 0 && cfg_.resume_world != cfg_.world_size) {
+    uint64_t repeated = 0;
+    cfg_.start_clip = buckets_->resume_clip(cfg_.start_epoch, cfg_.resume_world, cfg_.resume_clips, &repeated);
+    GST_INFO("resume from %d ranks on %d: epoch %u starts at clip %" G_GUINT64_FORMAT " (%" G_GUINT64_FORMAT
+             " step groups trained again)", cfg_.resume_world, cfg_.world_size, cfg_.start_epoch, cfg_.start_clip,
+             repeated);
+  }
+  // A position at or past an epoch's end continues in the next epoch; one further on is no
+  // checkpoint of this manifest (a forged or foreign trainer.json), and would plan epoch after epoch.
+  if (cfg_.start_clip / std::max<uint64_t>(1, buckets_->clips_in_epoch(cfg_.start_epoch)) > 1) {
+    *error = "start position (epoch " + std::to_string(cfg_.start_epoch) + ", clip " + std::to_string(cfg_.start_clip) +
+             ") is past the end of the epoch (" + std::to_string(buckets_->clips_in_epoch(cfg_.start_epoch)) +
+             " clips on this rank): a checkpoint of another manifest?";
+    return false;
+  }
   for (uint64_t n; cfg_.start_clip >= (n = buckets_->clips_in_epoch(cfg_.start_epoch));) {
     cfg_.start_clip -= n;
     cfg_.start_epoch++;
@@ -415,6 +444,12 @@ std::string move_clause(const BucketSpec &spec, uint32_t from, uint32_t to, uint
 }  // namespace
 
 void SourceEngine::learn_length(uint64_t index, const ManifestRow &row, int64_t frames, uint32_t epoch) {
+  if (const uint32_t said = manifest_->video_size(index).frames; said && int64_t(said) == frames) {
+    // The manifest was right (a container that outlasts its video stream): no fact, no move, no warning.
+    std::lock_guard<std::mutex> g(bad_lock_);
+    real_frames_.emplace(index, frames);
+    return;
+  }
   RowFact f;
   f.index = index;
   f.epoch = epoch;
@@ -643,6 +678,7 @@ SourceEngine::Result SourceEngine::produce(uint64_t seq, const std::atomic<bool>
       req.decode_threads = cfg_.decode_threads;
       req.timeout_s = cfg_.decode_timeout_s;
       req.known_frames = known_frames(cand.index);
+      req.manifest_frames = manifest_->video_size(cand.index).frames;
       if (cb_.cached) {
         ClipIdentity id;
         id.source_key = source_key(row, req.random_key, cand.shape);

@@ -58,6 +58,11 @@ struct SourceConfig {
   uint32_t num_epochs = 1;  // 0 = forever
   uint32_t start_epoch = 0;
   uint64_t start_clip = 0;
+  // A checkpoint written by another number of ranks (0: this one): its world size and every old
+  // rank's next clip in start_epoch. start_clip is then this rank's share of the samples (plain
+  // schedule) or steps (buckets) all of them had seen: the global position, not each rank's.
+  int resume_world = 0;
+  std::vector<uint64_t> resume_clips;
   int prefetch = 4;
   int decode_threads = 1;
   double decode_timeout_s = 60.0;

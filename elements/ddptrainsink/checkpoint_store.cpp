@@ -3,6 +3,9 @@
 #include "regular_file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <ctime>
 #include <unistd.h>
 
 #include <algorithm>
@@ -122,6 +125,71 @@ bool CheckpointStore::prepare(std::string *error) const {
   ::unlink(probe.c_str());
   if (!ok) *error = "cannot write in checkpoint-dir '" + root_ + "': " + errno_text(e);
   return ok;
+}
+
+CheckpointStore::~CheckpointStore() { unlock(); }
+
+void CheckpointStore::unlock() {
+  if (lock_fd_ < 0) return;
+  // Removed, then released: a lock file that is still there was left by a process that died.
+  ::unlink((root_ + "/.lock").c_str());
+  ::close(lock_fd_);
+  lock_fd_ = -1;
+}
+
+bool CheckpointStore::lock(std::string *error, std::string *warning) {
+  const std::string path = root_ + "/.lock";
+  int fd = -1;
+  auto holder = [&] {
+    std::string text(512, '\0');
+    const ssize_t n = ::pread(fd, text.data(), text.size(), 0);
+    text.resize(n > 0 ? size_t(n) : 0);
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\0')) text.pop_back();
+    return text;
+  };
+  for (int attempt = 0;; attempt++) {
+    fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      *error = "cannot open '" + path + "' (checkpoint-dir's lock): " + errno_text(errno);
+      return false;
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int e = errno;
+      const std::string who = holder();
+      *error = e == EWOULDBLOCK ? "checkpoint-dir '" + root_ + "' is in use by another run (" +
+                                      (who.empty() ? std::string("a process starting up") : who) +
+                                      "): two runs in one folder would mix their checkpoints; give this run its "
+                                      "own checkpoint-dir, or stop the other"
+                                : "cannot lock '" + path + "': " + errno_text(e);
+      ::close(fd);
+      return false;
+    }
+    // The holder before may have removed the file between our open and our lock: then we hold a
+    // lock on a file nobody else sees, and go again.
+    struct stat mine, now;
+    if (::fstat(fd, &mine) == 0 && ::stat(path.c_str(), &now) == 0 && mine.st_ino == now.st_ino &&
+        mine.st_dev == now.st_dev)
+      break;
+    ::close(fd);
+    if (attempt == 10) {
+      *error = "cannot take '" + path + "': it is replaced as fast as it is locked";
+      return false;
+    }
+  }
+  if (const std::string before = holder(); !before.empty())
+    *warning = "checkpoint-dir '" + root_ + "' was locked by " + before +
+               ", which is gone: its lock is taken over (its checkpoints are kept)";
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  const std::string me = "host " + std::string(host) + ", pid " + std::to_string(getpid()) + ", since " +
+                         std::to_string(static_cast<long long>(::time(nullptr))) + " (unix time)\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != ssize_t(me.size())) {
+    *error = "cannot write '" + path + "' (checkpoint-dir's lock): " + errno_text(errno);
+    ::close(fd);
+    return false;
+  }
+  lock_fd_ = fd;
+  return true;
 }
 
 void CheckpointStore::remove_stale() const {
@@ -300,9 +368,20 @@ void CheckpointStore::prune(unsigned keep, uint64_t newest) const {
   unsigned kept = 1;  // `newest`
   std::error_code ec;
   for (const auto &[step, dir] : step_folders()) {
-    // Folders without a manifest are no checkpoints of ours (a copy, an older version's):
-    // they neither count nor go.
-    if (step >= newest || !fs::exists(dir + "/" + kManifest, ec)) continue;
+    if (step >= newest) continue;
+    // Folders without a manifest are no checkpoints of ours (a copy, an older version's): they
+    // neither count nor go; except ours whose manifest was deleted (trainer.json says one sealed
+    // it): damaged, never resumed from, so they go without counting.
+    if (!fs::exists(dir + "/" + kManifest, ec)) {
+      std::string text, why;
+      bool damaged = false;
+      if (read_json_file(dir + "/" + kTrainerJson, &text, &why)) {
+        const json st = json::parse(text, nullptr, false);
+        damaged = st.is_object() && st.contains(kSealedBy);
+      }
+      if (damaged) discard(dir);
+      continue;
+    }
     if (kept < keep)
       kept++;
     else
@@ -320,16 +399,41 @@ void CheckpointStore::discard(const std::string &dir) const {
   fs::remove_all(trash, ec);  // a failure leaves a .trash- folder, removed at the next start
 }
 
+std::string check_positions(const json &st, uint64_t step) {
+  // A rank's clips in an epoch are at most its steps' clips; no step holds 65536 clips per rank.
+  constexpr uint64_t kMaxClipsPerStep = 65536;
+  const auto w = st.find("world_size");
+  if (w != st.end() && !(w->is_number_unsigned() && w->get<uint64_t>() >= 1 && w->get<uint64_t>() <= 65536))
+    return "trainer.json's world_size " + w->dump() + " is not a number of ranks";
+  const uint64_t world = w == st.end() ? 1 : w->get<uint64_t>();
+  const auto pos = st.find("positions");
+  if (pos == st.end() || !pos->is_array() || pos->size() != world)
+    return "trainer.json's positions are not one per rank of its world_size " + std::to_string(world);
+  std::vector<bool> seen(world, false);
+  for (const auto &p : *pos) {
+    if (!p.is_object()) return "trainer.json's positions hold " + p.dump() + ", not {rank, epoch, clip}";
+    const auto r = p.find("rank"), e = p.find("epoch"), c = p.find("clip");
+    if (r == p.end() || !r->is_number_unsigned() || r->get<uint64_t>() >= world || seen[r->get<uint64_t>()])
+      return "trainer.json's position " + p.dump() + " names no rank of its world, or one twice";
+    seen[r->get<uint64_t>()] = true;
+    if (e == p.end() || !e->is_number_unsigned() || e->get<uint64_t>() > UINT32_MAX)
+      return "trainer.json's position " + p.dump() + " has no epoch in 0..2^32-1";
+    if (c == p.end() || !c->is_number_unsigned() || c->get<uint64_t>() > (step + 1) * kMaxClipsPerStep)
+      return "trainer.json's position " + p.dump() + " has a clip that " + std::to_string(step) +
+             " steps cannot have reached";
+  }
+  return "";
+}
+
 bool find_resume(const CheckpointStore &store, const ResumeRun &run, FoundCheckpoint *out, unsigned *epoch,
-                 uint64_t *clip, const std::function<void(const std::string &)> &warn,
+                 uint64_t *clip, int *world_then, std::vector<uint64_t> *clips_then,
+                 const std::function<void(const std::string &)> &warn,
                  const std::function<std::string(const FoundCheckpoint &)> &load) {
   int skipped = 0;
   auto checked_load = [&](const FoundCheckpoint &c) -> std::string {
-    // Another world size is an error, not a reason to try an older checkpoint.
-    if (c.state.value("world_size", 1) != run.world)
-      throw std::runtime_error("checkpoint '" + c.dir + "' was written by " +
-                               std::to_string(c.state.value("world_size", 1)) + " rank(s), this run has " +
-                               std::to_string(run.world) + " (world-size)");
+    // Positions no run could have written (a forged or damaged trainer.json whose checksum was
+    // recomputed) would send the source planning epoch after epoch: like a bad checksum.
+    if (std::string why = check_positions(c.state, c.step); !why.empty()) return why;
     return load ? load(c) : std::string();
   };
   const bool found = store.newest_usable(out, checked_load, [&](const std::string &dir, const std::string &why) {
@@ -364,11 +468,36 @@ bool find_resume(const CheckpointStore &store, const ResumeRun &run, FoundCheckp
   if (!changed.empty())
     warn("resuming from '" + out->dir + "' with a different schedule (" + changed +
          "): the learning rate follows the new values from step " + std::to_string(out->step + 1));
+  *world_then = 0;
+  clips_then->clear();
+  const int written_by = st.value("world_size", 1);
+  if (written_by == run.world) {
+    for (const auto &p : st.at("positions"))
+      if (p.at("rank").get<int>() == run.rank) {
+        *epoch = p.at("epoch").get<unsigned>();
+        *clip = p.at("clip").get<uint64_t>();
+      }
+    return true;
+  }
+  // The weights and optimizer state are every rank's alike: only the data position is per rank.
+  // Every old rank ran the same steps, so they are in one epoch (the earliest, should one differ);
+  // the source finds the global position from every old rank's clip there.
+  std::vector<std::pair<unsigned, uint64_t>> by_rank(size_t(written_by), {0, 0});
   for (const auto &p : st.at("positions"))
-    if (p.at("rank").get<int>() == run.rank) {
-      *epoch = p.at("epoch").get<unsigned>();
-      *clip = p.at("clip").get<uint64_t>();
-    }
+    by_rank[p.at("rank").get<size_t>()] = {p.at("epoch").get<unsigned>(), p.at("clip").get<uint64_t>()};
+  *epoch = by_rank[0].first;
+  for (const auto &[e, c] : by_rank) *epoch = std::min(*epoch, e);
+  std::string clips;
+  for (const auto &[e, c] : by_rank) clips_then->push_back(e == *epoch ? c : UINT64_MAX);  // later: epoch done
+  for (uint64_t c : *clips_then) clips += (clips.empty() ? "" : ", ") + (c == UINT64_MAX ? "all" : std::to_string(c));
+  *world_then = written_by;
+  *clip = 0;
+  warn("resume: checkpoint '" + out->dir + "' was written by " + std::to_string(written_by) + " rank(s), this run has " +
+       std::to_string(run.world) + ": the weights and optimizer state carry over; the data continues in epoch " +
+       std::to_string(*epoch) + " from the samples every rank had seen (clips " + clips +
+       " of each old rank), the global position, so a few samples may be trained again; each optimizer step now "
+       "takes " + std::to_string(run.world) + " rank(s)' batches instead of " + std::to_string(written_by) +
+       " (the learning rate is not rescaled)");
   return true;
 }
 

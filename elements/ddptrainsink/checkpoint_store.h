@@ -40,7 +40,18 @@ struct FoundCheckpoint {
 class CheckpointStore {
  public:
   explicit CheckpointStore(std::string root) : root_(std::move(root)) {}
+  ~CheckpointStore();
+  CheckpointStore(const CheckpointStore &) = delete;
+  CheckpointStore &operator=(const CheckpointStore &) = delete;
   const std::string &root() const { return root_; }
+
+  // Takes the folder's lock (.lock, an flock held until unlock(), with the holder's host, PID and
+  // start time in it), so that two runs never mix their checkpoints: false with an error naming
+  // the holder while another process holds it. A lock file left by a process that died (the
+  // kernel dropped its flock, the file stayed) is taken over, with *warning naming who left it.
+  bool lock(std::string *error, std::string *warning);
+  // Releases the lock (and removes its file); the destructor does too.
+  void unlock();
 
   // Creates the folder (and parents) and checks that a file can be created, written and
   // synced there. False with a reason naming the folder and the system's error text.
@@ -75,6 +86,7 @@ class CheckpointStore {
  private:
   void discard(const std::string &dir) const;  // rename to .trash-, then remove
   std::string root_;
+  int lock_fd_ = -1;
 };
 
 // This run, as resume compares it with a checkpoint's trainer.json.
@@ -89,9 +101,16 @@ struct ResumeRun {
 // into *out, with this rank's data position (epoch, next clip) into *epoch / *clip. Warns
 // of each newer folder skipped, of a legacy checkpoint (no checksums), of another model
 // and of a changed schedule. False (warned) when there is no checkpoint; throws when
-// folders exist but none is usable, or when another world size wrote the one found.
+// folders exist but none is usable.
+// A checkpoint of another world size resumes at the global position: *world_then gets its world
+// size and *clips_then each old rank's next clip in *epoch (warned); else *world_then is 0.
+// Positions that no run of this step could have written (negative, an epoch past the step count,
+// more clips than steps could hold) make the checkpoint unusable, like a bad checksum.
 bool find_resume(const CheckpointStore &store, const ResumeRun &run, FoundCheckpoint *out, unsigned *epoch,
-                 uint64_t *clip, const std::function<void(const std::string &)> &warn,
+                 uint64_t *clip, int *world_then, std::vector<uint64_t> *clips_then,
+                 const std::function<void(const std::string &)> &warn,
                  const std::function<std::string(const FoundCheckpoint &)> &load);
+// Why trainer.json's data positions cannot be a run's (see find_resume), "" when they can.
+std::string check_positions(const nlohmann::json &state, uint64_t step);
 
 }  // namespace videotrain

@@ -291,6 +291,7 @@ static gboolean gst_ddp_train_sink_query(GstBaseSink *sink, GstQuery *query) {
     VideoTrainResumePosition pos{rp.epoch, rp.clip, rp.step};
     videotrain_resume_query_answer(query, &pos);
     videotrain_resume_query_set_row_facts(query, rp.row_facts.c_str());
+    if (rp.world_then > 0) videotrain_resume_query_set_world_then(query, rp.world_then, rp.clips_then.c_str());
     GST_INFO_OBJECT(self, "resume: epoch %u clip %" G_GUINT64_FORMAT " step %" G_GUINT64_FORMAT, pos.epoch, pos.clip,
                     pos.step);
     return TRUE;

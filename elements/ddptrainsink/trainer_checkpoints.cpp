@@ -4,12 +4,19 @@
  * themselves: checkpoint_store.h. */
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <sstream>
 #include <type_traits>
 
 #include "first_line.h"
 #include "models/param_snapshot.h"
+#include "optimizer_file.h"
 #include "trainer_engine_impl.h"
 
 using json = nlohmann::json;
@@ -77,10 +84,12 @@ void TrainerEngine::Impl::find_checkpoint() {
   run.lr_schedule = cfg.lr_schedule;
   run.max_steps = cfg.max_steps;
   run.warmup_steps = cfg.warmup_steps;
+  std::vector<uint64_t> clips_then;
   if (!find_resume(
-          *store, run, &resume_from, &rp.epoch, &rp.clip, [this](const std::string &t) { warn(t); },
-          [this](const FoundCheckpoint &c) { return load_checkpoint(c); }))
+          *store, run, &resume_from, &rp.epoch, &rp.clip, &rp.world_then, &clips_then,
+          [this](const std::string &t) { warn(t); }, [this](const FoundCheckpoint &c) { return load_checkpoint(c); }))
     return;  // no step- folder at all: nothing was loaded
+  for (uint64_t c : clips_then) rp.clips_then += (rp.clips_then.empty() ? "" : ",") + std::to_string(c);
   last_ckpt_step = resume_from.step;
   resumed = true;
   rp.step = resume_from.step;
@@ -132,10 +141,57 @@ void TrainerEngine::Impl::write_checkpoint() {
   if (rank != 0) return;  // every rank holds the same weights; rank 0 writes
   try {
     save_checkpoint(false);
-  } catch (...) {
+  } catch (const std::exception &e) {
     last_ckpt_step = prev_step;  // not written: a rescue may try again, the stop warning counts it lost
-    throw;
+    // Say what is kept and what is not: a full disk must not look like a finished run.
+    throw std::runtime_error("checkpoint of step " + std::to_string(steps_done) + " not written: " +
+                             first_line(e.what()) + "; checkpoint-dir '" + cfg.checkpoint_dir + "' keeps " +
+                             (prev_step ? "step " + std::to_string(prev_step) + " and older"
+                                        : std::string("no checkpoint of this run")) +
+                             (steps_done > prev_step ? ", steps " + std::to_string(prev_step + 1) + ".." +
+                                                           std::to_string(steps_done) + " are not saved"
+                                                     : std::string()));
   }
+}
+
+namespace {
+
+// "(N MiB free there)" for the folder holding `path`, "" when the system does not say.
+std::string free_space(const std::string &path) {
+  struct statvfs v;
+  const std::string dir = path.substr(0, path.find_last_of('/'));
+  if (::statvfs(dir.c_str(), &v) != 0) return "";
+  return " (" + std::to_string(uint64_t(v.f_bavail) * v.f_frsize / (1024 * 1024)) + " MiB free there)";
+}
+
+}  // namespace
+
+// torch::save() writes through an archive writer that throws from its destructor when a write
+// fails (a full disk: "unexpected pos ..."), which ends the process. Here the writer always sees
+// success; the first failed write is kept and reported once the archive is complete.
+void save_optimizer(torch::optim::Optimizer &opt, const std::string &path) {
+  torch::serialize::OutputArchive archive;
+  opt.save(archive);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create '" + path + "': " + std::strerror(errno) + free_space(path));
+  int err = 0;
+  archive.save_to([&](const void *data, size_t n) -> size_t {
+    const char *p = static_cast<const char *>(data);
+    for (size_t left = n; left > 0 && err == 0;) {
+      const ssize_t w = ::write(fd, p, left);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        err = w < 0 ? errno : ENOSPC;
+        break;
+      }
+      p += w;
+      left -= size_t(w);
+    }
+    return n;
+  });
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0) throw std::runtime_error("cannot write '" + path + "': " + std::strerror(err) + free_space(path));
 }
 
 std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
@@ -144,7 +200,7 @@ std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
   {
     std::lock_guard<std::mutex> lock(state_mu);
     model_file = model->save(tmp);
-    torch::save(*opt, tmp + "/optimizer.pt");
+    save_optimizer(*opt, tmp + "/optimizer.pt");
   }
   // No generator state: every step reseeds from (seed, rank, step), so a resume draws
   // the same numbers as an uninterrupted run.

@@ -440,6 +440,7 @@ bool TrainerEngine::finish() {
     return false;
   }
   im.finished = true;
+  if (im.store) im.store->unlock();  // the final checkpoint is written: the folder is free
   return true;
 }
 
@@ -462,6 +463,7 @@ void TrainerEngine::stop() {
             ")" + (im.rescue_why.empty() ? std::string() : "; no rescue checkpoint: " + im.rescue_why) +
             "; send EOS to stop (gst-launch-1.0 -e, Ctrl-C in videotrain-run or videotrain-launch)");
   im.finished = true;  // once
+  if (im.store) im.store->unlock();  // no more checkpoints from this run: the folder is free
   if (im.group) im.group->mark_exit();
   im.reducer.reset();
   im.agreement.reset();

@@ -90,6 +90,10 @@ struct ResumePoint {
   uint64_t clip = 0;
   uint64_t step = 0;  // next optimizer step
   std::string row_facts;  // csvvideosrc's row facts of every rank when it was written (row_facts.h)
+  // Written by another number of ranks (0: this one): its world size and every old rank's next
+  // clip in `epoch` ("c0,c1,..."), for the source to find the global position.
+  int world_then = 0;
+  std::string clips_then;
 };
 
 // The gradient reducer after the last sync step (tests; see bucket_reducer.h). Empty

@@ -175,6 +175,10 @@ bool TrainerEngine::start() {
     im.store = std::make_unique<CheckpointStore>(im.cfg.checkpoint_dir);
     std::string why;
     if (!im.store->prepare(&why)) return im.fail(why + " (property checkpoint-dir)");
+    // Rank 0 writes the checkpoints: it holds the folder for the run.
+    std::string warning;
+    if (im.rank == 0 && !im.store->lock(&why, &warning)) return im.fail(why + " (property checkpoint-dir)");
+    if (!warning.empty()) im.warn(warning);
   }
   // Like checkpoint-dir: a run that cannot keep the records it was asked for fails at once.
   if (std::string w = im.run_log.open(im.rank, im.cfg.metrics_file); !w.empty())

@@ -7,8 +7,10 @@
  * unwritable checkpoint-dir fails at start; metrics-file's folder is created;
  * checkpoint-interval writes checkpoints by the (injected) clock. */
 #include <ATen/ATen.h>
+#include <torch/torch.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ddptrainsink/checkpoint_store.h"
+#include "ddptrainsink/optimizer_file.h"
 #include "engine_helpers.h"
 #include "test_util.h"
 
@@ -122,6 +125,27 @@ TEST(CheckpointStore, Crc32IsZlibs) {
   EXPECT_EQ(std::stoull(vttest::read_file(dir.file("crc.txt"))), whole);
 }
 
+// A full disk while the optimizer state is written (issue 38 item 11): torch::save's archive writer
+// threw from its destructor and the process aborted; now an exception names the file.
+TEST(CheckpointStore, AFullDiskWhileWritingTheOptimizerIsAnErrorNotAnAbort) {
+  auto w = torch::ones({64, 64}, torch::requires_grad());
+  torch::optim::AdamW opt({w});
+  (w * w).sum().backward();
+  opt.step();
+  try {
+    save_optimizer(opt, "/dev/full");  // every write fails with ENOSPC
+    FAIL() << "no error";
+  } catch (const std::runtime_error &e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/full"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::strerror(ENOSPC)), std::string::npos) << e.what();
+  }
+  vttest::TempDir dir;
+  ASSERT_NO_THROW(save_optimizer(opt, dir.file("optimizer.pt")));
+  torch::optim::AdamW back({w.detach().clone().requires_grad_()});
+  torch::load(back, dir.file("optimizer.pt"));
+  EXPECT_EQ(back.state().size(), 1u);
+}
+
 TEST(CheckpointStore, PruneKeepsTheNewestBelowTheOneJustWrittenAndLeavesLaterFolders) {
   vttest::TempDir dir;
   CheckpointStore store(dir.path());
@@ -137,6 +161,8 @@ TEST(CheckpointStore, PruneKeepsTheNewestBelowTheOneJustWrittenAndLeavesLaterFol
   vttest::write_file(dir.file("step-00000009/weights.bin"), "changed");  // fails to verify: kept, not counted
   fs::create_directories(dir.file("step-00000000"));                     // no manifest: not ours
   EXPECT_TRUE(verifies(commit(4)));
+  // Ours with its manifest deleted (trainer.json says one sealed it): damaged, it goes too.
+  ASSERT_TRUE(fs::remove(dir.file("step-00000001/manifest.json")));
   store.prune(2, 4);
   std::vector<std::string> left;
   for (const auto &[step, d] : store.step_folders()) left.push_back(fs::path(d).filename().string());
@@ -205,6 +231,69 @@ TEST(TrainerEngine, ResumeSkipsANewestCheckpointThatDoesNotVerifyAndKeepsThePrev
     train(e, 3, 1, 1, 2);
     EXPECT_TRUE(verifies(dir.file("step-00000004")));
     EXPECT_FALSE(fs::exists(dir.file("step-00000002")));
+  }
+}
+
+// Two runs in one checkpoint-dir would mix their checkpoints (issue 38 item 14): the second fails at
+// start naming the holder; a lock left by a process that died is taken over with a warning; one
+// released normally is taken without a word.
+TEST(TrainerEngine, ASecondRunInTheSameCheckpointDirFailsNamingTheHolder) {
+  vttest::TempDir dir;
+  auto c = cpu_config("builtin:linear-test");
+  c.checkpoint_dir = dir.path();
+  {
+    TrainerEngine first(c);
+    ASSERT_TRUE(first.start()) << first.error();
+    TrainerEngine second(c);
+    EXPECT_FALSE(second.start());
+    EXPECT_NE(second.error().find("is in use by another run"), std::string::npos) << second.error();
+    EXPECT_NE(second.error().find("pid " + std::to_string(getpid())), std::string::npos) << second.error();
+    EXPECT_NE(second.error().find("checkpoint-dir"), std::string::npos) << second.error();
+    first.stop();
+  }
+  {
+    TrainerEngine again(c);  // released normally: no warning
+    ASSERT_TRUE(again.start()) << again.error();
+    EXPECT_TRUE(warnings(again, "lock").empty()) << joined(warnings(again, "lock"));
+    again.stop();
+  }
+  vttest::write_file(dir.file(".lock"), "host elsewhere, pid 999999, since 1 (unix time)\n");  // died holding it
+  TrainerEngine after(c);
+  ASSERT_TRUE(after.start()) << after.error();
+  const auto w = warnings(after, "lock");
+  ASSERT_EQ(w.size(), 1u) << joined(w);
+  EXPECT_NE(w[0].find("pid 999999"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("taken over"), std::string::npos) << w[0];
+  after.stop();
+}
+
+// A trainer.json whose data position no run could have written (checksums recomputed) is skipped
+// like a damaged checkpoint, for the previous one (issue 38 item 12: clip -5 or 1e9 made the source
+// plan epoch after epoch, an epoch of 99999999999 wrapped).
+TEST(TrainerEngine, ResumeSkipsACheckpointWhosePositionIsOutOfRange) {
+  const std::pair<const char *, nlohmann::json> forged[] = {
+      {"negative clip", {{"rank", 0}, {"epoch", 0}, {"clip", -5}}},
+      {"clip no step reaches", {{"rank", 0}, {"epoch", 0}, {"clip", 1000000000}}},
+      {"epoch past 2^32", {{"rank", 0}, {"epoch", 99999999999LL}, {"clip", 1}}},
+      {"another rank", {{"rank", 3}, {"epoch", 0}, {"clip", 1}}},
+  };
+  for (const auto &[what, pos] : forged) {
+    SCOPED_TRACE(what);
+    vttest::TempDir dir;
+    write_two_checkpoints(dir.path());
+    if (HasFatalFailure()) return;
+    auto state = nlohmann::json::parse(vttest::read_file(dir.file("step-00000004/trainer.json")));
+    state["positions"] = nlohmann::json::array({pos});
+    vttest::write_file(dir.file("step-00000004/trainer.json"), state.dump(2) + "\n");
+    reseal(dir.file("step-00000004"));
+    ASSERT_TRUE(verifies(dir.file("step-00000004")));
+    TrainerEngine e(resume_config(dir.path()));
+    ASSERT_TRUE(e.start()) << e.error();
+    EXPECT_EQ(e.resume_point().step, 2u);
+    const auto w = warnings(e);
+    ASSERT_EQ(w.size(), 1u) << joined(w);
+    EXPECT_NE(w[0].find("position"), std::string::npos) << w[0];
+    e.stop();
   }
 }
 

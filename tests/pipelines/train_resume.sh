@@ -20,7 +20,7 @@ fi
 build=${VIDEOTRAIN_BUILD_DIR:?}
 src=${VIDEOTRAIN_SOURCE_DIR:?}
 work=$(mktemp -d "${TMPDIR:-/tmp}/videotrain-resume-XXXXXX")
-trap 'rm -rf "$work"' EXIT
+trap '[[ -n ${KEEP:-} ]] || rm -rf "$work"' EXIT
 export GST_PLUGIN_PATH="$build/plugins/videotrain"
 bash "$src/scripts/make_dataset.sh" "$work/data" 6 >/dev/null
 if [[ $mode == liar ]]; then  # clip000 has 40 frames
@@ -30,14 +30,65 @@ if [[ $mode == liar ]]; then  # clip000 has 40 frames
 fi
 "$build/tools/videotrain-make-vae" "$work/vae" --seed 3 --tiny >/dev/null
 half=10
+ranks=2 batch=2 quiet=-q
 run() {  # run NAME MAX_STEPS RESUME
-  "$build/tools/videotrain-launch" -n 2 -q -- gst-launch-1.0 -q \
+  "$build/tools/videotrain-launch" -n $ranks $quiet -- gst-launch-1.0 $quiet \
     csvvideosrc location="$work/data/train.csv" $shape num-epochs=0 prefetch=1 seed=5 ! \
-    vaeencoder model="$work/vae" ! queue ! microbatcher batch-size=2 micro-batch-size=1 ! \
+    vaeencoder model="$work/vae" ! queue ! microbatcher batch-size=$batch micro-batch-size=1 ! \
     ddptrainsink model=builtin:tiny-unet3d seed=9 max-steps="$2" resume="$3" log-every=1 \
       checkpoint-dir="$work/$1" checkpoint-every=100 metrics-file="$work/$1.jsonl" timeout=60 \
     > "$work/$1.log" 2>&1 || { cat "$work/$1.log"; echo "run $1 failed"; exit 1; }
 }
+if [[ $mode == ranks ]]; then
+  # A 2-rank checkpoint (step 10) resumed on 1 rank with batch-size 4, the same samples per step.
+  # Position p of an epoch's order is clip p / 2 of rank p % 2 on 2 ranks and clip p on 1: the
+  # resumed rank goes on from the samples both ranks had seen, with the rows the 2-rank run took.
+  export GST_DEBUG=csvvideosrc:6
+  quiet=  # every rank's log lines, and the trainer's warnings
+  run full $((2 * half)) false
+  run part "$half" false
+  ranks=1 batch=4
+  run part $((2 * half)) true
+  grep -q "WARNING.*was written by 2 rank(s), this run has 1" "$work/part.log" \
+    || { grep -i "warn\|error" "$work/part.log" | grep -v "replacing row" | head; echo "ranks: no warning saying the rank count changed"; exit 1; }
+  /usr/bin/python3 - "$work" "$half" <<'PY'
+import json, math, re, sys
+work, half = sys.argv[1], int(sys.argv[2])
+clip_re = re.compile(r"\[rank (\d)\].*clip (\d+) of epoch (\d+): row (\d+)")
+def clips(path):
+    out = []
+    for line in open(path):
+        m = clip_re.search(line)
+        if m:
+            out.append(tuple(int(x) for x in m.groups()))  # rank, clip, epoch, row
+    return out
+ck = json.load(open(f"{work}/part/{'step-%08d' % half}/trainer.json"))
+pos = {p["rank"]: (p["epoch"], p["clip"]) for p in ck["positions"]}
+assert ck["world_size"] == 2 and len(pos) == 2, ck["positions"]
+epoch = min(e for e, c in pos.values())
+seen = 2 * min(c for e, c in pos.values() if e == epoch)
+rows = 6
+want_epoch, want_clip = (epoch + 1, 0) if seen >= rows else (epoch, seen)
+resumed = clips(f"{work}/part.log")[:2]
+assert resumed and (resumed[0][2], resumed[0][1]) == (want_epoch, want_clip), \
+    f"checkpoint at epoch {epoch}, clips {pos}: the resumed rank starts at {resumed[:1]}, want clip {want_clip} of epoch {want_epoch}"
+full = {(r, c, e): row for r, c, e, row in clips(f"{work}/full.log")}
+for _, c, e, row in resumed:
+    other = full.get((c % 2, c // 2, e))
+    assert other == row, f"clip {c} of epoch {e} on 1 rank took row {row}; the 2-rank run took row {other} there"
+steps = {}
+for line in open(f"{work}/part.jsonl"):
+    r = json.loads(line)
+    if r.get("type", "step") == "step" and "loss" in r:
+        steps[r["step"]] = r["loss"]
+assert sorted(steps) == list(range(1, 2 * half + 1)), f"steps {sorted(steps)}"
+assert all(math.isfinite(v) for v in steps.values()), steps
+print(f"ranks: a 2-rank checkpoint (epoch {epoch}, clips {sorted(pos.items())}) resumed on 1 rank at clip "
+      f"{want_clip} of epoch {want_epoch}, the global position, with the 2-rank run's rows; steps {half + 1}..{2 * half}")
+PY
+  echo "1 passed, 0 failed"
+  exit 0
+fi
 run full $((2 * half)) false
 run part "$half" false
 run part $((2 * half)) true
