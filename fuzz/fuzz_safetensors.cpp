@@ -18,9 +18,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   size_t total = 0;
   for (const auto &[name, e] : f->entries()) {
     // What the loader relies on: the bytes are in the file and match dtype x shape.
-    unsigned __int128 want = safetensors_dtype_size(e.dtype);
+    // A zero anywhere in the shape makes it empty, whatever comes before it: look for one first,
+    // then multiply (stopping once past the file's size, which the reader must have refused).
+    bool empty = false;
     for (int64_t d : e.shape) {
       fuzzin::check(d >= 0);
+      empty = empty || d == 0;
+    }
+    unsigned __int128 want = empty ? 0 : safetensors_dtype_size(e.dtype);
+    for (int64_t d : e.shape) {
+      if (empty) break;
       want *= uint64_t(d);
       if (want > size) break;
     }

@@ -25,6 +25,8 @@ out=build-fuzz
 mkdir -p "$out"
 flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined,float-cast-overflow -fno-sanitize-recover=all
        -Ielements -Ielements/common -Ifuzz)
+results=()
+failed=0
 for t in "${targets[@]}"; do
   extra=()
   [[ ",${deps[$t]}," == *,glib,* ]] && extra+=($(pkg-config --cflags --libs glib-2.0))
@@ -35,6 +37,15 @@ for t in "${targets[@]}"; do
   mkdir -p "$out/corpus/$t" "$out/crashes/$t"
   echo "== $t: fuzzing for ${seconds}s"
   # -rss_limit_mb: an input that makes the parser grow memory without bound is a finding.
-  nice -n 10 "$out/fuzz-$t" -max_total_time="$seconds" -rss_limit_mb=1024 -max_len=4096 -timeout=10 \
-    -artifact_prefix="$out/crashes/$t/" -print_final_stats=1 "$out/corpus/$t" "fuzz/corpus/$t"
+  # A crash in one target does not stop the others: each is reported at the end.
+  if nice -n 10 "$out/fuzz-$t" -max_total_time="$seconds" -rss_limit_mb=1024 -max_len=4096 -timeout=10 \
+       -artifact_prefix="$out/crashes/$t/" -print_final_stats=1 "$out/corpus/$t" "fuzz/corpus/$t"; then
+    results+=("$t: ok")
+  else
+    results+=("$t: FAILED (crash input in $out/crashes/$t/)")
+    failed=$((failed + 1))
+  fi
 done
+echo "== fuzz.sh: ${#targets[@]} target(s), $failed failed"
+printf '   %s\n' "${results[@]}"
+((failed == 0))

@@ -24,7 +24,11 @@ GST_DEBUG_CATEGORY_STATIC(samplesink_debug);
 using namespace videotrain;
 
 static const char *kDefaultLocation = "samples/step-%08d/prompt-%02d.mp4";
-static const char *kDefaultEncoder = "videoconvert ! video/x-raw,format=I420 ! openh264enc ! h264parse ! mp4mux";
+// MPEG-4 part 2 at a fixed quantiser: libopenh264 prints an error line (cmInitParaError) at every
+// end-of-stream flush, one per sample file, which hid real messages; H.264 stays one property away
+// (README: samplesink).
+static const char *kDefaultEncoder =
+    "videoconvert ! video/x-raw,format=I420 ! avenc_mpeg4 pass=quant quantizer=2 max-bframes=0 ! mp4mux";
 
 struct _GstSampleSink {
   GstBaseSink parent;
@@ -167,7 +171,7 @@ static gboolean open_file(GstSampleSink *self) {
     GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
                       ("Cannot build the encoder '%s': %s", encoder.c_str(), err ? err->message : "unknown"),
                       ("set encoder= to a gst-launch description from raw video to a muxed stream; the default needs "
-                       "openh264enc (gstreamer1.0-plugins-bad) and mp4mux (gstreamer1.0-plugins-good)"));
+                       "avenc_mpeg4 (gstreamer1.0-libav) and mp4mux (gstreamer1.0-plugins-good)"));
     if (err) g_error_free(err);
     if (pipe) gst_object_unref(pipe);
     return FALSE;
@@ -278,7 +282,7 @@ static gboolean start(GstBaseSink *sink) {
     GST_ELEMENT_ERROR(self, CORE, MISSING_PLUGIN, ("Cannot build the encoder '%s': %s", encoder.c_str(),
                                                    err ? err->message : "unknown"),
                       ("set encoder= to a gst-launch description from raw video to a muxed stream; the default needs "
-                       "openh264enc (gstreamer1.0-plugins-bad) and mp4mux (gstreamer1.0-plugins-good)"));
+                       "avenc_mpeg4 (gstreamer1.0-libav) and mp4mux (gstreamer1.0-plugins-good)"));
     if (err) g_error_free(err);
     if (probe) gst_object_unref(probe);
     return FALSE;
