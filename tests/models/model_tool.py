@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """videotrain-model as a user checks a folder with it: forward --backward on the reference case's
 inputs (written to a safetensors file here) gives diffusers' output and gradients; export writes a
-bf16 sharded folder that forward reads back; init makes a seeded folder; bad input is an error."""
+bf16 sharded folder that forward reads back; init makes a seeded folder; info and forward on T5 / umT5
+text-encoder folders give transformers' outputs; vae encode / decode and scheduler give diffusers'
+(stored references: the live ones are tests/interop); bad input is an error saying what to give."""
 import json
 import os
 import struct
@@ -14,7 +16,7 @@ import torch
 build = os.environ["VIDEOTRAIN_BUILD_DIR"]
 ref = os.environ["VIDEOTRAIN_REFERENCE_DIR"]
 tool = os.path.join(build, "tools", "videotrain-model")
-DT = {"F32": torch.float32, "I64": torch.int64, "BF16": torch.bfloat16}
+DT = {"F32": torch.float32, "I64": torch.int64, "BF16": torch.bfloat16, "F64": torch.float64}
 failures = []
 
 
@@ -159,7 +161,11 @@ write(inp, {"hidden_states": cases[f"input.{c}.hidden_states"]})
 r = run("forward", model, inp, out)
 check(r.returncode == 1 and "timestep" in r.stderr, "a missing input is an error: " + r.stderr.strip())
 r = run("info", os.path.join(ref, "wan_vae", "tiny_wan21"))
-check(r.returncode == 1 and "AutoencoderKLWan" in r.stderr, "a VAE folder is refused naming its class: " + r.stderr.strip())
+check(r.returncode == 0 and "class: AutoencoderKLWan (Wan 2.1)" in r.stdout and "compression 4x in time and 8x8" in r.stdout,
+      "info on a VAE folder names its class and compression: " + r.stderr.strip())
+r = run("forward", os.path.join(ref, "wan_vae", "tiny_wan21"), inp, out)
+check(r.returncode == 1 and "vae encode|decode" in r.stderr, "forward on a VAE folder points to vae encode|decode: " +
+      r.stderr.strip())
 # CogVideoX folders: info names the class and its LoRA targets; forward --backward in the class's own
 # layout ([B, F, C, H, W]) equals diffusers on each layout's first case; an export runs.
 for name, c in (("cogvideox_2b_tiny", "b2_t3_h8_w12"), ("cogvideox_5b_tiny", "b2_t3_h8_w12"),
@@ -181,6 +187,78 @@ for name, c in (("cogvideox_2b_tiny", "b2_t3_h8_w12"), ("cogvideox_5b_tiny", "b2
     r2 = run("forward", exp, inp, out)
     check(r.returncode == 0 and r2.returncode == 0 and 0 < rel(read(out)[0]["output"], cc[f"output.{c}"]) < 3e-2,
           f"export {name} as bf16 runs: " + r.stderr.strip() + r2.stderr.strip())
+
+# Text encoders (transformers T5EncoderModel / UMT5EncoderModel folders): info, and forward on the stored
+# tokenized captions with and without their padding mask equals transformers' last_hidden_state.
+for name, tag, cls in (("t5_v11_tiny", "cogvideox", "T5EncoderModel"), ("umt5_tiny", "wan", "UMT5EncoderModel")):
+    te = os.path.join(ref, "text_encoder", name)
+    r = run("info", te)
+    check(r.returncode == 0 and f"class: {cls}" in r.stdout and "parameters: " in r.stdout and "d_model 32" in r.stdout,
+          f"info {name} names {cls}, its sizes and parameters: " + r.stderr.strip())
+    tc, _ = read(os.path.join(te, "cases.safetensors"))
+    for masked in (True, False):
+        feed = {"input_ids": tc[f"input_ids.{tag}"]}
+        if masked:
+            feed["attention_mask"] = tc[f"attention_mask.{tag}"]
+        write(inp, feed)
+        r = run("forward", te, inp, out)
+        want = tc[f"last_hidden_state.{tag}.{'masked' if masked else 'nomask'}"]
+        check(r.returncode == 0 and rel(read(out)[0]["last_hidden_state"], want) < 1e-5,
+              f"forward {name} {'with' if masked else 'without'} the mask equals transformers (1e-5): " + r.stderr.strip())
+write(inp, {"hidden_states": torch.zeros(1, 4, 2, 4, 4), "timestep": torch.zeros(1)})
+r = run("forward", os.path.join(ref, "text_encoder", "umt5_tiny"), inp, out)
+check(r.returncode == 1 and "input_ids" in r.stderr and "attention_mask" in r.stderr,
+      "a text encoder given a transformer's inputs says to give input_ids and attention_mask: " + r.stderr.strip())
+write(inp, {"input_ids": tc["input_ids.wan"]})
+r = run("forward", model, inp, out)
+check(r.returncode == 1 and "hidden_states" in r.stderr and "encoder_hidden_states" in r.stderr,
+      "a transformer given token ids says what it takes: " + r.stderr.strip())
+
+# VAEs: encode gives diffusers' moments and the normalized mode latent (Wan 2.1, 2.2); decoding the
+# normalized latent with --normalized equals decoding the mean.
+for name in ("tiny_wan21", "tiny_wan22"):
+    vae = os.path.join(ref, "wan_vae", name)
+    vc, _ = read(os.path.join(vae, "cases.safetensors"))
+    write(inp, {"sample": vc["input.T5"]})
+    r = run("vae", "encode", vae, inp, out)
+    got = read(out)[0] if r.returncode == 0 else {}
+    check(r.returncode == 0 and rel(got["moments"], vc["moments.T5"]) < 1e-5 and
+          rel(got["latents"], vc["latent_mode.T5"]) < 1e-5, f"vae encode {name} equals diffusers (1e-5): " + r.stderr.strip())
+    if r.returncode == 0:
+        write(inp, {"latents": got["mean"]})
+        r = run("vae", "decode", vae, inp, out)
+        a = read(out)[0]["sample"] if r.returncode == 0 else torch.zeros(1)
+        write(inp, {"latents": got["latents"]})
+        r2 = run("vae", "decode", vae, inp, out, "--normalized")
+        b = read(out)[0]["sample"] if r2.returncode == 0 else torch.zeros(1)
+        check(tuple(a.shape) == (1, 3, 5, 64, 96) and a.abs().max() <= 1 and rel(b, a) < 1e-5,
+              f"vae decode {name}: [1, 3, 5, 64, 96] in [-1, 1]; --normalized undoes the normalization: " +
+              r.stderr.strip() + r2.stderr.strip())
+write(inp, {"latents": torch.zeros(1, 4, 2, 8, 12)})
+r = run("vae", "encode", os.path.join(ref, "wan_vae", "tiny_wan21"), inp, out)
+check(r.returncode == 1 and "sample [B, 3, T, H, W]" in r.stderr, "vae encode without `sample` says what to give: " +
+      r.stderr.strip())
+r = run("vae", "encode", model, inp, out)
+check(r.returncode == 1 and "not a VAE" in r.stderr, "vae on a transformer folder is refused: " + r.stderr.strip())
+
+# scheduler: the samplers' schedules and steps equal the stored diffusers ones (DPM with its generator seed).
+sc, smeta = read(os.path.join(ref, "schedulers", "schedules.safetensors"))
+for kind, tag, shift in (("unipc", "unipc.shift3", 3), ("euler", "flowmatch.shift5", 5), ("dpm", "cogvideox_dpm.snr3", 3)):
+    write(inp, {"sample": sc[f"{tag}.n8.steps.samples"][0], "model_outputs": sc[f"{tag}.n8.steps.model_outputs"]})
+    r = run("scheduler", kind, out, "--steps", "8", "--shift", str(shift), "--in", inp, "--seed", smeta["dpm_generator_seed"])
+    got = read(out)[0] if r.returncode == 0 else {}
+    want_t = sc[f"{tag}.n8.timesteps"]
+    check(r.returncode == 0 and got["timesteps"].dtype == want_t.dtype and
+          torch.allclose(got["timesteps"].double(), want_t.double(), rtol=1e-6, atol=0) and
+          max(rel(got["samples"][k], sc[f"{tag}.n8.steps.samples"][k]) for k in range(1, 9)) < 1e-5,
+          f"scheduler {kind}: timesteps and 8 steps equal diffusers': " + r.stderr.strip())
+r = run("scheduler", "heun", out)
+check(r.returncode == 1 and "unipc" in r.stderr, "an unknown sampler names the ones there are: " + r.stderr.strip())
+
+# lora convert without --format says which formats exist.
+r = run("lora", "convert", chain[0], os.path.join(tmp, "x.safetensors"))
+check(r.returncode == 2 and all(f in r.stderr for f in ("diffusers", "comfyui", "kohya")) and "--format" in r.stderr,
+      "lora convert without --format names the formats: " + r.stderr.strip())
 
 print(f"{len(failures) == 0 and 'all' or len(failures)} checks " + ("passed" if not failures else "failed"))
 sys.exit(1 if failures else 0)
