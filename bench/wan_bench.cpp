@@ -11,7 +11,16 @@
  *             attention projections, base frozen) against a full fine-tune step, each with AdamW, each
  *             in a process of its own: seconds and peak RSS of each
  * The peer runs through PYTHON (default /usr/bin/python3) from VIDEOTRAIN_SOURCE_DIR or the source
- * tree this was built from. */
+ * tree this was built from.
+ *
+ * Training-step mode (bench/dit_step.h; docs/gpu-benchmarks.md), ours against diffusers' own
+ * WanTransformer3DModel (bench/dit_diffusers_peer.py) on the same weights and inputs:
+ *   wan-bench --peer diffusers|none [--device cpu|cuda:N] [--dtype float32|bfloat16] [--layers 2]
+ *             [--latent-frames 3 --latent-height 30 --latent-width 52] [--text 512] [--lora R]
+ *             [--checkpointing none|full|selective] [--optimizer none|adamw] [--warmup 1] [--steps 3]
+ *             [--rounds 1] [--peak-tflops 989] [--weights DIR] [--save-dtype bf16] [--workdir DIR] [--keep]
+ * Latent sizes are the transformer's input ([1, 16, F, H, W]: 81x480x832 video = 21x60x104 latents);
+ * any of these flags but the sizes selects the mode. The real Wan 2.1 1.3B is --layers 30. */
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
@@ -21,11 +30,13 @@
 #include <vector>
 #include <cstdio>
 #include <cstdlib>
+#include <cctype>
 #include <cstring>
 #include <memory>
 #include <string>
 
 #include "bench_util.h"
+#include "dit_step.h"
 #include "cpu_heap.h"
 #include "models/layers.h"
 #include "models/lora.h"
@@ -40,23 +51,55 @@ const char *kConfig = R"({"_class_name": "WanTransformer3DModel", "attention_hea
   "out_channels": 16, "patch_size": [1, 2, 2], "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 1024,
   "text_dim": 4096})";
 
+// Model flops of one forward (one sample) by part: 2 flops per multiply-add. S video tokens, L text
+// tokens, D = heads x head_dim, F = ffn_dim: self-attention 4 S^2 D per layer (QK^T and PV), cross-
+// attention 4 S L D, linears 2 S (4 D^2 self q/k/v/o + 2 D^2 cross q/o + 2 D F ffn) + 2 L 2 D^2 (cross
+// k/v) per layer, plus patch embedding, output projection and the text/time embedders.
+std::vector<std::pair<std::string, double>> wan_flops(const nlohmann::json &c, int64_t frames, int64_t height,
+                                                      int64_t width, int64_t text) {
+  const auto ps = c.value("patch_size", std::vector<int64_t>{1, 2, 2});
+  const double S = double(frames / ps[0]) * (height / ps[1]) * (width / ps[2]), L = double(text);
+  const double D = c.value("num_attention_heads", 12) * c.value("attention_head_dim", 128);
+  const double F = c.value("ffn_dim", 8960), n = c.value("num_layers", 2), T = c.value("text_dim", 4096);
+  const double P = double(ps[0] * ps[1] * ps[2]), freq = c.value("freq_dim", 256);
+  return {{"self-attention", n * 4 * S * S * D},
+          {"cross-attention", n * 4 * S * L * D},
+          {"linears", n * (2 * S * (6 * D * D + 2 * D * F) + 2 * L * 2 * D * D) +
+                          2 * S * D * P * (c.value("in_channels", 16) + c.value("out_channels", 16)) +
+                          2 * L * (T * D + D * D) + 2 * (freq * D + 7 * D * D)}};
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
   int64_t frames = 3, height = 30, width = 52, text = 512;
   int threads = 2, repeat = 2, rounds = 3;
-  bool peer = true, memory = false, checkpointing = true, versus = false;
+  bool peer = true, memory = false, checkpointing = true, versus = false, rounds_given = false;
   std::string train;  // full | lora: one optimizer step (--lora-vs-full runs both)
   std::string profile;  // --profile FILE: one step under LibTorch's profiler, as a Chrome trace
+  ditstep::Options step_opts;
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
     auto next = [&]() { return i + 1 < argc ? std::atoll(argv[++i]) : 0; };
+    if (a == "--checkpointing" && i + 1 < argc && !std::isdigit(static_cast<unsigned char>(argv[i + 1][0]))) {
+      step_opts.checkpointing = argv[++i];  // none | full | selective: the training-step mode
+      step_opts.active = true;
+      continue;
+    }
+    bool taken = false;
+    try {
+      taken = ditstep::parse_flag(argc, argv, i, step_opts, &frames, &height, &width, &text);
+    } catch (const std::exception &e) {
+      std::fprintf(stderr, "wan-bench: %s\n", e.what());
+      return 2;
+    }
+    if (taken) continue;
     if (a == "--frames") frames = next();
     else if (a == "--height") height = next();
     else if (a == "--width") width = next();
     else if (a == "--threads") threads = static_cast<int>(next());
     else if (a == "--repeat") repeat = static_cast<int>(next());
-    else if (a == "--rounds") rounds = std::max<int>(1, static_cast<int>(next()));
+    else if (a == "--rounds") rounds = std::max<int>(1, static_cast<int>(next())), rounds_given = true;
     else if (a == "--checkpointing") checkpointing = next() != 0;
     else if (a == "--no-peer") peer = false;
     else if (a == "--memory") memory = true;
@@ -67,6 +110,34 @@ int main(int argc, char **argv) {
       std::fprintf(stderr, "wan-bench: unknown argument %s\n", a.c_str());
       return 2;
     }
+  }
+  if (step_opts.active || step_opts.peer != "plain") {
+    step_opts.threads = threads;
+    step_opts.rounds = rounds_given ? rounds : 1;
+    if (!peer || step_opts.peer == "plain") step_opts.peer = "none";
+    ditstep::Family fam;
+    fam.name = "wan-bench";
+    fam.config = [](int layers) {
+      auto j = nlohmann::json::parse(kConfig);
+      j["num_layers"] = layers;
+      return j.dump();
+    };
+    fam.inputs = [&](const nlohmann::json &c) {
+      const int64_t cin = c.value("in_channels", 16), cout = c.value("out_channels", 16);
+      return std::map<std::string, at::Tensor>{
+          {"hidden_states", torch::randn({1, cin, frames, height, width})},
+          {"timestep", torch::full({1}, 500.0)},
+          {"encoder_hidden_states", torch::randn({1, text, c.value("text_dim", 4096)})},
+          {"target", torch::randn({1, cout, frames, height, width})}};
+    };
+    fam.flops = [&](const nlohmann::json &c) { return wan_flops(c, frames, height, width, text); };
+    fam.tokens = [&](const nlohmann::json &c) {
+      const auto ps = c.value("patch_size", std::vector<int64_t>{1, 2, 2});
+      return std::to_string(frames / ps[0] * (height / ps[1]) * (width / ps[2])) + " video (latents " +
+             std::to_string(frames) + "x" + std::to_string(height) + "x" + std::to_string(width) + ") + " +
+             std::to_string(text) + " text";
+    };
+    return ditstep::main(step_opts, fam, argv[0]);
   }
   if (memory && frames == 3 && height == 30 && width == 52) frames = 13, height = 60, width = 90;
   if (versus) {
