@@ -202,10 +202,15 @@ GstElement *make(const char *factory, GstElement *bin) {
   return e;
 }
 
-std::string bus_error(GstElement *pipeline) {
+// The first error on the pipeline's bus, "" when none; `wait` gives a failing element's streaming
+// thread time to post its error (a state change can be seen failing before its reason arrives,
+// which made the same corrupt file read "state change failed" on one rank and "Could not
+// determine type of stream" on another).
+std::string bus_error(GstElement *pipeline, GstClockTime wait = 0) {
   GstBus *bus = gst_element_get_bus(pipeline);
   std::string out;
-  while (GstMessage *m = gst_bus_pop_filtered(bus, GST_MESSAGE_ERROR)) {
+  for (GstMessage *m = gst_bus_timed_pop_filtered(bus, wait, GST_MESSAGE_ERROR); m;
+       m = gst_bus_pop_filtered(bus, GST_MESSAGE_ERROR)) {
     if (out.empty()) {
       GError *e = nullptr;
       gst_message_parse_error(m, &e, nullptr);
@@ -380,7 +385,7 @@ class ClipDecode {
       GstStateChangeReturn r = gst_element_get_state(c_.pipeline, &state, nullptr, kSlice);
       if (r == GST_STATE_CHANGE_SUCCESS && state == GST_STATE_PAUSED) return DecodeStatus::Ok;
       if (r == GST_STATE_CHANGE_FAILURE) {
-        err = bus_error(c_.pipeline);
+        err = bus_error(c_.pipeline, GST_SECOND);
         std::string missing = stream_missing();
         return fail(DecodeStatus::Failed, !missing.empty() ? missing
                                           : "cannot decode: " + (err.empty() ? std::string("state change failed") : err));

@@ -2,6 +2,7 @@
  *
  * A GstPushSrc that emits RGB frames, one buffer per frame, each with a clip meta;
  * timestamps run on continuously across clips at `framerate`. */
+#include "one_error.h"
 #include "gstcsvvideosrc.h"
 #include "bus_messages_doc.h"
 
@@ -652,6 +653,7 @@ static void gst_csv_video_src_init(GstCsvVideoSrc *self) {
 static void gst_csv_video_src_class_init(GstCsvVideoSrcClass *klass) {
   auto *oc = G_OBJECT_CLASS(klass);
   auto *ec = GST_ELEMENT_CLASS(klass);
+  videotrain_one_error_install(ec);  // one error per failure (one_error.h)
   auto *bc = GST_BASE_SRC_CLASS(klass);
   oc->set_property = gst_csv_video_src_set_property;
   oc->get_property = gst_csv_video_src_get_property;

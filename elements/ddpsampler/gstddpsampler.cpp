@@ -8,6 +8,7 @@
  * name of a ddptrainsink) is found through the run context as ddpvalsink finds it. Sampling
  * runs on the src pad's task once the prompt stream has ended; the src pad ends (EOS) when the
  * trainer has finished and its last snapshot is sampled. */
+#include "one_error.h"
 #include "gstddpsampler.h"
 
 #include <memory>
@@ -348,6 +349,7 @@ static void gst_ddp_sampler_init(GstDdpSampler *self) {
 static void gst_ddp_sampler_class_init(GstDdpSamplerClass *klass) {
   auto *gobject_class = G_OBJECT_CLASS(klass);
   auto *element_class = GST_ELEMENT_CLASS(klass);
+  videotrain_one_error_install(element_class);  // one error per failure (one_error.h)
   gobject_class->set_property = set_property;
   gobject_class->get_property = get_property;
   gobject_class->finalize = finalize;

@@ -8,6 +8,7 @@
  * upstream by csvvideosrc) is answered from it. The started engine is the run's
  * RunContext: published to the pipeline as the GstContext "videotrain-run/<name>"
  * (run_context_gst.h), where ddpvalsink finds it. */
+#include "one_error.h"
 #include "gstddptrainsink.h"
 #include "bus_messages_doc.h"
 
@@ -249,7 +250,9 @@ static GstFlowReturn gst_ddp_train_sink_render(GstBaseSink *sink, GstBuffer *buf
       GST_ELEMENT_ERROR(self, STREAM, FAILED, ("Training failed: %s", error.c_str()),
                         ("rank %d of %d, after %" G_GUINT64_FORMAT " optimizer steps", engine->rank(),
                          engine->world_size(), engine->steps_done()));
-      return GST_FLOW_ERROR;
+      // The reason is posted: FLUSHING stops the elements upstream without each posting its own
+      // "Internal data stream error" for the same failure (one error per failure).
+      return GST_FLOW_FLUSHING;
   }
 }
 
@@ -479,6 +482,7 @@ static void gst_ddp_train_sink_init(GstDdpTrainSink *self) {
 static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
   auto *oc = G_OBJECT_CLASS(klass);
   auto *ec = GST_ELEMENT_CLASS(klass);
+  videotrain_one_error_install(ec);  // one error per failure (one_error.h)
   auto *bc = GST_BASE_SINK_CLASS(klass);
   oc->set_property = gst_ddp_train_sink_set_property;
   oc->get_property = gst_ddp_train_sink_get_property;

@@ -10,6 +10,7 @@
  * shard (clip index mod num-shards). Between passes render() blocks until the next
  * snapshot, so the validation source stays prefetched and idle. Rank 0 posts the mean
  * over every shard and rank as a ddpvalsink-result element message. */
+#include "one_error.h"
 #include "gstddpvalsink.h"
 #include "bus_messages_doc.h"
 
@@ -305,6 +306,7 @@ static void gst_ddp_val_sink_init(GstDdpValSink *self) {
 static void gst_ddp_val_sink_class_init(GstDdpValSinkClass *klass) {
   auto *oc = G_OBJECT_CLASS(klass);
   auto *ec = GST_ELEMENT_CLASS(klass);
+  videotrain_one_error_install(ec);  // one error per failure (one_error.h)
   auto *bc = GST_BASE_SINK_CLASS(klass);
   oc->set_property = gst_ddp_val_sink_set_property;
   oc->get_property = gst_ddp_val_sink_get_property;

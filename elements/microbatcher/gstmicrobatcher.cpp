@@ -4,6 +4,7 @@
  * buffers ([m, C, t, h, w] with a batch meta) out. It holds at most one optimizer
  * step of samples and pushes a step's micro-batches from the streaming thread as
  * soon as the step is complete, so a blocking sink just blocks upstream. */
+#include "one_error.h"
 #include "gstmicrobatcher.h"
 #include "bus_messages_doc.h"
 
@@ -490,6 +491,7 @@ static void gst_micro_batcher_init(GstMicroBatcher *self) {
 static void gst_micro_batcher_class_init(GstMicroBatcherClass *klass) {
   auto *oc = G_OBJECT_CLASS(klass);
   auto *ec = GST_ELEMENT_CLASS(klass);
+  videotrain_one_error_install(ec);  // one error per failure (one_error.h)
   oc->set_property = gst_micro_batcher_set_property;
   oc->get_property = gst_micro_batcher_get_property;
   oc->finalize = gst_micro_batcher_finalize;

@@ -3,6 +3,7 @@
  * prompt and its negative prompt (empty when the file has none), each with a sample meta whose
  * caption is the text, so that textencoder embeds both; the main tensor (int64 [6], see
  * prompt_record.h) says which prompt and role it is and what the file asks for it. */
+#include "one_error.h"
 #include "gstpromptsrc.h"
 
 #include <cstring>
@@ -149,6 +150,7 @@ static void gst_prompt_src_init(GstPromptSrc *self) {
 static void gst_prompt_src_class_init(GstPromptSrcClass *klass) {
   auto *gobject_class = G_OBJECT_CLASS(klass);
   auto *element_class = GST_ELEMENT_CLASS(klass);
+  videotrain_one_error_install(element_class);  // one error per failure (one_error.h)
   auto *base_class = GST_BASE_SRC_CLASS(klass);
   gobject_class->set_property = prompt_src_set_property;
   gobject_class->get_property = prompt_src_get_property;

@@ -3,6 +3,7 @@
  * frames go through a private pipeline, appsrc ! ENCODER ! filesink, built from the `encoder`
  * description (default: H.264 in MP4 through GStreamer's own elements), which is finished (EOS) and
  * closed at the next sample's event or at EOS, so every file is complete on its own. */
+#include "one_error.h"
 #include "gstsamplesink.h"
 
 #include <gst/app/gstappsrc.h>
@@ -384,6 +385,7 @@ static void gst_sample_sink_init(GstSampleSink *self) {
 static void gst_sample_sink_class_init(GstSampleSinkClass *klass) {
   auto *gobject_class = G_OBJECT_CLASS(klass);
   auto *element_class = GST_ELEMENT_CLASS(klass);
+  videotrain_one_error_install(element_class);  // one error per failure (one_error.h)
   auto *base = GST_BASE_SINK_CLASS(klass);
   gobject_class->set_property = set_property;
   gobject_class->get_property = get_property;

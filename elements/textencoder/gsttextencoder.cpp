@@ -4,6 +4,7 @@
  * caption's embedding and mask added as the named tensors text_embeds [L, D] and text_mask [L].
  * Up to batch-size buffers are held so that their captions are encoded in one call; a
  * serialized event (the epoch event, EOS, a segment) sends the held ones first. */
+#include "one_error.h"
 #include "gsttextencoder.h"
 #include "bus_messages_doc.h"
 
@@ -319,6 +320,7 @@ static void gst_text_encoder_finalize(GObject *object) {
 static void gst_text_encoder_class_init(GstTextEncoderClass *klass) {
   auto *oc = G_OBJECT_CLASS(klass);
   auto *ec = GST_ELEMENT_CLASS(klass);
+  videotrain_one_error_install(ec);  // one error per failure (one_error.h)
   oc->set_property = gst_text_encoder_set_property;
   oc->get_property = gst_text_encoder_get_property;
   oc->finalize = gst_text_encoder_finalize;

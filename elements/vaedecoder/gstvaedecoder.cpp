@@ -8,6 +8,7 @@
  * different clips can be told apart downstream. The frame size follows each latent (caps are
  * renegotiated when it changes). A latent the VAE cannot decode (wrong channel count: another
  * VAE's latents) is an element error naming what to change. */
+#include "one_error.h"
 #include "gstvaedecoder.h"
 
 #include <gst/video/video.h>
@@ -89,7 +90,8 @@ static gboolean load_engine(GstVaeDecoder *self) {
     error = "unknown exception";
   }
   if (!eng) {
-    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Could not set up the VAE decoder"), ("%s", error.c_str()));
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Could not set up the VAE decoder: %s", error.c_str()),
+                      ("property model: a diffusers VAE folder (config.json and weights)"));
     return FALSE;
   }
   GST_INFO_OBJECT(self, "%s VAE decoder on %s (%s), %d latent channels, %dx spatial", eng->family_name().c_str(),
@@ -314,6 +316,7 @@ static void gst_vae_decoder_finalize(GObject *object) {
 static void gst_vae_decoder_class_init(GstVaeDecoderClass *klass) {
   auto *gobject_class = G_OBJECT_CLASS(klass);
   auto *element_class = GST_ELEMENT_CLASS(klass);
+  videotrain_one_error_install(element_class);  // one error per failure (one_error.h)
   gobject_class->set_property = gst_vae_decoder_set_property;
   gobject_class->get_property = gst_vae_decoder_get_property;
   gobject_class->finalize = gst_vae_decoder_finalize;

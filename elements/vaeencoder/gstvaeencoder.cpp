@@ -8,6 +8,7 @@
  * element message (sample-id, reason); the stream goes on. A failure that every clip would
  * meet (a clip length the VAE cannot use, an encoder that fails on the first clip) is an
  * element error instead: dropping every clip would loop forever with num-epochs=0. */
+#include "one_error.h"
 #include "gstvaeencoder.h"
 #include "bus_messages_doc.h"
 
@@ -489,7 +490,8 @@ static gboolean load_engine(GstVaeEncoder *self) {
     error = "unknown exception";
   }
   if (!eng) {
-    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Could not set up the VAE encoder"), ("%s", error.c_str()));
+    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Could not set up the VAE encoder: %s", error.c_str()),
+                      ("property model: a diffusers VAE folder (config.json and weights) or a TorchScript file"));
     return FALSE;
   }
   eng->set_warning_callback([self](const std::string &w) {
@@ -622,6 +624,7 @@ static void gst_vae_encoder_finalize(GObject *object) {
 static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
   auto *gobject_class = G_OBJECT_CLASS(klass);
   auto *element_class = GST_ELEMENT_CLASS(klass);
+  videotrain_one_error_install(element_class);  // one error per failure (one_error.h)
   gobject_class->set_property = gst_vae_encoder_set_property;
   gobject_class->get_property = gst_vae_encoder_get_property;
   gobject_class->finalize = gst_vae_encoder_finalize;
