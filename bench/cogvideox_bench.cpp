@@ -17,6 +17,7 @@
  *             [--latent-frames 3 --latent-height 30 --latent-width 44] [--lora R]
  *             [--checkpointing none|full|selective] [--optimizer none|adamw] [--warmup 1] [--steps 3]
  *             [--rounds 1] [--peak-tflops 989] [--weights DIR] [--save-dtype bf16] [--workdir DIR] [--keep]
+ *             [--flops-only]   # the setup line and the flop accounting alone
  * Latent sizes are the transformer's input ([1, F, 16, H, W]: 49x480x720 video = 13x60x90 latents),
  * text 226 tokens; any of these flags but the sizes selects the mode. CogVideoX-2b is --layers 30. */
 #include <ATen/Parallel.h>

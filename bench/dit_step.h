@@ -56,6 +56,7 @@ struct Options {
   int layers = 2, lora = 0, warmup = 1, steps = 3, rounds = 1, threads = 0;
   double peak_tflops = 989;     // H100 SXM dense bf16
   bool keep = false;
+  bool flops_only = false;      // print the setup and the flop accounting, run nothing
 };
 
 // Takes argv[i] (and its value) when it is a step-mode flag; `dims` are the bench's latent sizes
@@ -88,6 +89,7 @@ inline bool parse_flag(int argc, char **argv, int &i, Options &o, int64_t *frame
   else if (a == "--save-dtype") o.save_dtype = val();
   else if (a == "--peak-tflops") o.peak_tflops = std::atof(val().c_str());
   else if (a == "--keep") o.keep = true;
+  else if (a == "--flops-only") o.flops_only = true;
   else return false;
   // Only these select the step mode; --latent-* alone keep the old comparison.
   if (a != "--latent-frames" && a != "--latent-height" && a != "--latent-width" && a != "--text") o.active = true;
@@ -287,6 +289,8 @@ inline int run_driver(const Options &o0, const Family &fam, const std::string &s
     std::ifstream f(o.folder + "/config.json");
     if (!f) throw std::runtime_error("--weights '" + o.folder + "' has no config.json");
     config_text.assign(std::istreambuf_iterator<char>(f), {});
+  } else if (o.flops_only) {
+    config_text = fam.config(o.layers);
   } else {
     o.folder = o.workdir + "/transformer";
     at::ScalarType st;
@@ -298,7 +302,7 @@ inline int run_driver(const Options &o0, const Family &fam, const std::string &s
   const auto cfg = nlohmann::json::parse(config_text, nullptr, false);
   if (!cfg.is_object()) throw std::runtime_error(o.folder + "/config.json is not a JSON object");
   o.inputs = o.workdir + "/inputs.safetensors";
-  {
+  if (!o.flops_only) {
     std::vector<SafetensorsOutTensor> ts;
     std::map<std::string, std::string> meta;
     for (auto &[k, t] : fam.inputs(cfg)) {
@@ -312,7 +316,7 @@ inline int run_driver(const Options &o0, const Family &fam, const std::string &s
   std::printf("%s: %s, %d layers (%s), tokens %s, device %s, dtype %s, %s, checkpointing %s, optimizer %s; "
               "%d warm-up + %d timed steps per side (setup %.1f s, folder %s)\n",
               fam.name.c_str(), cfg.value("_class_name", std::string("?")).c_str(), cfg.value("num_layers", 0),
-              o.weights.empty() ? ("random weights saved " + o.save_dtype).c_str() : "--weights",
+              !o.weights.empty() ? "--weights" : o.flops_only ? "config only" : ("random weights saved " + o.save_dtype).c_str(),
               fam.tokens(cfg).c_str(), o.device.c_str(), o.dtype.c_str(),
               o.lora > 0 ? ("LoRA rank " + std::to_string(o.lora) + " on to_q/to_k/to_v/to_out.0, base frozen" +
                             (o.dtype == "bfloat16" ? " in bf16" : "")).c_str()
@@ -338,7 +342,7 @@ inline int run_driver(const Options &o0, const Family &fam, const std::string &s
   std::printf(" step = 3 x forward = %.4g TFLOP; MFU = step flops / median step time / %.0f TFLOP/s (--peak-tflops)\n",
               step_flops / 1e12, o.peak_tflops);
   std::vector<double> ratios;
-  for (int round = 0; round < o.rounds; round++) {
+  for (int round = 0; round < (o.flops_only ? 0 : o.rounds); round++) {
     nlohmann::json a, b;
     const bool peer_first = round % 2 == 1;
     if (peer && peer_first) b = side_result(peer_cmd);

@@ -19,6 +19,7 @@
  *             [--latent-frames 3 --latent-height 30 --latent-width 52] [--text 512] [--lora R]
  *             [--checkpointing none|full|selective] [--optimizer none|adamw] [--warmup 1] [--steps 3]
  *             [--rounds 1] [--peak-tflops 989] [--weights DIR] [--save-dtype bf16] [--workdir DIR] [--keep]
+ *             [--flops-only]   # the setup line and the flop accounting alone
  * Latent sizes are the transformer's input ([1, 16, F, H, W]: 81x480x832 video = 21x60x104 latents);
  * any of these flags but the sizes selects the mode. The real Wan 2.1 1.3B is --layers 30. */
 #include <ATen/Parallel.h>
