@@ -253,7 +253,10 @@ def main(argv):
     times.sort()
     peak = torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else \
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(json.dumps({"side": "diffusers", "impl": "diffusers %s, torch %s" % (diffusers.__version__, torch.__version__),
+    print(json.dumps({"side": "diffusers", "impl": "diffusers %s%s, torch %s" % (
+                          diffusers.__version__, "" if where == "installed" else " (from %s%s)" % (
+                              os.path.basename(where), "".join(", stand-in " + n for n in stand_ins)),
+                          torch.__version__),
                       "diffusers_from": where, "stand_ins": stand_ins, "lora_impl": lora_impl,
                       "seconds": times, "median_s": times[len(times) // 2], "peak_mem_mb": peak,
                       "memory": "peak CUDA allocated" if cuda else "peak RSS", "first_loss": first,
