@@ -3,6 +3,8 @@
 
 #include <cstdio>
 
+#include "utf8_cut.h"
+
 namespace videotrain {
 
 namespace {
@@ -60,10 +62,20 @@ std::string bus_text(const GstStructure *s) {
     gst_structure_get_boolean(s, "skipped", &skipped);
     guint epoch = 0;
     gst_structure_get_uint(s, "epoch", &epoch);
-    // The same line videotrain-launch makes of gst-launch-1.0 -m's structures.
-    return fmt("step %" G_GUINT64_FORMAT " | epoch %u | loss %.4f | lr %.2e | samples/s %.1f | data wait %.0f%%%s",
+    // The same line videotrain-launch makes of gst-launch-1.0 -m's structures; the run's progress last.
+    std::string progress;
+    if (num(s, "steps-per-second") > 0) progress += fmt(" | %.2f steps/s", num(s, "steps-per-second"));
+    if (const guint64 max_steps = u64(s, "max-steps"))
+      progress += fmt(" | %" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT, u64(s, "step"), max_steps);
+    double eta = 0;
+    if (gst_structure_get_double(s, "eta-seconds", &eta)) {
+      const long long e = static_cast<long long>(eta + 0.5);
+      progress += e >= 3600 ? fmt(", ETA %lld:%02lld:%02lld", e / 3600, e / 60 % 60, e % 60)
+                            : fmt(", ETA %lld:%02lld", e / 60, e % 60);
+    }
+    return fmt("step %" G_GUINT64_FORMAT " | epoch %u | loss %.4f | lr %.2e | samples/s %.1f | data wait %.0f%%%s%s",
                u64(s, "step"), epoch, num(s, "loss"), num(s, "lr"), num(s, "samples-per-second"),
-               100 * num(s, "data-wait"), skipped ? " | skipped (non-finite)" : "");
+               100 * num(s, "data-wait"), skipped ? " | skipped (non-finite)" : "", progress.c_str());
   }
   if (name == "ddptrainsink-checkpoint") {
     gboolean rescue = FALSE;
@@ -76,9 +88,30 @@ std::string bus_text(const GstStructure *s) {
                u64(s, "step"), num(s, "loss"), u64(s, "samples"), num(s, "seconds"));
   if (name == "ddpvalsink-skipped") return "validation skipped: " + str(s, "text");
   if (name == "csvvideosrc-epoch")
-    return fmt("csvvideosrc: epoch %" G_GUINT64_FORMAT " done: %" G_GUINT64_FORMAT " clips (%" G_GUINT64_FORMAT
+    return fmt("csvvideosrc%s%s: epoch %" G_GUINT64_FORMAT " done: %" G_GUINT64_FORMAT " clips (%" G_GUINT64_FORMAT
                " decoded, %" G_GUINT64_FORMAT " from the latent cache, %" G_GUINT64_FORMAT " replaced)",
-               u64(s, "epoch"), u64(s, "clips"), u64(s, "decoded"), u64(s, "cached"), u64(s, "replaced"));
+               str(s, "manifest").empty() ? "" : " ", str(s, "manifest").c_str(), u64(s, "epoch"), u64(s, "clips"),
+               u64(s, "decoded"), u64(s, "cached"), u64(s, "replaced"));
+  if (name == "ddpsampler-sample") {
+    gint64 seed = 0;
+    gst_structure_get_int64(s, "seed", &seed);
+    gint frames = 0, width = 0, height = 0;
+    gst_structure_get_int(s, "num-frames", &frames);
+    gst_structure_get_int(s, "width", &width);
+    gst_structure_get_int(s, "height", &height);
+    std::string text = str(s, "prompt-text");
+    if (text.size() > 60) text = text.substr(0, utf8_cut(text, 57)) + "...";
+    return fmt("sample of step %" G_GUINT64_FORMAT ", prompt %u (\"%s\"): %dx%dx%d, seed %" G_GINT64_FORMAT
+               ", %s, %.1f s",
+               u64(s, "step"), guint(u64(s, "prompt")), text.c_str(), frames, width, height, seed,
+               str(s, "sampler").c_str(), num(s, "seconds"));
+  }
+  if (name == "samplesink-file")
+    return fmt("sample written: %s (step %" G_GUINT64_FORMAT ", prompt %u, %" G_GUINT64_FORMAT " frames)",
+               str(s, "path").c_str(), u64(s, "step"), guint(u64(s, "prompt")), u64(s, "frames"));
+  if (name == "ddptrainsink-export")
+    return fmt("exported step %" G_GUINT64_FORMAT " (%s): %s", u64(s, "step"), str(s, "dtype").c_str(),
+               str(s, "path").c_str());
   if (name == "vaeencoder-dropped")
     return fmt("vaeencoder dropped sample %" G_GUINT64_FORMAT " (epoch %" G_GUINT64_FORMAT ", clip %" G_GUINT64_FORMAT
                "): %s",

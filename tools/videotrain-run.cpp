@@ -118,7 +118,8 @@ gboolean on_message(GstBus *, GstMessage *msg, gpointer) {
         set_status(videotrain::bus_text(s));
       } else if (!quiet && (g_str_has_prefix(name, "csvvideosrc") || g_str_has_prefix(name, "vaeencoder") ||
                             g_str_has_prefix(name, "microbatcher") || g_str_has_prefix(name, "ddp") ||
-                            g_str_has_prefix(name, "textencoder"))) {
+                            g_str_has_prefix(name, "textencoder") || g_str_has_prefix(name, "samplesink") ||
+                            g_str_has_prefix(name, "promptsrc") || g_str_has_prefix(name, "vaedecoder"))) {
         print_line(videotrain::bus_text(s));
       }
       break;

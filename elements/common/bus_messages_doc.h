@@ -8,7 +8,7 @@
   "\n\nBus messages:\n"                                                                                        \
   "  csvvideosrc-epoch (element message, after an epoch's last frame): epoch (uint), clips (guint64), "       \
   "replaced (guint64), decoded (guint64: clips decoded), cached (guint64: clips a vaeencoder cache held, "     \
-  "sent without decoding).\n"                                                                                  \
+  "sent without decoding), manifest (string: the manifest's file name and split, message only).\n"              \
   "  csvvideosrc-replaced (the details structure of a warning, once per bad row and epoch): row (guint64), "   \
   "path (string), reason (string), epoch (uint), clip (guint64).\n"                                             \
   "Downstream events: csvvideosrc-epoch (serialized custom event, same fields) after an epoch's last frame; " \
@@ -28,7 +28,9 @@
   "\n\nBus messages (every rank posts its own):\n"                                                             \
   "  ddptrainsink-step (element message, every log-every steps): step (guint64), epoch (uint), loss (double), " \
   "lr (double), grad-norm (double), samples-per-second (double), data-wait (double, 0-1: the share of the "   \
-  "step spent waiting for data), skipped (boolean: the step was skipped for a non-finite loss or gradient).\n" \
+  "step spent waiting for data), skipped (boolean: the step was skipped for a non-finite loss or gradient), "  \
+  "max-steps (guint64, 0: none), steps-per-second (double, smoothed over the logged steps; 0 at the first), " \
+  "eta-seconds (double: the time left to max-steps at that rate; absent without max-steps or a rate).\n"      \
   "  ddptrainsink-checkpoint (element message): step (guint64), path (string), rescue (boolean, present and "  \
   "true for a rescue checkpoint).\n"                                                                           \
   "  ddptrainsink-export (element message, rank 0, a native model's finished run): step (guint64), path "      \

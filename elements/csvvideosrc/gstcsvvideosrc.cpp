@@ -295,7 +295,12 @@ static gboolean gst_csv_video_src_start(GstBaseSrc *src) {
     GST_ELEMENT_WARNING(self, RESOURCE, READ, ("Manifest row %" G_GUINT64_FORMAT " changed: %s", row, w.c_str()),
                         ("%s", path.c_str()));
   };
-  cb.epoch_done = [self](uint32_t epoch, uint64_t clips, uint64_t replaced, uint64_t decoded, uint64_t cached) {
+  // Which source an epoch line is of (training or validation): the manifest's file name and split.
+  const std::string location = cfg.manifest.location;
+  const std::string manifest_name = location.substr(location.find_last_of('/') + 1) +
+                                    (cfg.manifest.split.empty() ? std::string() : " split " + cfg.manifest.split);
+  cb.epoch_done = [self, manifest_name](uint32_t epoch, uint64_t clips, uint64_t replaced, uint64_t decoded,
+                                        uint64_t cached) {
     GST_INFO_OBJECT(self,
                     "epoch %u done: %" G_GUINT64_FORMAT " clips (%" G_GUINT64_FORMAT " decoded, %" G_GUINT64_FORMAT
                     " from the latent cache), %" G_GUINT64_FORMAT " replaced",
@@ -306,6 +311,7 @@ static gboolean gst_csv_video_src_start(GstBaseSrc *src) {
     gst_mini_object_replace(reinterpret_cast<GstMiniObject **>(&self->epoch_event),
                             GST_MINI_OBJECT_CAST(gst_event_new_custom(GST_EVENT_CUSTOM_DOWNSTREAM,
                                                                       gst_structure_copy(s))));
+    gst_structure_set(s, "manifest", G_TYPE_STRING, manifest_name.c_str(), NULL);  // the message only
     gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), s));
   };
   // With several ranks the ddptrainsink downstream relays each rank's row facts to the others

@@ -305,7 +305,9 @@ void TrainerEngine::Impl::export_model() {
   if (!written) return;  // TorchScript and built-in models have their checkpoints alone
   exported_step = steps_done;
   Message m("ddptrainsink-export");
-  m.set_uint64("step", steps_done).set_string("path", dir).set_string("dtype", cfg.save_dtype);
+  // A LoRA's files keep the adapter's own float32 (save-dtype is the full model's).
+  const std::string dtype = model->export_name() == "lora" ? std::string("fp32") : cfg.save_dtype;
+  m.set_uint64("step", steps_done).set_string("path", dir).set_string("dtype", dtype);
   messages.push_back(m);
   metrics_written(run_log.append_line(json{{"type", "export"}, {"step", steps_done}, {"path", dir}}.dump()));
 }

@@ -60,6 +60,17 @@ void TrainerEngine::Impl::log_report(const StepReport &r) {
   m.set_uint64("step", r.step).set_uint("epoch", r.epoch).set_bool("skipped", r.skipped);
   m.set_double("loss", r.loss).set_double("lr", r.lr).set_double("grad-norm", r.grad_norm);
   m.set_double("samples-per-second", r.samples_per_s).set_double("data-wait", r.data_wait);
+  // Progress: the step rate since the last logged step, and what is left of max-steps.
+  const double t = now_s();
+  if (rate_time >= 0 && r.step > rate_step && t > rate_time) {
+    const double now_rate = static_cast<double>(r.step - rate_step) / (t - rate_time);
+    steps_per_s = steps_per_s > 0 ? 0.7 * steps_per_s + 0.3 * now_rate : now_rate;  // smoothed
+  }
+  rate_time = t;
+  rate_step = r.step;
+  m.set_uint64("max-steps", cfg.max_steps).set_double("steps-per-second", steps_per_s);
+  if (cfg.max_steps > r.step && steps_per_s > 0)
+    m.set_double("eta-seconds", static_cast<double>(cfg.max_steps - r.step) / steps_per_s);
   messages.push_back(std::move(m));
   metrics_written(run_log.log_step(r));
 }

@@ -159,6 +159,10 @@ struct TrainerEngine::Impl {
   // ends between two logged steps (or before the first) still records where it ended.
   StepReport unlogged;
   bool has_unlogged = false;
+  // Steps per second between two logged steps (the progress line's rate and ETA).
+  double rate_time = -1;
+  uint64_t rate_step = 0;
+  double steps_per_s = 0;
   void notify(const StepReport &r);  // the step callbacks
   // process_inputs() without its failure report.
   ProcessResult process(const ModelInputs &in, const MicroBatchInfo &info);

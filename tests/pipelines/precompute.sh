@@ -35,9 +35,9 @@ timeout -k 10 240 "$launch" -n 2 -f "$src/pipelines/precompute.pipeline" "${defs
   || { cat "$work/pre.log"; fail "precompute exited non-zero"; }
 grep -q '^\[rank 0\] .*progressreport' "$work/pre.log" || { cat "$work/pre.log"; fail "no progress line"; }
 for r in 0 1; do
-  grep -q "^\[rank $r\] csvvideosrc: epoch [0-9]* done" "$work/pre.log" || { cat "$work/pre.log"; fail "rank $r: no epoch message"; }
+  grep -q "^\[rank $r\] csvvideosrc[^:]*: epoch [0-9]* done" "$work/pre.log" || { cat "$work/pre.log"; fail "rank $r: no epoch message"; }
 done
-decoded=$(grep 'csvvideosrc: epoch [0-9]* done' "$work/pre.log" | field decoded | awk '{s += $1} END {print s + 0}')
+decoded=$(grep 'csvvideosrc[^:]*: epoch [0-9]* done' "$work/pre.log" | field decoded | awk '{s += $1} END {print s + 0}')
 # The padding clip that evens out the ranks repeats a row of the other rank: decoded once more
 # when both ranks look it up before either has written it.
 (( decoded == clips || decoded == clips + 1 )) ||
@@ -54,7 +54,7 @@ timeout -k 10 300 "$launch" -n 2 -f "$src/pipelines/train.pipeline" "${defs[@]}"
   -D CKPT="$work/ckpt" -D CKPT_EVERY=0 -D METRICS="$work/metrics.jsonl" > "$work/train.log" 2>&1 \
   || { cat "$work/train.log"; fail "training exited non-zero"; }
 for r in 0 1; do
-  epochs=$(grep "^\[rank $r\] csvvideosrc: epoch [0-9]* done" "$work/train.log" || true)
+  epochs=$(grep "^\[rank $r\] csvvideosrc[^:]*: epoch [0-9]* done" "$work/train.log" || true)
   [[ -n $epochs ]] || { cat "$work/train.log"; fail "rank $r: no csvvideosrc-epoch message in training"; }
   if field decoded <<< "$epochs" | grep -v '^0$' > /dev/null; then
     cat "$work/train.log"; fail "rank $r decoded clips while training from a full cache"

@@ -60,9 +60,17 @@ assert dex < 1e-2, f"the bf16 export is not the final weights (rel {dex})"
 print(f"wan: weights moved {moved:.3g}; 1 vs 2 ranks rel L2 {d12:.2g}; resume identical; "
       f"export (bf16) rel {dex:.2g}; losses {[round(l, 3) for l in losses]}")
 PY
-grep -q "ddptrainsink-export" "$work/one.log" || { cat "$work/one.log"; echo "FAIL: no ddptrainsink-export message"; exit 1; }
+grep -q "exported step [0-9]* (bf16)" "$work/one.log" || { cat "$work/one.log"; echo "FAIL: no ddptrainsink-export message"; exit 1; }
 "$build/tools/videotrain-model" info "$work/ckpt-one/transformer" | grep -q "stored BF16" || {
   echo "FAIL: the export is not a bf16 folder that videotrain-model reads"; exit 1; }
+# export takes the run's checkpoint-dir (its newest verified step) and gives the same folder as the
+# run's own export (issue 38 item 4).
+"$build/tools/videotrain-model" export "$work/ckpt-one" "$work/exported" --dtype bf16 > "$work/export.log" \
+  || { cat "$work/export.log"; echo "FAIL: export of the checkpoint-dir"; exit 1; }
+grep -q "newest verified checkpoint" "$work/export.log" || { cat "$work/export.log"; echo "FAIL: export did not pick a step"; exit 1; }
+cmp "$work/exported/diffusion_pytorch_model.safetensors" "$work/ckpt-one/transformer/diffusion_pytorch_model.safetensors" \
+  || { echo "FAIL: export of the checkpoint-dir differs from the run's export"; exit 1; }
+echo "wan: export of the checkpoint-dir equals the run's export"
 # Fine-tuning from the fine-tune: model= takes the exported folder.
 run again 1 4 2 1 false "$work/ckpt-one/transformer" || { cat "$work/again.log"; echo "FAIL: the exported folder does not train"; exit 1; }
 echo "wan: the exported folder trains again"
@@ -144,7 +152,16 @@ assert torch.equal(d, c) and torch.equal(d, k), "the three namings give differen
 assert not torch.equal(d, b), "the LoRA changes nothing"
 print("wan lora: the diffusers, ComfyUI and kohya files give identical outputs, different from the base")
 PY
+# A LoRA run's checkpoint-dir exports its LoRA in the naming asked for, and info reads a LoRA file.
+"$build/tools/videotrain-model" export "$work/ckpt-lone" "$work/lora-export" --format comfyui > "$work/lexport.log" \
+  || { cat "$work/lexport.log"; echo "FAIL: export of a LoRA checkpoint-dir"; exit 1; }
+"$build/tools/videotrain-model" info "$work/lora-export/lora_comfyui.safetensors" > "$work/linfo.log" \
+  || { cat "$work/linfo.log"; echo "FAIL: info of a LoRA file"; exit 1; }
+for want in "naming: comfyui" "rank: 4" "alpha: 8" "attn1.to_q" "fits: a Wan transformer with at least 2 blocks"; do
+  grep -q "$want" "$work/linfo.log" || { cat "$work/linfo.log"; echo "FAIL: LoRA info lacks '$want'"; exit 1; }
+done
+echo "wan lora: the checkpoint-dir exports its LoRA as ComfyUI; info names naming, rank, alpha, targets, model"
 if run lbad 1 4 2 1 false "$work/dit" "lora-rank=4 lora-targets=to_q,to_qq"; then echo "FAIL: a target naming nothing trained"; exit 1; fi
 grep -q "'to_qq' names no Linear module" "$work/lbad.log" || { cat "$work/lbad.log"; echo "FAIL: the bad target is not named"; exit 1; }
 echo "wan lora: a target naming nothing fails at start naming it"
-echo "7 passed, 0 failed"
+echo "9 passed, 0 failed"
