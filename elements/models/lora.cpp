@@ -109,13 +109,27 @@ LoraFile read_lora_file(const std::string &path) {
     const std::string &module = k.module;
     const std::string &part = k.part;
     auto &lm = out.modules[module];
+    // NaN or Inf in a factor or an alpha would write NaN weights or outputs without a word: refused here,
+    // naming the key (issue 38 item 10).
+    const at::Tensor t = to_tensor(e, path);
+    if (t.numel() > 0 && !torch::isfinite(t).all().item<bool>())
+      throw std::runtime_error("'" + path + "' key '" + key + "' holds NaN or Inf");
     if (part == ".alpha") {
       if (e.nbytes == 0) throw std::runtime_error("'" + path + "' key '" + key + "' is empty");
-      lm.alpha = to_tensor(e, path).flatten()[0].item<double>();
+      lm.alpha = t.flatten()[0].item<double>();
+      if (!(lm.alpha > 0) || lm.alpha > 1e6)
+        throw std::runtime_error("'" + path + "' key '" + key + "' is alpha " + std::to_string(lm.alpha) +
+                                 "; a LoRA's alpha is positive (the scale is alpha / rank)");
     } else if (part == ".lora_A.weight" || part == ".lora_down.weight") {
-      lm.a = to_tensor(e, path);
+      if (lm.a.defined())
+        throw std::runtime_error("'" + path + "' holds module '" + module + "''s A twice (lora_A and lora_down): '" +
+                                 key + "' is the second");
+      lm.a = t;
     } else {
-      lm.b = to_tensor(e, path);
+      if (lm.b.defined())
+        throw std::runtime_error("'" + path + "' holds module '" + module + "''s B twice (lora_B and lora_up): '" +
+                                 key + "' is the second");
+      lm.b = t;
     }
   }
   if (out.modules.empty()) throw std::runtime_error("'" + path + "' holds no LoRA tensors");
@@ -124,6 +138,8 @@ LoraFile read_lora_file(const std::string &path) {
       throw std::runtime_error("'" + path + "' has " + (lm.a.defined() ? "lora_A" : "lora_B") + " for module '" + name +
                                "' but not its " + (lm.a.defined() ? "lora_B" : "lora_A"));
     const int64_t r = lm.a.size(0);
+    if (lm.a.dim() == 2 && r == 0)
+      throw std::runtime_error("'" + path + "' LoRA of module '" + name + "' has rank 0 (no rows in A)");
     if (lm.a.dim() != 2 || lm.b.dim() != 2 || lm.b.size(1) != r)
       throw std::runtime_error("'" + path + "' LoRA of module '" + name + "' has A and B whose ranks differ");
     if (out.rank && r != out.rank)
@@ -144,7 +160,12 @@ LoraFile read_lora_file(const std::string &path) {
     const auto *dora = get("use_dora");
     if (dora && dora->is_boolean() && dora->get<bool>())
       throw std::runtime_error("'" + path + "' is a DoRA adapter (use_dora in its lora_adapter_metadata); LoRA only");
-    if (const auto *a = get("lora_alpha"); a && a->is_number()) out.alpha = a->get<double>();
+    if (const auto *a = get("lora_alpha"); a && a->is_number()) {
+      out.alpha = a->get<double>();
+      if (!std::isfinite(out.alpha) || !(out.alpha > 0) || out.alpha > 1e6)
+        throw std::runtime_error("'" + path + "' lora_adapter_metadata says lora_alpha " + a->dump() +
+                                 "; a LoRA's alpha is positive and finite (the scale is alpha / rank)");
+    }
     // PEFT's alpha_pattern: the first pattern that matches the module's name or a dotted tail of it.
     if (const auto *ap = get("alpha_pattern"); ap && ap->is_object())
       for (auto &[name, lm] : out.modules)
@@ -158,6 +179,9 @@ LoraFile read_lora_file(const std::string &path) {
             throw std::runtime_error("'" + path + "' alpha_pattern '" + pat + "' is not a regular expression");
           }
           if (hit && v.is_number()) {
+            if (!(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+              throw std::runtime_error("'" + path + "' alpha_pattern gives '" + pat + "' alpha " + v.dump() +
+                                       "; a LoRA's alpha is positive and finite");
             if (lm.alpha < 0) lm.alpha = v.get<double>();
             break;
           }
@@ -175,6 +199,15 @@ LoraFile read_lora_file(const std::string &path) {
         if (v.is_array() && v.size() == 2 && v[0].is_number_integer() && v[1].is_number_integer())
           out.shapes[it.key()] = {v[0].get<int64_t>(), v[1].get<int64_t>()};
       }
+  }
+  // Finite factors can still overflow float32 once multiplied (3e38 in A and B): refused, naming the module.
+  for (const auto &[name, lm] : out.modules) {
+    const double scale = out.alpha_of(lm) / static_cast<double>(lm.a.size(0));
+    const double bound = lm.a.abs().max().item<double>() * lm.b.abs().max().item<double>() *
+                         static_cast<double>(lm.a.size(0)) * scale;
+    if (!std::isfinite(bound) || bound > 1e30)
+      throw std::runtime_error("'" + path + "' LoRA of module '" + name + "' has factors whose product (up to " +
+                               std::to_string(bound) + " a weight) overflows float32 when applied");
   }
   // The zero adapters a naming's loaders required change nothing and cannot train (both factors zero).
   bool any = false;

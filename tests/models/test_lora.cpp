@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <unistd.h>
 
@@ -161,6 +162,54 @@ TEST(WanLora, FilesThatDoNotFitAreErrorsNamingTheKey) {
                     t("transformer.blocks.0.attn1.to_k.lora_B.weight", {32, 8})}).find("one rank per file"),
             std::string::npos);
   EXPECT_NE(err_of({t("transformer.blocks.0.attn1.to_q.weight", {32, 32})}).find("not a LoRA tensor"), std::string::npos);
+}
+
+// Non-finite LoRA math (issue 38 item 10): NaN in A, Inf in B, alpha Inf, NaN, negative or 1e308 (metadata),
+// finite factors whose product overflows, rank 0, one module's A given twice: each refused at read,
+// naming the file's key or module, where they used to write NaN weights with exit 0.
+TEST(WanLora, NonFiniteOrOverflowingFilesAreRefusedNamingTheKey) {
+  auto m = open_dit(dit_ref("wan_t2v_tiny"), torch::kCPU);
+  auto err_of = [&](const std::vector<SafetensorsOutTensor> &ts, const std::map<std::string, std::string> &meta = {}) {
+    const std::string path = std::filesystem::temp_directory_path() / ("vt-nanlora-" + std::to_string(::getpid()) + ".safetensors");
+    std::string err;
+    EXPECT_TRUE(write_safetensors(path, ts, meta, &err)) << err;
+    std::string what;
+    try {
+      read_lora(path, m->module());
+    } catch (const std::exception &e) {
+      what = e.what();
+    }
+    std::filesystem::remove(path);
+    return what;
+  };
+  auto t = [](const std::string &name, std::vector<int64_t> shape, float v, int64_t at = -1, float special = 0) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    std::vector<float> f(size_t(n), v);
+    if (at >= 0) f[size_t(at)] = special;
+    std::vector<uint8_t> bytes(f.size() * 4);
+    std::memcpy(bytes.data(), f.data(), bytes.size());
+    return SafetensorsOutTensor{name, "F32", shape, bytes};
+  };
+  const std::string a = "transformer.blocks.0.attn1.to_q.lora_A.weight", b = "transformer.blocks.0.attn1.to_q.lora_B.weight";
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  auto has = [](const std::string &e, const std::string &what) {
+    EXPECT_NE(e.find(what), std::string::npos) << "error: '" << e << "', want '" << what << "'";
+  };
+  has(err_of({t(a, {4, 32}, 0.1f, 5, nan), t(b, {32, 4}, 0.1f)}), a + "' holds NaN or Inf");
+  has(err_of({t(a, {4, 32}, 0.1f), t(b, {32, 4}, 0.1f, 7, inf)}), b + "' holds NaN or Inf");
+  const std::string ka = "lora_unet_blocks_0_self_attn_q.lora_down.weight", kb = "lora_unet_blocks_0_self_attn_q.lora_up.weight",
+                    kal = "lora_unet_blocks_0_self_attn_q.alpha";
+  has(err_of({t(ka, {4, 32}, 0.1f), t(kb, {32, 4}, 0.1f), t(kal, {}, inf)}), kal + "' holds NaN or Inf");
+  has(err_of({t(ka, {4, 32}, 0.1f), t(kb, {32, 4}, 0.1f), t(kal, {}, nan)}), kal + "' holds NaN or Inf");
+  has(err_of({t(ka, {4, 32}, 0.1f), t(kb, {32, 4}, 0.1f), t(kal, {}, -4.0f)}), "a LoRA's alpha is positive");
+  has(err_of({t(a, {4, 32}, 0.1f), t(b, {32, 4}, 0.1f)},
+             {{"lora_adapter_metadata", "{\"transformer.lora_alpha\": 1e308, \"transformer.r\": 4}"}}),
+      "lora_alpha 1e+308");
+  has(err_of({t(a, {4, 32}, 3e38f), t(b, {32, 4}, 3e38f)}), "overflows float32");
+  has(err_of({t(a, {0, 32}, 0.f), t(b, {32, 0}, 0.f)}), "rank 0");
+  has(err_of({t(a, {4, 32}, 0.1f), t(b, {32, 4}, 0.1f), t("transformer.blocks.0.attn1.to_q.lora_down.weight", {4, 32}, 0.1f)}),
+      "A twice");
 }
 
 // Attached with B = 0 (a fresh LoRA, PEFT's init) the model's output is the base model's.
