@@ -3,7 +3,7 @@
  *
  *   videotrain-model info DIR
  *   videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] [--dtype float32|bfloat16]
- *                    [--device cpu|cuda:N] [--checkpointing] [--lora FILE]
+ *                    [--device cpu|cuda:N] [--checkpointing [full|selective]] [--lora FILE]
  *   videotrain-model vae encode|decode DIR IN.safetensors OUT.safetensors [--device D] [--dtype T]
  *   videotrain-model scheduler euler|unipc|ddim|dpm OUT.safetensors [--steps N] [--shift S] [--in IN] [--seed N]
  *   videotrain-model export CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]
@@ -56,7 +56,7 @@ int usage() {
   std::fprintf(stderr,
                "usage: videotrain-model info DIR\n"
                "       videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] "
-               "[--dtype float32|bfloat16] [--device cpu|cuda:N] [--checkpointing] [--lora FILE]\n"
+               "[--dtype float32|bfloat16] [--device cpu|cuda:N] [--checkpointing [full|selective]] [--lora FILE]\n"
                "       videotrain-model vae encode|decode DIR IN.safetensors OUT.safetensors [--device cpu|cuda:N] "
                "[--dtype float32|bfloat16]\n"
                "       videotrain-model scheduler euler|unipc|ddim|dpm OUT.safetensors [--steps N] [--shift S] "
@@ -208,6 +208,16 @@ int info(const std::string &dir) {
   return 0;
 }
 
+  // What each block keeps for backward under gradient checkpointing (self-attention's width: to_q's).
+  int64_t width = 0, blocks = 0;
+  for (const auto &item : m->module().named_parameters())
+    if (item.key().size() >= 17 && item.key().compare(item.key().size() - 17, 17, "attn1.to_q.weight") == 0)
+      width = item.value().size(0), blocks++;
+  if (width > 0)
+    std::printf("gradient checkpointing (ddptrainsink gradient-checkpointing, forward --checkpointing), kept per block "
+                "and token, bf16: true: the block's input, %s; selective: also self-attention's q, k, v and output "
+                "(4 x %lld values, plus a float32 logsumexp per head from fused kernels), %s; x %lld blocks\n",
+                human(2.0 * width).c_str(), (long long)width, human(2.0 * 5 * width).c_str(), (long long)blocks);
 // A transformer's inputs: what a DiT takes, said when one is missing (say, text-encoder inputs).
 at::Tensor entry_tensor(const SafetensorsFile &f, const std::string &name, bool required) {
   return input_tensor(f, name, required,
@@ -220,13 +230,23 @@ void add_out(std::vector<SafetensorsOutTensor> *out, const std::string &name, co
 }
 
 int forward(std::vector<std::string> args) {
-  const bool backward = flag(args, "--backward"), ckpt = flag(args, "--checkpointing");
+  const bool backward = flag(args, "--backward");
+  // --checkpointing alone is full (as before); --checkpointing full|selective|none names the mode.
+  Checkpointing ckpt = Checkpointing::none;
+  for (size_t i = 0; i < args.size(); i++)
+    if (args[i] == "--checkpointing") {
+      const std::string v = i + 1 < args.size() ? args[i + 1] : "";
+      const bool named = v == "full" || v == "selective" || v == "none";
+      ckpt = v == "selective" ? Checkpointing::selective : v == "none" ? Checkpointing::none : Checkpointing::full;
+      args.erase(args.begin() + i, args.begin() + i + (named ? 2 : 1));
+      break;
+    }
   const std::string dtype = opt(args, "--dtype", "float32"), device_name = opt(args, "--device", "cpu");
   const std::string lora_file = opt(args, "--lora", "");
   if (args.size() != 3 || (dtype != "float32" && dtype != "bfloat16")) return usage();
   const c10::Device device(device_name);
   auto m = open_dit(args[0], device);
-  m->set_gradient_checkpointing(ckpt);
+  m->set_checkpointing(ckpt);
   if (!lora_file.empty()) {  // the base frozen: --backward gives the LoRA tensors' gradients
     for (auto &p : m->module().parameters()) p.set_requires_grad(false);
     const auto lora = read_lora(lora_file, m->module());

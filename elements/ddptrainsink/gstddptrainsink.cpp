@@ -121,6 +121,11 @@ VIDEOTRAIN_DEFINE_ENUM(lora_format_type, "GstDdpTrainSinkLoraFormat",
                        {0, "diffusers/PEFT keys (pytorch_lora_weights.safetensors)", "diffusers"},
                        {1, "original Wan naming ComfyUI loads (lora_comfyui.safetensors)", "comfyui"},
                        {2, "kohya/musubi naming (lora_kohya.safetensors)", "kohya"}, {3, "all three", "all"})
+// Values 0 and 1 are false and true, so that gradient-checkpointing=true/false (and a boolean set from C) keep working.
+VIDEOTRAIN_DEFINE_ENUM(checkpointing_type, "GstDdpTrainSinkGradientCheckpointing",
+                       {0, "Keep every activation", "false"},
+                       {1, "Recompute each transformer block in backward (keeps its input)", "true"},
+                       {2, "Keep each block's attention (q, k, v, output), recompute the rest", "selective"})
 VIDEOTRAIN_DEFINE_ENUM(nan_policy_type, "GstDdpTrainSinkNanPolicy",
                        {0, "Warn and skip the optimizer step on every rank", "skip"}, {1, "Stop with an error", "fail"})
 
@@ -370,7 +375,7 @@ static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GVa
     case PROP_LOG_EVERY: c.log_every = g_value_get_uint(v); break;
     case PROP_METRICS_FILE: c.metrics_file = str(); break;
     case PROP_TENSORBOARD_DIR: c.tensorboard_dir = str(); break;
-    case PROP_GRADIENT_CHECKPOINTING: c.native.gradient_checkpointing = g_value_get_boolean(v); break;
+    case PROP_GRADIENT_CHECKPOINTING: c.native.gradient_checkpointing = static_cast<Checkpointing>(g_value_get_enum(v)); break;
     case PROP_TIMESTEP_SAMPLING: c.native.timestep_sampling = enum_nick(timestep_sampling_type(), g_value_get_enum(v)); break;
     case PROP_LOGIT_MEAN: c.native.logit_mean = g_value_get_double(v); break;
     case PROP_LOGIT_STD: c.native.logit_std = g_value_get_double(v); break;
@@ -429,7 +434,7 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
     case PROP_LOG_EVERY: g_value_set_uint(v, c.log_every); break;
     case PROP_METRICS_FILE: g_value_set_string(v, c.metrics_file.c_str()); break;
     case PROP_TENSORBOARD_DIR: g_value_set_string(v, c.tensorboard_dir.c_str()); break;
-    case PROP_GRADIENT_CHECKPOINTING: g_value_set_boolean(v, c.native.gradient_checkpointing); break;
+    case PROP_GRADIENT_CHECKPOINTING: g_value_set_enum(v, static_cast<gint>(c.native.gradient_checkpointing)); break;
     case PROP_TIMESTEP_SAMPLING: g_value_set_enum(v, enum_value(timestep_sampling_type(), c.native.timestep_sampling)); break;
     case PROP_LOGIT_MEAN: g_value_set_double(v, c.native.logit_mean); break;
     case PROP_LOGIT_STD: g_value_set_double(v, c.native.logit_std); break;
@@ -588,10 +593,13 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                                             "resume query with this rank's data position",
                                             FALSE, rw));
   install(PROP_GRADIENT_CHECKPOINTING,
-          g_param_spec_boolean("gradient-checkpointing", "Gradient checkpointing",
-                               "Native models: recompute each transformer block in backward instead of keeping its "
-                               "activations (memory of one block's activations, about a third more compute)",
-                               FALSE, rw));
+          g_param_spec_enum("gradient-checkpointing", "Gradient checkpointing",
+                            "Native models: true recomputes each transformer block in backward instead of keeping "
+                            "its activations (memory of one block's activations, about a third more compute); "
+                            "selective keeps each block's attention inputs and output and recomputes the rest "
+                            "(norms, projections, FFN: 4 x tokens x dim more per block than true, and backward "
+                            "never runs attention's forward again)",
+                            checkpointing_type(), 0, rw));
   install(PROP_TIMESTEP_SAMPLING,
           g_param_spec_enum("timestep-sampling", "Timestep sampling",
                             "Native Wan models (rectified flow): how each sample's sigma is drawn before flow-shift",

@@ -73,16 +73,22 @@ CogVideoXNormZeroImpl::CogVideoXNormZeroImpl(int64_t time_dim, int64_t dim, doub
   norm = register_module("norm", LayerNorm32(dim, eps, true));
 }
 
-at::Tensor CogVideoXNormZeroImpl::forward(const at::Tensor &x, const at::Tensor &temb, int64_t text_len,
-                                          at::Tensor *gate) {
+at::Tensor CogVideoXNormZeroImpl::modulation(const at::Tensor &temb) { return linear(torch::silu(temb)); }
+
+at::Tensor CogVideoXNormZeroImpl::modulate(const at::Tensor &x, const at::Tensor &mod, int64_t text_len, at::Tensor *gate) {
   // shift, scale, gate (video), enc_shift, enc_scale, enc_gate (text): each [B, 1, dim].
-  const auto m = linear(torch::silu(temb)).unsqueeze(1).chunk(6, -1);
+  const auto m = mod.unsqueeze(1).chunk(6, -1);
   const auto n = norm(x).to(x.scalar_type());
   const int64_t S = x.size(1) - text_len;
   const auto text = n.narrow(1, 0, text_len) * (1 + m[4]) + m[3];
   const auto video = n.narrow(1, text_len, S) * (1 + m[1]) + m[0];
-  *gate = at::cat({m[5].expand({-1, text_len, -1}), m[2].expand({-1, S, -1})}, 1);
+  if (gate) *gate = at::cat({m[5].expand({-1, text_len, -1}), m[2].expand({-1, S, -1})}, 1);
   return at::cat({text, video}, 1);
+}
+
+at::Tensor CogVideoXNormZeroImpl::forward(const at::Tensor &x, const at::Tensor &temb, int64_t text_len,
+                                          at::Tensor *gate) {
+  return modulate(x, modulation(temb), text_len, gate);
 }
 
 CogVideoXBlockImpl::CogVideoXBlockImpl(const CogVideoXConfig &c) : heads(c.num_attention_heads) {
@@ -110,10 +116,12 @@ CogVideoXBlockImpl::CogVideoXBlockImpl(const CogVideoXConfig &c) : heads(c.num_a
   net->push_back(ff_out);
 }
 
-at::Tensor CogVideoXBlockImpl::forward(const at::Tensor &x, const at::Tensor &temb, int64_t text_len,
-                                       const at::Tensor &cos, const at::Tensor &sin) {
-  at::Tensor gate;
-  auto n = norm1(x, temb, text_len, &gate);
+std::vector<at::Tensor> CogVideoXBlockImpl::head(const at::Tensor &x, const at::Tensor &temb, int64_t text_len,
+                                                  const at::Tensor &cos, const at::Tensor &sin) {
+  // Both norms' modulations here, so that temb's gradient comes from one segment (summed in the
+  // same order as without checkpointing); tail takes them as inputs ([B, 6 dim] each).
+  const auto mod1 = norm1->modulation(temb), mod2 = norm2->modulation(temb);
+  auto n = norm1->modulate(x, mod1, text_len, nullptr);  // the gate is tail's
   auto heads_of = [&](const at::Tensor &t) { return t.unflatten(2, {heads, -1}); };  // [B, N, H, D]
   const auto v = heads_of(to_v(n)).transpose(1, 2);  // [B, H, N, D]
   // q and k normalised in float32 (before the transpose: LayerNorm on contiguous rows, no copies),
@@ -125,10 +133,24 @@ at::Tensor CogVideoXBlockImpl::forward(const at::Tensor &x, const at::Tensor &te
     q = at::cat({q.narrow(2, 0, text_len), rotate_pairs(q.narrow(2, text_len, S), cos, sin)}, 2);
     k = at::cat({k.narrow(2, 0, text_len), rotate_pairs(k.narrow(2, text_len, S), cos, sin)}, 2);
   }
-  const auto o = attention(q, k, v).transpose(1, 2).flatten(2);
-  auto h = at::addcmul(x, gate, to_out(o).to(x.scalar_type()));  // gated residuals: one pass each
-  n = norm2(h, temb, text_len, &gate);
+  return {q, k, v, mod1, mod2};
+}
+
+at::Tensor CogVideoXBlockImpl::tail(const at::Tensor &x, const at::Tensor &mod1, const at::Tensor &mod2,
+                                    int64_t text_len, const at::Tensor &o) {
+  // norm1's gate: [B, L + S, dim] from mod1's chunks (views), as norm1->modulate makes it.
+  const auto m = mod1.unsqueeze(1).chunk(6, -1);
+  const int64_t S = x.size(1) - text_len;
+  auto gate = at::cat({m[5].expand({-1, text_len, -1}), m[2].expand({-1, S, -1})}, 1);
+  auto h = at::addcmul(x, gate, to_out(o.transpose(1, 2).flatten(2)).to(x.scalar_type()));  // gated residuals
+  const auto n = norm2->modulate(h, mod2, text_len, &gate);
   return at::addcmul(h, gate, ff_out(gelu_tanh(ff_in(n))).to(h.scalar_type()));
+}
+
+at::Tensor CogVideoXBlockImpl::forward(const at::Tensor &x, const at::Tensor &temb, int64_t text_len,
+                                       const at::Tensor &cos, const at::Tensor &sin) {
+  const auto p = head(x, temb, text_len, cos, sin);
+  return tail(x, p[3], p[4], text_len, attention(p[0], p[1], p[2]));
 }
 
 /* ---------------- model ---------------- */
@@ -270,11 +292,20 @@ at::Tensor CogVideoXTransformerImpl::forward(const at::Tensor &x, const at::Tens
   const at::Tensor sin = cfg.use_rotary_positional_embeddings ? pos[1] : at::Tensor();
   for (const auto &blk : *blocks) {
     auto block = blk->as<CogVideoXBlock>();
-    if (gradient_checkpointing && torch::GradMode::is_enabled())
+    if (checkpointing == Checkpointing::full && torch::GradMode::is_enabled()) {
       hs = checkpointed(
           [block, L, cos, sin](const std::vector<at::Tensor> &in) { return block->forward(in[0], in[1], L, cos, sin); },
           {hs, temb});
-    else
+    } else if (checkpointing == Checkpointing::selective && torch::GradMode::is_enabled()) {
+      // forward's ops, with attention run with autograd between two recomputed segments: it keeps
+      // q, k, v and its output, and backward never runs it forward again.
+      const auto p = checkpointed_segment(
+          [block, L, cos, sin](const std::vector<at::Tensor> &in) { return block->head(in[0], in[1], L, cos, sin); },
+          {hs, temb});
+      const auto o = attention(p[0], p[1], p[2]);
+      hs = checkpointed([block, L](const std::vector<at::Tensor> &in) { return block->tail(in[0], in[1], in[2], L, in[3]); },
+                        {hs, p[3], p[4], o});
+    } else
       hs = block->forward(hs, temb, L, cos, sin);
   }
   auto out = layer_norm32(norm_final, hs.narrow(1, L, S));

@@ -14,6 +14,7 @@
 
 #include "cogvideox_transformer_config.h"
 #include "layers.h"
+#include "model_options.h"
 
 namespace videotrain::models {
 
@@ -23,6 +24,9 @@ struct CogVideoXNormZeroImpl : torch::nn::Module {
   CogVideoXNormZeroImpl(int64_t time_dim, int64_t dim, double eps);
   // x [B, L + S, dim] (text first); returns the modulated norm and, through gate, [B, L + S, dim] gates.
   at::Tensor forward(const at::Tensor &x, const at::Tensor &temb, int64_t text_len, at::Tensor *gate);
+  // forward's two steps: linear(silu(temb)) [B, 6 dim], and the norm modulated by it (gate may be null).
+  at::Tensor modulation(const at::Tensor &temb);
+  at::Tensor modulate(const at::Tensor &x, const at::Tensor &mod, int64_t text_len, at::Tensor *gate);
   Linear linear{nullptr};
   LayerNorm32 norm{nullptr};
 };
@@ -33,6 +37,13 @@ struct CogVideoXBlockImpl : torch::nn::Module {
   // x [B, L + S, dim] (text then video); temb [B, time_embed_dim]; cos, sin [S, head_dim] or undefined.
   at::Tensor forward(const at::Tensor &x, const at::Tensor &temb, int64_t text_len, const at::Tensor &cos,
                      const at::Tensor &sin);
+  // forward = tail(x, mod1, mod2, attention(q, k, v)) with {q, k, v, mod1, mod2} = head(x, temb): head
+  // holds the norms' modulations, norm1 and q, k, v [B, H, L + S, D]; tail the rest (selective
+  // checkpointing recomputes these two, not attention).
+  std::vector<at::Tensor> head(const at::Tensor &x, const at::Tensor &temb, int64_t text_len, const at::Tensor &cos,
+                               const at::Tensor &sin);
+  at::Tensor tail(const at::Tensor &x, const at::Tensor &mod1, const at::Tensor &mod2, int64_t text_len,
+                  const at::Tensor &o);
   int64_t heads;
   CogVideoXNormZero norm1{nullptr}, norm2{nullptr};
   Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, to_out{nullptr};  // attn1.*
@@ -55,7 +66,7 @@ struct CogVideoXTransformerImpl : torch::nn::Module {
   // The sincos table [F h w, dim] CogVideoXPatchEmbed adds to the video tokens (float32, CPU).
   at::Tensor sincos_table(int64_t frames, int64_t height, int64_t width) const;
   CogVideoXConfig cfg;
-  bool gradient_checkpointing = false;
+  Checkpointing checkpointing = Checkpointing::none;
   torch::nn::Conv2d patch_conv{nullptr};  // patch_embed.proj (1.0)
   Linear patch_linear{nullptr};           // patch_embed.proj (1.5)
   Linear text_proj{nullptr}, time_1{nullptr}, time_2{nullptr}, out_mod{nullptr}, proj_out{nullptr};

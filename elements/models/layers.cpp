@@ -195,11 +195,11 @@ at::Tensor attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor 
 
 namespace {
 
-// The backward of a checkpointed block: runs the block again with gradients on, then
-// back-propagates the incoming gradient through it (parameters accumulate their .grad as
-// usual, so the trainer's gradient hooks see them) and hands on the inputs' gradients.
+// The backward of a checkpointed segment: runs it again with gradients on, then back-propagates
+// the incoming gradients of its outputs through it (parameters accumulate their .grad as usual,
+// so the trainer's gradient hooks see them) and hands on the inputs' gradients.
 struct CheckpointBackward : torch::autograd::Node {
-  BlockFn fn;
+  SegmentFn fn;
   std::vector<at::Tensor> inputs;  // detached
   std::vector<bool> needs_grad;
   bool autocast = false, autocast_cuda = false;
@@ -211,13 +211,20 @@ struct CheckpointBackward : torch::autograd::Node {
       if (needs_grad[i]) x.requires_grad_(true);
       xs.push_back(x);
     }
-    at::Tensor out;
+    std::vector<at::Tensor> outs;
     {
       torch::AutoGradMode on(true);
       AutocastGuard cast(autocast, autocast_cuda);
-      out = fn(xs);
+      outs = fn(xs);
     }
-    if (out.requires_grad()) torch::autograd::backward({out}, {grads[0]});
+    // Outputs no later op used (or that depend on nothing trainable) get no gradient.
+    std::vector<at::Tensor> ys, gs;
+    for (size_t i = 0; i < outs.size() && i < grads.size(); i++)
+      if (grads[i].defined() && outs[i].requires_grad()) {
+        ys.push_back(outs[i]);
+        gs.push_back(grads[i]);
+      }
+    if (!ys.empty()) torch::autograd::backward(ys, gs);
     torch::autograd::variable_list res;
     for (size_t i = 0; i < xs.size(); i++) res.push_back(needs_grad[i] ? xs[i].grad() : at::Tensor());
     return res;
@@ -238,12 +245,12 @@ bool autocast_on(bool cuda) {
 
 }  // namespace
 
-at::Tensor checkpointed(BlockFn fn, const std::vector<at::Tensor> &inputs) {
+std::vector<at::Tensor> checkpointed_segment(SegmentFn fn, const std::vector<at::Tensor> &inputs) {
   if (!torch::GradMode::is_enabled()) return fn(inputs);
-  at::Tensor out;
+  std::vector<at::Tensor> outs;
   {
     torch::NoGradGuard ng;
-    out = fn(inputs);
+    outs = fn(inputs);
   }
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 12)
   auto node = c10::make_intrusive<CheckpointBackward>();  // autograd holds nodes in intrusive_ptr from 2.12
@@ -255,12 +262,22 @@ at::Tensor checkpointed(BlockFn fn, const std::vector<at::Tensor> &inputs) {
     node->inputs.push_back(x.detach());
     node->needs_grad.push_back(x.requires_grad());
   }
-  const bool cuda = out.is_cuda();
+  const bool cuda = !outs.empty() && outs[0].is_cuda();
   node->autocast = autocast_on(cuda);
   node->autocast_cuda = cuda;
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
-  torch::autograd::set_history(out, node);
-  return out;
+  // Detached first: an output may be a view (q as a transpose), and a view made without gradients
+  // must not carry a gradient edge of its own; detach() gives a plain alias with the same strides.
+  for (auto &y : outs) {
+    y = y.detach();
+    torch::autograd::set_history(y, node);  // output i is the node's input i
+  }
+  return outs;
+}
+
+at::Tensor checkpointed(BlockFn fn, const std::vector<at::Tensor> &inputs) {
+  return checkpointed_segment([fn = std::move(fn)](const std::vector<at::Tensor> &in) { return std::vector<at::Tensor>{fn(in)}; },
+                              inputs)[0];
 }
 
 }  // namespace videotrain::models

@@ -1,7 +1,8 @@
 /* What the native transformers share (elements/models, torch TUs): a Linear whose parameters are
  * named as torch.nn.Linear's (weight, bias), the float32 norms diffusers computes (LayerNorm and
  * RMSNorm over the last dimension), GELU's tanh form, attention that never holds a
- * [tokens x tokens] matrix across the backward pass, and gradient checkpointing of a block. */
+ * [tokens x tokens] matrix across the backward pass, and gradient checkpointing of a block or of
+ * the segments of a block around its attention. */
 #pragma once
 
 #include <torch/torch.h>
@@ -78,5 +79,9 @@ at::Tensor chunked_attention(const at::Tensor &q, const at::Tensor &k, const at:
 // fn uses. fn must be deterministic (no dropout drawn from a generator).
 using BlockFn = std::function<at::Tensor(const std::vector<at::Tensor> &)>;
 at::Tensor checkpointed(BlockFn fn, const std::vector<at::Tensor> &inputs);
+// The same for a segment with several outputs (selective checkpointing: the part of a block before
+// its attention returns q, k and v); outputs no later op uses get no gradient.
+using SegmentFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor> &)>;
+std::vector<at::Tensor> checkpointed_segment(SegmentFn fn, const std::vector<at::Tensor> &inputs);
 
 }  // namespace videotrain::models

@@ -7,6 +7,15 @@
 
 namespace videotrain {
 
+// Gradient checkpointing of a native transformer's blocks. full: each block is recomputed in
+// backward (only its input is kept). selective: each block keeps its self-attention (q, k, v, the
+// output, and a fused kernel's logsumexp) and recomputes the rest (norms, modulation, projections,
+// cross-attention, FFN), so backward never runs attention's forward again.
+enum class Checkpointing { none = 0, full = 1, selective = 2 };  // ddptrainsink's property values
+inline const char *checkpointing_name(Checkpointing c) {
+  return c == Checkpointing::full ? "full" : c == Checkpointing::selective ? "selective" : "none";
+}
+
 // How a native model (a diffusers folder) trains: the objective's sampling and memory options.
 // The TorchScript and built-in models ignore them.
 struct ModelOptions {
@@ -19,7 +28,7 @@ struct ModelOptions {
   // CogVideoX's DDPM schedule: 0 = the folder's ../scheduler/scheduler_config.json, else 3.0 for the
   // sincos layout (2b) and 1.0 for the rotary ones (5b, 1.5), as the published schedulers.
   double snr_shift_scale = 0;
-  bool gradient_checkpointing = false;
+  Checkpointing gradient_checkpointing = Checkpointing::none;
   // LoRA (rank 0: off) over the frozen base, or a partial fine-tune (`trainable`, a regex on
   // parameter names); without either every parameter trains.
   int64_t lora_rank = 0;

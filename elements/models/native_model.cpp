@@ -46,7 +46,7 @@ class WanDit : public DitModel {
   at::Tensor forward(const at::Tensor &x, const at::Tensor &t, const at::Tensor &text) override {
     return net_->forward(x, t, text);
   }
-  void set_gradient_checkpointing(bool on) override { net_->gradient_checkpointing = on; }
+  void set_checkpointing(Checkpointing c) override { net_->checkpointing = c; }
   std::string config_json() const override { return wan_transformer_config_json(net_->cfg); }
   int64_t latent_channels() const override { return net_->cfg.in_channels; }
   int64_t text_dim() const override { return net_->cfg.text_dim; }
@@ -65,7 +65,7 @@ class CogVideoXDit : public DitModel {
   at::Tensor forward(const at::Tensor &x, const at::Tensor &t, const at::Tensor &text) override {
     return net_->forward(x, t, text);
   }
-  void set_gradient_checkpointing(bool on) override { net_->gradient_checkpointing = on; }
+  void set_checkpointing(Checkpointing c) override { net_->checkpointing = c; }
   std::string config_json() const override { return cogvideox_transformer_config_json(net_->cfg); }
   int64_t latent_channels() const override { return net_->cfg.in_channels; }
   int64_t text_dim() const override { return net_->cfg.text_embed_dim; }
@@ -228,7 +228,7 @@ class NativeTrainModel : public TrainModel {
  public:
   NativeTrainModel(std::string dir, std::unique_ptr<models::DitModel> dit, const ModelOptions &o)
       : dir_(std::move(dir)), dit_(std::move(dit)), opt_(o) {
-    dit_->set_gradient_checkpointing(o.gradient_checkpointing);
+    dit_->set_checkpointing(o.gradient_checkpointing);
     if (auto *cog = dynamic_cast<models::CogVideoXTransformerImpl *>(&dit_->module())) {
       cog_patch_t_ = std::max<int64_t>(1, cog->cfg.patch_size_t);
       const double s = o.snr_shift_scale > 0 ? o.snr_shift_scale

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "model_options.h"
 #include "train_model.h"
 
 namespace videotrain::models {
@@ -24,7 +25,9 @@ class DitModel {
   // [B, tokens], encoder_hidden_states [B, L, D]). Throws std::invalid_argument on shapes.
   virtual at::Tensor forward(const at::Tensor &hidden_states, const at::Tensor &timestep,
                              const at::Tensor &encoder_hidden_states) = 0;
-  virtual void set_gradient_checkpointing(bool on) = 0;
+  // none, full (each block recomputed in backward) or selective (attention kept, the rest recomputed).
+  virtual void set_checkpointing(Checkpointing c) = 0;
+  void set_gradient_checkpointing(bool on) { set_checkpointing(on ? Checkpointing::full : Checkpointing::none); }
   virtual std::string config_json() const = 0;
   virtual int64_t latent_channels() const = 0;
   virtual int64_t text_dim() const = 0;

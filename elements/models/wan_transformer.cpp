@@ -22,8 +22,8 @@ WanAttentionImpl::WanAttentionImpl(int64_t dim, int64_t heads_, double eps) : he
   norm_k = register_module("norm_k", RMSNorm(dim, eps));
 }
 
-at::Tensor WanAttentionImpl::forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &cos,
-                                     const at::Tensor &sin) {
+std::vector<at::Tensor> WanAttentionImpl::qkv(const at::Tensor &x, const at::Tensor &context, const at::Tensor &cos,
+                                               const at::Tensor &sin) {
   const auto v = to_v(context);
   auto q = norm_q(to_q(x)).to(v.scalar_type()).unflatten(2, {heads, -1});
   auto k = norm_k(to_k(context)).to(v.scalar_type()).unflatten(2, {heads, -1});
@@ -32,9 +32,15 @@ at::Tensor WanAttentionImpl::forward(const at::Tensor &x, const at::Tensor &cont
     q = rotate_pairs(q, cos.unsqueeze(1), sin.unsqueeze(1));
     k = rotate_pairs(k, cos.unsqueeze(1), sin.unsqueeze(1));
   }
-  auto o = attention(q.transpose(1, 2), k.transpose(1, 2), v.unflatten(2, {heads, -1}).transpose(1, 2));
-  o = o.transpose(1, 2).flatten(2);
-  return to_out[0]->as<Linear>()->forward(o);
+  return {q.transpose(1, 2), k.transpose(1, 2), v.unflatten(2, {heads, -1}).transpose(1, 2)};
+}
+
+at::Tensor WanAttentionImpl::out(const at::Tensor &o) { return to_out[0]->as<Linear>()->forward(o.transpose(1, 2).flatten(2)); }
+
+at::Tensor WanAttentionImpl::forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &cos,
+                                     const at::Tensor &sin) {
+  const auto p = qkv(x, context, cos, sin);
+  return out(attention(p[0], p[1], p[2]));
 }
 
 /* ---------------- block ---------------- */
@@ -63,19 +69,34 @@ WanBlockImpl::WanBlockImpl(const WanConfig &c) {
   scale_shift_table = register_parameter("scale_shift_table", torch::randn({1, 6, dim}) / std::sqrt(double(dim)));
 }
 
-at::Tensor WanBlockImpl::forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &mod,
-                                 const at::Tensor &cos, const at::Tensor &sin) {
-  // mod [B, 1|S, 6, dim] + table [1, 6, dim] -> six [B, 1|S, dim] (shift, scale, gate; then for the FFN).
-  // addcmul: the modulation and the gated residuals in one pass each.
-  const auto m = (scale_shift_table.to(at::kFloat).unsqueeze(0) + mod.to(at::kFloat)).unbind(2);
-  auto h = x;
-  auto n = at::addcmul(m[0], norm1(h), 1 + m[1]).to(h.scalar_type());
-  h = at::addcmul(h.to(at::kFloat), attn1(n, n, cos, sin).to(at::kFloat), m[2]).to(h.scalar_type());
-  n = norm2 ? norm2(h).to(h.scalar_type()) : h;
+// mod [B, 1|S, 6, dim] + table [1, 6, dim] -> six [B, 1|S, dim] (shift, scale, gate; then for the FFN).
+// Computed again by tail: tiny, and each part's gradient has its own entries of the stack.
+std::vector<at::Tensor> WanBlockImpl::modulation(const at::Tensor &mod) {
+  return (scale_shift_table.to(at::kFloat).unsqueeze(0) + mod.to(at::kFloat)).unbind(2);
+}
+
+std::vector<at::Tensor> WanBlockImpl::head(const at::Tensor &x, const at::Tensor &mod, const at::Tensor &cos,
+                                           const at::Tensor &sin) {
+  const auto m = modulation(mod);
+  const auto n = at::addcmul(m[0], norm1(x), 1 + m[1]).to(x.scalar_type());  // addcmul: one pass
+  return attn1->qkv(n, n, cos, sin);
+}
+
+at::Tensor WanBlockImpl::tail(const at::Tensor &x, const at::Tensor &context, const at::Tensor &mod,
+                              const at::Tensor &o) {
+  const auto m = modulation(mod);
+  auto h = at::addcmul(x.to(at::kFloat), attn1->out(o).to(at::kFloat), m[2]).to(x.scalar_type());
+  auto n = norm2 ? norm2(h).to(h.scalar_type()) : h;
   h = h + attn2(n, context, at::Tensor(), at::Tensor());
   n = at::addcmul(m[3], norm3(h), 1 + m[4]).to(h.scalar_type());
   auto ff = ffn_net[2]->as<Linear>()->forward(ffn_net[0]->as<GeluProj>()->forward(n));
   return at::addcmul(h.to(at::kFloat), ff.to(at::kFloat), m[5]).to(h.scalar_type());
+}
+
+at::Tensor WanBlockImpl::forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &mod,
+                                 const at::Tensor &cos, const at::Tensor &sin) {
+  const auto p = head(x, mod, cos, sin);
+  return tail(x, context, mod, attention(p[0], p[1], p[2]));
 }
 
 /* ---------------- model ---------------- */
@@ -173,10 +194,19 @@ at::Tensor WanTransformerImpl::forward(const at::Tensor &x, const at::Tensor &ti
   const auto context = text_2(gelu_tanh(text_1(text)));
   for (const auto &blk : *blocks) {
     auto block = blk->as<WanBlock>();
-    if (gradient_checkpointing && torch::GradMode::is_enabled()) {
+    if (checkpointing == Checkpointing::full && torch::GradMode::is_enabled()) {
       hs = checkpointed(
           [block, cos, sin](const std::vector<at::Tensor> &in) { return block->forward(in[0], in[1], in[2], cos, sin); },
           {hs, context, mod});
+    } else if (checkpointing == Checkpointing::selective && torch::GradMode::is_enabled()) {
+      // The same ops as forward's: the self-attention in between runs with autograd, so it keeps
+      // q, k, v and its output (what its backward needs) and backward never recomputes it.
+      const auto p = checkpointed_segment(
+          [block, cos, sin](const std::vector<at::Tensor> &in) { return block->head(in[0], in[1], cos, sin); },
+          {hs, mod});
+      const auto o = attention(p[0], p[1], p[2]);
+      hs = checkpointed([block](const std::vector<at::Tensor> &in) { return block->tail(in[0], in[1], in[2], in[3]); },
+                        {hs, context, mod, o});
     } else {
       hs = block->forward(hs, context, mod, cos, sin);
     }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "layers.h"
+#include "model_options.h"
 #include "wan_transformer_config.h"
 
 namespace videotrain::models {
@@ -18,6 +19,10 @@ struct WanAttentionImpl : torch::nn::Module {
   WanAttentionImpl(int64_t dim, int64_t heads, double eps);
   // x [B, S, dim], context [B, L, dim]; rope: cos and sin [S, head_dim] or undefined (cross-attention).
   at::Tensor forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &cos, const at::Tensor &sin);
+  // forward's two halves around attention(): q, k, v [B, H, S|L, D]; the output projection of o [B, H, S, D].
+  std::vector<at::Tensor> qkv(const at::Tensor &x, const at::Tensor &context, const at::Tensor &cos,
+                              const at::Tensor &sin);
+  at::Tensor out(const at::Tensor &o);
   int64_t heads;
   Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
   torch::nn::ModuleList to_out;
@@ -30,6 +35,11 @@ struct WanBlockImpl : torch::nn::Module {
   // x [B, S, dim]; context [B, L, dim] (embedded text); mod [B, 1 or S, 6, dim] (time projection).
   at::Tensor forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &mod, const at::Tensor &cos,
                      const at::Tensor &sin);
+  // forward = tail(x, context, mod, attention(head(x, mod))): head is norm1, modulation and the self-
+  // attention's q, k, v; tail the rest (selective checkpointing recomputes these two, not attention).
+  std::vector<at::Tensor> head(const at::Tensor &x, const at::Tensor &mod, const at::Tensor &cos, const at::Tensor &sin);
+  at::Tensor tail(const at::Tensor &x, const at::Tensor &context, const at::Tensor &mod, const at::Tensor &o);
+  std::vector<at::Tensor> modulation(const at::Tensor &mod);
   LayerNorm32 norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
   WanAttention attn1{nullptr}, attn2{nullptr};
   torch::nn::ModuleList ffn_net;  // registered as ffn.net (0: GELU-tanh projection, 2: output)
@@ -45,7 +55,7 @@ struct WanTransformerImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor &hidden_states, const at::Tensor &timestep,
                      const at::Tensor &encoder_hidden_states);
   WanConfig cfg;
-  bool gradient_checkpointing = false;
+  Checkpointing checkpointing = Checkpointing::none;
   torch::nn::Conv3d patch_embedding{nullptr};
   torch::nn::ModuleList blocks;
   Linear proj_out{nullptr};

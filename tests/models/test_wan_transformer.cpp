@@ -9,7 +9,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -58,9 +62,9 @@ CaseResult run_case(DitModel &m, const RefFile &cases, const std::string &c, boo
   return r;
 }
 
-void check_family(const std::string &name, bool checkpointing) {
+void check_family(const std::string &name, Checkpointing checkpointing) {
   auto m = open_dit(dit_dir(name), torch::kCPU);
-  m->set_gradient_checkpointing(checkpointing);
+  m->set_checkpointing(checkpointing);
   RefFile cases("dit/" + name + "/cases.safetensors");
   ASSERT_TRUE(cases.ok());
   const auto list = nlohmann::json::parse(cases.meta("cases"));
@@ -68,15 +72,15 @@ void check_family(const std::string &name, bool checkpointing) {
   for (const auto &[c, info] : list.items()) {
     const bool params = info.value("parameter_gradients", false);
     const auto r = run_case(*m, cases, c, params);
-    SCOPED_TRACE(name + "/" + c + (checkpointing ? " (checkpointing)" : ""));
+    const std::string mode = checkpointing == Checkpointing::none ? "" : std::string(" (checkpointing ") + checkpointing_name(checkpointing) + ")";
+    SCOPED_TRACE(name + "/" + c + mode);
     EXPECT_LT(r.output, 1e-5);
     EXPECT_LT(r.grad_x, 1e-5);
     if (params) {
       EXPECT_LT(r.grad_text, 1e-5);
       EXPECT_LT(r.worst_param, 1e-4) << r.worst_name;
     }
-    std::printf("%s/%s%s: output %.2g, grad hidden_states %.2g%s\n", name.c_str(), c.c_str(),
-                checkpointing ? " (checkpointing)" : "", r.output, r.grad_x,
+    std::printf("%s/%s%s: output %.2g, grad hidden_states %.2g%s\n", name.c_str(), c.c_str(), mode.c_str(), r.output, r.grad_x,
                 params ? (", grad text " + std::to_string(r.grad_text) + ", worst parameter gradient " +
                           std::to_string(r.worst_param) + " (" + r.worst_name + ")").c_str()
                        : "");
@@ -112,11 +116,129 @@ std::string open_error(const std::string &dir) {
 
 }  // namespace
 
-TEST(WanTransformer, MatchesDiffusersWan21) { check_family("wan_t2v_tiny", false); }
-TEST(WanTransformer, MatchesDiffusersWan22PerTokenTimesteps) { check_family("wan22_ti2v_tiny", false); }
+TEST(WanTransformer, MatchesDiffusersWan21) { check_family("wan_t2v_tiny", Checkpointing::none); }
+TEST(WanTransformer, MatchesDiffusersWan22PerTokenTimesteps) { check_family("wan22_ti2v_tiny", Checkpointing::none); }
 TEST(WanTransformer, GradientCheckpointingGivesTheSameGradients) {
-  check_family("wan_t2v_tiny", true);
-  check_family("wan22_ti2v_tiny", true);
+  check_family("wan_t2v_tiny", Checkpointing::full);
+  check_family("wan22_ti2v_tiny", Checkpointing::full);
+}
+TEST(WanTransformer, SelectiveCheckpointingGivesTheSameGradients) {
+  check_family("wan_t2v_tiny", Checkpointing::selective);
+  check_family("wan22_ti2v_tiny", Checkpointing::selective);
+}
+
+namespace {
+
+// One forward and backward in `mode`: the output, then the inputs' and every parameter's gradients
+// (by name) in a fixed order.
+std::vector<std::pair<std::string, at::Tensor>> step_grads(DitModel &m, Checkpointing mode, const at::Tensor &x0,
+                                                           const at::Tensor &t, const at::Tensor &text0,
+                                                           const at::Tensor &cotangent) {
+  m.set_checkpointing(mode);
+  for (auto &p : m.module().parameters()) p.mutable_grad() = at::Tensor();
+  auto x = x0.clone().requires_grad_(true), text = text0.clone().requires_grad_(true);
+  auto out = m.forward(x, t, text);
+  (out * cotangent).sum().backward();
+  std::vector<std::pair<std::string, at::Tensor>> g{{"output", out.detach()}, {"hidden_states", x.grad()},
+                                                    {"encoder_hidden_states", text.grad()}};
+  for (const auto &p : m.module().named_parameters(true)) g.emplace_back(p.key(), p.value().grad());
+  return g;
+}
+
+// selective == full bit for bit (the same ops; the gradients summed in the same order), and both
+// equal no checkpointing to float rounding (relative L2 `tol`), for the output and every gradient.
+void expect_modes_agree(DitModel &m, const at::Tensor &x, const at::Tensor &t, const at::Tensor &text, double tol) {
+  torch::manual_seed(11);
+  const auto cot = torch::randn(m.forward(x, t, text).sizes());
+  const auto none = step_grads(m, Checkpointing::none, x, t, text, cot);
+  const auto full = step_grads(m, Checkpointing::full, x, t, text, cot);
+  const auto sel = step_grads(m, Checkpointing::selective, x, t, text, cot);
+  ASSERT_EQ(none.size(), sel.size());
+  double worst = 0;
+  std::string worst_name;
+  int exact = 0;
+  for (size_t i = 0; i < none.size(); i++) {
+    const auto &name = none[i].first;
+    ASSERT_TRUE(sel[i].second.defined()) << name;
+    exact += torch::equal(sel[i].second, full[i].second);
+    EXPECT_TRUE(torch::equal(sel[i].second, full[i].second)) << name << ": selective differs from full by "
+                                                              << rel_l2(sel[i].second, full[i].second);
+    const double e = rel_l2(sel[i].second, none[i].second);
+    EXPECT_LT(e, tol) << name;
+    EXPECT_LT(rel_l2(full[i].second, none[i].second), tol) << name;
+    if (e > worst) worst = e, worst_name = name;
+  }
+  std::printf("selective == full bit for bit in %d of %zu tensors; against no checkpointing at most %.2g (%s)\n",
+              exact, none.size(), worst, worst_name.c_str());
+}
+
+// Wan's config at the 1.3B model's width (dim 1536, 12 heads, ffn 8960, text 4096), `layers` blocks.
+std::string wan_real_width_config(int layers) {
+  auto j = nlohmann::json::parse(std::ifstream(dit_dir("wan_t2v_tiny") + "/config.json"));
+  j["attention_head_dim"] = 128;
+  j["num_attention_heads"] = 12;
+  j["ffn_dim"] = 8960;
+  j["freq_dim"] = 256;
+  j["text_dim"] = 4096;
+  j["in_channels"] = 16;
+  j["out_channels"] = 16;
+  j["num_layers"] = layers;
+  j["rope_max_seq_len"] = 1024;
+  return j.dump();
+}
+
+}  // namespace
+
+// Without reference data: each mode against the others on the tiny Wan 2.1 folder (batch 2, both
+// timestep forms) and at the real width (one block, few tokens, so that it runs in seconds).
+TEST(WanTransformer, SelectiveEqualsFullAndNoCheckpointing) {
+  auto m = open_dit(dit_dir("wan_t2v_tiny"), torch::kCPU);
+  torch::manual_seed(5);
+  const auto x = torch::randn({2, 4, 3, 8, 12}), text = torch::randn({2, 7, 32});
+  expect_modes_agree(*m, x, torch::tensor({300.0, 850.0}), text, 1e-6);
+  auto m22 = open_dit(dit_dir("wan22_ti2v_tiny"), torch::kCPU);
+  auto &net = dynamic_cast<WanTransformerImpl &>(m22->module());
+  const auto x22 = torch::randn({2, net.cfg.in_channels, 2, 4, 6}), text22 = torch::randn({2, 5, net.cfg.text_dim});
+  expect_modes_agree(*m22, x22, torch::rand({2, 12}) * 1000, text22, 1e-6);
+  auto big = build_dit(wan_real_width_config(1), torch::kCPU);
+  expect_modes_agree(*big, torch::randn({1, 16, 2, 8, 8}), torch::tensor({500.0}), torch::randn({1, 16, 4096}), 1e-6);
+}
+
+// By hand, one mode per process (peak RSS is per process):
+//   VIDEOTRAIN_CKPT_BENCH=full|selective|none [VIDEOTRAIN_CKPT_BENCH_LAYERS=2] [VIDEOTRAIN_CKPT_BENCH_TEXT=512]
+//     build/tests/models/test-wan-transformer --gtest_filter='*CheckpointingStepAtRealWidth*'
+// 3,510 tokens (latents 9 x 30 x 52) at the 1.3B model's width, random weights: step time and peak RSS.
+TEST(WanTransformer, CheckpointingStepAtRealWidth) {
+  const char *mode = std::getenv("VIDEOTRAIN_CKPT_BENCH");
+  if (!mode) GTEST_SKIP() << "set VIDEOTRAIN_CKPT_BENCH=none|full|selective to measure";
+  const std::string md = mode;
+  const Checkpointing ck = md == "full" ? Checkpointing::full : md == "selective" ? Checkpointing::selective : Checkpointing::none;
+  const int layers = std::getenv("VIDEOTRAIN_CKPT_BENCH_LAYERS") ? std::atoi(std::getenv("VIDEOTRAIN_CKPT_BENCH_LAYERS")) : 2;
+  const int L = std::getenv("VIDEOTRAIN_CKPT_BENCH_TEXT") ? std::atoi(std::getenv("VIDEOTRAIN_CKPT_BENCH_TEXT")) : 512;
+  torch::manual_seed(0);
+  auto m = build_dit(wan_real_width_config(layers), torch::kCPU);
+  m->set_checkpointing(ck);
+  const auto x = torch::randn({1, 16, 9, 30, 52}), t = torch::tensor({500.0}), text = torch::randn({1, L, 4096});
+  auto rss = [](const char *key) {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind(key, 0) == 0) return std::atof(line.c_str() + std::strlen(key)) / 1024.0;  // MiB
+    return 0.0;
+  };
+  std::vector<double> times;
+  double before = 0;
+  for (int i = 0; i < 3; i++) {
+    for (auto &p : m->module().parameters()) p.mutable_grad() = at::Tensor();
+    if (i == 0) before = rss("VmRSS:");
+    const auto t0 = std::chrono::steady_clock::now();
+    m->forward(x, t, text).square().mean().backward();
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  std::printf("wan %d layers, 3510 tokens, text %d, checkpointing %s: step %.2f s (median of 3), peak RSS %.0f MiB "
+              "(%.0f MiB before the first step)\n",
+              layers, L, checkpointing_name(ck), times[1], rss("VmHWM:"), before);
 }
 
 // The chunked attention (LibTorch 1.13's path, and the fallback) equals plain softmax attention in
