@@ -1,12 +1,13 @@
 /* videotrain-model: checks and converts model folders (diffusers transformer and VAE folders,
  * transformers T5 / umT5 encoder folders) and shows the samplers' numbers.
  *
- *   videotrain-model info DIR
+ *   videotrain-model info DIR|LORA.safetensors
  *   videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] [--dtype float32|bfloat16]
  *                    [--device cpu|cuda:N] [--checkpointing [full|selective]] [--lora FILE]
  *   videotrain-model vae encode|decode DIR IN.safetensors OUT.safetensors [--device D] [--dtype T]
  *   videotrain-model scheduler euler|unipc|ddim|dpm OUT.safetensors [--steps N] [--shift S] [--in IN] [--seed N]
- *   videotrain-model export CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]
+ *   videotrain-model export STEP_DIR|CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]
+ *                    [--format diffusers|comfyui|kohya]   (a LoRA run's step: its LoRA in that naming)
  *   videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype ...]
  *   videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya
  *   videotrain-model lora merge BASE_DIR LORA OUT_DIR [--dtype bf16|fp16|fp32]
@@ -29,6 +30,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -54,14 +56,15 @@ namespace videotrain::model_tool {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: videotrain-model info DIR\n"
+               "usage: videotrain-model info DIR|LORA.safetensors\n"
                "       videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] "
                "[--dtype float32|bfloat16] [--device cpu|cuda:N] [--checkpointing [full|selective]] [--lora FILE]\n"
                "       videotrain-model vae encode|decode DIR IN.safetensors OUT.safetensors [--device cpu|cuda:N] "
                "[--dtype float32|bfloat16]\n"
                "       videotrain-model scheduler euler|unipc|ddim|dpm OUT.safetensors [--steps N] [--shift S] "
                "[--in IN.safetensors] [--seed N]\n"
-               "       videotrain-model export CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]\n"
+               "       videotrain-model export STEP_DIR|CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N] "
+               "[--format diffusers|comfyui|kohya]\n"
                "       videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype bf16|fp16|fp32]\n"
                "       videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya\n"
                "       videotrain-model lora merge BASE_DIR LORA OUT_DIR [--dtype bf16|fp16|fp32]\n");
@@ -205,9 +208,6 @@ int info(const std::string &dir) {
   std::printf("  full fine-tune, fp32 master weights + grads + AdamW moments + bf16 autocast copies: %s\n",
               human(p * 18).c_str());
   std::printf("  LoRA over a bf16 base (adapter and its optimizer state negligible): %s\n", human(p * 2).c_str());
-  return 0;
-}
-
   // What each block keeps for backward under gradient checkpointing (self-attention's width: to_q's).
   int64_t width = 0, blocks = 0;
   for (const auto &item : m->module().named_parameters())
@@ -218,6 +218,9 @@ int info(const std::string &dir) {
                 "and token, bf16: true: the block's input, %s; selective: also self-attention's q, k, v and output "
                 "(4 x %lld values, plus a float32 logsumexp per head from fused kernels), %s; x %lld blocks\n",
                 human(2.0 * width).c_str(), (long long)width, human(2.0 * 5 * width).c_str(), (long long)blocks);
+  return 0;
+}
+
 // A transformer's inputs: what a DiT takes, said when one is missing (say, text-encoder inputs).
 at::Tensor entry_tensor(const SafetensorsFile &f, const std::string &name, bool required) {
   return input_tensor(f, name, required,
@@ -294,18 +297,6 @@ int forward(std::vector<std::string> args) {
   return 0;
 }
 
-int export_folder(std::vector<std::string> args) {
-  const std::string dtype = opt(args, "--dtype", "bf16");
-  const uint64_t shard = std::stoull(opt(args, "--max-shard-bytes", std::to_string(uint64_t(5) << 30)));
-  at::ScalarType t;
-  if (args.size() != 2 || !parse_save_dtype(dtype, &t) || shard == 0) return usage();
-  torch::NoGradGuard ng;
-  auto m = open_dit(args[0], torch::kCPU);
-  const std::string file = m->save(args[1], t, shard);
-  std::printf("exported %s (%s) to %s/%s\n", args[0].c_str(), dtype.c_str(), args[1].c_str(), file.c_str());
-  return 0;
-}
-
 int init(std::vector<std::string> args) {
   const uint64_t seed = std::stoull(opt(args, "--seed", "0"));
   const std::string dtype = opt(args, "--dtype", "fp32");
@@ -369,6 +360,7 @@ int main(int argc, char **argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   try {
     if (cmd == "info" && args.size() == 1) {
+      if (std::filesystem::is_regular_file(args[0])) return lora_info(args[0]);  // a LoRA file
       std::string cls;
       switch (folder_kind(args[0], &cls)) {
         case FolderKind::TextEncoder: return text_info(args[0]);
@@ -387,7 +379,7 @@ int main(int argc, char **argv) {
     }
     if (cmd == "vae") return vae_command(args);
     if (cmd == "scheduler") return scheduler_command(args);
-    if (cmd == "export") return export_folder(args);
+    if (cmd == "export") return export_command(args);
     if (cmd == "init") return init(args);
     if (cmd == "lora") return lora(args);
   } catch (const std::exception &e) {

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "cogvideox_transformer.h"
+#include "dit_precheck.h"
 #include "layers.h"
 #include "lora.h"
 #include "model_parts.h"
@@ -113,6 +114,7 @@ std::unique_ptr<DitModel> open_dit(const std::string &dir, const c10::Device &de
   DiffusersFolder folder;
   std::string err;
   if (!open_diffusers_folder(dir, "diffusion_pytorch_model", &folder, &err)) throw std::runtime_error(err);
+  if (std::string why = precheck_dit_folder(folder); !why.empty()) throw std::runtime_error(why);  // before allocating
   auto m = build_from(folder.config_text, dir + "/config.json", device);
   load_strict(m->module(), folder);
   return m;

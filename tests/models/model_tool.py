@@ -260,5 +260,28 @@ r = run("lora", "convert", chain[0], os.path.join(tmp, "x.safetensors"))
 check(r.returncode == 2 and all(f in r.stderr for f in ("diffusers", "comfyui", "kohya")) and "--format" in r.stderr,
       "lora convert without --format names the formats: " + r.stderr.strip())
 
+# A hostile folder (issue 38 item 16): a 14B-width config over the tiny weights is refused from the
+# headers, naming the tensor, before the model is built (it used to allocate ~57 GB first).
+import resource
+import shutil
+import time
+hostile = os.path.join(tmp, "hostile")
+shutil.copytree(model, hostile)
+cfg = json.load(open(os.path.join(hostile, "config.json")))
+cfg.update({"num_attention_heads": 40, "attention_head_dim": 128, "ffn_dim": 13824, "num_layers": 40})
+json.dump(cfg, open(os.path.join(hostile, "config.json"), "w"))
+t0 = time.monotonic()
+r = run("info", hostile)
+took = time.monotonic() - t0
+check(r.returncode != 0 and "a config of another model than its weights" in r.stderr and "patch_embedding.weight" in r.stderr,
+      "a 14B-width config over tiny weights is refused naming the tensor: " + r.stderr.strip())
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+check(took < 20 and peak < 2048, f"... in {took:.1f} s, peak of any child so far {peak:.0f} MiB (no model was built)")
+cfg = json.load(open(os.path.join(model, "config.json")))
+cfg["num_layers"] = cfg["num_layers"] + 38
+json.dump(cfg, open(os.path.join(hostile, "config.json"), "w"))
+r = run("info", hostile)
+check(r.returncode != 0 and "declares num_layers" in r.stderr, "a deeper config than its weights: " + r.stderr.strip())
+
 print(f"{len(failures) == 0 and 'all' or len(failures)} checks " + ("passed" if not failures else "failed"))
 sys.exit(1 if failures else 0)
