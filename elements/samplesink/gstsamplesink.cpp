@@ -9,6 +9,7 @@
 #include <gst/app/gstappsrc.h>
 #include <gst/video/video.h>
 #include <glib/gstdio.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <string>
@@ -49,8 +50,11 @@ struct _GstSampleSink {
   guint prompt;
   GstElement *pipe;  // the open file's pipeline
   GstElement *appsrc;
-  std::string *path;
+  std::string *path;      // the file's final name
+  std::string *partial;   // what is written until the file is complete (renamed to path then)
   guint64 frames;
+  bool skipping;          // the open sample failed: its remaining frames are dropped
+  gboolean fail_on_error; // object lock: a failed sample stops the branch instead of a warning
 };
 
 G_DEFINE_TYPE(GstSampleSink, gst_sample_sink, GST_TYPE_BASE_SINK);
@@ -58,7 +62,7 @@ GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(samplesink, "samplesink", GST_RANK_NONE, G
                                       GST_DEBUG_CATEGORY_INIT(samplesink_debug, "samplesink", 0,
                                                               "One video file per generated sample"));
 
-enum { PROP_0, PROP_LOCATION, PROP_ENCODER, PROP_TRAINER, PROP_TENSORBOARD_FRAMES, PROP_FILES_WRITTEN };
+enum { PROP_0, PROP_LOCATION, PROP_ENCODER, PROP_TRAINER, PROP_TENSORBOARD_FRAMES, PROP_FILES_WRITTEN, PROP_FAIL_ON_ERROR };
 
 // Whether frame i of n is one of the k spread evenly from the first to the last.
 static bool picked(guint64 i, guint n, guint k) {
@@ -113,22 +117,51 @@ static void tensorboard_frame(GstSampleSink *self, GstBuffer *buf) {
 static GstStaticPadTemplate sink_template =
     GST_STATIC_PAD_TEMPLATE("sink", GST_PAD_SINK, GST_PAD_ALWAYS, GST_STATIC_CAPS("video/x-raw"));
 
-// Ends the open file: EOS through its pipeline, then closed. FALSE (with an element error) when it failed.
-static gboolean finish_file(GstSampleSink *self) {
-  if (!self->pipe) return TRUE;
+// Closes the open file's pipeline (no EOS: what was written is dropped) and removes its partial file.
+static void discard_file(GstSampleSink *self) {
+  if (self->pipe) {
+    gst_element_set_state(self->pipe, GST_STATE_NULL);
+    gst_object_unref(self->pipe);
+    gst_object_unref(self->appsrc);
+    self->pipe = self->appsrc = nullptr;
+  }
+  if (!self->partial->empty()) g_unlink(self->partial->c_str());
+  self->partial->clear();
+}
+
+// A sample that could not be written: by default a warning, and the next sample is tried (training
+// goes on; a full disk in the samples folder must not stop it); with fail-on-error an error.
+static GstFlowReturn sample_failed(GstSampleSink *self, const std::string &what, const std::string &detail) {
+  discard_file(self);
+  self->skipping = true;
+  GST_OBJECT_LOCK(self);
+  const bool fatal = self->fail_on_error;
+  GST_OBJECT_UNLOCK(self);
+  if (fatal) {
+    GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("%s", what.c_str()), ("%s", detail.c_str()));
+    return GST_FLOW_ERROR;
+  }
+  GST_ELEMENT_WARNING(self, RESOURCE, WRITE, ("%s; the next sample is tried, training goes on", what.c_str()),
+                      ("%s (fail-on-error=true makes this an error)", detail.c_str()));
+  return GST_FLOW_OK;
+}
+
+// Ends the open file: EOS through its pipeline, then closed and renamed to its final name, so that
+// a killed run never leaves a 0-byte or moov-less file under a sample's name. "" on success, else why.
+static std::string finish_file(GstSampleSink *self) {
+  if (!self->pipe) return "";
   gst_app_src_end_of_stream(GST_APP_SRC(self->appsrc));
   GstBus *bus = gst_element_get_bus(self->pipe);
   GstMessage *msg = gst_bus_timed_pop_filtered(bus, 120 * GST_SECOND, GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR));
   gst_object_unref(bus);
-  gboolean ok = msg && GST_MESSAGE_TYPE(msg) == GST_MESSAGE_EOS;
-  if (!ok) {
+  std::string why;
+  if (!msg || GST_MESSAGE_TYPE(msg) != GST_MESSAGE_EOS) {
     GError *err = nullptr;
     gchar *dbg = nullptr;
     if (msg) gst_message_parse_error(msg, &err, &dbg);
-    GST_ELEMENT_ERROR(self, RESOURCE, WRITE,
-                      ("Could not write sample %s: %s", self->path->c_str(),
-                       err ? err->message : "the encoder did not finish within 120 s"),
-                      ("%s", dbg ? dbg : ""));
+    why = "Could not write sample " + *self->path + ": " +
+          (err ? std::string(err->message) : std::string("the encoder did not finish within 120 s")) +
+          (dbg ? std::string(" (") + dbg + ")" : std::string());
     if (err) g_error_free(err);
     g_free(dbg);
   }
@@ -137,22 +170,30 @@ static gboolean finish_file(GstSampleSink *self) {
   gst_object_unref(self->pipe);
   gst_object_unref(self->appsrc);
   self->pipe = self->appsrc = nullptr;
-  if (ok) {
-    GST_OBJECT_LOCK(self);
-    self->files_written++;
-    GST_OBJECT_UNLOCK(self);
-    GST_INFO_OBJECT(self, "wrote %s (%" G_GUINT64_FORMAT " frames)", self->path->c_str(), self->frames);
-    gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self),
-        gst_structure_new("samplesink-file", "path", G_TYPE_STRING, self->path->c_str(), "step", G_TYPE_UINT64,
-                          self->step, "prompt", G_TYPE_UINT, self->prompt, "frames", G_TYPE_UINT64, self->frames,
-                          nullptr)));
+  if (why.empty() && g_rename(self->partial->c_str(), self->path->c_str()) != 0)
+    why = "Could not rename " + *self->partial + " to " + *self->path + ": " + g_strerror(errno);
+  if (!why.empty()) {
+    g_unlink(self->partial->c_str());
+    self->partial->clear();
+    self->named = false;
+    return why;
   }
+  self->partial->clear();
+  GST_OBJECT_LOCK(self);
+  self->files_written++;
+  GST_OBJECT_UNLOCK(self);
+  GST_INFO_OBJECT(self, "wrote %s (%" G_GUINT64_FORMAT " frames)", self->path->c_str(), self->frames);
+  gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self),
+      gst_structure_new("samplesink-file", "path", G_TYPE_STRING, self->path->c_str(), "step", G_TYPE_UINT64,
+                        self->step, "prompt", G_TYPE_UINT, self->prompt, "frames", G_TYPE_UINT64, self->frames,
+                        nullptr)));
   self->named = false;
-  return ok;
+  return "";
 }
 
-// Opens the next file's pipeline. FALSE: error posted.
-static gboolean open_file(GstSampleSink *self) {
+// Opens the next file's pipeline, writing to a partial name beside the final one. FALSE: an error
+// posted (a bad encoder description), or *why set (the file cannot be written).
+static gboolean open_file(GstSampleSink *self, std::string *why) {
   GST_OBJECT_LOCK(self);
   const std::string location = self->location, encoder = self->encoder;
   GST_OBJECT_UNLOCK(self);
@@ -161,8 +202,7 @@ static gboolean open_file(GstSampleSink *self) {
   const int made = g_mkdir_with_parents(dir, 0755);
   g_free(dir);
   if (made != 0) {
-    GST_ELEMENT_ERROR(self, RESOURCE, OPEN_WRITE, ("Cannot create the folder of %s: %s", self->path->c_str(),
-                                                   g_strerror(errno)), (nullptr));
+    *why = "Cannot create the folder of " + *self->path + ": " + g_strerror(errno);
     return FALSE;
   }
   GError *err = nullptr;
@@ -177,19 +217,19 @@ static gboolean open_file(GstSampleSink *self) {
     if (pipe) gst_object_unref(pipe);
     return FALSE;
   }
+  gchar *dir_of = g_path_get_dirname(self->path->c_str()), *base = g_path_get_basename(self->path->c_str());
+  *self->partial = std::string(dir_of) + "/." + base + ".part-" + std::to_string(getpid());
+  g_free(dir_of);
+  g_free(base);
   GstElement *file = gst_bin_get_by_name(GST_BIN(pipe), "file");
-  g_object_set(file, "location", self->path->c_str(), nullptr);
+  g_object_set(file, "location", self->partial->c_str(), nullptr);
   gst_object_unref(file);
   self->appsrc = gst_bin_get_by_name(GST_BIN(pipe), "src");
   g_object_set(self->appsrc, "caps", self->caps, "block", TRUE, "max-bytes", guint64(64) << 20, nullptr);
   self->pipe = pipe;
   self->frames = 0;
   if (gst_element_set_state(pipe, GST_STATE_PLAYING) == GST_STATE_CHANGE_FAILURE) {
-    GST_ELEMENT_ERROR(self, RESOURCE, OPEN_WRITE, ("Cannot start writing %s", self->path->c_str()), (nullptr));
-    gst_element_set_state(pipe, GST_STATE_NULL);
-    gst_object_unref(self->appsrc);
-    gst_object_unref(pipe);
-    self->pipe = self->appsrc = nullptr;
+    *why = "Cannot start writing " + *self->partial;
     return FALSE;
   }
   return TRUE;
@@ -203,7 +243,9 @@ static GstFlowReturn render(GstBaseSink *sink, GstBuffer *buf) {
       self->step = 0;
       self->prompt = 0;
     }
-    if (!open_file(self)) return GST_FLOW_ERROR;
+    if (self->skipping) return GST_FLOW_OK;  // the rest of a sample that could not be written
+    std::string why;
+    if (!open_file(self, &why)) return why.empty() ? GST_FLOW_ERROR : sample_failed(self, why, "");
   }
   tensorboard_frame(self, buf);
   // Each file starts at 0 and runs at the caps' frame rate.
@@ -216,9 +258,14 @@ static GstFlowReturn render(GstBaseSink *sink, GstBuffer *buf) {
   }
   self->frames++;
   const GstFlowReturn ret = gst_app_src_push_buffer(GST_APP_SRC(self->appsrc), out);
+  if (ret == GST_FLOW_FLUSHING) {
+    discard_file(self);
+    return ret;
+  }
   if (ret != GST_FLOW_OK) {
-    finish_file(self);
-    return ret == GST_FLOW_FLUSHING ? ret : GST_FLOW_ERROR;
+    // The encoder's pipeline stopped (a write that failed): its error says why.
+    std::string why = finish_file(self);
+    return sample_failed(self, why.empty() ? "Could not write sample " + *self->path : why, "");
   }
   return GST_FLOW_OK;
 }
@@ -229,10 +276,11 @@ static gboolean sink_event(GstBaseSink *sink, GstEvent *event) {
     case GST_EVENT_CUSTOM_DOWNSTREAM: {
       const GstStructure *s = gst_event_get_structure(event);
       if (s && gst_structure_has_name(s, "ddpsampler-sample")) {
-        if (!finish_file(self)) {
+        if (const std::string why = finish_file(self); !why.empty() && sample_failed(self, why, "") != GST_FLOW_OK) {
           gst_event_unref(event);
           return FALSE;
         }
+        self->skipping = false;  // a new sample: tried afresh
         guint64 step = 0;
         guint prompt = 0;
         gint frames = 0;
@@ -247,7 +295,8 @@ static gboolean sink_event(GstBaseSink *sink, GstEvent *event) {
       break;
     }
     case GST_EVENT_EOS:
-      finish_file(self);
+      if (const std::string why = finish_file(self); !why.empty()) sample_failed(self, why, "");
+      self->skipping = false;
       break;
     default: break;
   }
@@ -256,7 +305,8 @@ static gboolean sink_event(GstBaseSink *sink, GstEvent *event) {
 
 static gboolean set_caps(GstBaseSink *sink, GstCaps *caps) {
   auto *self = GST_SAMPLE_SINK(sink);
-  if (self->pipe && self->caps && !gst_caps_is_equal(self->caps, caps)) finish_file(self);
+  if (self->pipe && self->caps && !gst_caps_is_equal(self->caps, caps))
+    if (const std::string why = finish_file(self); !why.empty()) sample_failed(self, why, "");
   gst_caps_replace(&self->caps, caps);
   self->have_info = gst_video_info_from_caps(&self->info, caps);
   return TRUE;
@@ -307,12 +357,8 @@ static gboolean stop(GstBaseSink *sink) {
   GST_OBJECT_LOCK(self);
   self->run->reset();
   GST_OBJECT_UNLOCK(self);
-  if (self->pipe) {  // a stop in the middle of a sample: close what was written
-    gst_element_set_state(self->pipe, GST_STATE_NULL);
-    gst_object_unref(self->pipe);
-    gst_object_unref(self->appsrc);
-    self->pipe = self->appsrc = nullptr;
-  }
+  discard_file(self);  // a stop in the middle of a sample: its partial file goes, no sample name is taken
+  self->skipping = false;
   gst_caps_replace(&self->caps, nullptr);
   return TRUE;
 }
@@ -334,6 +380,7 @@ static void set_property(GObject *object, guint id, const GValue *value, GParamS
       self->trainer_name = g_value_dup_string(value);
       break;
     case PROP_TENSORBOARD_FRAMES: self->tb_frames = g_value_get_uint(value); break;
+    case PROP_FAIL_ON_ERROR: self->fail_on_error = g_value_get_boolean(value); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
   GST_OBJECT_UNLOCK(self);
@@ -348,6 +395,7 @@ static void get_property(GObject *object, guint id, GValue *value, GParamSpec *p
     case PROP_TRAINER: g_value_set_string(value, self->trainer_name); break;
     case PROP_TENSORBOARD_FRAMES: g_value_set_uint(value, self->tb_frames); break;
     case PROP_FILES_WRITTEN: g_value_set_uint64(value, self->files_written); break;
+    case PROP_FAIL_ON_ERROR: g_value_set_boolean(value, self->fail_on_error); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
   GST_OBJECT_UNLOCK(self);
@@ -360,6 +408,7 @@ static void finalize(GObject *object) {
   g_free(self->trainer_name);
   delete self->run;
   delete self->path;
+  delete self->partial;
   if (self->caps) gst_caps_unref(self->caps);
   G_OBJECT_CLASS(gst_sample_sink_parent_class)->finalize(object);
 }
@@ -378,6 +427,7 @@ static void gst_sample_sink_init(GstSampleSink *self) {
   self->named = false;
   self->pipe = self->appsrc = nullptr;
   self->path = new std::string();
+  self->partial = new std::string();
   self->frames = 0;
   gst_base_sink_set_sync(GST_BASE_SINK(self), FALSE);
 }
@@ -410,6 +460,12 @@ static void gst_sample_sink_class_init(GstSampleSinkClass *klass) {
       g_param_spec_uint("tensorboard-frames", "TensorBoard frames",
                         "Frames per sample sent to TensorBoard, spread from the first to the last (with trainer)", 0, 64,
                         3, rw));
+  g_object_class_install_property(gobject_class, PROP_FAIL_ON_ERROR,
+      g_param_spec_boolean("fail-on-error", "Fail on error",
+                           "A sample that cannot be written (a full disk, a folder that cannot be made) stops the "
+                           "branch with an error; by default it is a warning, its file is removed and the next "
+                           "sample is tried, so that training goes on",
+                           FALSE, GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY)));
   g_object_class_install_property(gobject_class, PROP_FILES_WRITTEN,
       g_param_spec_uint64("files-written", "Files written", "Sample files completed", 0, G_MAXUINT64, 0,
                           GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS)));

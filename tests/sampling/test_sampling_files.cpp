@@ -2,7 +2,10 @@
  * patterns. */
 #include <gtest/gtest.h>
 
+#include <gst/gst.h>
 #include <sys/stat.h>
+
+#include <algorithm>
 
 #include <string>
 #include <vector>
@@ -117,4 +120,84 @@ TEST(SampleNames, PatternTakesStepThenPrompt) {
   EXPECT_NE(check_sample_pattern("%d-%d-%d.mp4"), "");
   EXPECT_NE(check_sample_pattern("%999d-%d.mp4"), "");
   EXPECT_NE(check_sample_pattern(""), "");
+}
+
+namespace {
+
+struct BusResult {
+  std::vector<std::string> warnings, errors;
+};
+
+// Runs a pipeline to EOS or error, keeping its warnings and errors.
+BusResult run_collect(const std::string &desc) {
+  BusResult r;
+  GError *err = nullptr;
+  GstElement *p = gst_parse_launch(desc.c_str(), &err);
+  if (!p) {
+    r.errors.push_back(err ? err->message : "parse failed");
+    g_clear_error(&err);
+    return r;
+  }
+  gst_element_set_state(p, GST_STATE_PLAYING);
+  GstBus *bus = gst_element_get_bus(p);
+  for (;;) {
+    GstMessage *m = gst_bus_timed_pop_filtered(
+        bus, 60 * GST_SECOND, GstMessageType(GST_MESSAGE_EOS | GST_MESSAGE_ERROR | GST_MESSAGE_WARNING));
+    if (!m) {
+      r.errors.push_back("timeout");
+      break;
+    }
+    const GstMessageType t = GST_MESSAGE_TYPE(m);
+    if (t == GST_MESSAGE_WARNING || t == GST_MESSAGE_ERROR) {
+      GError *e = nullptr;
+      if (t == GST_MESSAGE_WARNING) gst_message_parse_warning(m, &e, nullptr);
+      else gst_message_parse_error(m, &e, nullptr);
+      (t == GST_MESSAGE_WARNING ? r.warnings : r.errors).push_back(e ? e->message : "?");
+      g_clear_error(&e);
+    }
+    gst_message_unref(m);
+    if (t != GST_MESSAGE_WARNING) break;
+  }
+  gst_object_unref(bus);
+  gst_element_set_state(p, GST_STATE_NULL);
+  gst_object_unref(p);
+  return r;
+}
+
+std::vector<std::string> names_under(const std::string &dir) {
+  std::vector<std::string> out;
+  GDir *d = g_dir_open(dir.c_str(), 0, nullptr);
+  if (!d) return out;
+  while (const gchar *n = g_dir_read_name(d)) out.push_back(n);
+  g_dir_close(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+// Sampling faults (issue 38 item 15): a sample is written under a partial name and renamed when
+// complete, so a killed run never leaves a broken file under a sample's name; a sample that cannot be
+// written is a warning and training goes on, unless fail-on-error=true.
+TEST(SampleSink, WritesUnderAPartialNameAndAFailedSampleIsAWarning) {
+  vttest::TempDir dir;
+  const std::string src = "videotestsrc num-buffers=5 ! video/x-raw,format=RGB,width=32,height=32,framerate=8/1 ! ";
+  BusResult ok = run_collect(src + "samplesink location=" + dir.file("ok/step-%08d/prompt-%02d.mp4"));
+  EXPECT_TRUE(ok.errors.empty()) << ok.errors.front();
+  EXPECT_EQ(names_under(dir.file("ok/step-00000000")), (std::vector<std::string>{"prompt-00.mp4"}))
+      << "only the complete file, no partial one";
+  struct stat st{};
+  ASSERT_EQ(stat(dir.file("ok/step-00000000/prompt-00.mp4").c_str(), &st), 0);
+  EXPECT_GT(st.st_size, 0);
+  // The sample's folder cannot be made (a file is in its place): a warning naming it, no error.
+  ASSERT_EQ(g_mkdir_with_parents(dir.file("bad").c_str(), 0755), 0);
+  vttest::write_file(dir.file("bad/step-00000000"), "in the way\n");
+  BusResult warned = run_collect(src + "samplesink location=" + dir.file("bad/step-%08d/prompt-%02d.mp4"));
+  EXPECT_TRUE(warned.errors.empty()) << warned.errors.front();
+  ASSERT_EQ(warned.warnings.size(), 1u);
+  EXPECT_NE(warned.warnings[0].find("training goes on"), std::string::npos) << warned.warnings[0];
+  EXPECT_NE(warned.warnings[0].find("step-00000000"), std::string::npos) << warned.warnings[0];
+  BusResult fatal = run_collect(src + "samplesink fail-on-error=true location=" + dir.file("bad/step-%08d/prompt-%02d.mp4"));
+  ASSERT_EQ(fatal.errors.size(), 1u);
+  EXPECT_NE(fatal.errors[0].find("step-00000000"), std::string::npos) << fatal.errors[0];
 }
