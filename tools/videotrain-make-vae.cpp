@@ -1,4 +1,4 @@
-/* videotrain-make-vae OUTDIR [--family cogvideox|wan21] [--seed N] [--tiny | --mid] [--dtype F32|F16|BF16]
+/* videotrain-make-vae OUTDIR [--family cogvideox|wan21|wan22] [--seed N] [--tiny | --mid] [--dtype F32|F16|BF16]
  *
  * Writes a diffusers VAE folder (config.json + diffusion_pytorch_model.safetensors) with seeded
  * random encoder and decoder weights (vaeencoder and vaedecoder take it), for demos and tests
@@ -10,7 +10,10 @@
  *   channels (as vae-memory-bench --config mid).
  * --family wan21: AutoencoderKLWan (Wan 2.1). Default: Wan 2.1's layout (base_dim 96, 16 latent
  *   channels); --tiny: base_dim 16, dim_mult [1,2,2,2], 1 resnet per level, 4 latent channels
- *   (8x spatial, 4x temporal compression, like Wan 2.1). */
+ *   (8x spatial, 4x temporal compression, like Wan 2.1).
+ * --family wan22: AutoencoderKLWan (Wan 2.2, TI2V-5B's): base_dim 160 (decoder 256), 48 latent
+ *   channels, residual blocks, 2x2 pixel patches (16x spatial); --tiny: that layout at base_dim 16,
+ *   8 latent channels. */
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,7 +24,7 @@
 
 namespace {
 
-const char *kUsage = "usage: %s OUTDIR [--family cogvideox|wan21] [--seed N] [--tiny | --mid] [--dtype F32|F16|BF16]\n";
+const char *kUsage = "usage: %s OUTDIR [--family cogvideox|wan21|wan22] [--seed N] [--tiny | --mid] [--dtype F32|F16|BF16]\n";
 
 }  // namespace
 
@@ -59,18 +62,19 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "%s: give --tiny or --mid, not both\n", argv[0]);
     return 2;
   }
-  if (family != "cogvideox" && family != "wan21") {
-    std::fprintf(stderr, "%s: --family is cogvideox or wan21, not '%s'\n", argv[0], family.c_str());
+  if (family != "cogvideox" && family != "wan21" && family != "wan22") {
+    std::fprintf(stderr, "%s: --family is cogvideox, wan21 or wan22, not '%s'\n", argv[0], family.c_str());
     return 2;
   }
-  if (family == "wan21" && mid) {
-    std::fprintf(stderr, "%s: --mid is a CogVideoX size; --family wan21 takes --tiny or nothing\n", argv[0]);
+  if (family != "cogvideox" && mid) {
+    std::fprintf(stderr, "%s: --mid is a CogVideoX size; --family %s takes --tiny or nothing\n", argv[0], family.c_str());
     return 2;
   }
   std::string err;
   bool ok;
-  if (family == "wan21") {
-    const auto cfg = tiny ? videotrain::vae::tiny_wan21_config() : videotrain::vae::wan21_config();
+  if (family == "wan21" || family == "wan22") {
+    const auto cfg = family == "wan21" ? (tiny ? videotrain::vae::tiny_wan21_config() : videotrain::vae::wan21_config())
+                                       : (tiny ? videotrain::vae::tiny_wan22_config() : videotrain::vae::wan22_config());
     ok = videotrain::vae::make_random_wan_vae(out, cfg, seed, dtype, &err);
   } else {
     const auto cfg = tiny  ? videotrain::vae::tiny_config()

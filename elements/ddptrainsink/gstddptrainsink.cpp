@@ -511,7 +511,7 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                                           "captions: List[str]) -> Tensor (scalar loss), or, for streams with a "
                                           "textencoder, training_step(latents: Tensor, text_embeds: Tensor, "
                                           "text_mask: Tensor) -> Tensor; or a diffusers transformer folder "
-                                          "(config.json with _class_name WanTransformer3DModel, weights single or "
+                                          "(config.json with _class_name WanTransformer3DModel or CogVideoXTransformer3DModel, weights single or "
                                           "sharded, F32/F16/BF16), trained natively with its family's objective; or "
                                           "builtin:tiny-unet3d (captions) / builtin:tiny-t2v (text embeddings)",
                                           "", rw));

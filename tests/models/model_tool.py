@@ -283,5 +283,14 @@ json.dump(cfg, open(os.path.join(hostile, "config.json"), "w"))
 r = run("info", hostile)
 check(r.returncode != 0 and "declares num_layers" in r.stderr, "a deeper config than its weights: " + r.stderr.strip())
 
+# videotrain-make-vae --family wan22 (issue 38 item 7): a Wan 2.2 layout VAE that info reads as one.
+w22 = os.path.join(tmp, "w22")
+r = subprocess.run([os.path.join(os.environ["VIDEOTRAIN_BUILD_DIR"], "tools", "videotrain-make-vae"), w22,
+                    "--family", "wan22", "--tiny", "--seed", "2"], capture_output=True, text=True)
+check(r.returncode == 0, "make-vae --family wan22 --tiny: " + r.stderr.strip())
+r = run("info", w22)
+check(r.returncode == 0 and "(Wan 2.2)" in r.stdout and "latent channels 8" in r.stdout and "16x16 in space" in r.stdout,
+      "info reads the Wan 2.2 VAE: " + (r.stdout + r.stderr).strip()[:200])
+
 print(f"{len(failures) == 0 and 'all' or len(failures)} checks " + ("passed" if not failures else "failed"))
 sys.exit(1 if failures else 0)

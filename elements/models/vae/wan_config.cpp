@@ -256,6 +256,26 @@ WanConfig tiny_wan21_config() {
   return c;
 }
 
+WanConfig wan22_config() {
+  WanConfig c;
+  c.base_dim = 160;
+  c.decoder_base_dim = 256;
+  c.z_dim = 48;
+  c.is_residual = true;
+  c.in_channels = 12;
+  c.patch_size = 2;
+  return c;
+}
+
+WanConfig tiny_wan22_config() {
+  WanConfig c = tiny_wan21_config();
+  c.z_dim = 8;
+  c.is_residual = true;
+  c.in_channels = 12;
+  c.patch_size = 2;
+  return c;
+}
+
 bool make_random_wan_vae(const std::string &dir, const WanConfig &cfg, uint64_t seed, const std::string &dtype,
                          std::string *error) {
   // What the encoder will read back: the config must parse as one.

@@ -44,6 +44,10 @@ std::string wan_config_to_json(const WanConfig &cfg);
 // dim_mult [1, 2, 2, 2], one resnet per level, 4 latent channels (8x spatial, 4x temporal).
 WanConfig wan21_config();
 WanConfig tiny_wan21_config();
+// Wan 2.2's (Wan2.2-TI2V-5B's VAE: base_dim 160, decoder 256, 48 latent channels, residual blocks,
+// 2x2 pixel patches: 16x spatial) and a tiny one of that layout (base_dim 16, 8 latent channels).
+WanConfig wan22_config();
+WanConfig tiny_wan22_config();
 // Writes config.json + diffusion_pytorch_model.safetensors into `dir` (created if needed) with
 // seeded random encoder and decoder weights (as make_random_vae). dtype: "F32", "F16" or "BF16".
 bool make_random_wan_vae(const std::string &dir, const WanConfig &cfg, uint64_t seed, const std::string &dtype,
