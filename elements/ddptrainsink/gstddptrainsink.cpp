@@ -247,7 +247,7 @@ static GstFlowReturn gst_ddp_train_sink_render(GstBaseSink *sink, GstBuffer *buf
                       engine->steps_done() + 1);
       return GST_FLOW_FLUSHING;
     case ProcessResult::kDone:
-      GST_INFO_OBJECT(self, "max-steps reached at step %" G_GUINT64_FORMAT, engine->steps_done());
+      GST_INFO_OBJECT(self, "training done at step %" G_GUINT64_FORMAT " (max-steps, or a peer stopped)", engine->steps_done());
       self->done = true;
       return GST_FLOW_EOS;
     case ProcessResult::kError:

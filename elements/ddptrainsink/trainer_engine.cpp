@@ -133,6 +133,7 @@ bool TrainerEngine::Impl::end_step() {
     in_step = false;
     return false;
   }
+  if (!joining && active < world - 0.5) peer_ended = true;
   const bool log = logged_step(steps_done + 1);  // this step's report and grad-norm
   StepReport rep;
   rep.epoch = epoch;
@@ -371,6 +372,13 @@ ProcessResult TrainerEngine::Impl::process(const ModelInputs &in, const MicroBat
     im.rescue((im.interrupted ? "interrupted in step " : "the run failed in step ") +
               std::to_string(im.steps_done + 1));
     return im.interrupted ? ProcessResult::kInterrupted : ProcessResult::kError;
+  }
+  if (im.peer_ended && !im.wants_no_data) {
+    // Every rank ends at this step: the peers' end-of-stream agreement, then the final checkpoint.
+    im.wants_no_data = true;
+    im.warn("a peer's data ended at step " + std::to_string(im.steps_done) +
+            " (it was stopped): this rank stops there too and writes the run's end as usual");
+    return ProcessResult::kDone;
   }
   if (im.cfg.max_steps > 0 && im.steps_done >= im.cfg.max_steps) {
     im.wants_no_data = true;

@@ -43,6 +43,9 @@ struct TrainerEngine::Impl {
   // csvvideosrc's workers add to them (never under group_use, which an agreement holds long).
   std::mutex facts_mu;
   std::atomic<bool> wants_no_data{false};  // max-steps reached or end of stream: data is not trained on
+  // A peer joined a step with no samples: its data ended (it was asked to stop: SIGTERM, Ctrl-C), so
+  // this rank stops at this step boundary too instead of training on alone until the timeout.
+  bool peer_ended = false;
   std::string row_facts, row_facts_lost;  // row_facts_lost: why posting them failed (informative)
   // For a checkpoint (training thread: the group stays): every rank's with `peers`, else this rank's.
   std::string all_row_facts(bool peers);

@@ -49,6 +49,10 @@ struct State {
   guint64 arrivals = 0;
   // Last valid input buffer duration, read by latency queries from any thread.
   std::atomic<gint64> sample_duration{0};
+  // What downstream answered a step pushed from an event (epoch end, caps change): returned to
+  // upstream with the next buffer. Without it a trainer done at max-steps (EOS) was never told
+  // upstream when every step closed at an epoch end, and the source decoded on for ever.
+  GstFlowReturn event_flow = GST_FLOW_OK;
 };
 
 }  // namespace
@@ -223,6 +227,10 @@ static GstFlowReturn push_batches(GstMicroBatcher *self, std::vector<MicroBatch>
 static GstFlowReturn gst_micro_batcher_chain(GstPad *, GstObject *parent, GstBuffer *buf) {
   auto *self = GST_MICRO_BATCHER(parent);
   State *st = self->state;
+  if (st->event_flow != GST_FLOW_OK) {  // downstream is done (EOS) or failed: upstream hears it now
+    gst_buffer_unref(buf);
+    return st->event_flow;
+  }
   const guint64 n = st->arrivals++;
   if (!st->have_caps || !st->engine) {
     gst_buffer_unref(buf);
@@ -281,7 +289,11 @@ static void close_step(GstMicroBatcher *self, const char *why) {
   GST_DEBUG_OBJECT(self, "%s: closing a partial step of %zu samples", why, st->engine->held());
   std::vector<MicroBatch> out;
   st->engine->finish(&out);
-  push_batches(self, out);
+  const GstFlowReturn ret = push_batches(self, out);
+  if (ret != GST_FLOW_OK) {
+    GST_DEBUG_OBJECT(self, "%s: downstream answered %s", why, gst_flow_get_name(ret));
+    st->event_flow = ret;
+  }
 }
 
 static gboolean gst_micro_batcher_sink_event(GstPad *pad, GstObject *parent, GstEvent *event) {
@@ -298,6 +310,7 @@ static gboolean gst_micro_batcher_sink_event(GstPad *pad, GstObject *parent, Gst
       close_step(self, "EOS");
       break;
     case GST_EVENT_FLUSH_STOP:
+      self->state->event_flow = GST_FLOW_OK;
       if (self->state->engine) {
         GST_DEBUG_OBJECT(self, "flush: dropping %zu held samples", self->state->engine->held());
         self->state->engine->flush();
