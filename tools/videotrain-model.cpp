@@ -215,8 +215,9 @@ int info(const std::string &dir) {
       width = item.value().size(0), blocks++;
   if (width > 0)
     std::printf("gradient checkpointing (ddptrainsink gradient-checkpointing, forward --checkpointing), kept per block "
-                "and token, bf16: true: the block's input, %s; selective: also self-attention's q, k, v and output "
-                "(4 x %lld values, plus a float32 logsumexp per head from fused kernels), %s; x %lld blocks\n",
+                "and token at 2 bytes a value (bf16; twice that in float32): true: the block's input, %s; selective: also "
+                "self-attention's q, k, v and output (4 x %lld values, plus a float32 log-sum-exp per head from fused "
+                "kernels), %s in all; x %lld blocks\n",
                 human(2.0 * width).c_str(), (long long)width, human(2.0 * 5 * width).c_str(), (long long)blocks);
   return 0;
 }
