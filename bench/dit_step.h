@@ -101,10 +101,7 @@ inline std::string check(const Options &o) {
   if (o.peer != "plain" && o.peer != "diffusers" && o.peer != "none")
     return "--peer '" + o.peer + "' is not one of plain, diffusers, none";
   if (o.dtype != "float32" && o.dtype != "bfloat16") return "--dtype '" + o.dtype + "' is not one of float32, bfloat16";
-  if (o.checkpointing == "selective")
-    return "--checkpointing selective is not available yet: the native models have only whole-block checkpointing "
-           "(DitModel::set_gradient_checkpointing(bool)); use none or full";
-  if (o.checkpointing != "none" && o.checkpointing != "full")
+  if (o.checkpointing != "none" && o.checkpointing != "full" && o.checkpointing != "selective")
     return "--checkpointing '" + o.checkpointing + "' is not one of none, full, selective";
   if (o.optimizer != "none" && o.optimizer != "adamw") return "--optimizer '" + o.optimizer + "' is not one of none, adamw";
   if (o.layers < 1) return "--layers must be at least 1";
@@ -194,7 +191,9 @@ inline int run_ours(const Options &o) {
   } else {
     params = m->module().parameters();
   }
-  m->set_gradient_checkpointing(o.checkpointing == "full");
+  m->set_checkpointing(o.checkpointing == "selective" ? videotrain::Checkpointing::selective
+                       : o.checkpointing == "full"    ? videotrain::Checkpointing::full
+                                                      : videotrain::Checkpointing::none);
   m->module().train(true);
   std::string err;
   auto file = SafetensorsFile::open(o.inputs, &err);
@@ -329,7 +328,14 @@ inline int run_driver(const Options &o0, const Family &fam, const std::string &s
                        shell_quote(o.folder) + " --inputs " + shell_quote(o.inputs);
   if (o.threads > 0) common += " --threads " + std::to_string(o.threads);
   const std::string ours_cmd = shell_quote(self) + " --side ours" + common;
-  const std::string peer_cmd = benchutil::peer_command("dit_diffusers_peer.py") + common;
+  // diffusers has whole-block checkpointing only: against our selective mode it runs full (the
+  // comparison users make when they choose a trainer).
+  std::string peer_common = common;
+  if (o.checkpointing == "selective") {
+    peer_common.replace(peer_common.find(" --checkpointing selective"), 26, " --checkpointing full");
+    std::printf("checkpointing: ours selective, diffusers full (it has no selective mode)\n");
+  }
+  const std::string peer_cmd = benchutil::peer_command("dit_diffusers_peer.py") + peer_common;
   const bool peer = o.peer == "diffusers";
   // Model flops: forward by part, step = 3 x forward (backward = 2 x forward: input and weight
   // gradients); checkpointing's recomputation is not counted (model flops, not hardware flops).
