@@ -72,9 +72,14 @@ std::string precheck_dit_folder(const DiffusersFolder &f) {
              shape_text(it->second->shape) + ": a config of another model than its weights";
   }
   const int64_t held = blocks_in(f, prefix);
-  if (held != layers)
+  if (held > layers)
     return f.dir + "/config.json declares num_layers " + std::to_string(layers) + ", the weights hold " +
-           std::to_string(held) + " blocks (" + prefix + "N.*): a config of another model than its weights";
+           std::to_string(held) + " blocks: " + prefix + std::to_string(layers) +
+           ".* and on are not in the model (a config of another model than its weights)";
+  if (held < layers)
+    return f.dir + "/config.json declares num_layers " + std::to_string(layers) + ", the folder lacks '" + prefix +
+           std::to_string(held) + ".*' (its weights hold " + std::to_string(held) +
+           " blocks: a config of another model than its weights)";
   return "";
 }
 

@@ -281,7 +281,8 @@ cfg = json.load(open(os.path.join(model, "config.json")))
 cfg["num_layers"] = cfg["num_layers"] + 38
 json.dump(cfg, open(os.path.join(hostile, "config.json"), "w"))
 r = run("info", hostile)
-check(r.returncode != 0 and "declares num_layers" in r.stderr, "a deeper config than its weights: " + r.stderr.strip())
+check(r.returncode != 0 and "declares num_layers" in r.stderr and "lacks 'blocks." in r.stderr,
+      "a deeper config than its weights: " + r.stderr.strip())
 
 # videotrain-make-vae --family wan22 (issue 38 item 7): a Wan 2.2 layout VAE that info reads as one.
 w22 = os.path.join(tmp, "w22")

@@ -53,6 +53,10 @@ fi
 
 # real
 py=${PYTHON:?}
+if [[ ${VIDEOTRAIN_TORCH2:-0} != 1 ]]; then
+  echo "SKIP: needs the torch2 venv's pip torch and its headers (bash scripts/torch2.sh test runs it)"
+  exit 77
+fi
 if ! "$py" -c 'import torch, os, sys; sys.exit(0 if os.path.isdir(os.path.join(os.path.dirname(torch.__file__), "include")) else 1)' 2>/dev/null; then
   if [[ ${VIDEOTRAIN_TORCH2:-0} == 1 ]]; then fail "$py has no torch with headers"; fi
   echo "SKIP: needs a pip torch with its headers (the torch2 venv: bash scripts/torch2.sh test)"
