@@ -5,9 +5,11 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "models/diffusers_folder.h"
 #include "safetensors.h"
 
 namespace videotrain::model_tool {
@@ -17,6 +19,16 @@ int usage();
 std::string opt(std::vector<std::string> &args, const std::string &name, const std::string &def);
 bool flag(std::vector<std::string> &args, const std::string &name);
 std::string human(double bytes);
+
+// A folder's parameters, counted from its weight headers (tensor `skip` left out: a tied copy), and
+// how many of them, in how many bytes, each stored dtype holds.
+struct StoredParams {
+  uint64_t total = 0;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> by_dtype;  // dtype -> (parameters, bytes)
+};
+StoredParams stored_params(const models::DiffusersFolder &folder, const std::string &skip = "");
+// "parameters: N (x B)" and a "  stored DTYPE: ..." line per dtype.
+void print_stored_params(const StoredParams &p);
 
 // What config.json says a folder holds: a diffusers transformer (`_class_name` *Transformer*), a
 // diffusers VAE (`_class_name` AutoencoderKL*), a transformers T5 / umT5 encoder (`architectures`

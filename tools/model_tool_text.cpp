@@ -22,16 +22,8 @@ int text_info(const std::string &dir) {
   if (!open_diffusers_folder(dir, "model", &folder, &err)) throw std::runtime_error(err);
   // transformers counts a tied tensor once: encoder.embed_tokens is shared.
   const bool tied = folder.tensors.count("shared.weight") != 0;
-  std::map<std::string, std::pair<uint64_t, uint64_t>> by_dtype;  // dtype -> (count, bytes)
-  uint64_t params = 0;
-  for (const auto &[name, e] : folder.tensors) {
-    if (tied && name == "encoder.embed_tokens.weight") continue;
-    uint64_t n = 1;
-    for (int64_t d : e->shape) n *= static_cast<uint64_t>(d);
-    params += n;
-    by_dtype[e->dtype].first += n;
-    by_dtype[e->dtype].second += e->nbytes;
-  }
+  const StoredParams stored = stored_params(folder, tied ? "encoder.embed_tokens.weight" : "");
+  const uint64_t params = stored.total;
   {
     torch::NoGradGuard ng;
     T5Encoder::open(dir, torch::kCPU, torch::kBFloat16);  // checks every tensor's name and shape
@@ -44,9 +36,7 @@ int text_info(const std::string &dir) {
               (long long)c.vocab_size, (long long)c.d_model, (long long)c.num_layers, (long long)c.num_heads,
               (long long)c.d_kv, (long long)c.d_ff, (long long)c.relative_attention_num_buckets,
               (long long)c.relative_attention_max_distance, c.layer_norm_epsilon);
-  std::printf("parameters: %llu (%.3f B)\n", (unsigned long long)params, params / 1e9);
-  for (const auto &[dt, cb] : by_dtype)
-    std::printf("  stored %s: %llu parameters, %s\n", dt.c_str(), (unsigned long long)cb.first, human(cb.second).c_str());
+  print_stored_params(stored);
   // As transformers' get_memory_footprint(): the weights in the dtype they are run in (no buffers).
   const double p = static_cast<double>(params);
   std::printf("memory of the weights (inference; activations extra): bf16 %s, fp32 %s\n", human(p * 2).c_str(),

@@ -99,6 +99,25 @@ std::string human(double bytes) {
   return buf;
 }
 
+StoredParams stored_params(const DiffusersFolder &folder, const std::string &skip) {
+  StoredParams p;
+  for (const auto &[name, e] : folder.tensors) {
+    if (name == skip) continue;
+    uint64_t n = 1;
+    for (int64_t d : e->shape) n *= static_cast<uint64_t>(d);
+    p.total += n;
+    p.by_dtype[e->dtype].first += n;
+    p.by_dtype[e->dtype].second += e->nbytes;
+  }
+  return p;
+}
+
+void print_stored_params(const StoredParams &p) {
+  std::printf("parameters: %llu (%.3f B)\n", (unsigned long long)p.total, p.total / 1e9);
+  for (const auto &[dt, cb] : p.by_dtype)
+    std::printf("  stored %s: %llu parameters, %s\n", dt.c_str(), (unsigned long long)cb.first, human(cb.second).c_str());
+}
+
 FolderKind folder_kind(const std::string &dir, std::string *class_name) {
   const std::string path = dir + "/config.json";
   const std::string takes =
@@ -181,23 +200,15 @@ int info(const std::string &dir) {
   DiffusersFolder folder;
   std::string err;
   if (!open_diffusers_folder(dir, "diffusion_pytorch_model", &folder, &err)) throw std::runtime_error(err);
-  std::map<std::string, std::pair<uint64_t, uint64_t>> by_dtype;  // dtype -> (count, bytes)
-  uint64_t params = 0;
-  for (const auto &[name, e] : folder.tensors) {
-    uint64_t n = 1;
-    for (int64_t d : e->shape) n *= static_cast<uint64_t>(d);
-    params += n;
-    by_dtype[e->dtype].first += n;
-    by_dtype[e->dtype].second += e->nbytes;
-  }
+  const StoredParams stored = stored_params(folder);
+  const uint64_t params = stored.total;
   torch::NoGradGuard ng;
   auto m = open_dit(dir, torch::kCPU);  // checks the folder strictly
   std::printf("folder: %s\nclass: %s (family %s)\nweights: %s\n", dir.c_str(), m->class_name().c_str(),
               m->family().c_str(), folder.weights_description().c_str());
   std::printf("config: %s", nlohmann::json::parse(folder.config_text).dump(1).c_str());
-  std::printf("\nparameters: %llu (%.3f B)\n", (unsigned long long)params, params / 1e9);
-  for (const auto &[dt, cb] : by_dtype)
-    std::printf("  stored %s: %llu parameters, %s\n", dt.c_str(), (unsigned long long)cb.first, human(cb.second).c_str());
+  std::printf("\n");
+  print_stored_params(stored);
   std::map<std::string, int> kinds;
   for (const auto &n : m->linear_names()) kinds[pattern_of(n)]++;
   std::printf("LoRA-targetable modules (Linear layers, diffusers names):\n");
