@@ -9,11 +9,7 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -202,43 +198,6 @@ TEST(WanTransformer, SelectiveEqualsFullAndNoCheckpointing) {
   expect_modes_agree(*m22, x22, torch::rand({2, 12}) * 1000, text22, 1e-6);
   auto big = build_dit(wan_real_width_config(1), torch::kCPU);
   expect_modes_agree(*big, torch::randn({1, 16, 2, 8, 8}), torch::tensor({500.0}), torch::randn({1, 16, 4096}), 1e-6);
-}
-
-// By hand, one mode per process (peak RSS is per process):
-//   VIDEOTRAIN_CKPT_BENCH=full|selective|none [VIDEOTRAIN_CKPT_BENCH_LAYERS=2] [VIDEOTRAIN_CKPT_BENCH_TEXT=512]
-//     build/tests/models/test-wan-transformer --gtest_filter='*CheckpointingStepAtRealWidth*'
-// 3,510 tokens (latents 9 x 30 x 52) at the 1.3B model's width, random weights: step time and peak RSS.
-TEST(WanTransformer, CheckpointingStepAtRealWidth) {
-  const char *mode = std::getenv("VIDEOTRAIN_CKPT_BENCH");
-  if (!mode) GTEST_SKIP() << "set VIDEOTRAIN_CKPT_BENCH=none|full|selective to measure";
-  const std::string md = mode;
-  const Checkpointing ck = md == "full" ? Checkpointing::full : md == "selective" ? Checkpointing::selective : Checkpointing::none;
-  const int layers = std::getenv("VIDEOTRAIN_CKPT_BENCH_LAYERS") ? std::atoi(std::getenv("VIDEOTRAIN_CKPT_BENCH_LAYERS")) : 2;
-  const int L = std::getenv("VIDEOTRAIN_CKPT_BENCH_TEXT") ? std::atoi(std::getenv("VIDEOTRAIN_CKPT_BENCH_TEXT")) : 512;
-  torch::manual_seed(0);
-  auto m = build_dit(wan_real_width_config(layers), torch::kCPU);
-  m->set_checkpointing(ck);
-  const auto x = torch::randn({1, 16, 9, 30, 52}), t = torch::tensor({500.0}), text = torch::randn({1, L, 4096});
-  auto rss = [](const char *key) {
-    std::ifstream f("/proc/self/status");
-    std::string line;
-    while (std::getline(f, line))
-      if (line.rfind(key, 0) == 0) return std::atof(line.c_str() + std::strlen(key)) / 1024.0;  // MiB
-    return 0.0;
-  };
-  std::vector<double> times;
-  double before = 0;
-  for (int i = 0; i < 3; i++) {
-    for (auto &p : m->module().parameters()) p.mutable_grad() = at::Tensor();
-    if (i == 0) before = rss("VmRSS:");
-    const auto t0 = std::chrono::steady_clock::now();
-    m->forward(x, t, text).square().mean().backward();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(times.begin(), times.end());
-  std::printf("wan %d layers, 3510 tokens, text %d, checkpointing %s: step %.2f s (median of 3), peak RSS %.0f MiB "
-              "(%.0f MiB before the first step)\n",
-              layers, L, checkpointing_name(ck), times[1], rss("VmHWM:"), before);
 }
 
 // The chunked attention (LibTorch 1.13's path, and the fallback) equals plain softmax attention in
