@@ -20,6 +20,7 @@ struct SafetensorsEntry {
   std::vector<int64_t> shape;
   const uint8_t *data = nullptr;  // into the mapping; valid while the file object lives
   size_t nbytes = 0;
+  uint64_t offset = 0;            // of its bytes in the data section
 };
 
 // Bytes per element of a safetensors dtype name; 0 when unknown.

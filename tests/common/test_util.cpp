@@ -125,6 +125,20 @@ torch.jit.script(M()).save(sys.argv[1])
 )");
 }
 
+namespace {
+long status_kb(const char *key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(key, 0) == 0) return std::atol(line.c_str() + std::strlen(key));
+  return 0;
+}
+}  // namespace
+
+long rss_kb() { return status_kb("VmRSS:"); }
+long peak_rss_kb() { return status_kb("VmHWM:"); }
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
 void nan_into_safetensors(const std::string &path) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
   uint64_t header = 0;

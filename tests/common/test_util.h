@@ -76,6 +76,12 @@ class StalledFifo {
   bool ok_ = false;
 };
 
+// This process's resident memory now (VmRSS) and its peak (VmHWM), in KiB; reset_peak_rss()
+// sets the peak back to the current size (Linux 4.0+: clear_refs 5).
+long rss_kb();
+long peak_rss_kb();
+void reset_peak_rss();
+
 // Environment variable with a default.
 std::string env_or(const char *name, const std::string &fallback);
 

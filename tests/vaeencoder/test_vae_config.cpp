@@ -139,6 +139,83 @@ TEST(Safetensors, ShapesAndOffsetsAreCheckedForRangeAndOverflow) {
   EXPECT_FALSE(write_safetensors(dir.file("y"), {{"w", "F32", {int64_t(1) << 32, int64_t(1) << 32}, {}}}, {}, &e2));
 }
 
+// As the reference reader: the tensors tile the data section (no overlap, no gap, nothing
+// after the last), a name appears once, and a field the format does not know is ignored.
+TEST(Safetensors, DataOffsetsMustTileTheDataSection) {
+  vttest::TempDir dir;
+  auto open = [&](const std::string &header, size_t data, std::string *err) {
+    std::string len(8, '\0');
+    for (int i = 0; i < 8; i++) len[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    vttest::write_file(dir.file("x"), len + header + std::string(data, '\0'));
+    return SafetensorsFile::open(dir.file("x"), err) != nullptr;
+  };
+  std::string err;
+  EXPECT_FALSE(open(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},)"
+                    R"("b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})", 24, &err));
+  EXPECT_NE(err.find("'a' and 'b' overlap"), std::string::npos) << err;
+  EXPECT_FALSE(open(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                    R"("b":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", 4, &err));
+  EXPECT_NE(err.find("overlap"), std::string::npos) << err;
+  EXPECT_FALSE(open(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})", 8, &err));
+  EXPECT_NE(err.find("data bytes 0 to 4 belong to no tensor"), std::string::npos) << err;
+  EXPECT_FALSE(open(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", 8, &err));
+  EXPECT_NE(err.find("data bytes 4 to 8 belong to no tensor"), std::string::npos) << err;
+  EXPECT_FALSE(open(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                    R"("a":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})", 8, &err));
+  EXPECT_NE(err.find("'a' appears twice"), std::string::npos) << err;
+  EXPECT_FALSE(open(R"({"a":{"dtype":"U8","shape":[[4]],"data_offsets":[0,4]}})", 4, &err));
+  EXPECT_NE(err.find("shape entry"), std::string::npos) << err;
+  EXPECT_FALSE(open(R"([1, 2])", 0, &err));
+  EXPECT_NE(err.find("not a JSON object"), std::string::npos) << err;
+  EXPECT_FALSE(open(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]})", 4, &err));
+  EXPECT_NE(err.find("not valid JSON"), std::string::npos) << err;
+  // Zero-size tensors sit anywhere between others; unknown fields and metadata of any scalar pass.
+  ASSERT_TRUE(open(R"({"__metadata__":{"s":"v","n":1e308,"b":true},)"
+                   R"("z":{"dtype":"F32","shape":[0],"data_offsets":[4,4],"extra":{"x":[1,[2]]}},)"
+                   R"("a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                   R"("c":{"dtype":"U8","shape":[2],"data_offsets":[4,6]}})", 6, &err)) << err;
+  auto f = SafetensorsFile::open(dir.file("x"), &err);
+  ASSERT_TRUE(f) << err;
+  EXPECT_EQ(f->metadata().at("s"), "v");
+  EXPECT_EQ(f->metadata().at("n"), "1e308");
+  EXPECT_EQ(f->metadata().at("b"), "true");
+  EXPECT_EQ(f->find("c")->nbytes, 2u);
+}
+
+// A header near the 100 MB limit is read into the entry table without a JSON tree: the peak
+// memory stays a small multiple of the header (a tree of it took 1.4-1.9 GB).
+TEST(Safetensors, AHugeHeaderCostsLittleMemory) {
+  vttest::TempDir dir;
+  std::string h = "{";
+  const int n = 1'000'000;  // ~94 MB of entries of one byte each
+  h.reserve(96'000'000);
+  for (int i = 0; i < n; i++) {
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s\"tensor.with.a.long.name.%09d\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[%d,%d]}",
+             i ? "," : "", i, i, i + 1);
+    h += buf;
+  }
+  h += "}";
+  std::string len(8, '\0');
+  for (int i = 0; i < 8; i++) len[i] = static_cast<char>((h.size() >> (8 * i)) & 0xff);
+  {
+    std::ofstream out(dir.file("big"), std::ios::binary);
+    out << len << h << std::string(n, '\0');
+  }
+  const size_t header_bytes = h.size();
+  std::string().swap(h);
+  vttest::reset_peak_rss();
+  const long before = vttest::rss_kb();
+  std::string err;
+  auto f = SafetensorsFile::open(dir.file("big"), &err);
+  ASSERT_TRUE(f) << err;
+  EXPECT_EQ(f->entries().size(), static_cast<size_t>(n));
+  const long grew_mb = (vttest::peak_rss_kb() - before) / 1024;
+  RecordProperty("header_mb", static_cast<int>(header_bytes >> 20));
+  RecordProperty("peak_growth_mb", static_cast<int>(grew_mb));
+  EXPECT_LT(grew_mb, 560) << "reading a " << (header_bytes >> 20) << " MB header grew the peak by " << grew_mb << " MB";
+}
+
 TEST(Safetensors, WriteReadRoundTripWithMetadata) {
   vttest::TempDir dir;
   std::vector<SafetensorsOutTensor> ts(3);
