@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -10,6 +11,7 @@
 #include "cuda_devices.h"
 #include "device_rule.h"
 #include "dist_env.h"
+#include "out_of_memory.h"
 #include "models/vae/vae_decoder.h"
 #include "tensor_buffer.h"
 
@@ -31,6 +33,23 @@ int default_stride(int tile, int s) { return std::max(s, tile * 3 / 4 / s * s); 
 // Thrown from the frame callback to stop a clip whose frames are no longer wanted.
 struct Stopped {};
 
+// The tiles of the next try after running out of memory at `prev` (untiled: the frame): 256 pixels
+// (diffusers' tile), then half the last, on the latent grid; off when none smaller is left.
+DecodeTiles smaller_tiles(const DecodeTiles &prev, int height, int width, int s) {
+  const int last = prev.on() ? std::max(prev.tile_h, prev.tile_w) : std::max(height, width);
+  int side = prev.on() ? last / 2 : std::min(256, last / 2);
+  side = side / s * s;
+  DecodeTiles t;
+  if (side < 2 * s || side >= last) return t;
+  t.tile_h = t.tile_w = side;
+  t.stride_h = t.stride_w = default_stride(side, s);
+  return t;
+}
+
+std::string tiles_text(const DecodeTiles &t) {
+  return t.on() ? std::to_string(t.tile_w) + "x" + std::to_string(t.tile_h) + " tiles" : std::string("whole frames");
+}
+
 }  // namespace
 
 DecodeEngine::DecodeEngine() : impl_(std::make_unique<Impl>()) {}
@@ -45,6 +64,10 @@ std::unique_ptr<DecodeEngine> DecodeEngine::create(const DecodeOptions &opts, st
   std::unique_ptr<DecodeEngine> eng(new DecodeEngine());
   Impl &im = *eng->impl_;
   im.opts = opts;
+  // Test hook for element tests, which cannot reach the options (see DecodeOptions).
+  if (im.opts.fake_oom_pixels == 0)
+    if (const char *fake = std::getenv("VIDEOTRAIN_VAEDECODER_FAKE_OOM_PIXELS"))
+      im.opts.fake_oom_pixels = std::strtoll(fake, nullptr, 10);
   std::string device_error;
   const std::string dev =
       resolve_device(opts.device, dist_env_from_environment().local_rank, visible_cuda_devices(), &device_error);
@@ -110,7 +133,7 @@ std::string DecodeEngine::check_latent(const std::vector<int64_t> &shape) const 
   return "";
 }
 
-bool DecodeEngine::decode(GstBuffer *latent, const FrameFn &on_frame, std::string *why) {
+bool DecodeEngine::decode(GstBuffer *latent, const FrameFn &on_frame, std::string *why, std::string *note) {
   auto fail = [&](const std::string &w) {
     if (why) *why = w;
     return false;
@@ -121,29 +144,54 @@ bool DecodeEngine::decode(GstBuffer *latent, const FrameFn &on_frame, std::strin
   const std::string bad = check_latent(t->sizes().vec());
   if (!bad.empty()) return fail(bad);
   Impl &im = *impl_;
-  const int c = latent_channels();
-  try {
-    c10::InferenceMode guard;
-    at::Tensor lat = t->to(im.device, at::kFloat).unsqueeze(0);
-    // latent=moments: the posterior mean, in the decoder's own scale already.
-    at::Tensor z = im.opts.moments ? lat.narrow(1, 0, c) : im.dec->denormalize(lat);
-    im.dec->decode(z, im.tiles, [&](const at::Tensor &frames) {
-      // [1, 3, n, H, W] in [-1, 1] -> n packed RGB frames, as diffusers' video processor rounds them.
-      at::Tensor rgb = ((frames[0] / 2 + 0.5).clamp(0, 1) * 255).round().to(at::kByte);
-      rgb = rgb.permute({1, 2, 3, 0}).contiguous().to(at::kCPU);
-      const int height = static_cast<int>(rgb.size(1)), width = static_cast<int>(rgb.size(2));
-      const size_t bytes = static_cast<size_t>(height) * width * 3;
-      for (int64_t i = 0; i < rgb.size(0); i++) {
-        GstBuffer *buf = gst_buffer_new_allocate(nullptr, bytes, nullptr);
-        gst_buffer_fill(buf, 0, rgb[i].data_ptr(), bytes);
-        frames_decoded_++;
-        if (!on_frame(buf, width, height)) throw Stopped{};
-      }
-    });
-  } catch (const Stopped &) {
-    return fail("stopped");
-  } catch (const std::exception &e) {
-    return fail(std::string("decoding failed: ") + e.what());
+  const int c = latent_channels(), s = spatial_compression();
+  const int height = static_cast<int>(t->size(2)) * s, width = static_cast<int>(t->size(3)) * s;
+  int64_t given = 0;  // frames on_frame has had: a retry goes on after them
+  DecodeTiles tiles = im.tiles;
+  std::string retries;
+  for (;;) {
+    int64_t index = 0;
+    const int64_t area = tiles.on() ? int64_t(tiles.tile_h) * tiles.tile_w : int64_t(height) * width;
+    try {
+      c10::InferenceMode guard;
+      at::Tensor lat = t->to(im.device, at::kFloat).unsqueeze(0);
+      // latent=moments: the posterior mean, in the decoder's own scale already.
+      at::Tensor z = im.opts.moments ? lat.narrow(1, 0, c) : im.dec->denormalize(lat);
+      im.dec->decode(z, tiles, [&](const at::Tensor &frames) {
+        // [1, 3, n, H, W] in [-1, 1] -> n packed RGB frames, as diffusers' video processor rounds them.
+        at::Tensor rgb = ((frames[0] / 2 + 0.5).clamp(0, 1) * 255).round().to(at::kByte);
+        rgb = rgb.permute({1, 2, 3, 0}).contiguous().to(at::kCPU);
+        const int h = static_cast<int>(rgb.size(1)), w = static_cast<int>(rgb.size(2));
+        const size_t bytes = static_cast<size_t>(h) * w * 3;
+        for (int64_t i = 0; i < rgb.size(0); i++, index++) {
+          if (index < given) continue;  // given before this try ran out of memory
+          GstBuffer *buf = gst_buffer_new_allocate(nullptr, bytes, nullptr);
+          gst_buffer_fill(buf, 0, rgb[i].data_ptr(), bytes);
+          frames_decoded_++;
+          given++;
+          if (!on_frame(buf, w, h)) throw Stopped{};
+          if (im.opts.fake_oom_pixels > 0 && area > im.opts.fake_oom_pixels)
+            throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                        "out of memory (test hook: " + std::to_string(area) + " pixels a tile)");
+        }
+      });
+      if (note && !retries.empty())
+        *note = "decoding a " + std::to_string(width) + "x" + std::to_string(height) + " clip ran out of memory " +
+                retries + "; the rest decoded in " + tiles_text(tiles);
+      break;
+    } catch (const Stopped &) {
+      return fail("stopped");
+    } catch (const std::exception &e) {
+      if (!is_out_of_memory(e)) return fail("decoding failed: " + error_line(e));
+      const DecodeTiles next = smaller_tiles(tiles, height, width, s);
+      retries += (retries.empty() ? "in " : ", in ") + tiles_text(tiles) + " after " + std::to_string(given) +
+                 " frame(s)";
+      if (!next.on())
+        return fail("decoding a " + std::to_string(width) + "x" + std::to_string(height) +
+                    " clip ran out of memory " + retries + " (" + error_line(e) +
+                    "): sample smaller sizes, or decode on a device with more memory (property device)");
+      tiles = next;
+    }
   }
   return true;
 }

@@ -24,6 +24,9 @@ struct DecodeOptions {
   std::string dtype;   // "" = bfloat16 on CUDA, float32 on CPU
   bool moments = false;  // the input is vaeencoder's latent=moments (mean and log-variance)
   bool tune_malloc = true;  // on CPU: retain_large_cpu_blocks() (process-wide), as vaeencoder
+  // Test hook (VIDEOTRAIN_VAEDECODER_FAKE_OOM_PIXELS in the element): a decode whose tile (or frame,
+  // untiled) is over this many pixels runs "out of memory" after its first new frame. 0 = off.
+  int64_t fake_oom_pixels = 0;
 };
 
 class DecodeEngine {
@@ -46,8 +49,10 @@ class DecodeEngine {
   // Decodes the latent `buffer` holds; each frame goes to on_frame (a new buffer of packed RGB
   // rows, width * 3 bytes each, owned by the callee) as soon as its chunk is decoded. on_frame
   // returning false stops the clip. False with a reason on bad input or a failed decode.
+  // A decode that runs out of memory is retried in smaller tiles (256 pixels, then halved, at most
+  // three times), going on from the first frame not yet given; *note (when set) then says so in one line.
   using FrameFn = std::function<bool(GstBuffer *frame, int width, int height)>;
-  bool decode(GstBuffer *latent, const FrameFn &on_frame, std::string *why);
+  bool decode(GstBuffer *latent, const FrameFn &on_frame, std::string *why, std::string *note = nullptr);
 
   int64_t frames_decoded() const { return frames_decoded_; }
 

@@ -171,7 +171,7 @@ static GstFlowReturn gst_vae_decoder_chain(GstPad *, GstObject *parent, GstBuffe
   const guint num_frames = static_cast<guint>(eng->frames_for(shape[1]));
   guint frame_index = 0;
   GstFlowReturn flow = GST_FLOW_OK;
-  std::string why;
+  std::string why, note;
   bool ok;
   try {
     ok = eng->decode(
@@ -197,11 +197,12 @@ static GstFlowReturn gst_vae_decoder_chain(GstPad *, GstObject *parent, GstBuffe
           flow = gst_pad_push(self->srcpad, frame);
           return flow == GST_FLOW_OK;
         },
-        &why);
+        &why, &note);
   } catch (const std::exception &e) {
     ok = false;
     why = first_line(e.what());
   }
+  if (!note.empty()) GST_ELEMENT_WARNING(self, RESOURCE, NO_SPACE_LEFT, ("vaedecoder ran out of memory"), ("%s", note.c_str()));
   gst_buffer_unref(latent);
   if (flow != GST_FLOW_OK) return flow;  // downstream stopped (flushing, EOS, not linked)
   if (!ok) {

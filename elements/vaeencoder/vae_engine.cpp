@@ -1,3 +1,4 @@
+#include "out_of_memory.h"
 #include "vae_engine.h"
 
 #include <ATen/ATen.h>
@@ -211,10 +212,7 @@ struct OutOfMemoryFatal : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-bool is_oom(const c10::Error &e) {
-  if (dynamic_cast<const c10::OutOfMemoryError *>(&e)) return true;
-  return e.msg().find("out of memory") != std::string::npos;
-}
+bool is_oom(const c10::Error &e) { return is_out_of_memory(e); }
 
 // "" when norm-scope=clip can run on this model, else why not (naming the property).
 std::string clip_scope_unsupported(const std::string &model, bool dir) {

@@ -151,6 +151,60 @@ TEST_P(DecoderElement, EncodeThenDecodeGivesTheClipsFramesAsTheEngineDecodesThem
   }
   EXPECT_TRUE(varied) << "decoded frames are flat";
 
+  // Out of memory after the first frame of a whole-frame decode: the engine goes on in 24x24 tiles
+  // (half the 48-pixel frame) from the second frame, as a decode in those tiles gives it, and says so.
+  auto frames_of = [&](const vae::DecodeOptions &opts, std::string *note) {
+    std::vector<std::string> out;
+    std::string w;
+    auto e = vae::DecodeEngine::create(opts, &w);
+    EXPECT_NE(e, nullptr) << w;
+    if (!e) return out;
+    const bool ok = e->decode(
+        latents.buffers[0],
+        [&](GstBuffer *b, int, int) {
+          GstMapInfo m;
+          gst_buffer_map(b, &m, GST_MAP_READ);
+          out.emplace_back(reinterpret_cast<const char *>(m.data), m.size);
+          gst_buffer_unmap(b, &m);
+          gst_buffer_unref(b);
+          return true;
+        },
+        &w, note);
+    EXPECT_TRUE(ok) << w;
+    if (!ok && note) *note = w;
+    return out;
+  };
+  vae::DecodeOptions oom = o, tiled = o;
+  oom.fake_oom_pixels = 48 * 32 - 1;
+  std::string note;
+  if (eng->spatial_compression() == 8) {
+    tiled.tile_height = tiled.tile_width = 24;
+    const auto whole = frames_of(o, nullptr), retried = frames_of(oom, &note), in_tiles = frames_of(tiled, nullptr);
+    ASSERT_EQ(retried.size(), 9u) << note;
+    ASSERT_EQ(in_tiles.size(), 9u);
+    EXPECT_EQ(retried[0], whole[0]);
+    for (size_t i = 1; i < 9; i++) EXPECT_EQ(retried[i], in_tiles[i]) << "frame " << i;
+    EXPECT_NE(note.find("ran out of memory in whole frames after 1 frame(s); the rest decoded in 24x24 tiles"),
+              std::string::npos)
+        << note;
+    oom.fake_oom_pixels = 1;
+  }
+  // Nothing smaller left (Wan 2.2's 16-pixel latent has no tile of two latent pixels under 48x32): one
+  // line naming the sizes, no C++ backtrace, the frames given before kept.
+  auto e = vae::DecodeEngine::create(oom, &why);
+  ASSERT_NE(e, nullptr) << why;
+  size_t given = 0;
+  EXPECT_FALSE(e->decode(
+      latents.buffers[0], [&](GstBuffer *b, int, int) { return gst_buffer_unref(b), ++given, true; }, &why));
+  const bool s8 = eng->spatial_compression() == 8;
+  EXPECT_NE(why.find(s8 ? "decoding a 48x32 clip ran out of memory in whole frames after 1 frame(s), in 24x24 tiles "
+                          "after 2 frame(s)"
+                        : "decoding a 48x32 clip ran out of memory in whole frames after 1 frame(s) ("),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos) << why;
+  EXPECT_EQ(given, s8 ? 2u : 1u);
+
   // vaeencoder's moments with moments=true: the posterior mean decoded as it is, the same frames as the
   // normalised mode latent (rounding of the normalisation aside).
   Pulled from_moments;
