@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ddptrainsink/checkpoint_store.h"
+#include "ddptrainsink/ema_weights.h"
 #include "model_tool.h"
 #include "models/diffusers_folder.h"
 #include "models/lora.h"
@@ -75,27 +76,71 @@ std::string width_name(const std::string &family, int64_t width) {
   return it == names.end() ? std::string("no published model of this width") : it->second;
 }
 
+// --ema: the EMA a checkpoint holds (ema.safetensors), by parameter name; each one is taken out as
+// it is put in place, so that one left over (a tensor the model lacks) is an error after.
+struct EmaTensors {
+  std::string path;
+  std::map<std::string, at::Tensor> left;
+  void put(const std::string &name, at::Tensor &into) {
+    const auto it = left.find(name);
+    if (it == left.end()) throw std::runtime_error("'" + path + "' has no EMA of '" + name + "'");
+    if (it->second.sizes() != into.sizes())
+      throw std::runtime_error("'" + path + "' holds the EMA of '" + name + "' in another shape than the checkpoint");
+    into.copy_(it->second);
+    left.erase(it);
+  }
+  void all_used() const {
+    if (!left.empty())
+      throw std::runtime_error("'" + path + "' holds an EMA of '" + left.begin()->first + "', which the checkpoint lacks");
+  }
+};
+
+EmaTensors ema_of(const std::string &step) {
+  std::error_code ec;
+  if (!fs::exists(step + "/trainer.json", ec))
+    throw std::runtime_error("--ema: '" + step + "' is no checkpoint of a run (no trainer.json): give its checkpoint-dir "
+                             "or one of its step folders");
+  const std::string file = trainer_state(step).value("ema_file", std::string());
+  if (file.empty())
+    throw std::runtime_error("--ema: checkpoint '" + step + "' holds no EMA (its run had ema-decay=0); export it without --ema");
+  EmaTensors e;
+  e.path = step + "/" + file;
+  e.left = read_ema_file(e.path);
+  return e;
+}
+
 }  // namespace
 
 int export_command(std::vector<std::string> args) {
   const std::string dtype = opt(args, "--dtype", "bf16");
   const uint64_t shard = std::stoull(opt(args, "--max-shard-bytes", std::to_string(uint64_t(5) << 30)));
   const std::string format = format_of(args);
+  const bool ema = flag(args, "--ema");
   at::ScalarType t;
   if (args.size() != 2 || !parse_save_dtype(dtype, &t) || shard == 0) return usage();
   const std::string step = pick_step(args[0]);
   torch::NoGradGuard ng;
   std::error_code ec;
+  EmaTensors avg;
+  if (ema) avg = ema_of(step);
+  const char *what = ema ? "the EMA of " : "";
   if (fs::exists(step + "/pytorch_lora_weights.safetensors", ec)) {
     // A LoRA run's checkpoint: the adapter, in the naming asked for (its own tensors' dtype).
-    const auto lora = read_lora_file(step + "/pytorch_lora_weights.safetensors");
+    auto lora = read_lora_file(step + "/pytorch_lora_weights.safetensors");
+    if (ema) {
+      for (auto &[name, m] : lora.modules) {  // PEFT's names, as the trainer's LoRA parameters have them
+        avg.put("transformer." + name + ".lora_A.weight", m.a);
+        avg.put("transformer." + name + ".lora_B.weight", m.b);
+      }
+      avg.all_used();
+    }
     fs::create_directories(args[1]);
     const std::string name = format == "diffusers" ? "pytorch_lora_weights.safetensors"
                              : format == "comfyui" ? "lora_comfyui.safetensors"
                                                    : "lora_kohya.safetensors";
     write_lora_file(args[1] + "/" + name, lora, format);
-    std::printf("exported the LoRA of %s (%zu modules, rank %lld, float32) to %s/%s (%s naming)\n", step.c_str(),
-                lora.modules.size(), (long long)lora.rank, args[1].c_str(), name.c_str(), format.c_str());
+    std::printf("exported %sthe LoRA of %s (%zu modules, rank %lld, float32) to %s/%s (%s naming)\n", what,
+                step.c_str(), lora.modules.size(), (long long)lora.rank, args[1].c_str(), name.c_str(), format.c_str());
     return 0;
   }
   if (fs::exists(step + "/trained_parameters.safetensors", ec)) {
@@ -112,16 +157,23 @@ int export_command(std::vector<std::string> args) {
         if (e->shape != p.value().sizes().vec())
           throw std::runtime_error("'" + f->path() + "' holds '" + p.key() + "' in another shape than " + base + "'s");
         p.value().copy_(tensor_of(*e));
+        if (ema) avg.put(p.key(), p.value());
         n++;
       }
+    if (ema) avg.all_used();
     const std::string file = m->save(args[1], t, shard);
-    std::printf("exported %s (%zu trained tensors over %s, %s) to %s/%s\n", step.c_str(), n, base.c_str(),
+    std::printf("exported %s%s (%zu trained tensors over %s, %s) to %s/%s\n", what, step.c_str(), n, base.c_str(),
                 dtype.c_str(), args[1].c_str(), file.c_str());
     return 0;
   }
   auto m = open_dit(step, torch::kCPU);
+  if (ema) {
+    for (auto &p : m->module().named_parameters(true))  // frozen ones have no EMA
+      if (avg.left.count(p.key())) avg.put(p.key(), p.value());
+    avg.all_used();
+  }
   const std::string file = m->save(args[1], t, shard);
-  std::printf("exported %s (%s) to %s/%s\n", step.c_str(), dtype.c_str(), args[1].c_str(), file.c_str());
+  std::printf("exported %s%s (%s) to %s/%s\n", what, step.c_str(), dtype.c_str(), args[1].c_str(), file.c_str());
   return 0;
 }
 

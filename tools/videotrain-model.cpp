@@ -10,6 +10,7 @@
  *                    [--format diffusers|comfyui|kohya]   (a LoRA run's step: its LoRA in that naming)
  *   videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype ...]
  *   videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya
+ *                    [--ema]   (the EMA weights the checkpoint holds, ddptrainsink ema-decay)
  *   videotrain-model lora merge BASE_DIR LORA OUT_DIR [--dtype bf16|fp16|fp32]
  *
  * The folder's kind comes from its config.json: `_class_name` for diffusers (a transformer, or an
@@ -64,7 +65,7 @@ int usage() {
                "       videotrain-model scheduler euler|unipc|ddim|dpm OUT.safetensors [--steps N] [--shift S] "
                "[--in IN.safetensors] [--seed N]\n"
                "       videotrain-model export STEP_DIR|CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N] "
-               "[--format diffusers|comfyui|kohya]\n"
+               "[--format diffusers|comfyui|kohya] [--ema]\n"
                "       videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype bf16|fp16|fp32]\n"
                "       videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya\n"
                "       videotrain-model lora merge BASE_DIR LORA OUT_DIR [--dtype bf16|fp16|fp32]\n");

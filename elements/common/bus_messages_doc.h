@@ -34,7 +34,7 @@
   "  ddptrainsink-checkpoint (element message): step (guint64), path (string), rescue (boolean, present and "  \
   "true for a rescue checkpoint).\n"                                                                           \
   "  ddptrainsink-export (element message, rank 0, a native model's finished run): step (guint64), path "      \
-  "(string: the diffusers folder written), dtype (string).\n"                                                  \
+  "(string: the diffusers folder written), dtype (string), ema (boolean: only for export-ema's EMA export).\n" \
   "Warnings: skipped steps, a changed schedule on resume, metrics-file problems, lost steps."
 
 #define VIDEOTRAIN_DOC_DDPVALSINK_MESSAGES                                                                     \

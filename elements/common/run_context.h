@@ -74,6 +74,11 @@ class RunContext {
    * snapshot_state()). A callback added before a step's all-reduce sees that step; which
    * steps every rank's callbacks see says StepReport::every_rank_subscribed. */
   virtual std::shared_ptr<const ParamSnapshot> snapshot_state() const = 0;
+  // The trainer keeps an EMA of its trainable parameters (ddptrainsink ema-decay > 0), and the
+  // same copy as snapshot_state() with those parameters holding the EMA (weights=ema of the
+  // validators and samplers); null without an EMA or a model.
+  virtual bool has_ema() const { return false; }
+  virtual std::shared_ptr<const ParamSnapshot> snapshot_ema() const { return nullptr; }
   using StepCallback = std::function<void(const StepReport &)>;
   virtual int add_step_callback(StepCallback cb) = 0;
   virtual void remove_step_callback(int id) = 0;

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "bus_message_gst.h"
+#include "gst_enum.h"
 #include "bus_messages_doc.h"
 #include "prompt_record.h"
 #include "run_context_gst.h"
@@ -49,6 +50,7 @@ enum {
   PROP_AT_START,
   PROP_AT_END,
   PROP_SKIP_IF_BUSY,
+  PROP_WEIGHTS,
   PROP_SAMPLER,
   PROP_STEPS,
   PROP_GUIDANCE,
@@ -65,6 +67,9 @@ enum {
 };
 
 static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
+VIDEOTRAIN_DEFINE_ENUM(weights_type, "GstDdpSamplerWeights", {0, "The trainer's weights", "raw"},
+                       {1, "The trainer's EMA of its trainable parameters (needs its ema-decay)", "ema"})
+
     "sink", GST_PAD_SINK, GST_PAD_ALWAYS,
     GST_STATIC_CAPS(VIDEOTRAIN_TENSOR_MEDIA_TYPE ", content=(string)" VIDEOTRAIN_PROMPT_CONTENT));
 static GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
@@ -276,6 +281,7 @@ static void set_property(GObject *object, guint id, const GValue *value, GParamS
     case PROP_AT_END: c.at_end = g_value_get_boolean(value); break;
     case PROP_SKIP_IF_BUSY: c.skip_if_busy = g_value_get_boolean(value); break;
     case PROP_SAMPLER: c.sampler = g_value_get_string(value) ? g_value_get_string(value) : "auto"; break;
+    case PROP_WEIGHTS: c.ema = g_value_get_enum(value) == 1; break;
     case PROP_STEPS: c.steps = g_value_get_int(value); break;
     case PROP_GUIDANCE: c.guidance = g_value_get_double(value); break;
     case PROP_FLOW_SHIFT: c.flow_shift = g_value_get_double(value); break;
@@ -304,6 +310,7 @@ static void get_property(GObject *object, guint id, GValue *value, GParamSpec *p
     case PROP_SKIP_IF_BUSY: g_value_set_boolean(value, c.skip_if_busy); break;
     case PROP_SAMPLER: g_value_set_string(value, c.sampler.c_str()); break;
     case PROP_STEPS: g_value_set_int(value, c.steps); break;
+    case PROP_WEIGHTS: g_value_set_enum(value, c.ema ? 1 : 0); break;
     case PROP_GUIDANCE: g_value_set_double(value, c.guidance); break;
     case PROP_FLOW_SHIFT: g_value_set_double(value, c.flow_shift); break;
     case PROP_SNR_SHIFT_SCALE: g_value_set_double(value, c.snr_shift_scale); break;
@@ -375,6 +382,11 @@ static void gst_ddp_sampler_class_init(GstDdpSamplerClass *klass) {
   g_object_class_install_property(gobject_class, PROP_SAMPLER,
       g_param_spec_string("sampler", "Sampler",
                           "auto (Wan: unipc, CogVideoX: dpm), euler or unipc (flow matching, Wan), ddim or dpm "
+  g_object_class_install_property(gobject_class, PROP_WEIGHTS,
+      g_param_spec_enum("weights", "Weights",
+                        "Which weights sample: the trainer's, or the EMA it keeps (ddptrainsink ema-decay; an error "
+                        "without one)",
+                        weights_type(), 0, rw));
                           "(v-prediction, CogVideoX): diffusers' schedulers, stepped as the pipelines step them",
                           d.sampler.c_str(), rw));
   g_object_class_install_property(gobject_class, PROP_STEPS,

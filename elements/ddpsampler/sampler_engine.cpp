@@ -129,7 +129,7 @@ struct SamplerEngine::Impl {
       if (flushing) return;
     }
     lock.unlock();
-    auto snap = run->snapshot_state();
+    auto snap = cfg.ema ? run->snapshot_ema() : run->snapshot_state();
     lock.lock();
     if (!snap || flushing) return;
     pending = std::move(snap);
@@ -315,6 +315,10 @@ bool SamplerEngine::attach(std::shared_ptr<RunContext> run) {
   d.rank = d.run->rank();
   d.world = d.run->world_size();
   Impl *p = impl_.get();
+  if (d.cfg.ema && !run->has_ema()) {
+    d.error = "weights=ema, but the trainer keeps no EMA: set ema-decay on its ddptrainsink (or weights=raw)";
+    return false;
+  }
   d.callback = d.run->add_step_callback([p](const StepReport &r) { p->on_step(r); });
   // Subscribed after the model was built: at-start takes step 0 now.
   if (d.cfg.at_start && d.run->has_model() && d.run->steps_done() == 0) d.offer(0, false);

@@ -41,6 +41,7 @@ struct SamplerConfig {
 };
 
 // One generated sample, as the element pushes it.
+  bool ema = false;             // weights=ema: the trainer's EMA (RunContext::snapshot_ema), not its weights
 struct SampleOut {
   uint64_t step = 0;
   uint32_t prompt_index = 0;

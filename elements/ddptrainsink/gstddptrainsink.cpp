@@ -101,6 +101,10 @@ enum {
   PROP_TRAINABLE,
   PROP_STEPS,
   PROP_LOSS,
+  PROP_EMA_DECAY,
+  PROP_EMA_START_STEP,
+  PROP_EMA_EVERY,
+  PROP_EXPORT_EMA,
 };
 
 /* ---- enum property types (string values in the engine config) ---- */
@@ -402,6 +406,10 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
   GST_OBJECT_LOCK(self);
   const TrainerConfig &c = *self->config;
   switch (id) {
+    case PROP_EMA_DECAY: c.ema_decay = g_value_get_double(v); break;
+    case PROP_EMA_START_STEP: c.ema_start_step = g_value_get_uint64(v); break;
+    case PROP_EMA_EVERY: c.ema_every = g_value_get_uint64(v); break;
+    case PROP_EXPORT_EMA: c.export_ema = g_value_get_boolean(v); break;
     case PROP_MODEL: g_value_set_string(v, c.model.c_str()); break;
     case PROP_LATENT_CHANNELS: g_value_set_uint(v, static_cast<guint>(c.latent_channels)); break;
     case PROP_LR: g_value_set_double(v, c.lr); break;
@@ -463,6 +471,10 @@ static void gst_ddp_train_sink_finalize(GObject *object) {
   delete self->engine;
   delete self->config;
   delete self->last_return;
+    case PROP_EMA_DECAY: g_value_set_double(v, c.ema_decay); break;
+    case PROP_EMA_START_STEP: g_value_set_uint64(v, c.ema_start_step); break;
+    case PROP_EMA_EVERY: g_value_set_uint64(v, c.ema_every); break;
+    case PROP_EXPORT_EMA: g_value_set_boolean(v, c.export_ema); break;
   G_OBJECT_CLASS(gst_ddp_train_sink_parent_class)->finalize(object);
 }
 
@@ -693,6 +705,26 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
   gst_element_class_set_static_metadata(
       ec, "Distributed trainer sink", "Sink/Tensor",
       "Trains a TorchScript or built-in model on micro-batches with AdamW, gradient accumulation and a bucketed "
+  install(PROP_EMA_DECAY,
+          g_param_spec_double("ema-decay", "EMA decay",
+                              "Keep an exponential moving average of the trainable parameters (LoRA: the adapter), "
+                              "float32 on the training device (4 bytes per trainable parameter per rank): "
+                              "ema = decay * ema + (1 - decay) * weights at each update; checkpointed, exported with "
+                              "export-ema, validated/sampled with weights=ema. 0: no EMA",
+                              0, 0.999999999, 0, rw));
+  install(PROP_EMA_START_STEP,
+          g_param_spec_uint64("ema-start-step", "EMA start step",
+                              "Up to this optimizer step the EMA is a copy of the weights; averaging starts after it",
+                              0, G_MAXUINT64, 0, rw));
+  install(PROP_EMA_EVERY, g_param_spec_uint64("ema-every", "EMA every",
+                                              "Update the EMA at every this many optimizer steps after ema-start-step "
+                                              "(each update applies ema-decay once)",
+                                              1, G_MAXUINT64, 1, rw));
+  install(PROP_EXPORT_EMA,
+          g_param_spec_boolean("export-ema", "Export EMA",
+                               "A finished run also exports the EMA weights beside the raw ones: export-dir + \"_ema\" "
+                               "(<checkpoint-dir>/transformer_ema or lora_ema). Needs ema-decay",
+                               FALSE, rw));
       "all-reduce over c10d (one process per GPU); writes checkpoints and posts progress" VIDEOTRAIN_DOC_DDPTRAINSINK_MESSAGES,
       "gst-videotrain");
 }

@@ -33,6 +33,16 @@ std::string TrainerEngine::Impl::load_checkpoint(const FoundCheckpoint &c) {
     std::lock_guard<std::mutex> lock(state_mu);
     model->load(c.dir);
     torch::load(*opt, c.dir + "/optimizer.pt", device);
+    if (ema) {
+      const std::string file = c.state.value("ema_file", std::string());
+      if (!file.empty()) {
+        ema->load(c.dir + "/" + file);
+      } else {
+        ema->reset(params);
+        warn("checkpoint '" + c.dir + "' holds no EMA (its run had ema-decay=0): the EMA starts from its weights at step " +
+             std::to_string(c.step));
+      }
+    }
   } catch (const std::exception &e) {
     // Files that verified and still do not load are this run's problem (another model):
     // an error. A legacy checkpoint's files were never checked: damaged, try an older one.
@@ -44,6 +54,8 @@ std::string TrainerEngine::Impl::load_checkpoint(const FoundCheckpoint &c) {
   if (std::string bad = first_non_finite(*model); !bad.empty()) return "its weights hold NaN/Inf (first: " + bad + ")";
   if (std::string bad = first_non_finite_optimizer(); !bad.empty())
     return "its optimizer state holds NaN/Inf (first: " + bad + ")";
+  if (ema)
+    if (std::string bad = first_non_finite(ema->tensors()); !bad.empty()) return "its EMA holds NaN/Inf (first: " + bad + ")";
   return "";
 }
 
@@ -201,6 +213,7 @@ std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
     std::lock_guard<std::mutex> lock(state_mu);
     model_file = model->save(tmp);
     save_optimizer(*opt, tmp + "/optimizer.pt");
+    if (ema) ema->save(tmp + "/" + kEmaFile, steps_done);  // sealed by the manifest with the others
   }
   // No generator state: every step reseeds from (seed, rank, step), so a resume draws
   // the same numbers as an uninterrupted run.
@@ -223,6 +236,12 @@ std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
                 {"row_facts", all_row_facts(!rescue)},  // a rescue does not touch the store
                 {"optimizer_file", "optimizer.pt"},
                 {"rng_note", "no generator state: each step reseeds from seed, rank and step"}};
+  if (ema) {
+    state["ema_file"] = kEmaFile;
+    state["ema_decay"] = cfg.ema_decay;
+    state["ema_start_step"] = cfg.ema_start_step;
+    state["ema_every"] = cfg.ema_every;
+  }
   if (rescue) state["rescue"] = true;  // informative only: resume reads it like any other
   const std::string final_dir = store->commit(tmp, steps_done, state);
   // Only now, with a newer checkpoint complete and verified, may older ones go (local
@@ -304,12 +323,29 @@ void TrainerEngine::Impl::export_model() {
   }
   if (!written) return;  // TorchScript and built-in models have their checkpoints alone
   exported_step = steps_done;
-  Message m("ddptrainsink-export");
   // A LoRA's files keep the adapter's own float32 (save-dtype is the full model's).
   const std::string dtype = model->export_name() == "lora" ? std::string("fp32") : cfg.save_dtype;
-  m.set_uint64("step", steps_done).set_string("path", dir).set_string("dtype", dtype);
-  messages.push_back(m);
-  metrics_written(run_log.append_line(json{{"type", "export"}, {"step", steps_done}, {"path", dir}}.dump()));
+  auto report = [&](const std::string &path, bool is_ema) {
+    Message m("ddptrainsink-export");
+    m.set_uint64("step", steps_done).set_string("path", path).set_string("dtype", dtype);
+    if (is_ema) m.set_bool("ema", true);
+    messages.push_back(m);
+    json rec{{"type", "export"}, {"step", steps_done}, {"path", path}};
+    if (is_ema) rec["ema"] = true;
+    metrics_written(run_log.append_line(rec.dump()));
+  };
+  report(dir, false);
+  if (!cfg.export_ema || !ema) return;
+  // Beside the raw weights: transformer_ema/ or lora_ema/ (export-dir + "_ema"), through the model's
+  // own writer with the average put in place of the trainable parameters for the time of the write.
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const std::string ema_dir = dir + "_ema";
+  {
+    std::lock_guard<std::mutex> lock(state_mu);
+    EmaWeights::Applied applied(*ema, params);
+    model->export_folder(ema_dir, cfg.save_dtype);
+  }
+  report(ema_dir, true);
 }
 
 }  // namespace videotrain

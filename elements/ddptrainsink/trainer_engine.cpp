@@ -194,6 +194,7 @@ bool TrainerEngine::Impl::end_step() {
     // above throw before it. A throw from inside it leaves `updating` set.
     updating = true;
     opt->step();
+    if (ema) ema->update(steps_done + 1, params);
   }
   for (auto &p : params) p.mutable_grad() = at::Tensor();
   in_step = false;
@@ -595,19 +596,42 @@ int TrainerEngine::master_port() const { return impl_->master_port; }
 double TrainerEngine::timeout_s() const { return impl_->cfg.timeout_s; }
 double TrainerEngine::last_loss() const { return impl_->last_loss; }
 
-std::shared_ptr<const ParamSnapshot> TrainerEngine::snapshot_state() const {
-  auto &im = *impl_;
-  std::lock_guard<std::mutex> lock(im.state_mu);
-  if (!im.model) return nullptr;
+std::shared_ptr<const ParamSnapshot> TrainerEngine::snapshot_state() const { return impl_->snapshot(false); }
+
+std::shared_ptr<const ParamSnapshot> TrainerEngine::Impl::snapshot(bool with_ema) const {
+  std::lock_guard<std::mutex> lock(state_mu);
+  if (!model || (with_ema && !ema)) return nullptr;
   auto s = std::make_shared<ParamSnapshot>();
   torch::NoGradGuard ng;
-  s->step = im.steps_done;
-  s->model = im.cfg.model;
-  s->dims = im.dims;
-  s->options = im.model_opts;
-  for (auto &[n, p] : im.model->named_parameters()) s->parameters.emplace_back(n, p.detach().clone());
-  for (auto &[n, b] : im.model->named_buffers()) s->buffers.emplace_back(n, b.detach().clone());
+  s->step = steps_done;
+  s->model = cfg.model;
+  s->dims = dims;
+  s->options = model_opts;
+  std::map<std::string, at::Tensor> avg;  // the trainable parameters' EMA, in their own dtype
+  if (with_ema)
+    for (const auto &[n, t] : ema->tensors()) avg[n] = t;
+  for (auto &[n, p] : model->named_parameters()) {
+    const auto it = avg.find(n);
+    s->parameters.emplace_back(n, it == avg.end() ? p.detach().clone() : it->second.to(p.scalar_type(), false, true));
+  }
+  for (auto &[n, b] : model->named_buffers()) s->buffers.emplace_back(n, b.detach().clone());
   return s;
+}
+
+bool TrainerEngine::has_ema() const { return impl_->ema_schedule().on(); }
+
+std::shared_ptr<const ParamSnapshot> TrainerEngine::snapshot_ema() const { return impl_->snapshot(true); }
+
+std::map<std::string, std::vector<float>> TrainerEngine::ema_cpu() const {
+  std::map<std::string, std::vector<float>> out;
+  auto &im = *impl_;
+  std::lock_guard<std::mutex> lock(im.state_mu);
+  if (!im.ema) return out;
+  for (const auto &[n, t] : im.ema->tensors()) {
+    auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
+    out[n] = std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  }
+  return out;
 }
 
 bool TrainerEngine::has_model() const {

@@ -50,6 +50,11 @@ struct TrainerConfig {
   std::string val_sigmas = "0.25,0.5,0.75";
   std::string save_dtype = "bf16";        // bf16 | fp16 | fp32: the exported folder's weights
   std::string export_dir;                 // "": <checkpoint-dir>/transformer (or /lora) when the model is a folder
+  // EMA of the trainable parameters (ema_weights.h): decay 0 = off; a copy up to ema_start_step, then
+  // averaged at every ema_every-th step; export_ema: the end-of-run export writes it too (<export>_ema).
+  double ema_decay = 0;
+  uint64_t ema_start_step = 0, ema_every = 1;
+  bool export_ema = false;
   // Distributed (-1 / 0 / "" = from the environment).
   int rank = -1, world_size = 0, master_port = 0;
   std::string master_addr;
@@ -197,6 +202,8 @@ class TrainerEngine : public RunContext {
   uint64_t steps_done() const override;
   bool has_model() const override;  // built (at start(), or at the first micro-batch for builtin models)
   std::shared_ptr<const ParamSnapshot> snapshot_state() const override;
+  bool has_ema() const override;
+  std::shared_ptr<const ParamSnapshot> snapshot_ema() const override;
   int add_step_callback(StepCallback cb) override;
   void remove_step_callback(int id) override;
   bool append_image(const std::string &tag, uint64_t step, const std::string &png, int width, int height) override;
@@ -207,6 +214,8 @@ class TrainerEngine : public RunContext {
 
   // Parameters (and buffers, if asked) copied to CPU float32, by name (tests, equivalence checks).
   std::map<std::string, std::vector<float>> parameters_cpu(bool with_buffers = false) const;
+  // The EMA of the trainable parameters, by name, on CPU float32 (empty without ema-decay).
+  std::map<std::string, std::vector<float>> ema_cpu() const;
   ReducerInfo reducer_info() const;
 
   struct Impl;

@@ -18,6 +18,7 @@
 #include "bucket_reducer.h"
 #include "checkpoint_store.h"
 #include "dist_group.h"
+#include "ema_weights.h"
 #include "lr_schedule.h"
 #include "models/train_model.h"
 #include "run_log.h"
@@ -59,6 +60,10 @@ struct TrainerEngine::Impl {
   int stream_text = -1;
   std::vector<at::Tensor> params;
   std::unique_ptr<torch::optim::AdamW> opt;
+  std::unique_ptr<EmaWeights> ema;  // with ema-decay (under state_mu, like the weights)
+  EmaSchedule ema_schedule() const { return {cfg.ema_decay, cfg.ema_start_step, cfg.ema_every}; }
+  // RunContext's snapshots: the weights, or with_ema the trainable ones' EMA (null without one).
+  std::shared_ptr<const ParamSnapshot> snapshot(bool with_ema) const;
   std::unique_ptr<BucketReducer> reducer;
 
   uint64_t steps_done = 0;

@@ -68,6 +68,9 @@ bool TrainerEngine::Impl::resolve() {
   if (std::string why = resolve_model_options(); !why.empty()) return fail(why);
   if (cfg.resume && cfg.checkpoint_dir.empty()) return fail("resume=true needs checkpoint-dir");
   // Backend.
+  if (std::string why = ema_schedule().check(); !why.empty()) return fail(why);
+  if (cfg.export_ema && !ema_schedule().on())
+    return fail("export-ema=true needs an EMA to export: set ema-decay (e.g. 0.999)");
   if (cfg.backend == "auto")
     backend = (device.is_cuda() && nccl_available()) ? "nccl" : "gloo";
   else if (cfg.backend == "gloo" || cfg.backend == "nccl")
@@ -143,6 +146,12 @@ void TrainerEngine::Impl::construct_model(const ModelDims &d) {
 }
 
 void TrainerEngine::Impl::build_model(const ModelDims &d) {
+  ema.reset();
+  if (ema_schedule().on()) {
+    NamedTensors named;
+    for (size_t i = 0; i < params.size(); i++) named.emplace_back(param_names[i], params[i]);
+    ema = std::make_unique<EmaWeights>(ema_schedule(), named);
+  }
   // A resumed model was built and loaded by find_checkpoint().
   if (!model) construct_model(d);
   if (group) {
@@ -160,6 +169,10 @@ void TrainerEngine::Impl::build_model(const ModelDims &d) {
     reducer = std::make_unique<BucketReducer>(params, group.get(), cfg.bucket_cap_mb, 1.0);
   }
   // ddpvalsink's at-start needs these weights; builtin models only exist from here.
+    if (ema && !resumed) {  // the average starts from rank 0's weights too
+      std::lock_guard<std::mutex> lock(state_mu);
+      ema->reset(params);
+    }
   StepReport built;
   built.step = steps_done;
   built.model_built = true;

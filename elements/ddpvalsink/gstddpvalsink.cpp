@@ -20,6 +20,7 @@
 #include <string>
 
 #include "bus_message_gst.h"
+#include "gst_enum.h"
 #include "metas.h"
 #include "run_context_gst.h"
 #include "tensor_caps.h"
@@ -52,6 +53,7 @@ enum {
   PROP_EVERY,
   PROP_AT_START,
   PROP_SKIP_IF_BUSY,
+  PROP_WEIGHTS,
   PROP_SHARD_INDEX,
   PROP_NUM_SHARDS,
   PROP_BATCH_SIZE,
@@ -59,6 +61,9 @@ enum {
   PROP_LAST_LOSS,
   PROP_LAST_STEP,
 };
+
+VIDEOTRAIN_DEFINE_ENUM(weights_type, "GstDdpValSinkWeights", {0, "The trainer's weights", "raw"},
+                       {1, "The trainer's EMA of its trainable parameters (needs its ema-decay)", "ema"})
 
 static GstStaticPadTemplate sink_template =
     GST_STATIC_PAD_TEMPLATE("sink", GST_PAD_SINK, GST_PAD_ALWAYS,
@@ -252,6 +257,7 @@ static void gst_ddp_val_sink_set_property(GObject *object, guint id, const GValu
     case PROP_EVERY: c.every = g_value_get_uint64(v); break;
     case PROP_AT_START: c.at_start = g_value_get_boolean(v); break;
     case PROP_SKIP_IF_BUSY: c.skip_if_busy = g_value_get_boolean(v); break;
+    case PROP_WEIGHTS: c.ema = g_value_get_enum(v) == 1; break;
     case PROP_SHARD_INDEX: c.shard_index = g_value_get_uint(v); break;
     case PROP_NUM_SHARDS: c.num_shards = g_value_get_uint(v); break;
     case PROP_BATCH_SIZE: c.batch_size = g_value_get_uint(v); break;
@@ -270,6 +276,7 @@ static void gst_ddp_val_sink_get_property(GObject *object, guint id, GValue *v, 
     case PROP_EVERY: g_value_set_uint64(v, c.every); break;
     case PROP_AT_START: g_value_set_boolean(v, c.at_start); break;
     case PROP_SKIP_IF_BUSY: g_value_set_boolean(v, c.skip_if_busy); break;
+    case PROP_WEIGHTS: g_value_set_enum(v, c.ema ? 1 : 0); break;
     case PROP_SHARD_INDEX: g_value_set_uint(v, c.shard_index); break;
     case PROP_NUM_SHARDS: g_value_set_uint(v, c.num_shards); break;
     case PROP_BATCH_SIZE: g_value_set_uint(v, c.batch_size); break;
@@ -338,6 +345,10 @@ static void gst_ddp_val_sink_class_init(GstDdpValSinkClass *klass) {
                                "Skip a validation (ddpvalsink-skipped message) when the previous one is still running, "
                                "instead of letting the newer snapshot wait",
                                d.skip_if_busy, rw));
+  install(PROP_WEIGHTS, g_param_spec_enum("weights", "Weights",
+                                          "Which weights are validated: the trainer's, or the EMA it keeps "
+                                          "(ddptrainsink ema-decay; an error without one)",
+                                          weights_type(), 0, rw));
   install(PROP_SHARD_INDEX, g_param_spec_uint("shard-index", "Shard index",
                                               "This sink evaluates the clips whose index is shard-index mod num-shards",
                                               0, 1023, d.shard_index, rw));

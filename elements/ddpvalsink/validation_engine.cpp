@@ -268,7 +268,7 @@ struct Hub {
       if (closing || skipped_for_ended(step, final)) return;
     }
     // Between two optimizer steps, on the training device (or step 0's, held since).
-    auto snap = held ? std::move(held) : trainer->snapshot_state();
+    auto snap = held ? std::move(held) : snapshot();
     std::lock_guard<std::mutex> lock(mu);
     if (skipped_for_ended(step, final)) return;
     if (!snap) {
@@ -295,6 +295,11 @@ struct Hub {
              " skipped on every rank: the validators of some rank had not joined the run yet");
   }
 
+  // The weights the shards evaluate: the trainer's, or their EMA (weights=ema).
+  std::shared_ptr<const ParamSnapshot> snapshot() const {
+    return cfg.ema ? trainer->snapshot_ema() : trainer->snapshot_state();
+  }
+
   // at-start: step 0's weights, once the trainer has its model (builtin models build
   // theirs at the first micro-batch). Alone: called by each shard at its first buffer and
   // by the trainer's model_built callback; whichever finds the model first dispatches.
@@ -314,7 +319,7 @@ struct Hub {
       }
     }
     if (world == 1) return dispatch(0, false);
-    auto snap = trainer->snapshot_state();
+    auto snap = snapshot();
     std::lock_guard<std::mutex> lock(mu);
     if (snap && snap->step == 0) at_start_snap = std::move(snap);
   }
@@ -624,6 +629,10 @@ bool ValidationEngine::attach(std::shared_ptr<RunContext> trainer) {
                std::to_string(c.num_shards) + " (0 .. num-shards - 1)";
     return false;
   }
+  if (c.ema && !trainer->has_ema()) {
+    im.error = "weights=ema, but the trainer keeps no EMA: set ema-decay on its ddptrainsink (or weights=raw)";
+    return false;
+  }
   // The validation group is a client of the run's store.
   if (c.master_addr.empty()) c.master_addr = trainer->master_addr();
   if (c.master_port <= 0) c.master_port = trainer->master_port();
@@ -677,8 +686,9 @@ bool ValidationEngine::attach(std::shared_ptr<RunContext> trainer) {
                  " of another ddpvalsink of the same trainer";
       return false;
     }
-    if (hub->cfg.every != c.every || hub->cfg.at_start != c.at_start || hub->cfg.skip_if_busy != c.skip_if_busy) {
-      im.error = "every/at-start/skip-if-busy of shard-index " + std::to_string(c.shard_index) +
+    if (hub->cfg.every != c.every || hub->cfg.at_start != c.at_start || hub->cfg.skip_if_busy != c.skip_if_busy ||
+        hub->cfg.ema != c.ema) {
+      im.error = "every/at-start/skip-if-busy/weights of shard-index " + std::to_string(c.shard_index) +
                  " differ from those of another ddpvalsink of the same trainer: they validate the same snapshots, "
                  "give them the same settings";
       return false;

@@ -43,6 +43,7 @@ struct ValidationConfig {
   std::string master_addr;
   int master_port = 0;
   double timeout_s = 0.0;
+  bool ema = false;  // weights=ema: the trainer's EMA (RunContext::snapshot_ema), not its weights
 };
 
 // One validation sample as the metas describe it.
