@@ -60,16 +60,17 @@ enum {
   PROP_WIDTH,
   PROP_HEIGHT,
   PROP_SEED,
+  PROP_MAX_TOKENS,
   PROP_TEMPORAL_COMPRESSION,
   PROP_SPATIAL_COMPRESSION,
   PROP_DEVICE,
   PROP_SAMPLES_DONE,
 };
 
-static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
 VIDEOTRAIN_DEFINE_ENUM(weights_type, "GstDdpSamplerWeights", {0, "The trainer's weights", "raw"},
                        {1, "The trainer's EMA of its trainable parameters (needs its ema-decay)", "ema"})
 
+static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
     "sink", GST_PAD_SINK, GST_PAD_ALWAYS,
     GST_STATIC_CAPS(VIDEOTRAIN_TENSOR_MEDIA_TYPE ", content=(string)" VIDEOTRAIN_PROMPT_CONTENT));
 static GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
@@ -280,8 +281,8 @@ static void set_property(GObject *object, guint id, const GValue *value, GParamS
     case PROP_AT_START: c.at_start = g_value_get_boolean(value); break;
     case PROP_AT_END: c.at_end = g_value_get_boolean(value); break;
     case PROP_SKIP_IF_BUSY: c.skip_if_busy = g_value_get_boolean(value); break;
-    case PROP_SAMPLER: c.sampler = g_value_get_string(value) ? g_value_get_string(value) : "auto"; break;
     case PROP_WEIGHTS: c.ema = g_value_get_enum(value) == 1; break;
+    case PROP_SAMPLER: c.sampler = g_value_get_string(value) ? g_value_get_string(value) : "auto"; break;
     case PROP_STEPS: c.steps = g_value_get_int(value); break;
     case PROP_GUIDANCE: c.guidance = g_value_get_double(value); break;
     case PROP_FLOW_SHIFT: c.flow_shift = g_value_get_double(value); break;
@@ -290,6 +291,7 @@ static void set_property(GObject *object, guint id, const GValue *value, GParamS
     case PROP_WIDTH: c.width = g_value_get_int(value); break;
     case PROP_HEIGHT: c.height = g_value_get_int(value); break;
     case PROP_SEED: c.seed = g_value_get_int64(value); break;
+    case PROP_MAX_TOKENS: c.max_tokens = g_value_get_int64(value); break;
     case PROP_TEMPORAL_COMPRESSION: c.temporal_compression = g_value_get_uint(value); break;
     case PROP_SPATIAL_COMPRESSION: c.spatial_compression = g_value_get_uint(value); break;
     case PROP_DEVICE: c.device = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
@@ -308,9 +310,9 @@ static void get_property(GObject *object, guint id, GValue *value, GParamSpec *p
     case PROP_AT_START: g_value_set_boolean(value, c.at_start); break;
     case PROP_AT_END: g_value_set_boolean(value, c.at_end); break;
     case PROP_SKIP_IF_BUSY: g_value_set_boolean(value, c.skip_if_busy); break;
+    case PROP_WEIGHTS: g_value_set_enum(value, c.ema ? 1 : 0); break;
     case PROP_SAMPLER: g_value_set_string(value, c.sampler.c_str()); break;
     case PROP_STEPS: g_value_set_int(value, c.steps); break;
-    case PROP_WEIGHTS: g_value_set_enum(value, c.ema ? 1 : 0); break;
     case PROP_GUIDANCE: g_value_set_double(value, c.guidance); break;
     case PROP_FLOW_SHIFT: g_value_set_double(value, c.flow_shift); break;
     case PROP_SNR_SHIFT_SCALE: g_value_set_double(value, c.snr_shift_scale); break;
@@ -318,6 +320,7 @@ static void get_property(GObject *object, guint id, GValue *value, GParamSpec *p
     case PROP_WIDTH: g_value_set_int(value, int(c.width)); break;
     case PROP_HEIGHT: g_value_set_int(value, int(c.height)); break;
     case PROP_SEED: g_value_set_int64(value, c.seed); break;
+    case PROP_MAX_TOKENS: g_value_set_int64(value, c.max_tokens); break;
     case PROP_TEMPORAL_COMPRESSION: g_value_set_uint(value, c.temporal_compression); break;
     case PROP_SPATIAL_COMPRESSION: g_value_set_uint(value, c.spatial_compression); break;
     case PROP_DEVICE: g_value_set_string(value, c.device.c_str()); break;
@@ -379,14 +382,14 @@ static void gst_ddp_sampler_class_init(GstDdpSamplerClass *klass) {
                            "When a sampling is due while the previous snapshot is still waiting for the sampler, skip "
                            "it (a ddpsampler-skipped message) instead of holding the trainer at that step",
                            d.skip_if_busy, rw));
-  g_object_class_install_property(gobject_class, PROP_SAMPLER,
-      g_param_spec_string("sampler", "Sampler",
-                          "auto (Wan: unipc, CogVideoX: dpm), euler or unipc (flow matching, Wan), ddim or dpm "
   g_object_class_install_property(gobject_class, PROP_WEIGHTS,
       g_param_spec_enum("weights", "Weights",
                         "Which weights sample: the trainer's, or the EMA it keeps (ddptrainsink ema-decay; an error "
                         "without one)",
                         weights_type(), 0, rw));
+  g_object_class_install_property(gobject_class, PROP_SAMPLER,
+      g_param_spec_string("sampler", "Sampler",
+                          "auto (Wan: unipc, CogVideoX: dpm), euler or unipc (flow matching, Wan), ddim or dpm "
                           "(v-prediction, CogVideoX): diffusers' schedulers, stepped as the pipelines step them",
                           d.sampler.c_str(), rw));
   g_object_class_install_property(gobject_class, PROP_STEPS,
@@ -414,6 +417,12 @@ static void gst_ddp_sampler_class_init(GstDdpSamplerClass *klass) {
                          "Seed of prompts whose file gives none: the initial noise is torch.randn from a CPU "
                          "generator seeded with it, as diffusers' pipelines draw it",
                          0, G_MAXINT64, d.seed, rw));
+  g_object_class_install_property(gobject_class, PROP_MAX_TOKENS,
+      g_param_spec_int64("max-tokens", "Max tokens",
+                         "A prompt whose size gives more video tokens (latent frames x latent pixels / 4) is not "
+                         "sampled, with a warning, before anything is allocated; 0: 4x the model's default size "
+                         "(Wan 81x832x480: 131040, enough for 720p)",
+                         0, G_MAXINT64, d.max_tokens, rw));
   g_object_class_install_property(gobject_class, PROP_TEMPORAL_COMPRESSION,
       g_param_spec_uint("temporal-compression", "Temporal compression", "The VAE's frames per latent frame", 1, 16,
                         d.temporal_compression, rw));

@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <map>
+#include <set>
 #include <mutex>
 
 #include <nlohmann/json.hpp>
@@ -78,6 +80,7 @@ struct SamplerEngine::Impl {
   mutable std::mutex mu;
   std::condition_variable cv;
   std::map<uint32_t, PromptEntry> prompts;  // this rank's share
+  std::set<uint32_t> too_large;              // prompts refused for their size (said once)
   bool prompts_complete = false;
   std::shared_ptr<const ParamSnapshot> pending;
   bool finished = false, flushing = false;
@@ -233,6 +236,22 @@ struct SamplerEngine::Impl {
         continue;
       }
       const int64_t t = (frames - 1) / temporal + 1, h = height / spatial, w = width / spatial;
+      // Before anything is allocated: a size a prompt file asks for can need terabytes.
+      const int64_t limit = cfg.max_tokens > 0 ? cfg.max_tokens
+                                               : 4 * ((def.frames - 1) / temporal + 1) * (def.height / spatial / 2) *
+                                                     (def.width / spatial / 2);
+      if (const double tokens = double(t) * double(h / 2) * double(w / 2); tokens > double(limit)) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (too_large.insert(index).second) {
+          char text[64];
+          std::snprintf(text, sizeof text, "%.0f", tokens);
+          note("warning", snap.step, where + ": " + std::to_string(frames) + " frames of " + std::to_string(width) + "x" +
+                                         std::to_string(height) + " are " + text + " video tokens, over max-tokens=" +
+                                         std::to_string(limit) + (cfg.max_tokens > 0 ? "" : " (4x the model's default size)") +
+                                         ": not sampled (lower the prompt's size or raise max-tokens)");
+        }
+        continue;
+      }
       // CogVideoX 1.5 (patch_size_t): the pipeline pads the latent frames up to a multiple of it in
       // front, and drops those frames after sampling.
       const int64_t extra = family == "cogvideox" && patch_t > 1 && t % patch_t ? patch_t - t % patch_t : 0;
@@ -296,6 +315,10 @@ bool SamplerEngine::attach(std::shared_ptr<RunContext> run) {
     d.error = e.what();
     return false;
   }
+  if (d.cfg.ema && !run->has_ema()) {
+    d.error = "weights=ema, but the trainer keeps no EMA: set ema-decay on its ddptrainsink (or weights=raw)";
+    return false;
+  }
   // The sampler must fit the trainer's model: said at start, not at the first sample.
   if (const std::string spec = run->model_spec(); !spec.empty()) {
     std::string why;
@@ -315,10 +338,6 @@ bool SamplerEngine::attach(std::shared_ptr<RunContext> run) {
   d.rank = d.run->rank();
   d.world = d.run->world_size();
   Impl *p = impl_.get();
-  if (d.cfg.ema && !run->has_ema()) {
-    d.error = "weights=ema, but the trainer keeps no EMA: set ema-decay on its ddptrainsink (or weights=raw)";
-    return false;
-  }
   d.callback = d.run->add_step_callback([p](const StepReport &r) { p->on_step(r); });
   // Subscribed after the model was built: at-start takes step 0 now.
   if (d.cfg.at_start && d.run->has_model() && d.run->steps_done() == 0) d.offer(0, false);

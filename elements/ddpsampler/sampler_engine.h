@@ -35,13 +35,16 @@ struct SamplerConfig {
   double snr_shift_scale = 0.0;  // 0: the folder's family default (CogVideoX-2b 3.0, 5b 1.0)
   int64_t num_frames = 0, width = 0, height = 0;  // 0: the family's default (Wan 81x832x480, CogVideoX 49x720x480)
   int64_t seed = 42;            // for prompts whose file gives none
+  // A prompt's size bound: video tokens (latent frames x latent pixels / 4) at most this; 0: four
+  // times the family's default size (Wan 81x832x480: 131,040, which takes 720p).
+  int64_t max_tokens = 0;
   unsigned temporal_compression = 4;
   unsigned spatial_compression = 0;  // 0: from the model (16 for Wan 2.2's 48 channels, else 8)
   std::string device;           // "" / "auto": the trainer's device
+  bool ema = false;             // weights=ema: the trainer's EMA (RunContext::snapshot_ema), not its weights
 };
 
 // One generated sample, as the element pushes it.
-  bool ema = false;             // weights=ema: the trainer's EMA (RunContext::snapshot_ema), not its weights
 struct SampleOut {
   uint64_t step = 0;
   uint32_t prompt_index = 0;

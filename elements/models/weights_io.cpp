@@ -93,7 +93,14 @@ void load_strict(torch::nn::Module &m, const DiffusersFolder &folder, const std:
                                folder.class_name + " of its config.json) has " + shape_text(t.sizes()));
     if (!at::isFloatingType(dtype_of(e.dtype)))
       throw std::runtime_error("'" + where + "' holds '" + name + "' as " + e.dtype + "; weights must be F32, F16 or BF16");
-    t.copy_(tensor_of(e));
+    const auto src = tensor_of(e);
+    // Named here, where the file is known: later, NaN weights only show as a NaN loss or output.
+    if (const int64_t bad = src.numel() - torch::isfinite(src).sum().item<int64_t>(); bad > 0)
+      throw std::runtime_error("'" + where + "' holds '" + name + "' with " + std::to_string(bad) + " NaN/Inf of " +
+                               std::to_string(src.numel()) +
+                               " values: the file is damaged (a failed save, download or conversion); fetch or "
+                               "export it again");
+    t.copy_(src);
     release_pages(e);
   }
 }

@@ -271,6 +271,10 @@ TEST(WanTransformer, BadFoldersAreErrorsNamingWhatIsWrong) {
   d = fresh("missing");  // one layer more: blocks.2 is missing
   edit_config(d, [](nlohmann::json &j) { j["num_layers"] = 3; });
   EXPECT_NE(open_error(d).find("lacks 'blocks.2."), std::string::npos) << open_error(d);
+  d = fresh("nan");  // a NaN in the first stored tensor: named at load, not found as a NaN loss later
+  vttest::nan_into_safetensors(d + "/diffusion_pytorch_model.safetensors");
+  EXPECT_NE(open_error(d).find("with 1 NaN/Inf of"), std::string::npos) << open_error(d);
+  EXPECT_NE(open_error(d).find("holds '"), std::string::npos) << open_error(d);
   // Sharded folders: an index naming a missing shard, a truncated shard, a FIFO in place of a shard.
   auto m = open_dit(dit_dir("wan_t2v_tiny"), torch::kCPU);
   d = base + "/sharded";

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sample videos while training, as users run it: pipelines/train-wan-samples.pipeline on 2 ranks
-# (tiny Wan DiT, tiny Wan 2.1 VAE, the tiny umT5 encoder), 3 prompts sampled every 2 steps of 4 (at-start off): each rank
+# (tiny Wan DiT, tiny Wan 2.1 VAE, the tiny umT5 encoder), 3 prompts sampled every 2 steps of 4 (at-start off),
+# and a fourth too large to sample (a warning, once): each rank
 # samples its share (prompt i on rank i mod 2) and samplesink writes 2 x 3 MP4s that ffprobe reads
 # with the frame count and size each prompt asked for, and puts every rank's frames in TensorBoard
 # (rank 1's under tensorboard-dir/samples-rank1); a bad prompt file and a sampler of another
@@ -20,6 +21,7 @@ prompt,negative_prompt,seed,num_frames,width,height
 a red ball rolling on grass,blurry,7,5,32,32
 "a cat, walking",,8,9,64,32
 waves on a beach,,,5,32,48
+a huge one,,,99997,16384,16384
 CSV
 run() {  # run NAME PROMPTS [SAMPLER]
   timeout 300 "$build/tools/videotrain-launch" -n 2 -f "$src/pipelines/train-wan-samples.pipeline" \
@@ -53,6 +55,9 @@ files=$(find "$work/samples-ok" -name '*.mp4' | wc -l)
 grep -q "\[rank 1\] sample of step 2, prompt 1 " "$work/ok.log" ||
   { grep "sample of step" "$work/ok.log"; echo "FAIL: prompt 1 was not sampled on rank 1"; exit 1; }
 if grep -q "training waits" "$work/ok.log"; then echo "FAIL: training waited for sampling"; exit 1; fi
+# Prompt 3 asks for 99997x16384x16384 (a terabyte of latents): refused before allocating, said once.
+n=$(grep -c "prompt 3: 99997 frames of 16384x16384 are 26214400000 video tokens, over max-tokens=" "$work/ok.log" || true)
+[ "$n" = 1 ] || { grep "prompt 3" "$work/ok.log"; echo "FAIL: $n warnings for the huge prompt, expected 1"; exit 1; }
 echo "samples: 6 MP4s (2 steps x 3 prompts over 2 ranks) with the frames and sizes the prompt file asked for"
 # samplesink trainer=trainer: rank 0's samples (prompts 0 and 2) as PNG images in the trainer's events,
 # rank 1's (prompt 1, 9 frames: 0, 4, 8) in an events file of its own under samples-rank1, images only.
