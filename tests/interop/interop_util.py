@@ -44,6 +44,10 @@ def run(*args, check=True):
     return p
 
 
+def source_dir():
+    return os.environ["VIDEOTRAIN_SOURCE_DIR"]
+
+
 def reference_dir(*parts):
     return os.path.join(os.environ["VIDEOTRAIN_REFERENCE_DIR"], *parts)
 

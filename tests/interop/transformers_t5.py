@@ -67,6 +67,30 @@ tmp = u.tempdir()
 t5, ids = case("t5_v11", transformers.T5Config, transformers.T5EncoderModel, 0, tmp.name)
 case("umt5", transformers.UMT5Config, transformers.UMT5EncoderModel, 1, tmp.name)
 
+# scripts/make_text_encoder.py --format t5|umt5: transformers loads the folder it writes (every tensor
+# used: no missing or unexpected keys) and our forward of it equals transformers'.
+captions = os.path.join(tmp.name, "captions.csv")
+with open(captions, "w") as f:
+    f.write("path,text\na.mp4,a red ball rolling on green grass\nb.mp4,a cat walking on a wall at night\n")
+for fmt, model_cls in (("t5", transformers.T5EncoderModel), ("umt5", transformers.UMT5EncoderModel)):
+    out = os.path.join(tmp.name, "made-" + fmt)
+    u.run("/usr/bin/python3", os.path.join(u.source_dir(), "scripts", "make_text_encoder.py"), out,
+          "--captions", captions, "--format", fmt, "--seed", "3")
+    model, loading = model_cls.from_pretrained(os.path.join(out, "text_encoder"), output_loading_info=True)
+    u.check(not loading["missing_keys"] and not loading["unexpected_keys"],
+            f"made {fmt}: transformers loads every tensor ({loading})")
+    vocab = model.config.vocab_size
+    made_ids = torch.randint(2, vocab, (2, 12), generator=torch.Generator().manual_seed(5))
+    made_mask = torch.ones(2, 12, dtype=torch.int64)
+    made_mask[1, 7:] = 0
+    with torch.no_grad():
+        ref = model.eval()(input_ids=made_ids, attention_mask=made_mask).last_hidden_state
+    inp, res = os.path.join(tmp.name, f"made-{fmt}-in.safetensors"), os.path.join(tmp.name, f"made-{fmt}-out.safetensors")
+    st.save_file({"input_ids": made_ids, "attention_mask": made_mask}, inp)
+    u.run(tool, "forward", os.path.join(out, "text_encoder"), inp, res)
+    r = u.close(ref, st.load_file(res)["last_hidden_state"], TOL, f"made {fmt}: our forward vs transformers'")
+    print(f"FIGURE transformers made-{fmt}: rel L2 {r:.3g}")
+
 # Wrong input says what to give: a transformer's inputs into a text encoder, float ids.
 bad = os.path.join(tmp.name, "bad.safetensors")
 st.save_file({"hidden_states": torch.zeros(1, 4, 2, 4, 4)}, bad)
