@@ -2,19 +2,23 @@
  *
  *   videotrain-run [options] PIPELINE-DESCRIPTION...
  *   videotrain-run [options] -f pipelines/demo.pipeline -D DATA=demo-data
+ *   videotrain-run [options] --config run.toml [--dry-run]
  *
  * Over gst-launch-1.0 it adds: ${VAR} substitution in pipeline files (from -D and the
  * environment), a readable log of the project's bus messages, an optional line per
  * clip (--print-clips NAME), a progress line, and Ctrl-C or SIGTERM sent as EOS so
  * that sinks finish cleanly (a second signal, or no EOS within --eos-timeout, aborts).
  * A pipeline that does not parse (unknown element, property, syntax) is an error at
- * once, not a warning followed by a pipeline that never runs. */
+ * once, not a warning followed by a pipeline that never runs. --config builds the pipeline
+ * from a TOML run config (run_config.h), saves it beside the checkpoints and runs it, or
+ * hands it to videotrain-launch when the config asks for several ranks. */
 #include <glib-unix.h>
 #include <gst/gst.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +31,7 @@
 
 #include "bus_text.h"
 #include "metas.h"
+#include "run_config.h"
 
 namespace {
 
@@ -226,11 +231,71 @@ GstPadProbeReturn print_clip(GstPad *pad, GstPadProbeInfo *info, gpointer data) 
   return GST_PAD_PROBE_OK;
 }
 
+// --config: builds and checks the pipeline, prints it, saves it (unless dry_run). Returns the exit
+// status when this process is done (dry run, error, ranks run by videotrain-launch), or -1 with
+// *description set when this process runs the pipeline itself.
+int run_config(const std::string &config, bool dry_run, const char *argv0, std::string *description) {
+  videotrain::RunPlan plan;
+  std::string err;
+  if (!videotrain::build_run_plan(config, &plan, &err)) {
+    std::fprintf(stderr, "videotrain-run: %s\n", err.c_str());
+    return 2;
+  }
+  for (const auto &n : plan.notes) std::printf("videotrain-run: %s\n", n.c_str());
+  std::printf("%s", plan.text.c_str());
+  std::fflush(stdout);
+  if (dry_run) {
+    // Parsed as videotrain-run would parse it, but not started.
+    GError *e = nullptr;
+    GstElement *p = gst_parse_launch_full(plan.pipeline.c_str(), nullptr, GST_PARSE_FLAG_FATAL_ERRORS, &e);
+    bool ok = p && !e;
+    if (!ok) std::fprintf(stderr, "videotrain-run: the pipeline built does not parse: %s\n", e ? e->message : "?");
+    g_clear_error(&e);
+    if (p) gst_object_unref(p);
+    return ok ? 0 : 2;
+  }
+  const char *world = std::getenv("WORLD_SIZE");
+  if (plan.ranks > 1 && world && std::atoi(world) > 1) {
+    std::fprintf(stderr,
+                 "videotrain-run: the config asks for %d ranks, but this process is already one of %s "
+                 "(torchrun, srun, mpirun): give ranks = 1 (or leave it out) and let the launcher start the ranks\n",
+                 plan.ranks, world);
+    return 2;
+  }
+  if (!videotrain::write_run_files(plan, config, &err)) {
+    std::fprintf(stderr, "videotrain-run: %s\n", err.c_str());
+    return 1;
+  }
+  const std::string saved = plan.output + "/pipeline.txt";
+  std::printf("videotrain-run: pipeline saved as %s\n", saved.c_str());
+  if (plan.ranks == 1) {
+    *description = plan.pipeline;
+    return -1;
+  }
+  // videotrain-launch beside this program (the build tree and the install both put it there).
+  gchar *self = g_file_read_link("/proc/self/exe", nullptr);
+  gchar *dir = g_path_get_dirname(self ? self : argv0);
+  std::string launch = std::string(dir) + "/videotrain-launch";
+  g_free(self);
+  g_free(dir);
+  std::string n = std::to_string(plan.ranks);
+  std::printf("videotrain-run: %s -n %s -f %s\n", launch.c_str(), n.c_str(), saved.c_str());
+  std::fflush(stdout);
+  const char *args[] = {launch.c_str(), "-n", n.c_str(), "-f", saved.c_str(), nullptr};
+  execv(launch.c_str(), const_cast<char *const *>(args));
+  std::fprintf(stderr, "videotrain-run: cannot start %s: %s\n", launch.c_str(), g_strerror(errno));
+  return 1;
+}
+
 void usage() {
   std::fprintf(stderr,
                "usage: videotrain-run [-q] [--print-clips NAME] [-D KEY=VALUE]... (-f FILE | PIPELINE...)\n"
+               "       videotrain-run [-q] [--print-clips NAME] --config RUN.toml [--dry-run]\n"
                "  -f FILE              read the pipeline description from FILE (${VAR} substituted)\n"
                "  -D KEY=VALUE         define ${KEY} for the pipeline file\n"
+               "  --config FILE        build the pipeline from a run config (README: \"A run from one\n"
+               "                       config file\"), save it as OUTPUT/pipeline.txt and run it\n"
+               "  --dry-run            with --config: check the config, print the pipeline, run nothing\n"
                "  --print-clips NAME   print a line per clip leaving element NAME\n"
                "  --eos-timeout S      after Ctrl-C or SIGTERM, abort when no EOS came within S s\n"
                "                       (default 120; 0: wait for ever)\n"
@@ -242,7 +307,8 @@ void usage() {
 int main(int argc, char **argv) {
   gst_init(&argc, &argv);
   std::map<std::string, std::string> defs;
-  std::string file, description, clip_element;
+  std::string file, description, clip_element, config;
+  bool dry_run = false;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
     if (a == "-f" && i + 1 < argc) file = argv[++i];
@@ -252,12 +318,24 @@ int main(int argc, char **argv) {
       if (eq == std::string::npos) return usage(), 2;
       defs[kv.substr(0, eq)] = kv.substr(eq + 1);
     } else if (a == "--print-clips" && i + 1 < argc) clip_element = argv[++i];
+    else if (a == "--config" && i + 1 < argc) config = argv[++i];
+    else if (a == "--dry-run") dry_run = true;
     else if (a == "--eos-timeout" && i + 1 < argc) eos_timeout_s = static_cast<guint>(std::atoi(argv[++i]));
     else if (a == "-q") quiet = true;
     else if (a == "-h" || a == "--help") return usage(), 0;
     else description += a + " ";
   }
-  if (!file.empty()) {
+  if (!config.empty()) {
+    if (!file.empty() || !defs.empty() || !description.empty()) {
+      std::fprintf(stderr, "videotrain-run: --config builds the whole pipeline: give no -f, -D or pipeline with it\n");
+      return 2;
+    }
+    int rc = run_config(config, dry_run, argv[0], &description);
+    if (rc >= 0) return rc;
+  } else if (dry_run) {
+    std::fprintf(stderr, "videotrain-run: --dry-run goes with --config\n");
+    return 2;
+  } else if (!file.empty()) {
     std::ifstream f(file);
     if (!f) {
       std::fprintf(stderr, "videotrain-run: cannot read %s\n", file.c_str());
@@ -267,7 +345,7 @@ int main(int argc, char **argv) {
     ss << f.rdbuf();
     description = ss.str() + " " + description;
   }
-  description = substitute(description, defs);
+  if (config.empty()) description = substitute(description, defs);
   if (description.find_first_not_of(" \t\n") == std::string::npos) return usage(), 2;
   tty = isatty(fileno(stderr));
 
