@@ -109,9 +109,12 @@ std::string bus_text(const GstStructure *s) {
   if (name == "samplesink-file")
     return fmt("sample written: %s (step %" G_GUINT64_FORMAT ", prompt %u, %" G_GUINT64_FORMAT " frames)",
                str(s, "path").c_str(), u64(s, "step"), guint(u64(s, "prompt")), u64(s, "frames"));
-  if (name == "ddptrainsink-export")
-    return fmt("exported step %" G_GUINT64_FORMAT " (%s): %s", u64(s, "step"), str(s, "dtype").c_str(),
-               str(s, "path").c_str());
+  if (name == "ddptrainsink-export") {
+    gboolean ema = FALSE;
+    gst_structure_get_boolean(s, "ema", &ema);
+    return fmt("exported %sstep %" G_GUINT64_FORMAT " (%s): %s", ema ? "the EMA of " : "", u64(s, "step"),
+               str(s, "dtype").c_str(), str(s, "path").c_str());
+  }
   if (name == "vaeencoder-dropped")
     return fmt("vaeencoder dropped sample %" G_GUINT64_FORMAT " (epoch %" G_GUINT64_FORMAT ", clip %" G_GUINT64_FORMAT
                "): %s",

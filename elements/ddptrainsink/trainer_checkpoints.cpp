@@ -40,6 +40,8 @@ std::string TrainerEngine::Impl::load_checkpoint(const FoundCheckpoint &c) {
       } else {
         ema->reset(params);
         warn("checkpoint '" + c.dir + "' holds no EMA (its run had ema-decay=0): the EMA starts from its weights at step " +
+    } else if (!c.state.value("ema_file", std::string()).empty()) {
+      warn("checkpoint '" + c.dir + "' holds an EMA, which this run (ema-decay=0) neither continues nor keeps");
              std::to_string(c.step));
       }
     }

@@ -18,6 +18,7 @@
 #include "../ddpvalsink/valsink_test_util.h"
 #include "ddptrainsink/ema_weights.h"
 #include "ddptrainsink/trainer_engine.h"
+#include "ddpsampler/sampler_engine.h"
 #include "ddpvalsink/validation_engine.h"
 #include "models/lora.h"
 #include "models/native_model.h"
@@ -269,6 +270,14 @@ TEST(Ema, AResumeOfARunWithoutEmaStartsItFromItsWeightsWithAWarning) {
   ASSERT_EQ(feed(e, 2), ProcessResult::kOk) << e.error();
   // One update after the resume: 0.9 of the resumed weights and 0.1 of step 3's.
   EXPECT_LT(max_abs_diff(e.ema_cpu(), closed_form({w2, w2, w2, e.parameters_cpu()}, 0.9, 2, 1, 3)), 1e-6);
+  ASSERT_TRUE(e.finish()) << e.error();
+  // The other way round: a run without EMA resuming one that kept it says that it drops it.
+  auto off = ema_config(0, 0, 1);
+  off.checkpoint_dir = d;
+  off.resume = true;
+  TrainerEngine plain(off);
+  ASSERT_TRUE(plain.start()) << plain.error();
+  EXPECT_TRUE(has_warning(plain.take_messages(), "neither continues nor keeps"));
   fs::remove_all(d);
 }
 
@@ -291,6 +300,11 @@ TEST(Ema, BadSettingsAreErrorsNamingTheProperty) {
   EXPECT_TRUE(std::isnan(validate(valtest::borrowed(e), true, &why)));
   EXPECT_NE(why.find("weights=ema"), std::string::npos) << why;
   EXPECT_NE(why.find("ema-decay"), std::string::npos) << why;
+  SamplerConfig sc;
+  sc.ema = true;
+  SamplerEngine sampler(sc);
+  EXPECT_FALSE(sampler.attach(valtest::borrowed(e)));
+  EXPECT_NE(sampler.error().find("weights=ema"), std::string::npos) << sampler.error();
 }
 
 TEST(Ema, ValidationWithEmaWeightsIsTheLossOfAModelLoadedWithThem) {
