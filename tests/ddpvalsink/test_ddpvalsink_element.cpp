@@ -70,15 +70,17 @@ struct RunResult {
 // validation stream of `val_n` samples of size x size latents.
 RunResult run(unsigned steps, unsigned every, unsigned val_n, int size, const std::string &extra = "",
         const std::string &trainer_name = "trainer", const std::string &val_chain = "",
-        const ValBuffer &val_buffer = {}, const char *val_caps = kLatents, bool nested = false) {
+        const ValBuffer &val_buffer = {}, const char *val_caps = kLatents, bool nested = false,
+        const std::string &val_extra = "") {
   // nested: the training and the validation branch each in a bin of their own.
   const std::string open = nested ? "( " : "", close = nested ? " ) " : " ";
   const std::string desc = open + "appsrc name=train format=time caps=\"" + kMicro +
                            "\" ! ddptrainsink name=trainer model=builtin:tiny-unet3d latent-channels=4 device=cpu "
                            "log-every=1 " + extra + close + open + "appsrc name=val format=time caps=\"" +
                            val_caps + "\" " + val_chain + " ! tee name=v v. ! queue ! ddpvalsink trainer=" + trainer_name +
-                           " every=" + std::to_string(every) + " shard-index=0 num-shards=2 v. ! queue ! ddpvalsink trainer=" +
-                           trainer_name + " every=" + std::to_string(every) + " shard-index=1 num-shards=2" + close;
+                           " every=" + std::to_string(every) + " shard-index=0 num-shards=2 " + val_extra +
+                           " v. ! queue ! ddpvalsink trainer=" + trainer_name + " every=" + std::to_string(every) +
+                           " shard-index=1 num-shards=2 " + val_extra + close;
   RunResult r;
   GError *err = nullptr;
   GstElement *pipe = gst_parse_launch(desc.c_str(), &err);
@@ -352,6 +354,23 @@ TEST(DdpValSinkElement, AMissingOrWrongTrainerIsAnElementError) {
   EXPECT_NE(r.error.find("nosuchtrainer"), std::string::npos) << r.error;
   r = run(2, 1, 2, 8, "", "v");
   EXPECT_NE(r.error.find("not a ddptrainsink"), std::string::npos) << r.error;
+}
+
+// weights=ema validates the trainer's EMA (ema-decay): other numbers than its weights at the same
+// steps; without an EMA it is an element error naming weights=ema.
+TEST(DdpValSinkElement, WeightsEmaValidatesTheTrainersEmaAndNeedsOne) {
+  RunResult raw = run(4, 2, 4, 8, "ema-decay=0.5 lr=0.05");
+  RunResult ema = run(4, 2, 4, 8, "ema-decay=0.5 lr=0.05", "trainer", "", {}, kLatents, false, "weights=ema");
+  ASSERT_EQ(raw.error, "");
+  ASSERT_EQ(ema.error, "");
+  ASSERT_EQ(raw.results.size(), ema.results.size());
+  for (size_t i = 0; i < raw.results.size(); i++) {
+    EXPECT_EQ(raw.results[i].first, ema.results[i].first);
+    EXPECT_TRUE(std::isfinite(ema.results[i].second));
+    EXPECT_NE(raw.results[i].second, ema.results[i].second) << "step " << raw.results[i].first;
+  }
+  RunResult none = run(2, 1, 2, 8, "", "trainer", "", {}, kLatents, false, "weights=ema");
+  EXPECT_NE(none.error.find("weights=ema"), std::string::npos) << none.error;
 }
 
 // 5 samples and a 6th that pads the epoch (as csvvideosrc pads a rank's shard): counted
