@@ -88,6 +88,11 @@ std::string TrainerEngine::Impl::first_non_finite_optimizer() {
     moments.emplace_back("max_exp_avg_sq of " + param_names[i], s->max_exp_avg_sq());
   }
   return first_non_finite(moments);
+  // Where this rank's data resumes, until its first micro-batch says: a rank whose data ends before
+  // it trains again keeps that position, not (0, 0). (Another world size: the source maps the
+  // global position; the old rank's clip stands in until the first micro-batch.)
+  epoch = rp.epoch;
+  next_clip = rp.clip;
 }
 
 void TrainerEngine::Impl::find_checkpoint() {

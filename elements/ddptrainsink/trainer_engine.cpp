@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <limits>
 #include <mutex>
+#include <tuple>
 #include <sstream>
 
 #include "autocast_guard.h"
@@ -325,8 +326,10 @@ ProcessResult TrainerEngine::Impl::process(const ModelInputs &in, const MicroBat
       im.warn("step " + std::to_string(im.steps_done + 1) +
               " restarted before its last micro-batch (flush or upstream restart): its gradients are dropped");
       im.in_step = false;
+      std::tie(im.epoch, im.next_clip) = im.step_start;
     }
     if (!im.in_step) {
+      im.step_start = {im.epoch, im.next_clip};
       // First micro-batch of a step (a partial step that never got its sync micro-batch
       // is discarded with its gradients).
       for (auto &p : im.params) p.mutable_grad() = at::Tensor();
@@ -433,6 +436,8 @@ bool TrainerEngine::finish() {
                 ": this rank's micro-batches of it are dropped; the step goes on with the other ranks' samples");
       const bool mid_step = im.in_step;
       im.in_step = false;
+      // Its dropped micro-batches were not trained: the position stays where the last step left it.
+      if (mid_step) std::tie(im.epoch, im.next_clip) = im.step_start;
       im.agreement->join_until_all_end(im.steps_done, mid_step, [&im] {
         im.join_step();
         return im.steps_done;
@@ -442,6 +447,7 @@ bool TrainerEngine::finish() {
               ": its micro-batches are dropped");
       for (auto &p : im.params) p.mutable_grad() = at::Tensor();
       im.in_step = false;
+      std::tie(im.epoch, im.next_clip) = im.step_start;
     }
     // Every rank skipped the same steps (agreed), so every rank fails here alike.
     if (im.all_steps_skipped()) return im.fail(im.all_skipped_text());

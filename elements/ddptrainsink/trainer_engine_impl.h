@@ -76,6 +76,9 @@ struct TrainerEngine::Impl {
   uint64_t next_clip = 0;
   std::vector<std::pair<unsigned, uint64_t>> positions;  // every rank's data position after the last step
   double last_loss = std::numeric_limits<double>::quiet_NaN();
+  // This rank's data position before the step in progress: what the position goes back to when the
+  // step's micro-batches are dropped (end of stream or a restart in the middle of it).
+  std::pair<unsigned, uint64_t> step_start{0, 0};
 
   bool resumed = false;
   ResumePoint rp;

@@ -33,6 +33,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "c10d_setup.h"
 
 #include "ddptrainsink/trainer_engine.h"
@@ -143,6 +145,7 @@ TEST(DdpWorker, Rank) {
     return;
   }
   if (std::string(mode) != "equivalence") c.timeout_s = std::atof(vttest::env_or("VT_DDP_TIMEOUT", "5").c_str());
+  if (std::string(mode) == "uneven") c.checkpoint_dir = out.substr(0, out.find_last_of('/')) + "/ckpt";
   TrainerEngine e(c);
   ASSERT_TRUE(e.start()) << e.error();
   ASSERT_EQ(e.world_size(), 2);
@@ -266,6 +269,12 @@ TEST(Ddp, RanksWhoseDataEndsEarlyJoinTheStepsOfThoseWithMore) {
     EXPECT_EQ(steps, 4u) << f;
     expect_params_near(read_params(dir.file(f)), want, f);
   }
+  // The final checkpoint's data positions: rank 0 trained 2 steps of 4 samples (its half of step 3
+  // was dropped, not trained: it is not skipped on resume either), rank 1 all 4.
+  const auto state = nlohmann::json::parse(vttest::read_file(dir.file("ckpt/step-00000004/trainer.json")));
+  ASSERT_EQ(state["positions"].size(), 2u) << state.dump();
+  EXPECT_EQ(state["positions"][0]["clip"], 8) << state["positions"].dump();
+  EXPECT_EQ(state["positions"][1]["clip"], 16) << state["positions"].dump();
 }
 
 TEST(Ddp, AtEndOfStreamAPeerThatStoppedIsReportedAtOnce) {
