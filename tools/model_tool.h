@@ -50,6 +50,7 @@ int text_forward(std::vector<std::string> args);
 int vae_info(const std::string &dir);
 int vae_command(std::vector<std::string> args);        // vae encode|decode DIR IN OUT
 int scheduler_command(std::vector<std::string> args);  // scheduler KIND OUT ...
+int timesteps_command(std::vector<std::string> args);  // timesteps (--ids ... | --draws ...) [options]: JSON
 int export_command(std::vector<std::string> args);     // export STEP_OR_CHECKPOINT_DIR OUT ...
 int lora_info(const std::string &path);                 // info FILE.safetensors (a LoRA)
 

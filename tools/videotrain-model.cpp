@@ -6,6 +6,8 @@
  *                    [--device cpu|cuda:N] [--checkpointing [full|selective]] [--lora FILE]
  *   videotrain-model vae encode|decode DIR IN.safetensors OUT.safetensors [--device D] [--dtype T]
  *   videotrain-model scheduler euler|unipc|ddim|dpm OUT.safetensors [--steps N] [--shift S] [--in IN] [--seed N]
+ *   videotrain-model timesteps (--ids I,J,.. [--seed N] [--epoch E] | --draws X,Y,..) [--sampling S] [--logit-mean M]
+ *                    [--logit-std S] [--mode-scale S] [--flow-shift S] [--range LO,HI] [--weighting W] [--latent CxTxHxW]
  *   videotrain-model export STEP_DIR|CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]
  *                    [--format diffusers|comfyui|kohya]   (a LoRA run's step: its LoRA in that naming)
  *   videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype ...]
@@ -64,6 +66,9 @@ int usage() {
                "[--dtype float32|bfloat16]\n"
                "       videotrain-model scheduler euler|unipc|ddim|dpm OUT.safetensors [--steps N] [--shift S] "
                "[--in IN.safetensors] [--seed N]\n"
+               "       videotrain-model timesteps (--ids I,J,... [--seed N] [--epoch E] | --draws X,Y,...) "
+               "[--sampling auto|uniform|logit-normal|mode|shifted] [--logit-mean M] [--logit-std S] [--mode-scale S] "
+               "[--flow-shift S] [--range LO,HI] [--weighting none|sigma-sqrt|cosmap] [--latent CxTxHxW]\n"
                "       videotrain-model export STEP_DIR|CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N] "
                "[--format diffusers|comfyui|kohya] [--ema]\n"
                "       videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype bf16|fp16|fp32]\n"
@@ -392,6 +397,7 @@ int main(int argc, char **argv) {
     }
     if (cmd == "vae") return vae_command(args);
     if (cmd == "scheduler") return scheduler_command(args);
+    if (cmd == "timesteps") return timesteps_command(args);
     if (cmd == "export") return export_command(args);
     if (cmd == "init") return init(args);
     if (cmd == "lora") return lora(args);

@@ -53,6 +53,12 @@ inline constexpr uint64_t step_seed(uint64_t seed, int rank, uint64_t step) {
   return short_finalize(x, 0xbf58476d1ce4e5b9ULL) & 0x7fffffffffffffffull;
 }
 
+// Seed of a native model's per-sample CPU generator (its timestep, then its noise): the same sample
+// draws the same in any batch, on any rank and after a resume. Non-negative for manual_seed.
+inline constexpr uint64_t sample_noise_seed(uint64_t seed, uint64_t sample_id, uint64_t epoch) {
+  return hash_combine(hash_combine(seed, sample_id), epoch) & 0x7fffffffffffffffull;
+}
+
 // Seed handed to validation_step for a sample: depends on the sample alone, so every
 // validation pass (and every rank) sees the same noise for it.
 inline constexpr int64_t validation_seed(uint64_t sample_id) {

@@ -86,7 +86,9 @@ enum {
   PROP_TIMESTEP_SAMPLING,
   PROP_LOGIT_MEAN,
   PROP_LOGIT_STD,
+  PROP_MODE_SCALE,
   PROP_FLOW_SHIFT,
+  PROP_LOSS_WEIGHTING,
   PROP_SNR_SHIFT_SCALE,
   PROP_TIMESTEP_RANGE,
   PROP_VAL_SIGMAS,
@@ -117,8 +119,14 @@ VIDEOTRAIN_DEFINE_ENUM(backend_type, "GstDdpTrainSinkBackend",
                        {0, "NCCL for CUDA tensors when available, else Gloo", "auto"}, {1, "NCCL", "nccl"},
                        {2, "Gloo", "gloo"})
 VIDEOTRAIN_DEFINE_ENUM(timestep_sampling_type, "GstDdpTrainSinkTimestepSampling",
-                       {0, "sigma = sigmoid(N(logit-mean, logit-std))", "logit-normal"},
-                       {1, "sigma uniform in [0, 1)", "uniform"})
+                       {0, "u = sigmoid(N(logit-mean, logit-std)), shifted by flow-shift", "logit-normal"},
+                       {1, "u uniform in [0, 1), shifted by flow-shift", "uniform"},
+                       {2, "u = 1 - r - mode-scale (cos^2(pi r / 2) - 1 + r), r uniform, shifted by flow-shift", "mode"},
+                       {3, "u as logit-normal, shifted by the sample's resolution (flow-shift unused)", "shifted"},
+                       {4, "Wan: logit-normal; CogVideoX: uniform integer timesteps", "auto"})
+VIDEOTRAIN_DEFINE_ENUM(loss_weighting_type, "GstDdpTrainSinkLossWeighting", {0, "Every sample weighs 1", "none"},
+                       {1, "sigma^-2 (sigma at least 1/1000)", "sigma-sqrt"},
+                       {2, "2 / (pi (1 - 2 sigma + 2 sigma^2))", "cosmap"})
 VIDEOTRAIN_DEFINE_ENUM(save_dtype_type, "GstDdpTrainSinkSaveDtype", {0, "bfloat16", "bf16"}, {1, "float16", "fp16"},
                        {2, "float32", "fp32"})
 VIDEOTRAIN_DEFINE_ENUM(lora_format_type, "GstDdpTrainSinkLoraFormat",
@@ -383,7 +391,9 @@ static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GVa
     case PROP_TIMESTEP_SAMPLING: c.native.timestep_sampling = enum_nick(timestep_sampling_type(), g_value_get_enum(v)); break;
     case PROP_LOGIT_MEAN: c.native.logit_mean = g_value_get_double(v); break;
     case PROP_LOGIT_STD: c.native.logit_std = g_value_get_double(v); break;
+    case PROP_MODE_SCALE: c.native.mode_scale = g_value_get_double(v); break;
     case PROP_FLOW_SHIFT: c.native.flow_shift = g_value_get_double(v); break;
+    case PROP_LOSS_WEIGHTING: c.native.loss_weighting = enum_nick(loss_weighting_type(), g_value_get_enum(v)); break;
     case PROP_SNR_SHIFT_SCALE: c.native.snr_shift_scale = g_value_get_double(v); break;
     case PROP_TIMESTEP_RANGE: c.timestep_range = str(); break;
     case PROP_VAL_SIGMAS: c.val_sigmas = str(); break;
@@ -446,7 +456,9 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
     case PROP_TIMESTEP_SAMPLING: g_value_set_enum(v, enum_value(timestep_sampling_type(), c.native.timestep_sampling)); break;
     case PROP_LOGIT_MEAN: g_value_set_double(v, c.native.logit_mean); break;
     case PROP_LOGIT_STD: g_value_set_double(v, c.native.logit_std); break;
+    case PROP_MODE_SCALE: g_value_set_double(v, c.native.mode_scale); break;
     case PROP_FLOW_SHIFT: g_value_set_double(v, c.native.flow_shift); break;
+    case PROP_LOSS_WEIGHTING: g_value_set_enum(v, enum_value(loss_weighting_type(), c.native.loss_weighting)); break;
     case PROP_SNR_SHIFT_SCALE: g_value_set_double(v, c.native.snr_shift_scale); break;
     case PROP_TIMESTEP_RANGE: g_value_set_string(v, c.timestep_range.c_str()); break;
     case PROP_VAL_SIGMAS: g_value_set_string(v, c.val_sigmas.c_str()); break;
@@ -614,17 +626,31 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                             checkpointing_type(), 0, rw));
   install(PROP_TIMESTEP_SAMPLING,
           g_param_spec_enum("timestep-sampling", "Timestep sampling",
-                            "Native Wan models (rectified flow): how each sample's sigma is drawn before flow-shift",
-                            timestep_sampling_type(), 0, rw));
+                            "Native models: how each sample's timestep is drawn, from its own generator (seed, "
+                            "sample id, epoch). Wan (rectified flow): u from diffusers' densities "
+                            "(compute_density_for_timestep_sampling), then shifted; CogVideoX takes auto or uniform",
+                            timestep_sampling_type(), enum_value(timestep_sampling_type(), d.native.timestep_sampling),
+                            rw));
   install(PROP_LOGIT_MEAN, g_param_spec_double("logit-mean", "Logit mean",
-                                               "Mean of the normal draw of timestep-sampling=logit-normal", -10, 10,
-                                               d.native.logit_mean, rw));
+                                               "Mean of the normal draw of timestep-sampling=logit-normal|shifted",
+                                               -10, 10, d.native.logit_mean, rw));
   install(PROP_LOGIT_STD, g_param_spec_double("logit-std", "Logit std",
-                                              "Standard deviation of the normal draw of timestep-sampling=logit-normal",
+                                              "Standard deviation of the normal draw of "
+                                              "timestep-sampling=logit-normal|shifted (musubi-tuner's sigmoid_scale)",
                                               0.001, 10, d.native.logit_std, rw));
+  install(PROP_MODE_SCALE, g_param_spec_double("mode-scale", "Mode scale",
+                                               "Scale of timestep-sampling=mode (SD3's s; 0: uniform; above 0 favours "
+                                               "the middle sigmas); in [-1, 2/(pi-2)]",
+                                               -1, 1.75, d.native.mode_scale, rw));
+  install(PROP_LOSS_WEIGHTING,
+          g_param_spec_enum("loss-weighting", "Loss weighting",
+                            "Native Wan models: each sample's flow-matching MSE weighted by its sigma, as diffusers' "
+                            "compute_loss_weighting_for_sd3 (CogVideoX: none only; it has its own 1/(1-alphas_cumprod))",
+                            loss_weighting_type(), 0, rw));
   install(PROP_FLOW_SHIFT, g_param_spec_double("flow-shift", "Flow shift",
                                                "Native Wan models: sigma' = s*sigma / (1 + (s-1)*sigma); 1: no shift "
-                                               "(3.0 is the Wan 480p recipe, 5.0 for 720p)",
+                                               "(3.0 is the Wan 480p recipe, 5.0 for 720p); timestep-sampling="
+                                               "shifted takes its shift from the sample's resolution instead",
                                                0.01, 100, d.native.flow_shift, rw));
   install(PROP_SNR_SHIFT_SCALE,
           g_param_spec_double("snr-shift-scale", "SNR shift scale",

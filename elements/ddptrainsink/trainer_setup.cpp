@@ -14,6 +14,7 @@
 #include "default_rng.h"
 #include "device_rule.h"
 #include "dist_env.h"
+#include "models/flow_timesteps.h"
 #include "first_line.h"
 #include "trainer_engine_impl.h"
 
@@ -87,8 +88,10 @@ std::string TrainerEngine::Impl::resolve_model_options() {
   model_opts = cfg.native;
   ModelOptions &o = model_opts;
   o.seed = cfg.seed;
-  if (o.timestep_sampling != "uniform" && o.timestep_sampling != "logit-normal")
-    return "timestep-sampling '" + o.timestep_sampling + "' is not one of uniform, logit-normal";
+  if (std::string why = models::check_timestep_options(o); !why.empty()) return why;
+  if (is_model_folder(cfg.model))
+    if (std::string why = models::check_family_timestep_options(model_folder_class(cfg.model), o); !why.empty())
+      return why + " (model " + cfg.model + ")";
   double lo = 0, hi = 0;
   char tail = 0;
   if (std::sscanf(cfg.timestep_range.c_str(), "%lf , %lf %c", &lo, &hi, &tail) != 2 || !(lo >= 0 && lo < hi && hi <= 1000))

@@ -20,9 +20,13 @@ inline const char *checkpointing_name(Checkpointing c) {
 // The TorchScript and built-in models ignore them.
 struct ModelOptions {
   uint64_t seed = 0;                         // with (sample id, epoch): each sample's noise and sigma
-  std::string timestep_sampling = "logit-normal";  // uniform | logit-normal
+  // Each sample's timestep (flow_timesteps.h): auto (Wan: logit-normal; CogVideoX: uniform) | uniform |
+  // logit-normal | mode | shifted (logit-normal, shifted by the sample's resolution).
+  std::string timestep_sampling = "auto";
   double logit_mean = 0.0, logit_std = 1.0;
+  double mode_scale = 1.29;                  // timestep-sampling=mode (diffusers' scripts' default)
   double flow_shift = 3.0;                   // sigma' = s sigma / (1 + (s - 1) sigma)
+  std::string loss_weighting = "none";       // none | sigma-sqrt | cosmap, per sample (flow models)
   double timestep_lo = 0.0, timestep_hi = 1000.0;  // sigma' rescaled into [lo, hi] / 1000
   std::vector<double> val_sigmas{0.25, 0.5, 0.75};  // CogVideoX: timesteps 1000 sigma (at most 999)
   // CogVideoX's DDPM schedule: 0 = the folder's ../scheduler/scheduler_config.json, else 3.0 for the

@@ -120,27 +120,41 @@ std::unique_ptr<DitModel> open_dit(const std::string &dir, const c10::Device &de
   return m;
 }
 
-double shift_sigma(double s, double shift) { return shift * s / (1 + (shift - 1) * s); }
-
 void draw_flow(const at::Tensor &x0, const std::vector<uint64_t> &ids, unsigned epoch, const ModelOptions &o,
-               at::Tensor *sigma, at::Tensor *noise) {
+               at::Tensor *sigma, at::Tensor *noise, std::vector<FlowDraw> *draws) {
   const int64_t m = x0.size(0);
+  const double shift = sample_shift(o, x0.size(-2), x0.size(-1));
   std::vector<double> sig(m);
   std::vector<at::Tensor> ns;
-  const auto cpu = torch::TensorOptions().dtype(torch::kFloat);
+  const auto cpu = torch::TensorOptions().dtype(torch::kFloat), f64 = torch::TensorOptions().dtype(torch::kDouble);
+  if (draws) draws->assign(m, FlowDraw{});
   for (int64_t i = 0; i < m; i++) {
-    const uint64_t seed = hash_combine(hash_combine(o.seed, ids.at(i)), epoch) & 0x7fffffffffffffffull;
+    const uint64_t seed = sample_noise_seed(o.seed, ids.at(i), epoch);
     auto g = at::detail::createCPUGenerator(seed);
-    double u;
-    if (o.timestep_sampling == "uniform")
-      u = at::rand({1}, g, torch::TensorOptions().dtype(torch::kDouble)).item<double>();
-    else
-      u = 1.0 / (1.0 + std::exp(-(o.logit_mean + o.logit_std * at::randn({1}, g, torch::TensorOptions().dtype(torch::kDouble)).item<double>())));
-    sig[i] = (o.timestep_lo + (o.timestep_hi - o.timestep_lo) * shift_sigma(u, o.flow_shift)) / 1000.0;
+    // The first number as torch.randn / torch.rand of one float64 draws it (what diffusers' density
+    // functions draw from a generator under torch.float64), then the noise.
+    const double draw = (draws_normal(o) ? at::randn({1}, g, f64) : at::rand({1}, g, f64)).item<double>();
+    const double u = timestep_density(o, draw);
+    sig[i] = flow_sigma(o, u, shift);
+    if (draws) (*draws)[i] = FlowDraw{seed, draw, u, shift, sig[i], flow_loss_weight(o.loss_weighting, sig[i])};
     ns.push_back(at::randn(x0[i].sizes(), g, cpu));
   }
   *sigma = torch::tensor(sig, torch::kDouble).to(x0.device(), torch::kFloat);
   *noise = torch::stack(ns).to(x0.device(), x0.scalar_type());
+}
+
+at::Tensor flow_loss_weights(const at::Tensor &sigma, const std::string &weighting) {
+  const auto s = sigma.to(torch::kCPU, torch::kDouble).contiguous();
+  std::vector<double> w(s.numel());
+  for (int64_t i = 0; i < s.numel(); i++) w[i] = flow_loss_weight(weighting, s.data_ptr<double>()[i]);
+  return torch::tensor(w, torch::kDouble).to(sigma.device(), torch::kFloat);
+}
+
+at::Tensor flow_loss(const at::Tensor &pred, const at::Tensor &target, const at::Tensor &weights) {
+  const auto e = (pred.to(torch::kFloat) - target.to(torch::kFloat)).pow(2);
+  std::vector<int64_t> shape(e.dim(), 1);
+  shape[0] = e.size(0);
+  return (weights.to(e.device(), torch::kFloat).view(shape) * e).flatten(1).mean(1).mean();
 }
 
 void flow_terms(const at::Tensor &x0, const at::Tensor &noise, const at::Tensor &sigma, at::Tensor *x_t,
@@ -178,8 +192,7 @@ void draw_ddpm(const at::Tensor &x0, const std::vector<uint64_t> &ids, unsigned 
   std::vector<int64_t> ts(m);
   std::vector<at::Tensor> ns;
   for (int64_t i = 0; i < m; i++) {
-    const uint64_t seed = hash_combine(hash_combine(o.seed, ids.at(i)), epoch) & 0x7fffffffffffffffull;
-    auto g = at::detail::createCPUGenerator(seed);
+    auto g = at::detail::createCPUGenerator(sample_noise_seed(o.seed, ids.at(i), epoch));
     const double u = at::rand({1}, g, torch::TensorOptions().dtype(torch::kDouble)).item<double>();
     ts[i] = std::clamp<int64_t>(static_cast<int64_t>(std::floor(lo + u * (hi - lo))), 0, 999);
     ns.push_back(at::randn(x0[i].sizes(), g, torch::TensorOptions().dtype(torch::kFloat)));
@@ -231,6 +244,8 @@ class NativeTrainModel : public TrainModel {
   NativeTrainModel(std::string dir, std::unique_ptr<models::DitModel> dit, const ModelOptions &o)
       : dir_(std::move(dir)), dit_(std::move(dit)), opt_(o) {
     dit_->set_checkpointing(o.gradient_checkpointing);
+    if (std::string why = models::check_family_timestep_options(dit_->class_name(), o); !why.empty())
+      throw std::runtime_error(why);
     if (auto *cog = dynamic_cast<models::CogVideoXTransformerImpl *>(&dit_->module())) {
       cog_patch_t_ = std::max<int64_t>(1, cog->cfg.patch_size_t);
       const double s = o.snr_shift_scale > 0 ? o.snr_shift_scale
@@ -296,7 +311,8 @@ class NativeTrainModel : public TrainModel {
     models::draw_flow(x0, ids, epoch, opt_, &sigma, &noise);
     models::flow_terms(x0, noise, sigma, &x_t, &t, &target);
     const auto pred = dit_->forward(x_t, t, models::zero_text_padding(in.text_embeds, in.text_mask));
-    return torch::mse_loss(pred.to(torch::kFloat), target.to(torch::kFloat));
+    if (opt_.loss_weighting == "none") return torch::mse_loss(pred.to(torch::kFloat), target.to(torch::kFloat));
+    return models::flow_loss(pred, target, models::flow_loss_weights(sigma, opt_.loss_weighting));
   }
 
   at::Tensor validation_step(const ModelInputs &in, const std::vector<int64_t> &seeds) override {
@@ -479,6 +495,13 @@ class NativeTrainModel : public TrainModel {
 bool is_model_folder(const std::string &spec) {
   std::error_code ec;
   return std::filesystem::is_directory(spec, ec) && std::filesystem::exists(spec + "/config.json", ec);
+}
+
+std::string model_folder_class(const std::string &dir) {
+  std::ifstream f(dir + "/config.json");
+  std::stringstream text;
+  text << f.rdbuf();
+  return models::class_of(text.str());
 }
 
 std::unique_ptr<TrainModel> make_native_model(const std::string &dir, const c10::Device &device,

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "flow_timesteps.h"
 #include "model_options.h"
 #include "train_model.h"
 
@@ -43,12 +44,17 @@ std::unique_ptr<DitModel> open_dit(const std::string &dir, const c10::Device &de
 // Builds a model from config.json text alone, weights as initialised (seeded by torch's generator).
 std::unique_ptr<DitModel> build_dit(const std::string &config_json, const c10::Device &device);
 
-// Rectified flow as the Wan trainers use it: sigma' = s sigma / (1 + (s - 1) sigma).
-double shift_sigma(double sigma, double shift);
 // Each sample's sigma [m] and noise [m, ...] from a CPU generator seeded by (seed, sample id, epoch):
-// sigma from uniform or logit-normal, shifted, rescaled into [lo, hi] / 1000.
+// its first number gives u (timestep-sampling's density), then sigma = flow_sigma(u, shift) (see
+// flow_timesteps.h; the resolution shift from x0's h and w), then the noise. `draws` (optional) gets
+// each sample's numbers, with its loss-weighting weight.
 void draw_flow(const at::Tensor &x0, const std::vector<uint64_t> &sample_ids, unsigned epoch, const ModelOptions &o,
-               at::Tensor *sigma, at::Tensor *noise);
+               at::Tensor *sigma, at::Tensor *noise, std::vector<FlowDraw> *draws = nullptr);
+// loss-weighting's weight of each sigma [m] (float32 [m]).
+at::Tensor flow_loss_weights(const at::Tensor &sigma, const std::string &weighting);
+// The weighted flow-matching loss as diffusers' scripts take it: mean over samples of
+// w_i * mean((pred_i - target_i)^2), in float32.
+at::Tensor flow_loss(const at::Tensor &pred, const at::Tensor &target, const at::Tensor &weights);
 // x_t = (1 - sigma) x0 + sigma noise; the model's timestep sigma * 1000; target noise - x0.
 void flow_terms(const at::Tensor &x0, const at::Tensor &noise, const at::Tensor &sigma, at::Tensor *x_t,
                 at::Tensor *timestep, at::Tensor *target);

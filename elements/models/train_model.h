@@ -99,6 +99,8 @@ bool model_dims_known(const std::string &spec, const ModelDims &dims);
 
 // A folder with a config.json: a diffusers transformer folder (native_model.cpp).
 bool is_model_folder(const std::string &spec);
+// config.json's _class_name of a model folder, or "" (no such key, or unreadable JSON).
+std::string model_folder_class(const std::string &dir);
 
 // Loads a TorchScript file, a diffusers transformer folder, or builds a builtin model on `device`
 // (see model_dims_known). Throws std::runtime_error naming the file / name.
