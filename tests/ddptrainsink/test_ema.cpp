@@ -24,6 +24,8 @@
 #include "models/native_model.h"
 #include "models/param_snapshot.h"
 #include "models/train_model.h"
+#include "models/weights_io.h"
+#include "safetensors.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -176,6 +178,44 @@ TEST(Ema, ScheduleCopiesUpToTheStartThenAveragesAtEveryNthStep) {
     w.push_back(to_weights(named));
     ema.update(step, p);
     EXPECT_LT(max_abs_diff(to_weights(ema.tensors()), closed_form(w, 0.9, 2, 3, step)), 1e-6) << "step " << step;
+  }
+}
+
+// tests/reference/ema: torch.optim.swa_utils.AveragedModel with the EMA average over stored weights,
+// updated on ddptrainsink's schedule (its first update copies, at ema-start-step). Before the start
+// AveragedModel keeps its initial copy where ours follows the weights: compared from the start on.
+TEST(Ema, TheUpdateEqualsTorchsAveragedModelOverStoredWeights) {
+  std::string err;
+  auto f = SafetensorsFile::open(vttest::reference_dir() + "/ema/ema.safetensors", &err);
+  ASSERT_TRUE(f) << err;
+  const auto cases = nlohmann::json::parse(f->metadata().at("cases"));
+  const uint64_t steps = std::stoull(f->metadata().at("steps"));
+  auto weights_at = [&](uint64_t step) {
+    NamedTensors out;
+    const std::string prefix = "w." + std::to_string(step) + ".";
+    for (const auto &[key, e] : f->entries())
+      if (key.rfind(prefix, 0) == 0) out.emplace_back(key.substr(prefix.size()), models::tensor_of(e));
+    return out;
+  };
+  ASSERT_EQ(cases.size(), 3u);
+  for (const auto &[name, c] : cases.items()) {
+    const EmaSchedule s{c[0].get<double>(), c[1].get<uint64_t>(), c[2].get<uint64_t>()};
+    NamedTensors params = weights_at(0);
+    ASSERT_EQ(params.size(), 4u);
+    std::vector<at::Tensor> p;
+    for (auto &[n, t] : params) p.push_back(t);
+    EmaWeights ema(s, params);
+    for (uint64_t step = 1; step <= steps; step++) {
+      const NamedTensors w = weights_at(step);
+      for (size_t i = 0; i < p.size(); i++) p[i].copy_(w[i].second);
+      ema.update(step, p);
+      if (step < s.start_step) continue;
+      for (const auto &[n, t] : ema.tensors()) {
+        const auto *e = f->find("ema." + name + "." + std::to_string(step) + "." + n);
+        ASSERT_TRUE(e) << n;
+        EXPECT_LT((t - models::tensor_of(*e)).abs().max().item<double>(), 1e-6) << name << " step " << step << " " << n;
+      }
+    }
   }
 }
 
