@@ -122,9 +122,11 @@ std::string bus_text(const GstStructure *s) {
   if (name == "textencoder-summary") {
     gboolean loaded = TRUE;
     gst_structure_get_boolean(s, "encoder-loaded", &loaded);
+    const guint64 dropped = u64(s, "dropped");
     return fmt("textencoder: %" G_GUINT64_FORMAT " captions (%" G_GUINT64_FORMAT " encoded, %" G_GUINT64_FORMAT
-               " from the cache)%s",
+               " from the cache)%s%s",
                u64(s, "captions"), u64(s, "encoded"), u64(s, "cache-reads"),
+               dropped ? (", " + std::to_string(dropped) + " dropped to the empty caption").c_str() : "",
                loaded ? "" : "; the text encoder was never loaded");
   }
   return generic(s);

@@ -48,8 +48,9 @@
 #define VIDEOTRAIN_DOC_TEXTENCODER_MESSAGES                                                                    \
   "\n\nBus messages:\n"                                                                                         \
   "  textencoder-summary (element message, at EOS): captions (guint64: answered), encoded (guint64: run "      \
-  "through the encoder), cache-reads (guint64: from cache-dir), encoder-loaded (gboolean: false when a "        \
-  "folder encoder was never loaded because cache-dir held every caption).\n"                                  \
+  "through the encoder), cache-reads (guint64: from cache-dir), dropped (guint64: samples given the empty "    \
+  "caption by caption-dropout), encoder-loaded (gboolean: false when a folder encoder was never loaded "       \
+  "because cache-dir held every caption).\n"                                                                   \
   "Warnings: latents without a sample meta, cache-dir problems."
 
 #define VIDEOTRAIN_DOC_PROMPTSRC_MESSAGES                                                                      \

@@ -128,7 +128,8 @@ static void post_summary(GstTextEncoder *self) {
     GST_INFO_OBJECT(self, "every caption came from cache-dir: the text encoder was not loaded");
   GstStructure *m = gst_structure_new("textencoder-summary", "captions", G_TYPE_UINT64, s.captions, "encoded",
                                       G_TYPE_UINT64, s.encoded, "cache-reads", G_TYPE_UINT64, s.cache_reads,
-                                      "encoder-loaded", G_TYPE_BOOLEAN, loaded, nullptr);
+                                      "dropped", G_TYPE_UINT64, s.dropped, "encoder-loaded", G_TYPE_BOOLEAN, loaded,
+                                      nullptr);
   gst_element_post_message(GST_ELEMENT(self), gst_message_new_element(GST_OBJECT(self), m));
 }
 

@@ -216,17 +216,21 @@ TEST(TextEncoderEngine, CaptionDropoutIsSeededBySampleAndEpoch) {
     EXPECT_TRUE(x.dropped);
     EXPECT_TRUE(torch::equal(x.embeds, empty));
   }
-  o.caption_dropout = 0.25;
-  auto a = TextEncoderEngine::create(o, &err), b = TextEncoderEngine::create(o, &err);
-  ASSERT_TRUE(a && b) << err;
-  int dropped = 0, differs_by_epoch = 0;
-  for (uint64_t s = 0; s < 2000; s++) {
-    EXPECT_EQ(a->drops(s, 3), b->drops(s, 3)) << "sample " << s;  // same run settings: same draws (resume)
-    dropped += a->drops(s, 3);
-    differs_by_epoch += a->drops(s, 3) != a->drops(s, 4);
+  for (double p : {0.5, 0.25}) {
+    o.caption_dropout = p;
+    auto a = TextEncoderEngine::create(o, &err), b = TextEncoderEngine::create(o, &err);
+    ASSERT_TRUE(a && b) << err;
+    int dropped = 0, differs_by_epoch = 0;
+    for (uint64_t s = 0; s < 2000; s++) {
+      EXPECT_EQ(a->drops(s, 3), b->drops(s, 3)) << "sample " << s;  // same run settings: same draws (resume)
+      dropped += a->drops(s, 3);
+      differs_by_epoch += a->drops(s, 3) != a->drops(s, 4);
+    }
+    EXPECT_NEAR(dropped / 2000.0, p, 0.04) << p;  // 4 standard deviations at p = 0.5
+    EXPECT_GT(differs_by_epoch, 2000 * 2 * p * (1 - p) - 150) << p;  // two independent draws differ 2p(1-p)
   }
-  EXPECT_NEAR(dropped / 2000.0, 0.25, 0.04);
-  EXPECT_GT(differs_by_epoch, 300);
+  auto a = TextEncoderEngine::create(o, &err);
+  ASSERT_TRUE(a) << err;
   o.seed = 1;
   auto other = TextEncoderEngine::create(o, &err);
   int differs_by_seed = 0;

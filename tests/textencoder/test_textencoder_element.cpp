@@ -5,6 +5,7 @@
 #include <gst/check/gstharness.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -56,12 +57,14 @@ GstBuffer *latent(uint64_t id, const std::string &caption, uint32_t epoch = 0) {
   return buf;
 }
 
-GstHarness *harness(guint batch, const std::string &model = "text_encoder.pt") {
+GstHarness *harness(guint batch, const std::string &model = "text_encoder.pt", double caption_dropout = 0,
+                    guint64 seed = 0) {
   const Refs &r = refs();
   GstElement *e = gst_element_factory_make("textencoder", nullptr);
   EXPECT_NE(e, nullptr) << "textencoder not found (GST_PLUGIN_PATH?)";
   g_object_set(e, "tokenizer", r.dir.file("spiece.model").c_str(), "model", r.dir.file(model).c_str(),
-               "max-length", 24u, "batch-size", batch, "device", "cpu", nullptr);
+               "max-length", 24u, "batch-size", batch, "device", "cpu", "caption-dropout", caption_dropout, "seed",
+               seed, nullptr);
   GstHarness *h = gst_harness_new_with_element(e, "sink", "src");
   gst_object_unref(e);
   gst_harness_set_src_caps_str(h, kLatentCaps);
@@ -190,4 +193,69 @@ TEST(TextEncoderElement, AModelThatDoesNotFitFailsAtStartNamingIt) {
   gst_element_set_bus(e, nullptr);
   gst_object_unref(bus);
   gst_object_unref(e);
+}
+
+// caption-dropout through the element: a dropped sample's embedding is the empty caption's (reference
+// caption 1), any other its own caption's; which samples drop depends on (seed, sample id, epoch)
+// alone (a rerun or a resume draws the same, another epoch differently); textencoder-summary counts them.
+namespace {
+struct DropoutRun {
+  std::vector<bool> dropped;
+  guint64 posted = G_MAXUINT64;
+  guint64 encoded = 0;
+};
+
+DropoutRun run_dropout(double p, guint64 seed, uint32_t epoch, size_t n) {
+  const Refs &r = refs();
+  DropoutRun run;
+  GstHarness *h = harness(4, "text_encoder.pt", p, seed);
+  GstBus *bus = gst_bus_new();
+  gst_element_set_bus(h->element, bus);
+  const size_t cap = 2;  // a non-empty reference caption
+  for (size_t i = 0; i < n; i++) EXPECT_EQ(gst_harness_push(h, latent(100 + i, r.captions[cap], epoch)), GST_FLOW_OK);
+  EXPECT_TRUE(gst_harness_push_event(h, gst_event_new_eos()));
+  for (size_t i = 0; i < n; i++) {
+    GstBuffer *b = gst_harness_pull(h);
+    std::string why;
+    auto emb = named_tensor_from_buffer(b, "text_embeds", &why);
+    EXPECT_TRUE(emb) << why;
+    const bool empty = emb && at::allclose(*emb, r.embeds(1), 1e-5, 1e-6);
+    EXPECT_TRUE(empty || (emb && at::allclose(*emb, r.embeds(cap), 1e-5, 1e-6))) << "sample " << i;
+    run.dropped.push_back(empty);
+    gst_buffer_unref(b);
+  }
+  while (GstMessage *m = gst_bus_pop_filtered(bus, GST_MESSAGE_ELEMENT)) {
+    const GstStructure *st = gst_message_get_structure(m);
+    if (gst_structure_has_name(st, "textencoder-summary")) {
+      gst_structure_get_uint64(st, "dropped", &run.posted);
+      gst_structure_get_uint64(st, "encoded", &run.encoded);
+    }
+    gst_message_unref(m);
+  }
+  gst_element_set_bus(h->element, nullptr);
+  gst_object_unref(bus);
+  gst_harness_teardown(h);
+  return run;
+}
+
+size_t count(const std::vector<bool> &v) { return static_cast<size_t>(std::count(v.begin(), v.end(), true)); }
+}  // namespace
+
+TEST(TextEncoderElement, CaptionDropoutGivesTheEmptyCaptionPerSampleAndEpoch) {
+  ASSERT_TRUE(refs().file);
+  const size_t n = 64;
+  const DropoutRun all = run_dropout(1.0, 5, 1, n);
+  EXPECT_EQ(count(all.dropped), n) << "caption-dropout=1: every embedding is the empty caption's";
+  EXPECT_EQ(all.posted, n);
+  const DropoutRun none = run_dropout(0.0, 5, 1, n);
+  EXPECT_EQ(count(none.dropped), 0u);
+  EXPECT_EQ(none.posted, 0u);
+  const DropoutRun a = run_dropout(0.5, 5, 1, n), again = run_dropout(0.5, 5, 1, n), next = run_dropout(0.5, 5, 2, n);
+  EXPECT_EQ(a.dropped, again.dropped) << "the same seed, ids and epoch drop the same samples";
+  EXPECT_NE(a.dropped, next.dropped) << "another epoch drops others";
+  EXPECT_EQ(a.posted, count(a.dropped));
+  EXPECT_GT(count(a.dropped), n / 4);  // 64 draws of p = 0.5: outside [16, 48] has probability < 1e-4
+  EXPECT_LT(count(a.dropped), 3 * n / 4);
+  // The empty caption is encoded once at start, the caption once: dropping costs no encoder call.
+  EXPECT_EQ(a.encoded, 1u);
 }
