@@ -34,7 +34,7 @@ double shift_sigma(double sigma, double shift);
 // musubi-tuner's and diffusion-pipe's flux_shift count the same).
 int64_t frame_tokens(int64_t latent_h, int64_t latent_w);
 // exp(mu), mu = calculate_shift(tokens) with diffusers' defaults: linear from 0.5 at 256 tokens to
-// 1.15 at 4096 (Wan 480p, 60x104 latents: 1560 tokens, shift 2.05; 720p, 90x160: 3600, 2.92).
+// 1.15 at 4096 (Wan 480p, 60x104 latents: 1560 tokens, shift 2.06; 720p, 90x160: 3600, 2.90).
 double resolution_shift(int64_t tokens);
 // The shift a sample gets: flow-shift, or resolution_shift for timestep-sampling=shifted.
 double sample_shift(const ModelOptions &o, int64_t latent_h, int64_t latent_w);
