@@ -14,7 +14,8 @@
 #include <set>
 #include <sstream>
 
-#include "csvvideosrc/manifest.h"
+#include "element_property.h"
+#include "run_manifest.h"
 #include "toml_subset.h"
 
 namespace videotrain {
@@ -48,33 +49,6 @@ struct Stage {
     return nullptr;
   }
 };
-
-size_t edit_distance(const std::string &a, const std::string &b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); j++) row[j] = j;
-  for (size_t i = 1; i <= a.size(); i++) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); j++) {
-      size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// " (did you mean 'x'?)" when a candidate is near enough to be a typo, else "".
-std::string nearest(const std::string &key, const std::vector<std::string> &candidates) {
-  std::string best;
-  size_t best_d = SIZE_MAX;
-  for (const auto &c : candidates) {
-    size_t d = edit_distance(key, c);
-    if (d < best_d) best_d = d, best = c;
-  }
-  if (best.empty() || best_d > std::max<size_t>(2, key.size() / 3)) return "";
-  return " (did you mean '" + best + "'?)";
-}
 
 // A value as gst_parse_launch reads it: quoted unless it is made of safe characters.
 std::string quoted(const std::string &v) {
@@ -114,7 +88,6 @@ class Builder {
   GstElement *element(const std::string &factory);
   std::string property_value(const std::string &factory, const Table &t, const Entry &e);
   std::string path_of(const Entry &e, bool must_exist, bool dir_only = false);
-  std::string scalar_text(const Value &v, const Entry &e, const Table &t);
   void apply(const Table *t, const std::string &factory, Stage *stage, const std::set<std::string> &own_keys,
              const std::map<std::string, std::string> &reserved);
   std::string manifest_for(const std::vector<const Table *> &datasets, const std::string &name, RunPlan *plan);
@@ -156,98 +129,10 @@ GstElement *Builder::element(const std::string &factory) {
   return e;
 }
 
-std::string describe(GParamSpec *ps) {
-  char b[256];
-  GType t = G_PARAM_SPEC_VALUE_TYPE(ps);
-  if (G_IS_PARAM_SPEC_INT(ps)) {
-    auto *p = G_PARAM_SPEC_INT(ps);
-    std::snprintf(b, sizeof b, "an integer from %d to %d", p->minimum, p->maximum);
-  } else if (G_IS_PARAM_SPEC_UINT(ps)) {
-    auto *p = G_PARAM_SPEC_UINT(ps);
-    std::snprintf(b, sizeof b, "an integer from %u to %u", p->minimum, p->maximum);
-  } else if (G_IS_PARAM_SPEC_INT64(ps)) {
-    auto *p = G_PARAM_SPEC_INT64(ps);
-    std::snprintf(b, sizeof b, "an integer from %" G_GINT64_FORMAT " to %" G_GINT64_FORMAT, p->minimum, p->maximum);
-  } else if (G_IS_PARAM_SPEC_UINT64(ps)) {
-    auto *p = G_PARAM_SPEC_UINT64(ps);
-    std::snprintf(b, sizeof b, "an integer from %" G_GUINT64_FORMAT " to %" G_GUINT64_FORMAT, p->minimum, p->maximum);
-  } else if (G_IS_PARAM_SPEC_DOUBLE(ps)) {
-    auto *p = G_PARAM_SPEC_DOUBLE(ps);
-    std::snprintf(b, sizeof b, "a number from %g to %g", p->minimum, p->maximum);
-  } else if (G_IS_PARAM_SPEC_FLOAT(ps)) {
-    auto *p = G_PARAM_SPEC_FLOAT(ps);
-    std::snprintf(b, sizeof b, "a number from %g to %g", p->minimum, p->maximum);
-  } else if (G_IS_PARAM_SPEC_BOOLEAN(ps)) {
-    return "true or false";
-  } else if (G_IS_PARAM_SPEC_ENUM(ps)) {
-    GEnumClass *k = G_PARAM_SPEC_ENUM(ps)->enum_class;
-    std::string s = "one of ";
-    for (guint i = 0; i < k->n_values; i++) s += std::string(i ? ", " : "") + k->values[i].value_nick;
-    return s;
-  } else {
-    return std::string("a ") + g_type_name(t);
-  }
-  return b;
-}
-
-std::string Builder::scalar_text(const Value &v, const Entry &e, const Table &t) {
-  switch (v.kind) {
-    case Value::Kind::String: return v.str;
-    case Value::Kind::Bool: return v.boolean ? "true" : "false";
-    case Value::Kind::Integer: return std::to_string(v.integer);
-    case Value::Kind::Float: {
-      std::string s;
-      for (char c : v.source)
-        if (c != '_') s += c;
-      return s;
-    }
-    case Value::Kind::Array: break;
-  }
-  fail(e.line, "'" + e.key + "' in " + where(t) + ": arrays inside arrays are not taken here");
-}
-
-// The text a property gets, checked against the element's own property: it exists, can be set,
-// and the value converts to its type within its range (as gst_parse_launch would convert it).
+// The text a property gets, checked against the element's own property (element_property.h).
 std::string Builder::property_value(const std::string &factory, const Table &t, const Entry &e) {
-  GstElement *el = element(factory);
-  GObjectClass *klass = G_OBJECT_GET_CLASS(el);
-  GParamSpec *ps = g_object_class_find_property(klass, e.key.c_str());
-  if (!ps || !(ps->flags & G_PARAM_WRITABLE) || e.key == "name" || e.key == "parent") {
-    guint n = 0;
-    GParamSpec **all = g_object_class_list_properties(klass, &n);
-    std::vector<std::string> names;
-    for (guint i = 0; i < n; i++)
-      if ((all[i]->flags & G_PARAM_WRITABLE) && std::string(all[i]->name) != "name" &&
-          std::string(all[i]->name) != "parent")
-        names.push_back(all[i]->name);
-    g_free(all);
-    fail(e.line, "'" + e.key + "' in " + where(t) + " is not " + (ps ? "a settable" : "a") + " property of " + factory +
-                     nearest(e.key, names) + " (gst-inspect-1.0 " + factory + " lists them)");
-  }
-  std::string text;
-  GType type = G_PARAM_SPEC_VALUE_TYPE(ps);
-  if (e.value.kind == Value::Kind::Array) {
-    if (type != G_TYPE_STRING)
-      fail(e.line, "'" + e.key + "' in " + where(t) + " takes one value (" + describe(ps) + "), not an array");
-    for (size_t i = 0; i < e.value.items.size(); i++)
-      text += (i ? "," : "") + scalar_text(e.value.items[i], e, t);
-  } else {
-    text = scalar_text(e.value, e, t);
-  }
-  // videotrain-launch's ranks read pipeline.txt through videotrain-run -f, which substitutes
-  // ${VAR} and cuts ' #' comments.
-  if (text.find("${") != std::string::npos || text.find(" #") != std::string::npos ||
-      text.find("\t#") != std::string::npos || text.find('\n') != std::string::npos)
-    fail(e.line, "'" + e.key + "' in " + where(t) + ": a value may not hold '${', a line break or a '#' after a space");
-  if (type == G_TYPE_STRING) return text;
-  GValue v = G_VALUE_INIT;
-  g_value_init(&v, type);
-  bool ok = gst_value_deserialize(&v, text.c_str());
-  bool out_of_range = ok && g_param_value_validate(ps, &v);
-  g_value_unset(&v);
-  if (!ok || out_of_range)
-    fail(e.line, "'" + e.key + "' in " + where(t) + ": " + e.value.source + " is not a value of " + factory + "'s " +
-                     e.key + " (" + describe(ps) + ")");
+  std::string text, why;
+  if (!property_text(element(factory), e.key, e.value, &text, &why)) fail(e.line, "'" + e.key + "' in " + where(t) + why);
   return text;
 }
 
@@ -279,22 +164,6 @@ void Builder::apply(const Table *t, const std::string &factory, Stage *stage, co
     stage->set(e.key, property_value(factory, *t, e));
   }
 }
-
-bool is_video_name(const fs::path &p) {
-  static const std::set<std::string> ext = {".mp4", ".mkv", ".webm", ".mov", ".avi", ".m4v", ".mpg", ".mpeg", ".ts", ".gif"};
-  std::string x = p.extension().string();
-  std::transform(x.begin(), x.end(), x.begin(), [](unsigned char c) { return static_cast<char>(tolower(c)); });
-  return ext.count(x) > 0;
-}
-
-std::string csv_field(const std::string &s) {
-  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
-  std::string q = "\"";
-  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return q + "\"";
-}
-
-std::string size_text(uint32_t v) { return v ? std::to_string(v) : ""; }
 
 // The manifest csvvideosrc reads for these datasets: one CSV given as it is (one dataset,
 // repeats 1, nothing to resolve), else `name` in the output folder with every row of every
@@ -331,37 +200,15 @@ std::string Builder::manifest_for(const std::vector<const Table *> &datasets, co
       if (fs::exists(fs::path(dir) / "videos.txt")) {
         s.location = dir;  // CogVideo's layout: videos.txt + prompts.txt
       } else {
-        std::vector<fs::path> found;
-        std::error_code ec;
-        for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
-             it.increment(ec))
-          if (it->is_regular_file() && is_video_name(it->path())) found.push_back(it->path());
-        if (ec) fail(f->line, "'folder': cannot list " + dir + ": " + ec.message());
-        std::sort(found.begin(), found.end());
-        if (found.empty())
-          fail(f->line, "'folder': " + dir + " holds no videos (.mp4, .mkv, .webm, .mov, .avi, ...) and no videos.txt");
-        for (const auto &v : found) {
-          fs::path txt = v;
-          txt.replace_extension(".txt");
-          std::ifstream in(txt);
-          if (!in)
-            fail(f->line, "'folder': " + v.string() + " has no caption file " + txt.filename().string() +
-                              " beside it (each video needs a same-named .txt)");
-          std::stringstream ss;
-          ss << in.rdbuf();
-          std::string cap = ss.str();
-          while (!cap.empty() && isspace(static_cast<unsigned char>(cap.back()))) cap.pop_back();
-          size_t b = 0;
-          while (b < cap.size() && isspace(static_cast<unsigned char>(cap[b]))) b++;
-          s.videos.emplace_back(v.string(), cap.substr(b));
-        }
+        std::string why;
+        if (!folder_videos(dir, &s.videos, &why)) fail(f->line, "'folder': " + why);
       }
     }
     sources.push_back(s);
   }
   if (plain) return sources[0].location;
 
-  std::string out = "path,text,num_frames,height,width,fps\n";
+  std::string out = kRunManifestHeader;
   size_t rows = 0, skipped = 0;
   for (const auto &s : sources) {
     std::vector<std::string> lines;
@@ -373,26 +220,11 @@ std::string Builder::manifest_for(const std::vector<const Table *> &datasets, co
       o.path_column = string_of(s.t, "path-column");
       o.caption_column = string_of(s.t, "caption-column");
       o.split = string_of(s.t, "split");
-      std::string err;
-      auto m = Manifest::open(o, &err);
+      std::string why;
       const Entry *at = find(s.t, "manifest") ? find(s.t, "manifest") : find(s.t, "folder");
-      if (!m) fail(at->line, "'" + at->key + "': " + err);
-      for (const auto &w : m->warnings()) plan->notes.push_back(s.location + ": " + w);
-      for (size_t i = 0; i < m->size(); i++) {
-        ManifestRow r = m->row(i);
-        if (!r.error.empty()) {
-          if (skipped++ < 5) plan->notes.push_back(s.location + " row " + std::to_string(r.row + 1) + " left out: " + r.error);
-          continue;
-        }
-        VideoSize z = m->video_size(i);
-        double fps = z.fps > 0 ? z.fps : r.fps;
-        char f[32] = "";
-        if (fps > 0) std::snprintf(f, sizeof f, "%g", fps);
-        lines.push_back(csv_field(fs::absolute(r.path).lexically_normal().string()) + "," + csv_field(r.caption) + "," +
-                        size_text(z.frames) + "," + size_text(z.height) + "," + size_text(z.width) + "," + f + "\n");
-      }
+      if (!manifest_rows(o, &lines, &plan->notes, &skipped, &why)) fail(at->line, "'" + at->key + "': " + why);
     } else {
-      for (const auto &v : s.videos) lines.push_back(csv_field(fs::absolute(v.first).string()) + "," + csv_field(v.second) + ",,,,\n");
+      for (const auto &v : s.videos) lines.push_back(folder_row(v.first, v.second));
     }
     for (int64_t k = 0; k < s.repeats; k++)
       for (const auto &l : lines) out += l;
@@ -482,7 +314,7 @@ bool Builder::build(RunPlan *plan, std::string *error) try {
   for (size_t i = 1; i < doc_.tables.size(); i++) {
     const Table &t = doc_.tables[i];
     if (std::find(table_names.begin(), table_names.end(), t.name) == table_names.end())
-      fail(t.line, "unknown table [" + t.name + "]" + nearest(t.name, table_names) +
+      fail(t.line, "unknown table [" + t.name + "]" + did_you_mean(t.name, table_names) +
                        "; the tables are [run], [model], [[dataset]], [csvvideosrc], [vaeencoder], [textencoder], "
                        "[microbatcher], [trainer], [validator], [sampler], [vaedecoder], [samplesink]");
     if (t.name == "dataset" && !t.array_item) fail(t.line, "write [[dataset]] (one such table per dataset)");
@@ -491,7 +323,7 @@ bool Builder::build(RunPlan *plan, std::string *error) try {
       const auto &own = kOwnKeys.at(t.name);
       for (const auto &e : t.entries)
         if (std::find(own.begin(), own.end(), e.key) == own.end())
-          fail(e.line, "unknown key '" + e.key + "' in [" + t.name + "]" + nearest(e.key, own));
+          fail(e.line, "unknown key '" + e.key + "' in [" + t.name + "]" + did_you_mean(e.key, own));
     }
     if (t.name == "dataset")
       for (const auto &e : t.entries) {
@@ -500,7 +332,7 @@ bool Builder::build(RunPlan *plan, std::string *error) try {
         if (std::find(kDatasetSizeKeys.begin(), kDatasetSizeKeys.end(), e.key) == kDatasetSizeKeys.end()) {
           std::vector<std::string> all = own;
           all.insert(all.end(), kDatasetSizeKeys.begin(), kDatasetSizeKeys.end());
-          fail(e.line, "unknown key '" + e.key + "' in [[dataset]]" + nearest(e.key, all) +
+          fail(e.line, "unknown key '" + e.key + "' in [[dataset]]" + did_you_mean(e.key, all) +
                            " (other csvvideosrc properties go in [csvvideosrc])");
         }
       }
