@@ -7,6 +7,7 @@
 #    through videotrain-launch;
 #  - unknown table, unknown key, bad value, a value out of range, missing files, a folder video
 #    without its caption, conflicting dataset sizes: exit 2 at once with FILE:LINE and the reason;
+#  - a CogVideoX folder gets train-cogvideox.pipeline's recipe, a [validator] folder its val.csv;
 #  - examples/configs/wan-lora.toml passes --dry-run over stand-in folders of its layout.
 set -euo pipefail
 build=${VIDEOTRAIN_BUILD_DIR:?}
@@ -156,6 +157,31 @@ bad '[[dataset]]' 'manifest = "data/train.csv"' 'width = 32' '[[dataset]]' 'fold
 expect_error "datasets of different sizes" "bad.toml:15: 'width' = 64 differs from line 12"
 bad '[[dataset]]' 'manifest = "data/train.csv"' '[trainer]' 'checkpoint-dir = "x"'
 expect_error "a key the config sets" "bad.toml:13: 'checkpoint-dir' in [trainer] is set by the config itself: [run] output"
+
+# A CogVideoX folder takes pipelines/train-cogvideox.pipeline's recipe (the class is read from its
+# config.json; --dry-run loads no weights), and a [validator] folder of videos becomes OUTPUT/val.csv.
+mkdir cog && printf '{"_class_name": "CogVideoXTransformer3DModel"}\n' > cog/config.json
+cat > cog.toml <<EOF
+[run]
+output = "cog-out"
+[model]
+transformer = "cog"
+vae = "$ref/cogvideox_vae/tiny_a"
+text-encoder = "$ref/text_encoder/t5_v11_tiny"
+[[dataset]]
+manifest = "data/train.csv"
+[validator]
+folder = "clips"
+every = 5
+EOF
+"$run" --config cog.toml --dry-run > "$work/log" 2>&1 || fail "--dry-run of a CogVideoX config"
+for want in "csvvideosrc location=$work/data/train.csv buckets=\"720x480,480x720\" frame-buckets=49 fps=8 num-frames=49 width=720 height=480 num-epochs=0" \
+    "max-length=226 caption-dropout=0.0" "csvvideosrc location=$work/cog-out/val.csv num-epochs=0 shuffle=false clip-start=center num-frames=49 width=720 height=480 fps=8 prefetch=1" \
+    "! ddpvalsink trainer=trainer every=5"; do
+  grep -qF -- "$want" "$work/log" || fail "the CogVideoX pipeline lacks '$want'"
+done
+! grep -q "flow-shift" "$work/log" || fail "a CogVideoX pipeline got Wan's flow-shift"
+echo "ok: a CogVideoX config takes its recipe; a validation folder becomes val.csv"
 
 # The example: its layout made of stand-ins (tiny model, the test data), then --dry-run.
 mkdir -p ex/Wan2.1-T2V-1.3B-Diffusers ex/my-data
