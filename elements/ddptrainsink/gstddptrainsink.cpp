@@ -57,6 +57,17 @@ enum {
   PROP_BETA1,
   PROP_BETA2,
   PROP_EPS,
+  PROP_OPTIMIZER,
+  PROP_BETA3,
+  PROP_EPS2,
+  PROP_MOMENTUM,
+  PROP_NESTEROV,
+  PROP_CLIP_THRESHOLD,
+  PROP_BETA2_DECAY,
+  PROP_D0,
+  PROP_D_COEF,
+  PROP_SAFEGUARD_WARMUP,
+  PROP_USE_BIAS_CORRECTION,
   PROP_LR_SCHEDULE,
   PROP_WARMUP_STEPS,
   PROP_MAX_STEPS,
@@ -83,6 +94,7 @@ enum {
   PROP_METRICS_FILE,
   PROP_TENSORBOARD_DIR,
   PROP_GRADIENT_CHECKPOINTING,
+  PROP_ATTENTION_BACKEND,
   PROP_TIMESTEP_SAMPLING,
   PROP_LOGIT_MEAN,
   PROP_LOGIT_STD,
@@ -101,18 +113,26 @@ enum {
   PROP_LORA_INIT,
   PROP_LORA_FORMAT,
   PROP_TRAINABLE,
-  PROP_STEPS,
-  PROP_LOSS,
   PROP_EMA_DECAY,
   PROP_EMA_START_STEP,
   PROP_EMA_EVERY,
   PROP_EXPORT_EMA,
+  PROP_STEPS,
+  PROP_LOSS,
 };
 
 /* ---- enum property types (string values in the engine config) ---- */
 
 VIDEOTRAIN_DEFINE_ENUM(lr_schedule_type, "GstDdpTrainSinkLrSchedule", {0, "Constant after warmup", "constant"},
                        {1, "Cosine decay to 0 at max-steps", "cosine"}, {2, "Linear decay to 0 at max-steps", "linear"})
+VIDEOTRAIN_DEFINE_ENUM(optimizer_type, "GstDdpTrainSinkOptimizer",
+                       {0, "AdamW (LibTorch's; 8 bytes of state per parameter)", "adamw"},
+                       {1, "AdamW with 8-bit blockwise moments (bitsandbytes' scheme; ~2 bytes per parameter)",
+                        "adamw8bit"},
+                       {2, "Adafactor (torch.optim's; factored second moment, no first)", "adafactor"},
+                       {3, "Prodigy (learns the step size: set lr=1)", "prodigy"},
+                       {4, "CAME (confidence-guided Adafactor with a first moment)", "came"},
+                       {5, "SGD with optional (Nesterov) momentum", "sgd"})
 VIDEOTRAIN_DEFINE_ENUM(precision_type, "GstDdpTrainSinkPrecision", {0, "bf16 autocast on CUDA, fp32 on CPU", "auto"},
                        {1, "float32", "fp32"}, {2, "bfloat16 autocast (CUDA or CPU)", "bf16"})
 VIDEOTRAIN_DEFINE_ENUM(backend_type, "GstDdpTrainSinkBackend",
@@ -138,6 +158,12 @@ VIDEOTRAIN_DEFINE_ENUM(checkpointing_type, "GstDdpTrainSinkGradientCheckpointing
                        {0, "Keep every activation", "false"},
                        {1, "Recompute each transformer block in backward (keeps its input)", "true"},
                        {2, "Keep each block's attention (q, k, v, output), recompute the rest", "selective"})
+VIDEOTRAIN_DEFINE_ENUM(attention_backend_type, "GstDdpTrainSinkAttentionBackend",
+                       {0, "LibTorch's choice (2.x: its fused kernels), else the chunked kernel", "auto"},
+                       {1, "FlashAttention-2 (CUDA bf16/fp16; CPU from LibTorch 2.2)", "flash"},
+                       {2, "cuDNN fused attention (CUDA, LibTorch 2.5+)", "cudnn"},
+                       {3, "Memory-efficient kernel (CUDA)", "efficient"},
+                       {4, "Our kernel: whole scores while they fit 256 MiB, else query chunks", "math"})
 VIDEOTRAIN_DEFINE_ENUM(nan_policy_type, "GstDdpTrainSinkNanPolicy",
                        {0, "Warn and skip the optimizer step on every rank", "skip"}, {1, "Stop with an error", "fail"})
 
@@ -362,6 +388,17 @@ static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GVa
     case PROP_BETA1: c.beta1 = g_value_get_double(v); break;
     case PROP_BETA2: c.beta2 = g_value_get_double(v); break;
     case PROP_EPS: c.eps = g_value_get_double(v); break;
+    case PROP_OPTIMIZER: c.optimizer = enum_nick(optimizer_type(), g_value_get_enum(v)); break;
+    case PROP_BETA3: c.optim.beta3 = g_value_get_double(v); break;
+    case PROP_EPS2: c.optim.eps2 = g_value_get_double(v); break;
+    case PROP_MOMENTUM: c.optim.momentum = g_value_get_double(v); break;
+    case PROP_NESTEROV: c.optim.nesterov = g_value_get_boolean(v); break;
+    case PROP_CLIP_THRESHOLD: c.optim.clip_threshold = g_value_get_double(v); break;
+    case PROP_BETA2_DECAY: c.optim.beta2_decay = g_value_get_double(v); break;
+    case PROP_D0: c.optim.d0 = g_value_get_double(v); break;
+    case PROP_D_COEF: c.optim.d_coef = g_value_get_double(v); break;
+    case PROP_SAFEGUARD_WARMUP: c.optim.safeguard_warmup = g_value_get_boolean(v); break;
+    case PROP_USE_BIAS_CORRECTION: c.optim.use_bias_correction = g_value_get_boolean(v); break;
     case PROP_LR_SCHEDULE: c.lr_schedule = enum_nick(lr_schedule_type(), g_value_get_enum(v)); break;
     case PROP_WARMUP_STEPS: c.warmup_steps = g_value_get_uint64(v); break;
     case PROP_MAX_STEPS: c.max_steps = g_value_get_uint64(v); break;
@@ -388,6 +425,7 @@ static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GVa
     case PROP_METRICS_FILE: c.metrics_file = str(); break;
     case PROP_TENSORBOARD_DIR: c.tensorboard_dir = str(); break;
     case PROP_GRADIENT_CHECKPOINTING: c.native.gradient_checkpointing = static_cast<Checkpointing>(g_value_get_enum(v)); break;
+    case PROP_ATTENTION_BACKEND: c.native.attention_backend = static_cast<AttentionBackend>(g_value_get_enum(v)); break;
     case PROP_TIMESTEP_SAMPLING: c.native.timestep_sampling = enum_nick(timestep_sampling_type(), g_value_get_enum(v)); break;
     case PROP_LOGIT_MEAN: c.native.logit_mean = g_value_get_double(v); break;
     case PROP_LOGIT_STD: c.native.logit_std = g_value_get_double(v); break;
@@ -406,6 +444,10 @@ static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GVa
     case PROP_LORA_INIT: c.native.lora_init = str(); break;
     case PROP_LORA_FORMAT: c.native.lora_format = enum_nick(lora_format_type(), g_value_get_enum(v)); break;
     case PROP_TRAINABLE: c.native.trainable = str(); break;
+    case PROP_EMA_DECAY: c.ema_decay = g_value_get_double(v); break;
+    case PROP_EMA_START_STEP: c.ema_start_step = g_value_get_uint64(v); break;
+    case PROP_EMA_EVERY: c.ema_every = g_value_get_uint64(v); break;
+    case PROP_EXPORT_EMA: c.export_ema = g_value_get_boolean(v); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -416,10 +458,6 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
   GST_OBJECT_LOCK(self);
   const TrainerConfig &c = *self->config;
   switch (id) {
-    case PROP_EMA_DECAY: c.ema_decay = g_value_get_double(v); break;
-    case PROP_EMA_START_STEP: c.ema_start_step = g_value_get_uint64(v); break;
-    case PROP_EMA_EVERY: c.ema_every = g_value_get_uint64(v); break;
-    case PROP_EXPORT_EMA: c.export_ema = g_value_get_boolean(v); break;
     case PROP_MODEL: g_value_set_string(v, c.model.c_str()); break;
     case PROP_LATENT_CHANNELS: g_value_set_uint(v, static_cast<guint>(c.latent_channels)); break;
     case PROP_LR: g_value_set_double(v, c.lr); break;
@@ -427,6 +465,17 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
     case PROP_BETA1: g_value_set_double(v, c.beta1); break;
     case PROP_BETA2: g_value_set_double(v, c.beta2); break;
     case PROP_EPS: g_value_set_double(v, c.eps); break;
+    case PROP_OPTIMIZER: g_value_set_enum(v, enum_value(optimizer_type(), c.optimizer)); break;
+    case PROP_BETA3: g_value_set_double(v, c.optim.beta3); break;
+    case PROP_EPS2: g_value_set_double(v, c.optim.eps2); break;
+    case PROP_MOMENTUM: g_value_set_double(v, c.optim.momentum); break;
+    case PROP_NESTEROV: g_value_set_boolean(v, c.optim.nesterov); break;
+    case PROP_CLIP_THRESHOLD: g_value_set_double(v, c.optim.clip_threshold); break;
+    case PROP_BETA2_DECAY: g_value_set_double(v, c.optim.beta2_decay); break;
+    case PROP_D0: g_value_set_double(v, c.optim.d0); break;
+    case PROP_D_COEF: g_value_set_double(v, c.optim.d_coef); break;
+    case PROP_SAFEGUARD_WARMUP: g_value_set_boolean(v, c.optim.safeguard_warmup); break;
+    case PROP_USE_BIAS_CORRECTION: g_value_set_boolean(v, c.optim.use_bias_correction); break;
     case PROP_LR_SCHEDULE: g_value_set_enum(v, enum_value(lr_schedule_type(), c.lr_schedule)); break;
     case PROP_WARMUP_STEPS: g_value_set_uint64(v, c.warmup_steps); break;
     case PROP_MAX_STEPS: g_value_set_uint64(v, c.max_steps); break;
@@ -453,6 +502,7 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
     case PROP_METRICS_FILE: g_value_set_string(v, c.metrics_file.c_str()); break;
     case PROP_TENSORBOARD_DIR: g_value_set_string(v, c.tensorboard_dir.c_str()); break;
     case PROP_GRADIENT_CHECKPOINTING: g_value_set_enum(v, static_cast<gint>(c.native.gradient_checkpointing)); break;
+    case PROP_ATTENTION_BACKEND: g_value_set_enum(v, static_cast<gint>(c.native.attention_backend)); break;
     case PROP_TIMESTEP_SAMPLING: g_value_set_enum(v, enum_value(timestep_sampling_type(), c.native.timestep_sampling)); break;
     case PROP_LOGIT_MEAN: g_value_set_double(v, c.native.logit_mean); break;
     case PROP_LOGIT_STD: g_value_set_double(v, c.native.logit_std); break;
@@ -471,6 +521,10 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
     case PROP_LORA_INIT: g_value_set_string(v, c.native.lora_init.c_str()); break;
     case PROP_LORA_FORMAT: g_value_set_enum(v, enum_value(lora_format_type(), c.native.lora_format)); break;
     case PROP_TRAINABLE: g_value_set_string(v, c.native.trainable.c_str()); break;
+    case PROP_EMA_DECAY: g_value_set_double(v, c.ema_decay); break;
+    case PROP_EMA_START_STEP: g_value_set_uint64(v, c.ema_start_step); break;
+    case PROP_EMA_EVERY: g_value_set_uint64(v, c.ema_every); break;
+    case PROP_EXPORT_EMA: g_value_set_boolean(v, c.export_ema); break;
     case PROP_STEPS: g_value_set_uint64(v, self->steps); break;
     case PROP_LOSS: g_value_set_double(v, self->loss); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
@@ -483,10 +537,6 @@ static void gst_ddp_train_sink_finalize(GObject *object) {
   delete self->engine;
   delete self->config;
   delete self->last_return;
-    case PROP_EMA_DECAY: g_value_set_double(v, c.ema_decay); break;
-    case PROP_EMA_START_STEP: g_value_set_uint64(v, c.ema_start_step); break;
-    case PROP_EMA_EVERY: g_value_set_uint64(v, c.ema_every); break;
-    case PROP_EXPORT_EMA: g_value_set_boolean(v, c.export_ema); break;
   G_OBJECT_CLASS(gst_ddp_train_sink_parent_class)->finalize(object);
 }
 
@@ -542,12 +592,55 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
   install(PROP_LATENT_CHANNELS,
           g_param_spec_uint("latent-channels", "Latent channels",
                             "Input channels of a built-in model; 0: from the first micro-batch", 0, 4096, 0, rw));
-  install(PROP_LR, g_param_spec_double("lr", "Learning rate", "AdamW peak learning rate", 0, 10, d.lr, rw));
-  install(PROP_WEIGHT_DECAY,
-          g_param_spec_double("weight-decay", "Weight decay", "AdamW decoupled weight decay", 0, 10, d.weight_decay, rw));
-  install(PROP_BETA1, g_param_spec_double("beta1", "Beta 1", "AdamW first moment decay", 0, 1, d.beta1, rw));
-  install(PROP_BETA2, g_param_spec_double("beta2", "Beta 2", "AdamW second moment decay", 0, 1, d.beta2, rw));
-  install(PROP_EPS, g_param_spec_double("eps", "Epsilon", "AdamW denominator epsilon", 0, 1, d.eps, rw));
+  install(PROP_OPTIMIZER, g_param_spec_enum("optimizer", "Optimizer",
+                                             "The optimizer; its state is checkpointed and resumed (a checkpoint "
+                                             "resumes with the optimizer that wrote it)",
+                                             optimizer_type(), 0, rw));
+  install(PROP_LR, g_param_spec_double("lr", "Learning rate",
+                                       "Peak learning rate (the schedule's); prodigy: a multiplier of its learned "
+                                       "step size, usually 1",
+                                       0, 10, d.lr, rw));
+  install(PROP_WEIGHT_DECAY, g_param_spec_double("weight-decay", "Weight decay",
+                                                 "Decoupled weight decay (weights *= 1 - lr * weight-decay); sgd: "
+                                                 "L2, added to the gradient as torch.optim.SGD does",
+                                                 0, 10, d.weight_decay, rw));
+  install(PROP_BETA1, g_param_spec_double("beta1", "Beta 1",
+                                          "First moment decay (adamw, adamw8bit, prodigy, came)", 0, 1, d.beta1, rw));
+  install(PROP_BETA2, g_param_spec_double("beta2", "Beta 2",
+                                          "Second moment decay (adamw, adamw8bit, prodigy, came)", 0, 1, d.beta2, rw));
+  install(PROP_BETA3, g_param_spec_double("beta3", "Beta 3",
+                                          "prodigy: decay of its step-size numerator and sum (-1: sqrt(beta2)); came: "
+                                          "decay of the instability moment (-1: 0.9999)",
+                                          -1, 1, d.optim.beta3, rw));
+  install(PROP_EPS, g_param_spec_double("eps", "Epsilon",
+                                        "Denominator epsilon; -1: the optimizer's own (1e-8 adamw, adamw8bit, "
+                                        "prodigy; float32 epsilon adafactor (its eps1); 1e-30 came (added to g^2))",
+                                        -1, 1, d.eps, rw));
+  install(PROP_EPS2, g_param_spec_double("eps2", "Epsilon 2",
+                                         "adafactor: floor of the weights' RMS that scales the step (-1: 1e-3); came: "
+                                         "added to the instability (-1: 1e-16)",
+                                         -1, 1, d.optim.eps2, rw));
+  install(PROP_MOMENTUM,
+          g_param_spec_double("momentum", "Momentum", "sgd: momentum factor; 0: plain SGD", 0, 1, d.optim.momentum, rw));
+  install(PROP_NESTEROV, g_param_spec_boolean("nesterov", "Nesterov", "sgd: Nesterov momentum (needs momentum > 0)",
+                                              d.optim.nesterov, rw));
+  install(PROP_CLIP_THRESHOLD, g_param_spec_double("clip-threshold", "Clip threshold",
+                                                   "adafactor, came: an update's RMS is clipped to this",
+                                                   0, G_MAXDOUBLE, d.optim.clip_threshold, rw));
+  install(PROP_BETA2_DECAY, g_param_spec_double("beta2-decay", "Beta2 decay",
+                                                "adafactor: 1 - beta2 at step t is t^beta2-decay", -1, 0,
+                                                d.optim.beta2_decay, rw));
+  install(PROP_D0, g_param_spec_double("d0", "D0", "prodigy: initial step-size estimate", 1e-12, 1, d.optim.d0, rw));
+  install(PROP_D_COEF, g_param_spec_double("d-coef", "D coefficient",
+                                           "prodigy: multiplier of its step-size estimate", 1e-6, 1000,
+                                           d.optim.d_coef, rw));
+  install(PROP_SAFEGUARD_WARMUP, g_param_spec_boolean("safeguard-warmup", "Safeguard warmup",
+                                                      "prodigy: leave lr out of the estimate's denominator (for "
+                                                      "lr warmup)",
+                                                      d.optim.safeguard_warmup, rw));
+  install(PROP_USE_BIAS_CORRECTION,
+          g_param_spec_boolean("use-bias-correction", "Use bias correction",
+                               "prodigy: Adam's bias correction on its step", d.optim.use_bias_correction, rw));
   install(PROP_LR_SCHEDULE, g_param_spec_enum("lr-schedule", "LR schedule",
                                                "Learning-rate schedule after warmup-steps of linear warmup "
                                                "(cosine/linear decay over max-steps; constant when max-steps=0)",
@@ -624,6 +717,13 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                             "(norms, projections, FFN: 4 x tokens x dim more per block than true, and backward "
                             "never runs attention's forward again)",
                             checkpointing_type(), 0, rw));
+  install(PROP_ATTENTION_BACKEND,
+          g_param_spec_enum("attention-backend", "Attention backend",
+                            "Native models: the attention kernel. auto leaves it to LibTorch (2.x: flash, then "
+                            "memory-efficient on CUDA; its fused CPU kernel from 2.2), flash/cudnn/efficient force "
+                            "one (an error at start where this LibTorch or device has none), math is our own "
+                            "kernel (exact, memory-bounded; the only other choice on LibTorch 1.13)",
+                            attention_backend_type(), 0, rw));
   install(PROP_TIMESTEP_SAMPLING,
           g_param_spec_enum("timestep-sampling", "Timestep sampling",
                             "Native models: how each sample's timestep is drawn, from its own generator (seed, "
@@ -705,6 +805,26 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                               "Native models: a regular expression on parameter names; only the matching parameters "
                               "train (partial fine-tune), the rest stay frozen; empty: all",
                               "", rw));
+  install(PROP_EMA_DECAY,
+          g_param_spec_double("ema-decay", "EMA decay",
+                              "Keep an exponential moving average of the trainable parameters (LoRA: the adapter), "
+                              "float32 on the training device (4 bytes per trainable parameter per rank): "
+                              "ema = decay * ema + (1 - decay) * weights at each update; checkpointed, exported with "
+                              "export-ema, validated/sampled with weights=ema. 0: no EMA",
+                              0, 0.999999999, 0, rw));
+  install(PROP_EMA_START_STEP,
+          g_param_spec_uint64("ema-start-step", "EMA start step",
+                              "Up to this optimizer step the EMA is a copy of the weights; averaging starts after it",
+                              0, G_MAXUINT64, 0, rw));
+  install(PROP_EMA_EVERY, g_param_spec_uint64("ema-every", "EMA every",
+                                              "Update the EMA at every this many optimizer steps after ema-start-step "
+                                              "(each update applies ema-decay once)",
+                                              1, G_MAXUINT64, 1, rw));
+  install(PROP_EXPORT_EMA,
+          g_param_spec_boolean("export-ema", "Export EMA",
+                               "A finished run also exports the EMA weights beside the raw ones: export-dir + \"_ema\" "
+                               "(<checkpoint-dir>/transformer_ema or lora_ema). Needs ema-decay",
+                               FALSE, rw));
   install(PROP_NAN_POLICY, g_param_spec_enum("nan-policy", "NaN policy", "What a non-finite loss or gradient does",
                                              nan_policy_type(), 0, rw));
   install(PROP_MAX_SKIPPED_STEPS,
@@ -730,27 +850,7 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
   gst_element_class_add_static_pad_template(ec, sink_template());
   gst_element_class_set_static_metadata(
       ec, "Distributed trainer sink", "Sink/Tensor",
-      "Trains a TorchScript or built-in model on micro-batches with AdamW, gradient accumulation and a bucketed "
-  install(PROP_EMA_DECAY,
-          g_param_spec_double("ema-decay", "EMA decay",
-                              "Keep an exponential moving average of the trainable parameters (LoRA: the adapter), "
-                              "float32 on the training device (4 bytes per trainable parameter per rank): "
-                              "ema = decay * ema + (1 - decay) * weights at each update; checkpointed, exported with "
-                              "export-ema, validated/sampled with weights=ema. 0: no EMA",
-                              0, 0.999999999, 0, rw));
-  install(PROP_EMA_START_STEP,
-          g_param_spec_uint64("ema-start-step", "EMA start step",
-                              "Up to this optimizer step the EMA is a copy of the weights; averaging starts after it",
-                              0, G_MAXUINT64, 0, rw));
-  install(PROP_EMA_EVERY, g_param_spec_uint64("ema-every", "EMA every",
-                                              "Update the EMA at every this many optimizer steps after ema-start-step "
-                                              "(each update applies ema-decay once)",
-                                              1, G_MAXUINT64, 1, rw));
-  install(PROP_EXPORT_EMA,
-          g_param_spec_boolean("export-ema", "Export EMA",
-                               "A finished run also exports the EMA weights beside the raw ones: export-dir + \"_ema\" "
-                               "(<checkpoint-dir>/transformer_ema or lora_ema). Needs ema-decay",
-                               FALSE, rw));
+      "Trains a TorchScript or built-in model on micro-batches with AdamW (or optimizer=), gradient accumulation and a bucketed "
       "all-reduce over c10d (one process per GPU); writes checkpoints and posts progress" VIDEOTRAIN_DOC_DDPTRAINSINK_MESSAGES,
       "gst-videotrain");
 }

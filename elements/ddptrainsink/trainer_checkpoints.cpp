@@ -11,8 +11,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <sstream>
-#include <type_traits>
 
 #include "first_line.h"
 #include "models/param_snapshot.h"
@@ -32,7 +30,7 @@ std::string TrainerEngine::Impl::load_checkpoint(const FoundCheckpoint &c) {
     if (!model || d.latent_channels != dims.latent_channels || d.text_dim != dims.text_dim) construct_model(d);
     std::lock_guard<std::mutex> lock(state_mu);
     model->load(c.dir);
-    torch::load(*opt, c.dir + "/optimizer.pt", device);
+    load_optimizer(*opt, c.dir + "/optimizer.pt", device);
     if (ema) {
       const std::string file = c.state.value("ema_file", std::string());
       if (!file.empty()) {
@@ -40,10 +38,10 @@ std::string TrainerEngine::Impl::load_checkpoint(const FoundCheckpoint &c) {
       } else {
         ema->reset(params);
         warn("checkpoint '" + c.dir + "' holds no EMA (its run had ema-decay=0): the EMA starts from its weights at step " +
-    } else if (!c.state.value("ema_file", std::string()).empty()) {
-      warn("checkpoint '" + c.dir + "' holds an EMA, which this run (ema-decay=0) neither continues nor keeps");
              std::to_string(c.step));
       }
+    } else if (!c.state.value("ema_file", std::string()).empty()) {
+      warn("checkpoint '" + c.dir + "' holds an EMA, which this run (ema-decay=0) neither continues nor keeps");
     }
   } catch (const std::exception &e) {
     // Files that verified and still do not load are this run's problem (another model):
@@ -61,38 +59,9 @@ std::string TrainerEngine::Impl::load_checkpoint(const FoundCheckpoint &c) {
   return "";
 }
 
-template <class Key>
-static Key optimizer_state_key(const at::Tensor &p) {
-  // LibTorch 1.x keys the state by the printed TensorImpl address, 2.x by the address.
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream s;
-    s << p.unsafeGetTensorImpl();
-    return s.str();
-  } else {
-    return static_cast<Key>(p.unsafeGetTensorImpl());
-  }
-}
-
 std::string TrainerEngine::Impl::first_non_finite_optimizer() {
-  using Key = typename std::decay_t<decltype(opt->state())>::key_type;
-  NamedTensors moments;
   std::lock_guard<std::mutex> lock(state_mu);
-  auto &state = opt->state();
-  for (size_t i = 0; i < params.size(); i++) {
-    auto it = state.find(optimizer_state_key<Key>(params[i]));
-    if (it == state.end()) continue;
-    auto *s = dynamic_cast<torch::optim::AdamWParamState *>(it->second.get());
-    if (!s) continue;
-    moments.emplace_back("exp_avg of " + param_names[i], s->exp_avg());
-    moments.emplace_back("exp_avg_sq of " + param_names[i], s->exp_avg_sq());
-    moments.emplace_back("max_exp_avg_sq of " + param_names[i], s->max_exp_avg_sq());
-  }
-  return first_non_finite(moments);
-  // Where this rank's data resumes, until its first micro-batch says: a rank whose data ends before
-  // it trains again keeps that position, not (0, 0). (Another world size: the source maps the
-  // global position; the old rank's clip stands in until the first micro-batch.)
-  epoch = rp.epoch;
-  next_clip = rp.clip;
+  return first_non_finite(opt->state(param_names));
 }
 
 void TrainerEngine::Impl::find_checkpoint() {
@@ -119,6 +88,11 @@ void TrainerEngine::Impl::find_checkpoint() {
     row_facts = rp.row_facts;  // the next checkpoint keeps them
   }
   steps_done = resume_from.step;
+  // Where this rank's data resumes, until its first micro-batch says: a rank whose data ends before
+  // it trains again keeps that position, not (0, 0). (Another world size: the source maps the
+  // global position; the old rank's clip stands in until the first micro-batch.)
+  epoch = rp.epoch;
+  next_clip = rp.clip;
   if (cfg.latent_channels <= 0) cfg.latent_channels = resume_from.state.value("latent_channels", 0);
 }
 
@@ -188,9 +162,27 @@ std::string free_space(const std::string &path) {
 // torch::save() writes through an archive writer that throws from its destructor when a write
 // fails (a full disk: "unexpected pos ..."), which ends the process. Here the writer always sees
 // success; the first failed write is kept and reported once the archive is complete.
+static void write_archive(torch::serialize::OutputArchive &archive, const std::string &path);
+
 void save_optimizer(torch::optim::Optimizer &opt, const std::string &path) {
   torch::serialize::OutputArchive archive;
   opt.save(archive);
+  write_archive(archive, path);
+}
+
+void save_optimizer(TrainOptimizer &opt, const std::string &path) {
+  torch::serialize::OutputArchive archive;
+  opt.save(archive);
+  write_archive(archive, path);
+}
+
+void load_optimizer(TrainOptimizer &opt, const std::string &path, const c10::Device &device) {
+  torch::serialize::InputArchive archive;
+  archive.load_from(path, device);
+  opt.load(archive);
+}
+
+static void write_archive(torch::serialize::OutputArchive &archive, const std::string &path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error("cannot create '" + path + "': " + std::strerror(errno) + free_space(path));
   int err = 0;

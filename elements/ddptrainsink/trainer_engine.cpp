@@ -1,4 +1,4 @@
-/* TrainerEngine: the model, AdamW, gradient accumulation, the step (bucketed all-reduce,
+/* TrainerEngine: the model, the optimizer, gradient accumulation, the step (bucketed all-reduce,
  * non-finite checks, update) and progress. Checkpoints: trainer_checkpoints.cpp; the
  * end-of-stream agreement: step_agreement.h. See trainer_engine.h. */
 #include "trainer_engine.h"
@@ -188,7 +188,7 @@ bool TrainerEngine::Impl::end_step() {
   } else {
     skipped_in_row = 0;
     steps_applied++;
-    for (auto &g : opt->param_groups()) static_cast<torch::optim::AdamWOptions &>(g.options()).lr(rep.lr);
+    opt->set_lr(rep.lr);
     std::lock_guard<std::mutex> lock(state_mu);
     // The only place that changes the weights during training: every collective of the
     // step (gradient buckets, the loss/position all-reduce) is done, and the checks

@@ -3,7 +3,8 @@
  *
  * One engine per process (rank). Micro-batches come in one at a time; each one is
  * forward/backward'ed; on the last micro-batch of a step (sync) the gradients are
- * all-reduced by the bucketed reducer while backward runs, then AdamW steps.
+ * all-reduced by the bucketed reducer while backward runs, then the optimizer steps
+ * (optimizer=, optimizers/train_optimizer.h).
  *
  * Threading: start()/process_*()/finish()/stop() are called from one thread at a time
  * (the element's streaming thread or state changes). The engine is the run's
@@ -22,6 +23,7 @@
 
 #include "bus_message.h"
 #include "models/model_options.h"
+#include "optimizers/optimizer_settings.h"
 #include "run_context.h"
 
 namespace at {
@@ -34,7 +36,10 @@ struct TrainerConfig {
   // Model and optimisation.
   std::string model;              // TorchScript file, diffusers transformer folder, or builtin:NAME
   int latent_channels = 0;        // 0: from the first micro-batch (builtin models)
-  double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  // eps < 0: the optimizer's own (optimizers/optimizer_settings.h), e.g. AdamW's 1e-8.
+  double lr = 1e-4, weight_decay = 0.01, beta1 = 0.9, beta2 = 0.999, eps = -1;
+  std::string optimizer = "adamw";  // adamw | adamw8bit | adafactor | prodigy | came | sgd
+  OptimizerExtras optim;            // the hyper-parameters only some optimizers use
   std::string lr_schedule = "constant";  // constant | cosine | linear
   uint64_t warmup_steps = 0;
   uint64_t max_steps = 0;         // 0: until EOS

@@ -21,6 +21,7 @@
 #include "ema_weights.h"
 #include "lr_schedule.h"
 #include "models/train_model.h"
+#include "optimizers/train_optimizer.h"
 #include "run_log.h"
 #include "step_agreement.h"
 #include "trainer_engine.h"
@@ -59,7 +60,8 @@ struct TrainerEngine::Impl {
   // when both are known: -1 unknown, 0 captions, 1 text embeddings.
   int stream_text = -1;
   std::vector<at::Tensor> params;
-  std::unique_ptr<torch::optim::AdamW> opt;
+  OptimizerSettings optim;  // cfg's optimizer settings, resolved by resolve()
+  std::unique_ptr<TrainOptimizer> opt;
   std::unique_ptr<EmaWeights> ema;  // with ema-decay (under state_mu, like the weights)
   EmaSchedule ema_schedule() const { return {cfg.ema_decay, cfg.ema_start_step, cfg.ema_every}; }
   // RunContext's snapshots: the weights, or with_ema the trainable ones' EMA (null without one).
@@ -74,11 +76,11 @@ struct TrainerEngine::Impl {
   unsigned step_samples = 0;
   unsigned epoch = 0;
   uint64_t next_clip = 0;
-  std::vector<std::pair<unsigned, uint64_t>> positions;  // every rank's data position after the last step
-  double last_loss = std::numeric_limits<double>::quiet_NaN();
   // This rank's data position before the step in progress: what the position goes back to when the
   // step's micro-batches are dropped (end of stream or a restart in the middle of it).
   std::pair<unsigned, uint64_t> step_start{0, 0};
+  std::vector<std::pair<unsigned, uint64_t>> positions;  // every rank's data position after the last step
+  double last_loss = std::numeric_limits<double>::quiet_NaN();
 
   bool resumed = false;
   ResumePoint rp;
@@ -159,7 +161,7 @@ struct TrainerEngine::Impl {
   // Loads `c` into the model (built as needed): "" when its weights and optimizer state
   // are finite, else why it cannot be used. Throws when a verified one does not load.
   std::string load_checkpoint(const FoundCheckpoint &c);
-  std::string first_non_finite_optimizer();  // "exp_avg_sq of NAME", or ""
+  std::string first_non_finite_optimizer();  // "exp_avg_sq of NAME" (any optimizer's state), or ""
   std::string first_non_finite_grad() const;  // parameter name, or ""
   void find_checkpoint();
   void agree_resume_step();

@@ -16,6 +16,7 @@
 #include "dist_env.h"
 #include "models/flow_timesteps.h"
 #include "first_line.h"
+#include "models/layers.h"
 #include "trainer_engine_impl.h"
 
 namespace fs = std::filesystem;
@@ -54,6 +55,14 @@ bool TrainerEngine::Impl::resolve() {
   lr_params.base = cfg.lr;
   lr_params.warmup_steps = cfg.warmup_steps;
   lr_params.max_steps = cfg.max_steps;
+  optim.kind = cfg.optimizer;
+  optim.lr = cfg.lr;
+  optim.weight_decay = cfg.weight_decay;
+  optim.beta1 = cfg.beta1;
+  optim.beta2 = cfg.beta2;
+  optim.eps = cfg.eps;
+  optim.x = cfg.optim;
+  if (std::string why = resolve_optimizer_settings(&optim); !why.empty()) return fail(why);
   if (cfg.nan_policy != "skip" && cfg.nan_policy != "fail")
     return fail("nan-policy '" + cfg.nan_policy + "' is not one of skip, fail");
   if (cfg.model.empty())
@@ -68,10 +77,10 @@ bool TrainerEngine::Impl::resolve() {
   }
   if (std::string why = resolve_model_options(); !why.empty()) return fail(why);
   if (cfg.resume && cfg.checkpoint_dir.empty()) return fail("resume=true needs checkpoint-dir");
-  // Backend.
   if (std::string why = ema_schedule().check(); !why.empty()) return fail(why);
   if (cfg.export_ema && !ema_schedule().on())
     return fail("export-ema=true needs an EMA to export: set ema-decay (e.g. 0.999)");
+  // Backend.
   if (cfg.backend == "auto")
     backend = (device.is_cuda() && nccl_available()) ? "nccl" : "gloo";
   else if (cfg.backend == "gloo" || cfg.backend == "nccl")
@@ -89,6 +98,9 @@ std::string TrainerEngine::Impl::resolve_model_options() {
   ModelOptions &o = model_opts;
   o.seed = cfg.seed;
   if (std::string why = models::check_timestep_options(o); !why.empty()) return why;
+  if (is_model_folder(cfg.model))
+    if (std::string why = models::attention_backend_unavailable(o.attention_backend, device, bf16); !why.empty())
+      return why + " (model " + cfg.model + ")";
   if (is_model_folder(cfg.model))
     if (std::string why = models::check_family_timestep_options(model_folder_class(cfg.model), o); !why.empty())
       return why + " (model " + cfg.model + ")";
@@ -137,24 +149,20 @@ void TrainerEngine::Impl::construct_model(const ModelDims &d) {
       names.push_back(name);
     }
   if (ps.empty()) throw std::runtime_error("model " + cfg.model + " has no trainable parameters");
-  auto o = torch::optim::AdamWOptions(cfg.lr)
-               .betas(std::make_tuple(cfg.beta1, cfg.beta2))
-               .eps(cfg.eps)
-               .weight_decay(cfg.weight_decay);
   std::lock_guard<std::mutex> lock(state_mu);
   model = std::move(m);
   params = ps;
   param_names = names;
-  opt = std::make_unique<torch::optim::AdamW>(params, o);
-}
-
-void TrainerEngine::Impl::build_model(const ModelDims &d) {
+  opt = make_optimizer(optim, params);
   ema.reset();
   if (ema_schedule().on()) {
     NamedTensors named;
     for (size_t i = 0; i < params.size(); i++) named.emplace_back(param_names[i], params[i]);
     ema = std::make_unique<EmaWeights>(ema_schedule(), named);
   }
+}
+
+void TrainerEngine::Impl::build_model(const ModelDims &d) {
   // A resumed model was built and loaded by find_checkpoint().
   if (!model) construct_model(d);
   if (group) {
@@ -169,13 +177,13 @@ void TrainerEngine::Impl::build_model(const ModelDims &d) {
       works.push_back(group->broadcast_async(one, 0));
     }
     for (size_t i = 0; i < works.size(); i++) group->wait(works[i], "initial parameter broadcast");
-    reducer = std::make_unique<BucketReducer>(params, group.get(), cfg.bucket_cap_mb, 1.0);
-  }
-  // ddpvalsink's at-start needs these weights; builtin models only exist from here.
     if (ema && !resumed) {  // the average starts from rank 0's weights too
       std::lock_guard<std::mutex> lock(state_mu);
       ema->reset(params);
     }
+    reducer = std::make_unique<BucketReducer>(params, group.get(), cfg.bucket_cap_mb, 1.0);
+  }
+  // ddpvalsink's at-start needs these weights; builtin models only exist from here.
   StepReport built;
   built.step = steps_done;
   built.model_built = true;
