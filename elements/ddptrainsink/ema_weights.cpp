@@ -92,17 +92,19 @@ void EmaWeights::load(const std::string &path) {
     throw std::runtime_error("EMA file '" + path + "' holds '" + file.begin()->first + "', which this run does not train");
 }
 
+// The parameters' data is swapped, not copied: float32 parameters read the average's own storage,
+// so that exporting a 14B model's EMA needs no third copy of it.
 EmaWeights::Applied::Applied(const EmaWeights &ema, const std::vector<at::Tensor> &params) : params_(params) {
   torch::NoGradGuard ng;
   for (size_t i = 0; i < params_.size(); i++) {
-    kept_.push_back(params_[i].detach().clone());
-    params_[i].detach().copy_(ema.ema_.at(i).second);
+    kept_.push_back(params_[i].variable_data());
+    params_[i].set_data(ema.ema_.at(i).second.to(params_[i].scalar_type()));
   }
 }
 
 EmaWeights::Applied::~Applied() {
   torch::NoGradGuard ng;
-  for (size_t i = 0; i < kept_.size(); i++) params_[i].detach().copy_(kept_[i]);
+  for (size_t i = 0; i < kept_.size(); i++) params_[i].set_data(kept_[i]);
 }
 
 }  // namespace videotrain

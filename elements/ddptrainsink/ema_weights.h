@@ -41,7 +41,7 @@ class EmaWeights {
   // it holds that this run does not train is an error naming it (another model or LoRA). Throws.
   void load(const std::string &path);
 
-  // While it lives, `params` hold the average (their own values are kept and put back at the end):
+  // While it lives, `params` hold the average (their own data is kept and put back at the end):
   // exporting the EMA weights through the model's own writer.
   class Applied {
    public:
