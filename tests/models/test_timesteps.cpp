@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "models/flow_timesteps.h"
@@ -155,4 +156,37 @@ TEST(Timesteps, BadOptionsAndCogVideoXAreRefusedNamingTheProperty) {
   } catch (const std::exception &e) {
     EXPECT_NE(std::string(e.what()).find("timestep-sampling=mode"), std::string::npos) << e.what();
   }
+}
+
+// The trainer's step on the tiny Wan folder: its loss is flow_loss over the sigmas draw_flow gives
+// (weighting none: plain MSE, the loss of every run before loss-weighting), and a weighting changes it.
+TEST(Timesteps, TrainingStepWeighsEachSamplesLoss) {
+  const std::string dir = vttest::reference_dir() + "/dit/wan_t2v_tiny";
+  ModelInputs in;
+  torch::manual_seed(0);
+  in.latents = torch::randn({3, 4, 3, 8, 12});
+  in.text_embeds = torch::randn({3, 7, 32});
+  in.text_mask = torch::ones({3, 7}, torch::kLong);
+  in.sample_ids = {5, 9, 1000};
+  in.epoch = 2;
+  torch::NoGradGuard ng;
+  std::map<std::string, float> losses;
+  for (const std::string w : {"none", "sigma-sqrt", "cosmap"}) {
+    ModelOptions o;
+    o.seed = 3;
+    o.timestep_sampling = "mode";
+    o.loss_weighting = w;
+    auto m = make_model(dir, ModelDims{}, torch::kCPU, o);
+    auto *dit = m->dit();
+    ASSERT_NE(dit, nullptr);
+    at::Tensor sigma, noise, x_t, t, target;
+    draw_flow(in.latents, in.sample_ids, in.epoch, o, &sigma, &noise);
+    flow_terms(in.latents, noise, sigma, &x_t, &t, &target);
+    const auto pred = dit->forward(x_t, t, zero_text_padding(in.text_embeds, in.text_mask));
+    const float expect = flow_loss(pred, target, flow_loss_weights(sigma, w)).item<float>();
+    losses[w] = m->training_step(in).item<float>();
+    EXPECT_NEAR(losses[w] / expect, 1.0, 1e-5) << w;
+  }
+  EXPECT_GT(std::abs(losses["sigma-sqrt"] / losses["none"] - 1), 1e-3);
+  EXPECT_GT(std::abs(losses["cosmap"] / losses["none"] - 1), 1e-3);
 }
