@@ -4,15 +4,16 @@
  *   videotrain-model info DIR|LORA.safetensors
  *   videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] [--dtype float32|bfloat16]
  *                    [--device cpu|cuda:N] [--checkpointing [full|selective]] [--lora FILE]
+ *                    [--attention-backend auto|flash|cudnn|efficient|math]
  *   videotrain-model vae encode|decode DIR IN.safetensors OUT.safetensors [--device D] [--dtype T]
  *   videotrain-model scheduler euler|unipc|ddim|dpm OUT.safetensors [--steps N] [--shift S] [--in IN] [--seed N]
  *   videotrain-model timesteps (--ids I,J,.. [--seed N] [--epoch E] | --draws X,Y,..) [--sampling S] [--logit-mean M]
  *                    [--logit-std S] [--mode-scale S] [--flow-shift S] [--range LO,HI] [--weighting W] [--latent CxTxHxW]
  *   videotrain-model export STEP_DIR|CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]
  *                    [--format diffusers|comfyui|kohya]   (a LoRA run's step: its LoRA in that naming)
+ *                    [--ema]   (the EMA weights the checkpoint holds, ddptrainsink ema-decay)
  *   videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype ...]
  *   videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya
- *                    [--ema]   (the EMA weights the checkpoint holds, ddptrainsink ema-decay)
  *   videotrain-model lora merge BASE_DIR LORA OUT_DIR [--dtype bf16|fp16|fp32]
  *
  * The folder's kind comes from its config.json: `_class_name` for diffusers (a transformer, or an
@@ -62,6 +63,7 @@ int usage() {
                "usage: videotrain-model info DIR|LORA.safetensors\n"
                "       videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] "
                "[--dtype float32|bfloat16] [--device cpu|cuda:N] [--checkpointing [full|selective]] [--lora FILE]\n"
+               "                 [--attention-backend auto|flash|cudnn|efficient|math]\n"
                "       videotrain-model vae encode|decode DIR IN.safetensors OUT.safetensors [--device cpu|cuda:N] "
                "[--dtype float32|bfloat16]\n"
                "       videotrain-model scheduler euler|unipc|ddim|dpm OUT.safetensors [--steps N] [--shift S] "
@@ -264,10 +266,17 @@ int forward(std::vector<std::string> args) {
     }
   const std::string dtype = opt(args, "--dtype", "float32"), device_name = opt(args, "--device", "cpu");
   const std::string lora_file = opt(args, "--lora", "");
+  const std::string attention = opt(args, "--attention-backend", "auto");
+  AttentionBackend backend;
+  if (!parse_attention_backend(attention, &backend))
+    throw std::runtime_error("--attention-backend " + attention + " is not one of auto, flash, cudnn, efficient, math");
   if (args.size() != 3 || (dtype != "float32" && dtype != "bfloat16")) return usage();
   const c10::Device device(device_name);
+  if (std::string why = attention_backend_unavailable(backend, device, dtype == "bfloat16"); !why.empty())
+    throw std::runtime_error(why);
   auto m = open_dit(args[0], device);
   m->set_checkpointing(ckpt);
+  m->set_attention_backend(backend);
   if (!lora_file.empty()) {  // the base frozen: --backward gives the LoRA tensors' gradients
     for (auto &p : m->module().parameters()) p.set_requires_grad(false);
     const auto lora = read_lora(lora_file, m->module());

@@ -51,6 +51,7 @@ enum {
   PROP_AT_END,
   PROP_SKIP_IF_BUSY,
   PROP_WEIGHTS,
+  PROP_ATTENTION_BACKEND,
   PROP_SAMPLER,
   PROP_STEPS,
   PROP_GUIDANCE,
@@ -69,6 +70,12 @@ enum {
 
 VIDEOTRAIN_DEFINE_ENUM(weights_type, "GstDdpSamplerWeights", {0, "The trainer's weights", "raw"},
                        {1, "The trainer's EMA of its trainable parameters (needs its ema-decay)", "ema"})
+VIDEOTRAIN_DEFINE_ENUM(attention_backend_type, "GstDdpSamplerAttentionBackend",
+                       {0, "LibTorch's choice (2.x: its fused kernels), else the chunked kernel", "auto"},
+                       {1, "FlashAttention-2 (CUDA bf16/fp16; CPU from LibTorch 2.2)", "flash"},
+                       {2, "cuDNN fused attention (CUDA, LibTorch 2.5+)", "cudnn"},
+                       {3, "Memory-efficient kernel (CUDA)", "efficient"},
+                       {4, "Our kernel: whole scores while they fit 256 MiB, else query chunks", "math"})
 
 static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
     "sink", GST_PAD_SINK, GST_PAD_ALWAYS,
@@ -282,6 +289,7 @@ static void set_property(GObject *object, guint id, const GValue *value, GParamS
     case PROP_AT_END: c.at_end = g_value_get_boolean(value); break;
     case PROP_SKIP_IF_BUSY: c.skip_if_busy = g_value_get_boolean(value); break;
     case PROP_WEIGHTS: c.ema = g_value_get_enum(value) == 1; break;
+    case PROP_ATTENTION_BACKEND: c.attention_backend = static_cast<AttentionBackend>(g_value_get_enum(value)); break;
     case PROP_SAMPLER: c.sampler = g_value_get_string(value) ? g_value_get_string(value) : "auto"; break;
     case PROP_STEPS: c.steps = g_value_get_int(value); break;
     case PROP_GUIDANCE: c.guidance = g_value_get_double(value); break;
@@ -311,6 +319,7 @@ static void get_property(GObject *object, guint id, GValue *value, GParamSpec *p
     case PROP_AT_END: g_value_set_boolean(value, c.at_end); break;
     case PROP_SKIP_IF_BUSY: g_value_set_boolean(value, c.skip_if_busy); break;
     case PROP_WEIGHTS: g_value_set_enum(value, c.ema ? 1 : 0); break;
+    case PROP_ATTENTION_BACKEND: g_value_set_enum(value, static_cast<gint>(c.attention_backend)); break;
     case PROP_SAMPLER: g_value_set_string(value, c.sampler.c_str()); break;
     case PROP_STEPS: g_value_set_int(value, c.steps); break;
     case PROP_GUIDANCE: g_value_set_double(value, c.guidance); break;
@@ -387,6 +396,13 @@ static void gst_ddp_sampler_class_init(GstDdpSamplerClass *klass) {
                         "Which weights sample: the trainer's, or the EMA it keeps (ddptrainsink ema-decay; an error "
                         "without one)",
                         weights_type(), 0, rw));
+  g_object_class_install_property(gobject_class, PROP_ATTENTION_BACKEND,
+      g_param_spec_enum("attention-backend", "Attention backend",
+                            "Native models: the attention kernel on this element's device. auto leaves it to LibTorch (2.x: "
+                            "flash, then memory-efficient on CUDA; its fused CPU kernel from 2.2), flash/cudnn/efficient "
+                            "force one (an error where this LibTorch or device has none), math is our own kernel (exact, "
+                            "memory-bounded; the only other choice on LibTorch 1.13)",
+                            attention_backend_type(), 0, rw));
   g_object_class_install_property(gobject_class, PROP_SAMPLER,
       g_param_spec_string("sampler", "Sampler",
                           "auto (Wan: unipc, CogVideoX: dpm), euler or unipc (flow matching, Wan), ddim or dpm "

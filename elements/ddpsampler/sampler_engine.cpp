@@ -15,6 +15,7 @@
 #include "regular_file.h"
 #include "metas.h"
 #include "models/native_model.h"
+#include "models/layers.h"
 #include "models/param_snapshot.h"
 #include "models/samplers.h"
 #include "run_context.h"
@@ -165,7 +166,11 @@ struct SamplerEngine::Impl {
     const auto dev = device();
     if (!model || model_spec != snap.model) {
       BorrowedDefaultRng rng(dev);  // building draws initial weights from the default generator
-      model = make_model(snap.model, snap.dims, dev, snap.options);
+      ModelOptions o = snap.options;
+      o.attention_backend = cfg.attention_backend;  // this element's device, not necessarily the trainer's
+      if (std::string why = models::attention_backend_unavailable(o.attention_backend, dev, dev.is_cuda()); !why.empty())
+        throw std::runtime_error(why + " (ddpsampler on " + dev.str() + ")");
+      model = make_model(snap.model, snap.dims, dev, o);
       model_spec = snap.model;
     }
     load_snapshot(*model, snap);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bus_message.h"
+#include "models/attention_backend.h"
 
 namespace videotrain {
 
@@ -42,6 +43,7 @@ struct SamplerConfig {
   unsigned spatial_compression = 0;  // 0: from the model (16 for Wan 2.2's 48 channels, else 8)
   std::string device;           // "" / "auto": the trainer's device
   bool ema = false;             // weights=ema: the trainer's EMA (RunContext::snapshot_ema), not its weights
+  AttentionBackend attention_backend = AttentionBackend::automatic;  // native models' kernel, on `device`
 };
 
 // One generated sample, as the element pushes it.

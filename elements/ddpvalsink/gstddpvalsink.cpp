@@ -54,6 +54,7 @@ enum {
   PROP_AT_START,
   PROP_SKIP_IF_BUSY,
   PROP_WEIGHTS,
+  PROP_ATTENTION_BACKEND,
   PROP_SHARD_INDEX,
   PROP_NUM_SHARDS,
   PROP_BATCH_SIZE,
@@ -64,6 +65,12 @@ enum {
 
 VIDEOTRAIN_DEFINE_ENUM(weights_type, "GstDdpValSinkWeights", {0, "The trainer's weights", "raw"},
                        {1, "The trainer's EMA of its trainable parameters (needs its ema-decay)", "ema"})
+VIDEOTRAIN_DEFINE_ENUM(attention_backend_type, "GstDdpValSinkAttentionBackend",
+                       {0, "LibTorch's choice (2.x: its fused kernels), else the chunked kernel", "auto"},
+                       {1, "FlashAttention-2 (CUDA bf16/fp16; CPU from LibTorch 2.2)", "flash"},
+                       {2, "cuDNN fused attention (CUDA, LibTorch 2.5+)", "cudnn"},
+                       {3, "Memory-efficient kernel (CUDA)", "efficient"},
+                       {4, "Our kernel: whole scores while they fit 256 MiB, else query chunks", "math"})
 
 static GstStaticPadTemplate sink_template =
     GST_STATIC_PAD_TEMPLATE("sink", GST_PAD_SINK, GST_PAD_ALWAYS,
@@ -258,6 +265,7 @@ static void gst_ddp_val_sink_set_property(GObject *object, guint id, const GValu
     case PROP_AT_START: c.at_start = g_value_get_boolean(v); break;
     case PROP_SKIP_IF_BUSY: c.skip_if_busy = g_value_get_boolean(v); break;
     case PROP_WEIGHTS: c.ema = g_value_get_enum(v) == 1; break;
+    case PROP_ATTENTION_BACKEND: c.attention_backend = static_cast<AttentionBackend>(g_value_get_enum(v)); break;
     case PROP_SHARD_INDEX: c.shard_index = g_value_get_uint(v); break;
     case PROP_NUM_SHARDS: c.num_shards = g_value_get_uint(v); break;
     case PROP_BATCH_SIZE: c.batch_size = g_value_get_uint(v); break;
@@ -277,6 +285,7 @@ static void gst_ddp_val_sink_get_property(GObject *object, guint id, GValue *v, 
     case PROP_AT_START: g_value_set_boolean(v, c.at_start); break;
     case PROP_SKIP_IF_BUSY: g_value_set_boolean(v, c.skip_if_busy); break;
     case PROP_WEIGHTS: g_value_set_enum(v, c.ema ? 1 : 0); break;
+    case PROP_ATTENTION_BACKEND: g_value_set_enum(v, static_cast<gint>(c.attention_backend)); break;
     case PROP_SHARD_INDEX: g_value_set_uint(v, c.shard_index); break;
     case PROP_NUM_SHARDS: g_value_set_uint(v, c.num_shards); break;
     case PROP_BATCH_SIZE: g_value_set_uint(v, c.batch_size); break;
@@ -349,6 +358,12 @@ static void gst_ddp_val_sink_class_init(GstDdpValSinkClass *klass) {
                                           "Which weights are validated: the trainer's, or the EMA it keeps "
                                           "(ddptrainsink ema-decay; an error without one)",
                                           weights_type(), 0, rw));
+  install(PROP_ATTENTION_BACKEND, g_param_spec_enum("attention-backend", "Attention backend",
+                            "Native models: the attention kernel on this element's device. auto leaves it to LibTorch (2.x: "
+                            "flash, then memory-efficient on CUDA; its fused CPU kernel from 2.2), flash/cudnn/efficient "
+                            "force one (an error where this LibTorch or device has none), math is our own kernel (exact, "
+                            "memory-bounded; the only other choice on LibTorch 1.13)",
+                            attention_backend_type(), 0, rw));
   install(PROP_SHARD_INDEX, g_param_spec_uint("shard-index", "Shard index",
                                               "This sink evaluates the clips whose index is shard-index mod num-shards",
                                               0, 1023, d.shard_index, rw));

@@ -23,6 +23,7 @@
 #include "device_rule.h"
 #include "dist_env.h"
 #include "first_line.h"
+#include "models/layers.h"
 #include "models/param_snapshot.h"
 #include "models/train_model.h"
 #include "roll_call.h"
@@ -400,7 +401,12 @@ struct ValidationEngine::Impl {
       // Building draws initial weights (overwritten below) from torch's default generator,
       // which the trainer may be using: borrowed, and put back as it was.
       BorrowedDefaultRng rng(device);
-      model = make_model(snap.model, snap.dims, device, snap.options);
+      ModelOptions o = snap.options;
+      o.attention_backend = cfg.attention_backend;  // this element's device, not necessarily the trainer's
+      if (std::string why = models::attention_backend_unavailable(o.attention_backend, device, device.is_cuda());
+          !why.empty())
+        throw std::runtime_error(why + " (ddpvalsink on " + device.str() + ")");
+      model = make_model(snap.model, snap.dims, device, o);
       model_spec = snap.model;
       model_dims = snap.dims;
     }

@@ -20,6 +20,8 @@
 #include <map>
 #include <memory>
 #include <string>
+
+#include "models/attention_backend.h"
 #include <vector>
 
 #include "bus_message.h"
@@ -44,6 +46,7 @@ struct ValidationConfig {
   int master_port = 0;
   double timeout_s = 0.0;
   bool ema = false;  // weights=ema: the trainer's EMA (RunContext::snapshot_ema), not its weights
+  AttentionBackend attention_backend = AttentionBackend::automatic;  // native models' kernel, on `device`
 };
 
 // One validation sample as the metas describe it.

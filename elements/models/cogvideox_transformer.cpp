@@ -150,7 +150,7 @@ at::Tensor CogVideoXBlockImpl::tail(const at::Tensor &x, const at::Tensor &mod1,
 at::Tensor CogVideoXBlockImpl::forward(const at::Tensor &x, const at::Tensor &temb, int64_t text_len,
                                        const at::Tensor &cos, const at::Tensor &sin) {
   const auto p = head(x, temb, text_len, cos, sin);
-  return tail(x, p[3], p[4], text_len, attention(p[0], p[1], p[2]));
+  return tail(x, p[3], p[4], text_len, attention(p[0], p[1], p[2], 0, backend));
 }
 
 /* ---------------- model ---------------- */
@@ -292,6 +292,7 @@ at::Tensor CogVideoXTransformerImpl::forward(const at::Tensor &x, const at::Tens
   const at::Tensor sin = cfg.use_rotary_positional_embeddings ? pos[1] : at::Tensor();
   for (const auto &blk : *blocks) {
     auto block = blk->as<CogVideoXBlock>();
+    block->backend = attention_backend;
     if (checkpointing == Checkpointing::full && torch::GradMode::is_enabled()) {
       hs = checkpointed(
           [block, L, cos, sin](const std::vector<at::Tensor> &in) { return block->forward(in[0], in[1], L, cos, sin); },
@@ -302,7 +303,7 @@ at::Tensor CogVideoXTransformerImpl::forward(const at::Tensor &x, const at::Tens
       const auto p = checkpointed_segment(
           [block, L, cos, sin](const std::vector<at::Tensor> &in) { return block->head(in[0], in[1], L, cos, sin); },
           {hs, temb});
-      const auto o = attention(p[0], p[1], p[2]);
+      const auto o = attention(p[0], p[1], p[2], 0, attention_backend);
       hs = checkpointed([block, L](const std::vector<at::Tensor> &in) { return block->tail(in[0], in[1], in[2], L, in[3]); },
                         {hs, p[3], p[4], o});
     } else

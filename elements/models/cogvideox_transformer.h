@@ -45,6 +45,7 @@ struct CogVideoXBlockImpl : torch::nn::Module {
   at::Tensor tail(const at::Tensor &x, const at::Tensor &mod1, const at::Tensor &mod2, int64_t text_len,
                   const at::Tensor &o);
   int64_t heads;
+  AttentionBackend backend = AttentionBackend::automatic;  // set by the transformer's forward
   CogVideoXNormZero norm1{nullptr}, norm2{nullptr};
   Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr}, to_out{nullptr};  // attn1.*
   torch::nn::LayerNorm norm_q{nullptr}, norm_k{nullptr};                 // attn1.norm_q/k over head_dim
@@ -67,6 +68,7 @@ struct CogVideoXTransformerImpl : torch::nn::Module {
   at::Tensor sincos_table(int64_t frames, int64_t height, int64_t width) const;
   CogVideoXConfig cfg;
   Checkpointing checkpointing = Checkpointing::none;
+  AttentionBackend attention_backend = AttentionBackend::automatic;
   torch::nn::Conv2d patch_conv{nullptr};  // patch_embed.proj (1.0)
   Linear patch_linear{nullptr};           // patch_embed.proj (1.5)
   Linear text_proj{nullptr}, time_1{nullptr}, time_2{nullptr}, out_mod{nullptr}, proj_out{nullptr};

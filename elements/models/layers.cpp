@@ -5,6 +5,7 @@
 #include <torch/version.h>
 
 #include <cmath>
+#include <stdexcept>
 
 #include "autocast_guard.h"
 
@@ -178,10 +179,10 @@ at::Tensor chunked_attention(const at::Tensor &q, const at::Tensor &k, const at:
   return ChunkedAttention::apply(q.to(dt), k.to(dt), v.to(dt), chunk);
 }
 
-at::Tensor attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t chunk) {
-#if TORCH_VERSION_MAJOR >= 2
-  if (fused_attention_here(q)) return at::scaled_dot_product_attention(q, k, v);
-#endif
+namespace {
+
+// Our kernel: whole scores while they fit, else chunks (AttentionBackend::math).
+at::Tensor own_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t chunk) {
   // Scores small enough to keep whole: plain autograd (no recompute in backward) is faster.
   // The scale goes on q, not on the [Sq x Sk] scores: a pass over the largest tensor fewer, each way.
   if (chunk <= 0 && scores_fit_whole(q, k)) {
@@ -191,6 +192,68 @@ at::Tensor attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor 
     return at::matmul(at::softmax(scores, -1).to(dt), v.to(dt));
   }
   return chunked_attention(q, k, v, chunk);
+}
+
+constexpr int kTorchMinor = TORCH_VERSION_MAJOR > 2 ? 99 : (TORCH_VERSION_MAJOR == 2 ? TORCH_VERSION_MINOR : -1);
+
+}  // namespace
+
+std::string attention_backend_unavailable(AttentionBackend backend, const c10::Device &device, bool bf16) {
+  const std::string name = std::string("attention-backend=") + attention_backend_name(backend);
+  const std::string version = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR);
+  switch (backend) {
+    case AttentionBackend::automatic:
+    case AttentionBackend::math: return "";
+    case AttentionBackend::flash:
+      if (kTorchMinor < 0) return name + " needs LibTorch 2.x (this is " + version + "): use auto or math";
+      if (device.is_cuda()) return bf16 ? "" : name + " runs in bf16 or fp16 only on CUDA: set precision=bf16, or use auto";
+      if (kTorchMinor < 2) return name + " on the CPU needs LibTorch 2.2 or later (this is " + version + "): use auto or math";
+      return "";
+    case AttentionBackend::efficient:
+      if (kTorchMinor < 0) return name + " needs LibTorch 2.x (this is " + version + "): use auto or math";
+      return device.is_cuda() ? "" : name + " is a CUDA kernel: on the CPU use auto, flash or math";
+    case AttentionBackend::cudnn:
+      if (kTorchMinor < 5) return name + " needs LibTorch 2.5 or later (this is " + version + "): use auto, flash or math";
+      return device.is_cuda() ? "" : name + " is a CUDA kernel: on the CPU use auto, flash or math";
+  }
+  return "";
+}
+
+at::Tensor attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t chunk,
+                     AttentionBackend backend) {
+  if (backend == AttentionBackend::math) return own_attention(q, k, v, chunk);
+  if (backend != AttentionBackend::automatic) {
+    const bool half = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
+    if (std::string why = attention_backend_unavailable(backend, q.device(), half); !why.empty())
+      throw std::runtime_error(why);
+  }
+#if TORCH_VERSION_MAJOR >= 2
+  // The fused kernels take one dtype (autocast may have cast only some of the projections).
+  const auto dt = at::promote_types(at::promote_types(q.scalar_type(), k.scalar_type()), v.scalar_type());
+  const bool lse = q.requires_grad() || k.requires_grad() || v.requires_grad();  // what their backward needs
+  switch (backend) {
+    case AttentionBackend::flash:
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 2
+      if (!q.is_cuda()) return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(q.to(dt), k.to(dt), v.to(dt)));
+#endif
+      return std::get<0>(at::_scaled_dot_product_flash_attention(q.to(dt), k.to(dt), v.to(dt)));
+    case AttentionBackend::efficient:
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 1
+      return std::get<0>(at::_scaled_dot_product_efficient_attention(q.to(dt), k.to(dt), v.to(dt), c10::nullopt, lse));
+#else
+      return std::get<0>(at::_scaled_dot_product_efficient_attention(q.to(dt), k.to(dt), v.to(dt), lse));
+#endif
+#if TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 5
+    case AttentionBackend::cudnn:
+      return std::get<0>(at::_scaled_dot_product_cudnn_attention(q.to(dt), k.to(dt), v.to(dt), c10::nullopt, lse));
+#endif
+    default: break;
+  }
+  if (fused_attention_here(q)) return at::scaled_dot_product_attention(q, k, v);
+#else
+  (void)backend;
+#endif
+  return own_attention(q, k, v, chunk);
 }
 
 namespace {

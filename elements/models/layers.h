@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "attention_backend.h"
+
 namespace videotrain::models {
 
 // y = x W^T + b with torch.nn.Linear's names and default init; the one projection every family
@@ -70,7 +72,13 @@ at::Tensor rotate_pairs(const at::Tensor &x, const at::Tensor &cos, const at::Te
 // CPU from 2.2); float32 scores of at most 256 MiB whole, as plain autograd ops; otherwise queries
 // in chunks of `chunk` rows whose backward computes each chunk's probabilities again from q and k,
 // so memory is O(chunk x Sk) in both passes. chunk 0: a default that keeps a chunk near 64 MiB.
-at::Tensor attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t chunk = 0);
+// `backend` picks the kernel (attention_backend.h); a kernel the inputs or this LibTorch cannot
+// run is an error saying why (attention_backend_unavailable says it before a run starts).
+at::Tensor attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t chunk = 0,
+                     AttentionBackend backend = AttentionBackend::automatic);
+// "" when `backend` can run on `device` with this LibTorch (and in bf16 when `bf16`), else why not,
+// naming the property value to use instead.
+std::string attention_backend_unavailable(AttentionBackend backend, const c10::Device &device, bool bf16);
 // The chunked path alone (tests compare it with the fused one where both exist).
 at::Tensor chunked_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t chunk);
 

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "attention_backend.h"
+
 namespace videotrain {
 
 // Gradient checkpointing of a native transformer's blocks. full: each block is recomputed in
@@ -33,6 +35,7 @@ struct ModelOptions {
   // sincos layout (2b) and 1.0 for the rotary ones (5b, 1.5), as the published schedulers.
   double snr_shift_scale = 0;
   Checkpointing gradient_checkpointing = Checkpointing::none;
+  AttentionBackend attention_backend = AttentionBackend::automatic;
   // LoRA (rank 0: off) over the frozen base, or a partial fine-tune (`trainable`, a regex on
   // parameter names); without either every parameter trains.
   int64_t lora_rank = 0;

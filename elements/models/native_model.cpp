@@ -48,6 +48,7 @@ class WanDit : public DitModel {
     return net_->forward(x, t, text);
   }
   void set_checkpointing(Checkpointing c) override { net_->checkpointing = c; }
+  void set_attention_backend(AttentionBackend b) override { net_->attention_backend = b; }
   std::string config_json() const override { return wan_transformer_config_json(net_->cfg); }
   int64_t latent_channels() const override { return net_->cfg.in_channels; }
   int64_t text_dim() const override { return net_->cfg.text_dim; }
@@ -67,6 +68,7 @@ class CogVideoXDit : public DitModel {
     return net_->forward(x, t, text);
   }
   void set_checkpointing(Checkpointing c) override { net_->checkpointing = c; }
+  void set_attention_backend(AttentionBackend b) override { net_->attention_backend = b; }
   std::string config_json() const override { return cogvideox_transformer_config_json(net_->cfg); }
   int64_t latent_channels() const override { return net_->cfg.in_channels; }
   int64_t text_dim() const override { return net_->cfg.text_embed_dim; }
@@ -244,6 +246,7 @@ class NativeTrainModel : public TrainModel {
   NativeTrainModel(std::string dir, std::unique_ptr<models::DitModel> dit, const ModelOptions &o)
       : dir_(std::move(dir)), dit_(std::move(dit)), opt_(o) {
     dit_->set_checkpointing(o.gradient_checkpointing);
+    dit_->set_attention_backend(o.attention_backend);
     if (std::string why = models::check_family_timestep_options(dit_->class_name(), o); !why.empty())
       throw std::runtime_error(why);
     if (auto *cog = dynamic_cast<models::CogVideoXTransformerImpl *>(&dit_->module())) {

@@ -29,6 +29,8 @@ class DitModel {
   // none, full (each block recomputed in backward) or selective (attention kept, the rest recomputed).
   virtual void set_checkpointing(Checkpointing c) = 0;
   void set_gradient_checkpointing(bool on) { set_checkpointing(on ? Checkpointing::full : Checkpointing::none); }
+  // The attention kernel of every block (attention_backend.h), from the next forward on.
+  virtual void set_attention_backend(AttentionBackend b) = 0;
   virtual std::string config_json() const = 0;
   virtual int64_t latent_channels() const = 0;
   virtual int64_t text_dim() const = 0;

@@ -40,7 +40,7 @@ at::Tensor WanAttentionImpl::out(const at::Tensor &o) { return to_out[0]->as<Lin
 at::Tensor WanAttentionImpl::forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &cos,
                                      const at::Tensor &sin) {
   const auto p = qkv(x, context, cos, sin);
-  return out(attention(p[0], p[1], p[2]));
+  return out(attention(p[0], p[1], p[2], 0, backend));
 }
 
 /* ---------------- block ---------------- */
@@ -96,7 +96,7 @@ at::Tensor WanBlockImpl::tail(const at::Tensor &x, const at::Tensor &context, co
 at::Tensor WanBlockImpl::forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &mod,
                                  const at::Tensor &cos, const at::Tensor &sin) {
   const auto p = head(x, mod, cos, sin);
-  return tail(x, context, mod, attention(p[0], p[1], p[2]));
+  return tail(x, context, mod, attention(p[0], p[1], p[2], 0, attn1->backend));
 }
 
 /* ---------------- model ---------------- */
@@ -194,6 +194,7 @@ at::Tensor WanTransformerImpl::forward(const at::Tensor &x, const at::Tensor &ti
   const auto context = text_2(gelu_tanh(text_1(text)));
   for (const auto &blk : *blocks) {
     auto block = blk->as<WanBlock>();
+    block->attn1->backend = block->attn2->backend = attention_backend;
     if (checkpointing == Checkpointing::full && torch::GradMode::is_enabled()) {
       hs = checkpointed(
           [block, cos, sin](const std::vector<at::Tensor> &in) { return block->forward(in[0], in[1], in[2], cos, sin); },
@@ -204,7 +205,7 @@ at::Tensor WanTransformerImpl::forward(const at::Tensor &x, const at::Tensor &ti
       const auto p = checkpointed_segment(
           [block, cos, sin](const std::vector<at::Tensor> &in) { return block->head(in[0], in[1], cos, sin); },
           {hs, mod});
-      const auto o = attention(p[0], p[1], p[2]);
+      const auto o = attention(p[0], p[1], p[2], 0, attention_backend);
       hs = checkpointed([block](const std::vector<at::Tensor> &in) { return block->tail(in[0], in[1], in[2], in[3]); },
                         {hs, context, mod, o});
     } else {

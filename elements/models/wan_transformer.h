@@ -24,6 +24,7 @@ struct WanAttentionImpl : torch::nn::Module {
                               const at::Tensor &sin);
   at::Tensor out(const at::Tensor &o);
   int64_t heads;
+  AttentionBackend backend = AttentionBackend::automatic;  // set by the transformer's forward
   Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
   torch::nn::ModuleList to_out;
   RMSNorm norm_q{nullptr}, norm_k{nullptr};
@@ -56,6 +57,7 @@ struct WanTransformerImpl : torch::nn::Module {
                      const at::Tensor &encoder_hidden_states);
   WanConfig cfg;
   Checkpointing checkpointing = Checkpointing::none;
+  AttentionBackend attention_backend = AttentionBackend::automatic;
   torch::nn::Conv3d patch_embedding{nullptr};
   torch::nn::ModuleList blocks;
   Linear proj_out{nullptr};

@@ -198,6 +198,29 @@ TEST(DdpTrainSink, BadSettingsAndInputAreElementErrors) {
     gst_object_unref(bus);
   }
   {
+    // A CUDA-only (or, on LibTorch 1.13, a 2.x-only) attention kernel on the CPU: an error at start naming it.
+    GstElement *sink = make_sink();
+    const std::string model = vttest::reference_dir() + "/dit/wan_t2v_tiny";
+    gst_util_set_object_arg(G_OBJECT(sink), "attention-backend", "efficient");
+    g_object_set(sink, "model", model.c_str(), "device", "cpu", nullptr);
+    GstBus *bus = gst_bus_new();
+    gst_element_set_bus(sink, bus);
+    EXPECT_EQ(gst_element_set_state(sink, GST_STATE_PAUSED), GST_STATE_CHANGE_FAILURE);
+    GstMessage *m = gst_bus_pop_filtered(bus, GST_MESSAGE_ERROR);
+    ASSERT_NE(m, nullptr);
+    GError *err = nullptr;
+    gchar *dbg = nullptr;
+    gst_message_parse_error(m, &err, &dbg);
+    const std::string text = std::string(err->message) + " " + (dbg ? dbg : "");
+    EXPECT_NE(text.find("attention-backend=efficient"), std::string::npos) << text;
+    g_error_free(err);
+    g_free(dbg);
+    gst_message_unref(m);
+    gst_element_set_state(sink, GST_STATE_NULL);
+    gst_object_unref(sink);
+    gst_object_unref(bus);
+  }
+  {
     Harness hs(make_sink());
     gst_harness_set_src_caps_str(hs.h, kCaps);
     GstBuffer *bad = buffer_from_tensor(at::zeros({4, 8, 8}));

@@ -216,6 +216,58 @@ TEST(WanTransformer, ChunkedAttentionEqualsPlainAttention) {
   for (int i = 0; i < 3; i++) EXPECT_LT(rel_l2(gc[i], gp[i]), 1e-12) << i;
 }
 
+// attention-backend: math (our kernel) and auto give the same forward and gradients through the
+// model; on LibTorch 2.2+ the CPU flash kernel too. Kernels this LibTorch or the CPU lacks are refused,
+// saying what to use.
+TEST(WanTransformer, AttentionBackendsAgreeAndUnavailableOnesAreNamed) {
+  auto m = open_dit(dit_dir("wan_t2v_tiny"), torch::kCPU);
+  torch::manual_seed(11);
+  const auto x = torch::randn({2, 4, 3, 8, 12}), text = torch::randn({2, 7, 32}), t = torch::tensor({300.0, 850.0});
+  auto run = [&](AttentionBackend b) {
+    m->set_attention_backend(b);
+    m->module().zero_grad();
+    const auto out = m->forward(x, t, text);
+    out.pow(2).mean().backward();
+    std::vector<at::Tensor> r{out.detach().clone()};
+    for (const auto &p : m->module().parameters()) r.push_back(p.grad().clone());
+    return r;
+  };
+  const auto ref = run(AttentionBackend::math);
+  std::vector<AttentionBackend> others{AttentionBackend::automatic};
+  if (attention_backend_unavailable(AttentionBackend::flash, torch::kCPU, false).empty())
+    others.push_back(AttentionBackend::flash);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+  EXPECT_EQ(others.size(), 2u) << "LibTorch 2.2+ has a CPU flash kernel";
+#endif
+  for (AttentionBackend b : others) {
+    const auto got = run(b);
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_LT(rel_l2(got[0], ref[0]), 1e-5) << attention_backend_name(b);
+    for (size_t i = 1; i < got.size(); i++) EXPECT_LT(rel_l2(got[i], ref[i]), 1e-4) << attention_backend_name(b) << " grad " << i;
+  }
+  m->set_attention_backend(AttentionBackend::automatic);
+  const std::string eff = attention_backend_unavailable(AttentionBackend::efficient, torch::kCPU, true);
+  const std::string cud = attention_backend_unavailable(AttentionBackend::cudnn, torch::kCPU, true);
+#if TORCH_VERSION_MAJOR >= 2
+  EXPECT_NE(eff.find("attention-backend=efficient is a CUDA kernel"), std::string::npos) << eff;
+  EXPECT_NE(attention_backend_unavailable(AttentionBackend::flash, c10::Device("cuda:0"), false).find("bf16"),
+            std::string::npos);
+#else
+  EXPECT_NE(eff.find("needs LibTorch 2.x (this is 1."), std::string::npos) << eff;
+  const std::string fl = attention_backend_unavailable(AttentionBackend::flash, torch::kCPU, false);
+  EXPECT_NE(fl.find("use auto or math"), std::string::npos) << fl;
+  EXPECT_THROW(attention(torch::randn({1, 1, 4, 8}), torch::randn({1, 1, 4, 8}), torch::randn({1, 1, 4, 8}), 0,
+                         AttentionBackend::flash),
+               std::runtime_error);
+#endif
+  EXPECT_FALSE(cud.empty());
+  EXPECT_TRUE(attention_backend_unavailable(AttentionBackend::math, torch::kCPU, false).empty());
+  AttentionBackend parsed;
+  EXPECT_TRUE(parse_attention_backend("cudnn", &parsed));
+  EXPECT_EQ(parsed, AttentionBackend::cudnn);
+  EXPECT_FALSE(parse_attention_backend("xformers", &parsed));
+}
+
 // The exported folder (bf16, sharded with an index) reloads; its outputs equal the float32 model's
 // to bf16 precision, and a float32 export reloads bit for bit.
 TEST(WanTransformer, ShardedFolderRoundTrip) {
