@@ -15,7 +15,8 @@
  * CogVideoXTransformer3DModel (bench/dit_diffusers_peer.py) on the same weights and inputs:
  *   cogvideox-bench --peer diffusers|none [--device cpu|cuda:N] [--dtype float32|bfloat16] [--layers 2]
  *             [--latent-frames 3 --latent-height 30 --latent-width 44] [--lora R]
- *             [--checkpointing none|full|selective] [--optimizer none|adamw] [--warmup 1] [--steps 3]
+ *             [--checkpointing none|full|selective] [--attention-backend auto|flash|cudnn|efficient|math]
+ *             [--optimizer none|adamw] [--warmup 1] [--steps 3]
  *             [--rounds 1] [--peak-tflops 989] [--weights DIR] [--save-dtype bf16] [--workdir DIR] [--keep]
  *             [--flops-only]   # the setup line and the flop accounting alone
  * Latent sizes are the transformer's input ([1, F, 16, H, W]: 49x480x720 video = 13x60x90 latents),

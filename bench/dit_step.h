@@ -51,6 +51,7 @@ struct Options {
   std::string side;             // "ours": the child that times our side
   std::string peer = "plain";   // plain (the old CPU comparison) | diffusers | none
   std::string device = "cpu", dtype = "float32", checkpointing = "none", optimizer = "none";
+  std::string attention = "auto";  // our side's attention-backend (the peer runs diffusers' SDPA as it does)
   std::string weights;          // an existing transformer folder (its config wins over --layers)
   std::string workdir, folder, inputs, save_dtype = "bf16";
   int layers = 2, lora = 0, warmup = 1, steps = 3, rounds = 1, threads = 0;
@@ -82,6 +83,7 @@ inline bool parse_flag(int argc, char **argv, int &i, Options &o, int64_t *frame
   else if (a == "--warmup") o.warmup = static_cast<int>(num());
   else if (a == "--steps") o.steps = static_cast<int>(num());
   else if (a == "--optimizer") o.optimizer = val();
+  else if (a == "--attention-backend") o.attention = val();
   else if (a == "--weights") o.weights = val();
   else if (a == "--workdir") o.workdir = val();
   else if (a == "--folder") o.folder = val();
@@ -103,6 +105,9 @@ inline std::string check(const Options &o) {
   if (o.dtype != "float32" && o.dtype != "bfloat16") return "--dtype '" + o.dtype + "' is not one of float32, bfloat16";
   if (o.checkpointing != "none" && o.checkpointing != "full" && o.checkpointing != "selective")
     return "--checkpointing '" + o.checkpointing + "' is not one of none, full, selective";
+  videotrain::AttentionBackend backend;
+  if (!videotrain::parse_attention_backend(o.attention, &backend))
+    return "--attention-backend '" + o.attention + "' is not one of auto, flash, cudnn, efficient, math";
   if (o.optimizer != "none" && o.optimizer != "adamw") return "--optimizer '" + o.optimizer + "' is not one of none, adamw";
   if (o.layers < 1) return "--layers must be at least 1";
   if (o.lora < 0) return "--lora must be a rank >= 0";
@@ -194,6 +199,12 @@ inline int run_ours(const Options &o) {
   m->set_checkpointing(o.checkpointing == "selective" ? videotrain::Checkpointing::selective
                        : o.checkpointing == "full"    ? videotrain::Checkpointing::full
                                                       : videotrain::Checkpointing::none);
+  videotrain::AttentionBackend backend = videotrain::AttentionBackend::automatic;
+  videotrain::parse_attention_backend(o.attention, &backend);
+  if (std::string why = models::attention_backend_unavailable(backend, c10::Device(o.device), o.dtype == "bfloat16");
+      !why.empty())
+    throw std::runtime_error(why);
+  m->set_attention_backend(backend);
   m->module().train(true);
   std::string err;
   auto file = SafetensorsFile::open(o.inputs, &err);
@@ -327,7 +338,7 @@ inline int run_driver(const Options &o0, const Family &fam, const std::string &s
                        std::to_string(o.warmup) + " --steps " + std::to_string(o.steps) + " --folder " +
                        shell_quote(o.folder) + " --inputs " + shell_quote(o.inputs);
   if (o.threads > 0) common += " --threads " + std::to_string(o.threads);
-  const std::string ours_cmd = shell_quote(self) + " --side ours" + common;
+  const std::string ours_cmd = shell_quote(self) + " --side ours" + common + " --attention-backend " + o.attention;
   // diffusers has whole-block checkpointing only: against our selective mode it runs full (the
   // comparison users make when they choose a trainer).
   std::string peer_common = common;

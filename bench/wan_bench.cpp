@@ -17,7 +17,8 @@
  * WanTransformer3DModel (bench/dit_diffusers_peer.py) on the same weights and inputs:
  *   wan-bench --peer diffusers|none [--device cpu|cuda:N] [--dtype float32|bfloat16] [--layers 2]
  *             [--latent-frames 3 --latent-height 30 --latent-width 52] [--text 512] [--lora R]
- *             [--checkpointing none|full|selective] [--optimizer none|adamw] [--warmup 1] [--steps 3]
+ *             [--checkpointing none|full|selective] [--attention-backend auto|flash|cudnn|efficient|math]
+ *             [--optimizer none|adamw] [--warmup 1] [--steps 3]
  *             [--rounds 1] [--peak-tflops 989] [--weights DIR] [--save-dtype bf16] [--workdir DIR] [--keep]
  *             [--flops-only]   # the setup line and the flop accounting alone
  * Latent sizes are the transformer's input ([1, 16, F, H, W]: 81x480x832 video = 21x60x104 latents);
