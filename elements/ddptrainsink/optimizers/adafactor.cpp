@@ -5,6 +5,7 @@
  * clip-threshold); decoupled weight decay lr * weight-decay. eps is torch's eps1. */
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "state_optimizer.h"
 
@@ -32,12 +33,16 @@ class Adafactor : public StateOptimizer {
     const double one_minus_beta2 = std::pow(t, s_.x.beta2_decay);
     const double rho = std::min(lr_, 1 / std::sqrt(t));
     const double eps1 = s_.eps, eps2 = s_.x.eps2;
+    // Every weight's norm before any update, in one transfer (each depends on its own weights only).
+    std::vector<at::Tensor> norms;
+    for (const auto &p : params_) norms.push_back(p.norm());
+    const at::Tensor norm = at::stack(norms).to(at::kCPU, at::kDouble);
     for (size_t i = 0; i < params_.size(); i++) {
       at::Tensor &p = params_[i];
       const at::Tensor &g = p.grad();
       if (!g.defined()) continue;
       const double n = static_cast<double>(p.numel());
-      const double alpha = std::max(eps2, p.norm().item<double>() / std::sqrt(n)) * rho;
+      const double alpha = std::max(eps2, norm.data_ptr<double>()[i] / std::sqrt(n)) * rho;
       if (s_.weight_decay != 0) p.mul_(1 - lr_ * s_.weight_decay);
       at::Tensor var;
       if (g.dim() > 1) {

@@ -6,6 +6,7 @@
  * scales it by Adam's bias correction; safeguard-warmup leaves lr out of s. */
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "state_optimizer.h"
 
@@ -33,17 +34,28 @@ class Prodigy : public StateOptimizer {
     const double bias = s_.x.use_bias_correction ? std::sqrt(1 - std::pow(b2, k + 1)) / (1 - std::pow(b1, k + 1)) : 1;
     double d = d_;
     const double dlr = d * lr_ * bias;
-    double numerator = d_numerator_ * b3, denom = 0;
+    // Each parameter's <g, x0 - x> and |s| in one transfer, summed in double in parameter order as
+    // prodigyopt sums its .item()s.
+    std::vector<at::Tensor> dots, sums;
     for (size_t i = 0; i < params_.size(); i++) {
       at::Tensor &p = params_[i];
       const at::Tensor &g = p.grad();
       if (!g.defined() || !(lr_ > 0)) continue;
-      numerator += (d / d0) * dlr * at::dot(g.flatten(), (st(i, 1) - p).flatten()).item<double>();
+      dots.push_back(at::dot(g.flatten(), (st(i, 1) - p).flatten()));
       if (b1 > 0) st(i, 3).mul_(b1).add_(g, d * (1 - b1));
       st(i, 2).mul_(b2).addcmul_(g, g, d * d * (1 - b2));
       at::Tensor &s = st(i, 0);
       s.mul_(b3).add_(g, s_.x.safeguard_warmup ? (d / d0) * d : (d / d0) * dlr);
-      denom += s.abs().sum().item<double>();
+      sums.push_back(s.abs().sum());
+    }
+    double numerator = d_numerator_ * b3, denom = 0;
+    if (!dots.empty()) {
+      const at::Tensor both = at::stack({at::stack(dots), at::stack(sums)}).to(at::kCPU, at::kDouble);
+      const double *v = both.data_ptr<double>();
+      for (size_t k = 0; k < dots.size(); k++) {
+        numerator += (d / d0) * dlr * v[k];
+        denom += v[dots.size() + k];
+      }
     }
     if (denom == 0) return;  // no gradient yet: no step (prodigyopt's early return)
     if (lr_ > 0) {
