@@ -12,10 +12,10 @@ for dir in */; do
   while IFS= read -r hit; do
     file=${hit%%:*}
     inc=$(sed -E 's/^[^"]*#[[:space:]]*include[[:space:]]*"([^"]+)".*/\1/' <<<"${hit#*:*:}")
-    if [[ $inc == */* ]]; then
+    if [[ -e $(dirname "$file")/$inc || -e $x/$inc ]]; then
+      y=$x  # beside the including file, or under its element's folder (elements/X/sub/)
+    elif [[ $inc == */* ]]; then
       y=${inc%%/*}
-    elif [[ -e $x/$inc ]]; then
-      y=$x
     elif [[ -e common/$inc ]]; then
       y=common
     else
