@@ -194,7 +194,7 @@ cp -r clips ex/my-data/extra-clips
 printf 'a red car\n' > ex/my-data/prompts.txt
 cp "$src/examples/configs/wan-lora.toml" ex/
 "$run" --config ex/wan-lora.toml --dry-run > "$work/log" 2>&1 || fail "examples/configs/wan-lora.toml does not pass --dry-run"
-for want in "lora-rank=32" "timestep-sampling=logit-normal" "ema-decay=0.999 export-ema=true" \
+for want in "lora-rank=32" "optimizer=prodigy" "lr=1.0" "timestep-sampling=logit-normal" "ema-decay=0.999 export-ema=true" \
     "! ddpvalsink trainer=trainer every=250 weights=ema" \
     "! ddpsampler trainer=trainer every=250 at-start=true steps=30 guidance=5.0 num-frames=81 width=832 height=480 flow-shift=3.0 weights=ema" "samplesink trainer=trainer location=$work/ex/runs/wan-lora/samples/step-%08d/prompt-%02d.mp4"; do
   grep -qF -- "$want" "$work/log" || fail "the example's pipeline lacks '$want'"
