@@ -45,6 +45,11 @@ struct ModelOptions {
   std::string lora_init;                     // a LoRA file to continue from (any naming)
   std::string lora_format = "diffusers";     // what a finished run writes: diffusers | comfyui | kohya | all
   std::string trainable;                     // regex: partial fine-tune
+  // Wan 2.2 A14B in one model (expert_pair.h): the low-noise expert's folder (transformer_2) beside
+  // the high-noise one, and the boundary (a sample or step with timestep >= boundary_ratio * 1000
+  // goes to the high-noise expert). "" = one model; boundary_ratio is resolved before make_model.
+  std::string model_2;
+  double boundary_ratio = 0;
   bool lora() const { return lora_rank > 0 || !lora_init.empty(); }
 };
 

@@ -25,6 +25,9 @@ std::unique_ptr<TrainModel> make_script_model(const std::string &path, const c10
 // A diffusers transformer folder (native_model.cpp). Throws naming the folder and what is wrong.
 std::unique_ptr<TrainModel> make_native_model(const std::string &dir, const c10::Device &device,
                                               const ModelOptions &options);
+// Two native Wan experts as one model (options.model_2, options.boundary_ratio > 0): expert_pair_model.cpp.
+std::unique_ptr<TrainModel> make_expert_pair_model(const std::string &dir, const c10::Device &device,
+                                                   const ModelOptions &options);
 // builtin:tiny-unet3d and builtin:tiny-t2v (builtin_models.cpp); null for another name.
 std::unique_ptr<TrainModel> make_public_builtin(const std::string &name, const ModelDims &dims,
                                                 const c10::Device &device);

@@ -4,6 +4,7 @@
 #include <deque>
 #include <stdexcept>
 
+#include "expert_pair.h"
 #include "native_model.h"
 
 namespace videotrain::models {
@@ -203,22 +204,51 @@ at::Tensor Sampler::timestep(int k, int64_t b) const {
                                      : at::full({b}, static_cast<float>(t), at::kFloat);
 }
 
-at::Tensor sample_latents(DitModel &model, Sampler &sampler, at::Tensor latents, const at::Tensor &prompt_embeds,
-                          const at::Tensor &negative_embeds, double guidance, at::Generator &gen,
-                          const std::function<void(int, const at::Tensor &)> &after_step) {
+namespace {
+
+// The pipelines' loop; pick(k) gives step k's model and guidance scale. Guidance runs when `cfg`
+// (WanPipeline's do_classifier_free_guidance: the first guidance scale > 1).
+at::Tensor guided_loop(Sampler &sampler, at::Tensor latents, const at::Tensor &prompt_embeds,
+                       const at::Tensor &negative_embeds, bool cfg,
+                       const std::function<std::pair<DitModel *, double>(int)> &pick, at::Generator &gen,
+                       const std::function<void(int, const at::Tensor &)> &after_step) {
   torch::NoGradGuard no_grad;
   const auto device = latents.device();
   for (int k = 0; k < sampler.steps(); ++k) {
     const at::Tensor t = sampler.timestep(k, latents.size(0)).to(device);
-    at::Tensor pred = model.forward(latents, t, prompt_embeds);
-    if (guidance > 1.0) {
-      const at::Tensor uncond = model.forward(latents, t, negative_embeds);
+    const auto [model, guidance] = pick(k);
+    at::Tensor pred = model->forward(latents, t, prompt_embeds);
+    if (cfg) {
+      const at::Tensor uncond = model->forward(latents, t, negative_embeds);
       pred = uncond + guidance * (pred - uncond);
     }
     latents = sampler.step(k, pred, latents, gen);
     if (after_step) after_step(k, latents);
   }
   return latents;
+}
+
+}  // namespace
+
+at::Tensor sample_latents(DitModel &model, Sampler &sampler, at::Tensor latents, const at::Tensor &prompt_embeds,
+                          const at::Tensor &negative_embeds, double guidance, at::Generator &gen,
+                          const std::function<void(int, const at::Tensor &)> &after_step) {
+  return guided_loop(
+      sampler, std::move(latents), prompt_embeds, negative_embeds, guidance > 1.0,
+      [&](int) { return std::make_pair(&model, guidance); }, gen, after_step);
+}
+
+at::Tensor sample_latents_2(DitModel &high, DitModel &low, double boundary_ratio, Sampler &sampler, at::Tensor latents,
+                            const at::Tensor &prompt_embeds, const at::Tensor &negative_embeds, double guidance,
+                            double guidance_2, at::Generator &gen,
+                            const std::function<void(int, const at::Tensor &)> &after_step) {
+  return guided_loop(
+      sampler, std::move(latents), prompt_embeds, negative_embeds, guidance > 1.0,
+      [&](int k) {
+        return high_noise_timestep(sampler.schedule().timesteps.at(k), boundary_ratio) ? std::make_pair(&high, guidance)
+                                                                                      : std::make_pair(&low, guidance_2);
+      },
+      gen, after_step);
 }
 
 }  // namespace videotrain::models

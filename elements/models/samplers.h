@@ -53,5 +53,12 @@ class Sampler {
 at::Tensor sample_latents(DitModel &model, Sampler &sampler, at::Tensor latents, const at::Tensor &prompt_embeds,
                           const at::Tensor &negative_embeds, double guidance, at::Generator &gen,
                           const std::function<void(int, const at::Tensor &)> &after_step = {});
+// Wan 2.2 A14B, as WanPipeline with transformer_2 and boundary_ratio: step k runs `high` with `guidance`
+// when its timestep >= boundary_ratio * 1000, else `low` with `guidance_2`; classifier-free guidance
+// when guidance > 1 (the pipeline's test, on the first scale).
+at::Tensor sample_latents_2(DitModel &high, DitModel &low, double boundary_ratio, Sampler &sampler, at::Tensor latents,
+                            const at::Tensor &prompt_embeds, const at::Tensor &negative_embeds, double guidance,
+                            double guidance_2, at::Generator &gen,
+                            const std::function<void(int, const at::Tensor &)> &after_step = {});
 
 }  // namespace videotrain::models

@@ -111,6 +111,7 @@ std::vector<int64_t> caption_token_ids(const std::string &caption, int64_t bucke
 
 std::unique_ptr<TrainModel> make_model(const std::string &spec, const ModelDims &dims, const c10::Device &device,
                                        const ModelOptions &options) {
+  if (is_model_folder(spec) && !options.model_2.empty()) return make_expert_pair_model(spec, device, options);
   if (is_model_folder(spec)) return make_native_model(spec, device, options);
   if (!is_builtin_spec(spec)) return make_script_model(spec, device);
   const std::string name = spec.substr(std::string(kBuiltinPrefix).size());

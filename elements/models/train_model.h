@@ -78,6 +78,10 @@ class TrainModel {
   virtual std::string export_name() const { return "transformer"; }
   // Native models: the transformer itself (its own call, for samplers); null for the others.
   virtual models::DitModel *dit() { return nullptr; }
+  // Wan 2.2 A14B (model-2): the low-noise expert and the boundary ratio (expert_pair.h); dit() is then
+  // the high-noise one. Null / 0 for one model.
+  virtual models::DitModel *dit_2() { return nullptr; }
+  virtual double boundary_ratio() const { return 0; }
 };
 
 // Name of the first defined floating-point tensor holding NaN/Inf; "" when all are finite.
