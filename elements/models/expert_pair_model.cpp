@@ -63,12 +63,21 @@ class ExpertPairModel : public TrainModel {
     // mean_i w_i mse_i over all m samples = sum over experts of (n_e / m) * that expert's mean.
     const double m = static_cast<double>(x0.size(0));
     at::Tensor loss;
+    bool used_high = false, used_low = false;
     for (const auto &[idx, dit] : split(t)) {
       const auto pred = dit->forward(x_t.index_select(0, idx), t.index_select(0, idx), text.index_select(0, idx));
       const auto l = models::flow_loss(pred, target.index_select(0, idx), w.index_select(0, idx)) *
                      (static_cast<double>(idx.numel()) / m);
       loss = loss.defined() ? loss + l : l;
+      (dit == high_->dit() ? used_high : used_low) = true;
     }
+    // An expert without samples here gets zero gradients, not none: the optimizer then steps both
+    // experts at every step on one rank as on several (where the reducer fills zeros, as DDP does for
+    // unused parameters), so runs agree whatever the rank count.
+    for (auto *e : {used_high ? nullptr : high_.get(), used_low ? nullptr : low_.get()})
+      if (e)
+        for (auto &[n, p] : e->named_parameters())
+          if (p.requires_grad()) loss = loss + 0.0 * p.reshape(-1)[0].to(loss.scalar_type());
     return loss;
   }
 
