@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -15,6 +16,7 @@
 #include "ddptrainsink/ema_weights.h"
 #include "model_tool.h"
 #include "models/diffusers_folder.h"
+#include "models/expert_pair.h"
 #include "models/lora.h"
 #include "models/native_model.h"
 #include "models/weights_io.h"
@@ -109,6 +111,60 @@ EmaTensors ema_of(const std::string &step) {
   return e;
 }
 
+// One model's files (`files`: a step folder, or its transformer_2/ for a two-expert run's second
+// expert) to `out`. `base` is the base folder of a partial fine-tune, `ema_name` maps a parameter's
+// own name to its name in the EMA file (expert 2's carry the transformer_2. prefix).
+void export_one(const std::string &step, const std::string &files, const std::string &base, const std::string &out,
+                at::ScalarType t, const std::string &dtype, uint64_t shard, const std::string &format, EmaTensors *avg,
+                const std::function<std::string(const std::string &)> &ema_name) {
+  std::error_code ec;
+  const char *what = avg ? "the EMA of " : "";
+  if (fs::exists(files + "/pytorch_lora_weights.safetensors", ec)) {
+    // A LoRA run's checkpoint: the adapter, in the naming asked for (its own tensors' dtype).
+    auto lora = read_lora_file(files + "/pytorch_lora_weights.safetensors");
+    if (avg)
+      for (auto &[name, m] : lora.modules) {  // PEFT's names, as the trainer's LoRA parameters have them
+        avg->put(ema_name("transformer." + name + ".lora_A.weight"), m.a);
+        avg->put(ema_name("transformer." + name + ".lora_B.weight"), m.b);
+      }
+    fs::create_directories(out);
+    const std::string name = format == "diffusers" ? "pytorch_lora_weights.safetensors"
+                             : format == "comfyui" ? "lora_comfyui.safetensors"
+                                                   : "lora_kohya.safetensors";
+    write_lora_file(out + "/" + name, lora, format);
+    std::printf("exported %sthe LoRA of %s (%zu modules, rank %lld, float32) to %s/%s (%s naming)\n", what,
+                files.c_str(), lora.modules.size(), (long long)lora.rank, out.c_str(), name.c_str(), format.c_str());
+    return;
+  }
+  if (fs::exists(files + "/trained_parameters.safetensors", ec)) {
+    // A partial fine-tune: the base folder it was trained from, with the trained tensors over it.
+    if (base.empty()) throw std::runtime_error("'" + step + "/trainer.json' names no base model");
+    auto m = open_dit(base, torch::kCPU);
+    std::string err;
+    auto f = SafetensorsFile::open(files + "/trained_parameters.safetensors", &err);
+    if (!f) throw std::runtime_error(err);
+    size_t n = 0;
+    for (auto &p : m->module().named_parameters(true))
+      if (const auto *e = f->find(p.key())) {
+        if (e->shape != p.value().sizes().vec())
+          throw std::runtime_error("'" + f->path() + "' holds '" + p.key() + "' in another shape than " + base + "'s");
+        p.value().copy_(tensor_of(*e));
+        if (avg) avg->put(ema_name(p.key()), p.value());
+        n++;
+      }
+    const std::string file = m->save(out, t, shard);
+    std::printf("exported %s%s (%zu trained tensors over %s, %s) to %s/%s\n", what, files.c_str(), n, base.c_str(),
+                dtype.c_str(), out.c_str(), file.c_str());
+    return;
+  }
+  auto m = open_dit(files, torch::kCPU);
+  if (avg)
+    for (auto &p : m->module().named_parameters(true))  // frozen ones have no EMA
+      if (avg->left.count(ema_name(p.key()))) avg->put(ema_name(p.key()), p.value());
+  const std::string file = m->save(out, t, shard);
+  std::printf("exported %s%s (%s) to %s/%s\n", what, files.c_str(), dtype.c_str(), out.c_str(), file.c_str());
+}
+
 }  // namespace
 
 int export_command(std::vector<std::string> args) {
@@ -123,57 +179,17 @@ int export_command(std::vector<std::string> args) {
   std::error_code ec;
   EmaTensors avg;
   if (ema) avg = ema_of(step);
-  const char *what = ema ? "the EMA of " : "";
-  if (fs::exists(step + "/pytorch_lora_weights.safetensors", ec)) {
-    // A LoRA run's checkpoint: the adapter, in the naming asked for (its own tensors' dtype).
-    auto lora = read_lora_file(step + "/pytorch_lora_weights.safetensors");
-    if (ema) {
-      for (auto &[name, m] : lora.modules) {  // PEFT's names, as the trainer's LoRA parameters have them
-        avg.put("transformer." + name + ".lora_A.weight", m.a);
-        avg.put("transformer." + name + ".lora_B.weight", m.b);
-      }
-      avg.all_used();
-    }
-    fs::create_directories(args[1]);
-    const std::string name = format == "diffusers" ? "pytorch_lora_weights.safetensors"
-                             : format == "comfyui" ? "lora_comfyui.safetensors"
-                                                   : "lora_kohya.safetensors";
-    write_lora_file(args[1] + "/" + name, lora, format);
-    std::printf("exported %sthe LoRA of %s (%zu modules, rank %lld, float32) to %s/%s (%s naming)\n", what,
-                step.c_str(), lora.modules.size(), (long long)lora.rank, args[1].c_str(), name.c_str(), format.c_str());
-    return 0;
-  }
-  if (fs::exists(step + "/trained_parameters.safetensors", ec)) {
-    // A partial fine-tune: the base folder it was trained from, with the trained tensors over it.
-    const std::string base = trainer_state(step).value("model", std::string());
-    if (base.empty()) throw std::runtime_error("'" + step + "/trainer.json' names no base model");
-    auto m = open_dit(base, torch::kCPU);
-    std::string err;
-    auto f = SafetensorsFile::open(step + "/trained_parameters.safetensors", &err);
-    if (!f) throw std::runtime_error(err);
-    size_t n = 0;
-    for (auto &p : m->module().named_parameters(true))
-      if (const auto *e = f->find(p.key())) {
-        if (e->shape != p.value().sizes().vec())
-          throw std::runtime_error("'" + f->path() + "' holds '" + p.key() + "' in another shape than " + base + "'s");
-        p.value().copy_(tensor_of(*e));
-        if (ema) avg.put(p.key(), p.value());
-        n++;
-      }
-    if (ema) avg.all_used();
-    const std::string file = m->save(args[1], t, shard);
-    std::printf("exported %s%s (%zu trained tensors over %s, %s) to %s/%s\n", what, step.c_str(), n, base.c_str(),
-                dtype.c_str(), args[1].c_str(), file.c_str());
-    return 0;
-  }
-  auto m = open_dit(step, torch::kCPU);
-  if (ema) {
-    for (auto &p : m->module().named_parameters(true))  // frozen ones have no EMA
-      if (avg.left.count(p.key())) avg.put(p.key(), p.value());
-    avg.all_used();
-  }
-  const std::string file = m->save(args[1], t, shard);
-  std::printf("exported %s%s (%s) to %s/%s\n", what, step.c_str(), dtype.c_str(), args[1].c_str(), file.c_str());
+  const bool has_state = fs::exists(step + "/trainer.json", ec);
+  const auto state = has_state ? trainer_state(step) : nlohmann::json::object();
+  export_one(step, step, state.value("model", std::string()), args[1], t, dtype, shard, format, ema ? &avg : nullptr,
+             [](const std::string &n) { return n; });
+  // A two-expert run (ddptrainsink model-2): the second expert from transformer_2/ to OUT_2, as
+  // the run's own export writes transformer/ and transformer_2/.
+  const std::string sub = step + "/" + kExpert2Prefix;
+  if (has_state && fs::is_directory(sub, ec))
+    export_one(step, sub, state.value("model_2", std::string()), expert2_dir(args[1]), t, dtype, shard, format,
+               ema ? &avg : nullptr, [](const std::string &n) { return expert2_name(n); });
+  if (ema) avg.all_used();
   return 0;
 }
 

@@ -12,6 +12,7 @@
  *   videotrain-model export STEP_DIR|CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N]
  *                    [--format diffusers|comfyui|kohya]   (a LoRA run's step: its LoRA in that naming)
  *                    [--ema]   (the EMA weights the checkpoint holds, ddptrainsink ema-decay)
+ *                    (a two-expert run's step, ddptrainsink model-2: OUT_DIR and OUT_DIR_2)
  *   videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype ...]
  *   videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya
  *   videotrain-model lora merge BASE_DIR LORA OUT_DIR [--dtype bf16|fp16|fp32]

@@ -55,6 +55,7 @@ enum {
   PROP_SAMPLER,
   PROP_STEPS,
   PROP_GUIDANCE,
+  PROP_GUIDANCE_2,
   PROP_FLOW_SHIFT,
   PROP_SNR_SHIFT_SCALE,
   PROP_NUM_FRAMES,
@@ -293,6 +294,7 @@ static void set_property(GObject *object, guint id, const GValue *value, GParamS
     case PROP_SAMPLER: c.sampler = g_value_get_string(value) ? g_value_get_string(value) : "auto"; break;
     case PROP_STEPS: c.steps = g_value_get_int(value); break;
     case PROP_GUIDANCE: c.guidance = g_value_get_double(value); break;
+    case PROP_GUIDANCE_2: c.guidance_2 = g_value_get_double(value); break;
     case PROP_FLOW_SHIFT: c.flow_shift = g_value_get_double(value); break;
     case PROP_SNR_SHIFT_SCALE: c.snr_shift_scale = g_value_get_double(value); break;
     case PROP_NUM_FRAMES: c.num_frames = g_value_get_int(value); break;
@@ -323,6 +325,7 @@ static void get_property(GObject *object, guint id, GValue *value, GParamSpec *p
     case PROP_SAMPLER: g_value_set_string(value, c.sampler.c_str()); break;
     case PROP_STEPS: g_value_set_int(value, c.steps); break;
     case PROP_GUIDANCE: g_value_set_double(value, c.guidance); break;
+    case PROP_GUIDANCE_2: g_value_set_double(value, c.guidance_2); break;
     case PROP_FLOW_SHIFT: g_value_set_double(value, c.flow_shift); break;
     case PROP_SNR_SHIFT_SCALE: g_value_set_double(value, c.snr_shift_scale); break;
     case PROP_NUM_FRAMES: g_value_set_int(value, int(c.num_frames)); break;
@@ -413,6 +416,11 @@ static void gst_ddp_sampler_class_init(GstDdpSamplerClass *klass) {
   g_object_class_install_property(gobject_class, PROP_GUIDANCE,
       g_param_spec_double("guidance", "Guidance", "Classifier-free guidance scale (<= 1: no negative pass)", 0.0,
                           100.0, d.guidance, rw));
+  g_object_class_install_property(gobject_class, PROP_GUIDANCE_2,
+      g_param_spec_double("guidance-2", "Guidance (low-noise expert)",
+                          "Wan 2.2 A14B (the trainer's model-2): the guidance scale of the steps below the boundary, "
+                          "run by the low-noise expert (WanPipeline's guidance_scale_2); -1: = guidance",
+                          -1.0, 100.0, d.guidance_2, rw));
   g_object_class_install_property(gobject_class, PROP_FLOW_SHIFT,
       g_param_spec_double("flow-shift", "Flow shift", "Wan's sigma shift (3.0 at 480p, 5.0 at 720p)", 0.01, 100.0,
                           d.flow_shift, rw));

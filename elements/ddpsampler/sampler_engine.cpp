@@ -276,7 +276,11 @@ struct SamplerEngine::Impl {
       // The pipelines' noise: torch.randn(shape) from a CPU generator seeded with the seed.
       at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
       const at::Tensor noise = at::randn(shape, gen, at::TensorOptions(at::kFloat)).to(dev);
-      at::Tensor lat = models::sample_latents(dit, *sampler, noise, pe, ne, cfg.guidance, gen)[0];
+      // Two experts (the trainer's model-2): each step's expert as WanPipeline picks it.
+      at::Tensor lat = model->dit_2() ? models::sample_latents_2(dit, *model->dit_2(), model->boundary_ratio(), *sampler,
+                                                                 noise, pe, ne, cfg.guidance,
+                                                                 cfg.guidance_2 < 0 ? cfg.guidance : cfg.guidance_2, gen)[0]
+                                      : models::sample_latents(dit, *sampler, noise, pe, ne, cfg.guidance, gen)[0];
       if (family == "cogvideox") lat = lat.slice(0, extra).permute({1, 0, 2, 3});
       lat = lat.to(at::kCPU, at::kFloat).contiguous();
 

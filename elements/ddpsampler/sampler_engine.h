@@ -32,6 +32,7 @@ struct SamplerConfig {
   std::string sampler = "auto";  // auto (Wan: unipc, CogVideoX: dpm) | euler | unipc | ddim | dpm
   int steps = 50;
   double guidance = 5.0;
+  double guidance_2 = -1;        // Wan 2.2 A14B's low-noise expert (trainer model-2); < 0: = guidance
   double flow_shift = 3.0;
   double snr_shift_scale = 0.0;  // 0: the folder's family default (CogVideoX-2b 3.0, 5b 1.0)
   int64_t num_frames = 0, width = 0, height = 0;  // 0: the family's default (Wan 81x832x480, CogVideoX 49x720x480)

@@ -221,9 +221,12 @@ std::string CheckpointStore::commit(const std::string &tmp, uint64_t step, const
   // Checksums of the files as they are on disk, each synced before the manifest names it.
   json files = json::object();
   std::error_code ec;
-  for (const auto &e : fs::directory_iterator(tmp, ec)) {
+  // Recursive: a two-expert model keeps its second expert in a subfolder (named "transformer_2/...").
+  for (const auto &e : fs::recursive_directory_iterator(tmp, ec)) {
+    if (e.is_directory() && !sync_path(e.path().string(), true))
+      throw std::runtime_error("cannot sync '" + e.path().string() + "' (checkpoint-dir): " + errno_text(errno));
     if (!e.is_regular_file()) continue;
-    const std::string name = e.path().filename().string();
+    const std::string name = e.path().lexically_relative(tmp).generic_string();
     uint64_t size = 0;
     uint32_t crc = 0;
     std::string why;

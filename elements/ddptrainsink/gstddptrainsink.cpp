@@ -103,6 +103,8 @@ enum {
   PROP_LOSS_WEIGHTING,
   PROP_SNR_SHIFT_SCALE,
   PROP_TIMESTEP_RANGE,
+  PROP_MODEL_2,
+  PROP_BOUNDARY_RATIO,
   PROP_VAL_SIGMAS,
   PROP_SAVE_DTYPE,
   PROP_EXPORT_DIR,
@@ -434,6 +436,8 @@ static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GVa
     case PROP_LOSS_WEIGHTING: c.native.loss_weighting = enum_nick(loss_weighting_type(), g_value_get_enum(v)); break;
     case PROP_SNR_SHIFT_SCALE: c.native.snr_shift_scale = g_value_get_double(v); break;
     case PROP_TIMESTEP_RANGE: c.timestep_range = str(); break;
+    case PROP_MODEL_2: c.native.model_2 = str(); break;
+    case PROP_BOUNDARY_RATIO: c.native.boundary_ratio = g_value_get_double(v); break;
     case PROP_VAL_SIGMAS: c.val_sigmas = str(); break;
     case PROP_SAVE_DTYPE: c.save_dtype = enum_nick(save_dtype_type(), g_value_get_enum(v)); break;
     case PROP_EXPORT_DIR: c.export_dir = str(); break;
@@ -511,6 +515,8 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
     case PROP_LOSS_WEIGHTING: g_value_set_enum(v, enum_value(loss_weighting_type(), c.native.loss_weighting)); break;
     case PROP_SNR_SHIFT_SCALE: g_value_set_double(v, c.native.snr_shift_scale); break;
     case PROP_TIMESTEP_RANGE: g_value_set_string(v, c.timestep_range.c_str()); break;
+    case PROP_MODEL_2: g_value_set_string(v, c.native.model_2.c_str()); break;
+    case PROP_BOUNDARY_RATIO: g_value_set_double(v, c.native.boundary_ratio); break;
     case PROP_VAL_SIGMAS: g_value_set_string(v, c.val_sigmas.c_str()); break;
     case PROP_SAVE_DTYPE: g_value_set_enum(v, enum_value(save_dtype_type(), c.save_dtype)); break;
     case PROP_EXPORT_DIR: g_value_set_string(v, c.export_dir.c_str()); break;
@@ -764,6 +770,18 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                               "(Wan 2.2 A14B: 875,1000 for the high-noise expert, 0,875 for the low-noise one); "
                               "CogVideoX: integer timesteps drawn uniformly in [LO, HI)",
                               d.timestep_range.c_str(), rw));
+  install(PROP_MODEL_2,
+          g_param_spec_string("model-2", "Second expert",
+                              "Wan 2.2 A14B in one job: the low-noise expert's folder (transformer_2) beside model= "
+                              "(transformer, the high-noise expert); each sample trains the expert WanPipeline uses "
+                              "at its timestep; both in one optimizer, checkpoint and export (transformer_2/, lora_2/)",
+                              "", rw));
+  install(PROP_BOUNDARY_RATIO,
+          g_param_spec_double("boundary-ratio", "Expert boundary",
+                              "With model-2: timesteps >= boundary-ratio * 1000 go to model (high noise), the rest to "
+                              "model-2; 0: the pipeline's model_index.json next to the folders (0.875 for "
+                              "Wan2.2-T2V-A14B, 0.9 for I2V)",
+                              0, 0.999, 0, rw));
   install(PROP_VAL_SIGMAS, g_param_spec_string("val-sigmas", "Validation sigmas",
                                                "Native models: the fixed sigmas (comma list in (0, 1]) at which "
                                                "validation evaluates every sample; its loss is their mean",

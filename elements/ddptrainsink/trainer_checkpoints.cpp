@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "first_line.h"
+#include "models/expert_pair.h"
 #include "models/param_snapshot.h"
 #include "optimizer_file.h"
 #include "trainer_engine_impl.h"
@@ -235,6 +236,11 @@ std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
                 {"row_facts", all_row_facts(!rescue)},  // a rescue does not touch the store
                 {"optimizer_file", "optimizer.pt"},
                 {"rng_note", "no generator state: each step reseeds from seed, rank and step"}};
+  if (!model_opts.model_2.empty()) {  // the second expert's files are in model_2_dir/
+    state["model_2"] = model_opts.model_2;
+    state["model_2_dir"] = models::kExpert2Prefix;
+    state["boundary_ratio"] = model_opts.boundary_ratio;
+  }
   if (ema) {
     state["ema_file"] = kEmaFile;
     state["ema_decay"] = cfg.ema_decay;

@@ -14,6 +14,7 @@
 #include "default_rng.h"
 #include "device_rule.h"
 #include "dist_env.h"
+#include "models/expert_pair.h"
 #include "models/flow_timesteps.h"
 #include "first_line.h"
 #include "models/layers.h"
@@ -127,6 +128,22 @@ std::string TrainerEngine::Impl::resolve_model_options() {
   if ((o.lora() || !o.trainable.empty()) && !is_model_folder(cfg.model))
     return "lora-rank, lora-init and trainable apply to a diffusers transformer folder (property model), not to " +
            cfg.model;
+  if (!o.model_2.empty()) {  // Wan 2.2 A14B: both experts in this model (expert_pair.h)
+    if (!is_model_folder(cfg.model) || !is_model_folder(o.model_2))
+      return "model-2 '" + o.model_2 + "' needs model= and model-2= to be diffusers transformer folders (Wan 2.2 "
+             "A14B's transformer and transformer_2)";
+    if (lo != 0 || hi != 1000)
+      return "timestep-range '" + cfg.timestep_range + "' with model-2: the boundary splits the range between the "
+             "experts (unset timestep-range, or train one expert alone without model-2)";
+    if (!o.lora_init.empty()) return "lora-init with model-2: one LoRA file cannot continue two experts";
+    if (o.boundary_ratio == 0) {
+      std::string why;
+      o.boundary_ratio = models::pipeline_boundary_ratio(cfg.model, &why);
+      if (o.boundary_ratio == 0) return "model-2: " + why + ": set boundary-ratio (0.875 for Wan2.2-T2V-A14B, 0.9 for I2V)";
+    }
+  } else if (o.boundary_ratio != 0) {
+    return "boundary-ratio without model-2: set model-2 to the low-noise expert's folder (transformer_2)";
+  }
   if (!o.lora_init.empty() && !fs::is_regular_file(o.lora_init))
     return "lora-init '" + o.lora_init + "' does not exist or is not a file";
   if (o.lora_targets.empty()) return "lora-targets is empty";
