@@ -52,6 +52,7 @@ int vae_command(std::vector<std::string> args);        // vae encode|decode DIR 
 int scheduler_command(std::vector<std::string> args);  // scheduler KIND OUT ...
 int timesteps_command(std::vector<std::string> args);  // timesteps (--ids ... | --draws ...) [options]: JSON
 int export_command(std::vector<std::string> args);     // export STEP_OR_CHECKPOINT_DIR OUT ...
+int sample_command(std::vector<std::string> args);     // sample DIR IN OUT [--model-2 DIR2] ...: latents
 int lora_info(const std::string &path);                 // info FILE.safetensors (a LoRA)
 
 }  // namespace videotrain::model_tool

@@ -13,6 +13,9 @@
  *                    [--format diffusers|comfyui|kohya]   (a LoRA run's step: its LoRA in that naming)
  *                    [--ema]   (the EMA weights the checkpoint holds, ddptrainsink ema-decay)
  *                    (a two-expert run's step, ddptrainsink model-2: OUT_DIR and OUT_DIR_2)
+ *   videotrain-model sample DIR IN OUT --latent CxTxHxW [--model-2 DIR2 [--boundary-ratio B]] [--sampler euler|unipc]
+ *                    [--steps N] [--shift S] [--guidance G] [--guidance-2 G2] [--seed N]   (ddpsampler's loop; IN holds
+ *                    prompt_embeds, negative_prompt_embeds; OUT initial_noise, latents_after_step, latents)
  *   videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype ...]
  *   videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya
  *   videotrain-model lora merge BASE_DIR LORA OUT_DIR [--dtype bf16|fp16|fp32]
@@ -74,6 +77,8 @@ int usage() {
                "[--flow-shift S] [--range LO,HI] [--weighting none|sigma-sqrt|cosmap] [--latent CxTxHxW]\n"
                "       videotrain-model export STEP_DIR|CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N] "
                "[--format diffusers|comfyui|kohya] [--ema]\n"
+               "       videotrain-model sample DIR IN OUT --latent CxTxHxW [--model-2 DIR2 [--boundary-ratio B]] "
+               "[--sampler euler|unipc] [--steps N] [--shift S] [--guidance G] [--guidance-2 G2] [--seed N]\n"
                "       videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype bf16|fp16|fp32]\n"
                "       videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya\n"
                "       videotrain-model lora merge BASE_DIR LORA OUT_DIR [--dtype bf16|fp16|fp32]\n");
@@ -409,6 +414,7 @@ int main(int argc, char **argv) {
     if (cmd == "scheduler") return scheduler_command(args);
     if (cmd == "timesteps") return timesteps_command(args);
     if (cmd == "export") return export_command(args);
+    if (cmd == "sample") return sample_command(args);
     if (cmd == "init") return init(args);
     if (cmd == "lora") return lora(args);
   } catch (const std::exception &e) {
