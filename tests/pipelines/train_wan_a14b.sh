@@ -6,6 +6,7 @@
 #    with the same weights, a run stopped at step 2 and resumed to 4 ends bit for bit as the straight one,
 #  - the run exports transformer/ and transformer_2/ (LoRA: lora/ and lora_2/), which videotrain-model
 #    info reads, and `videotrain-model export` of the checkpoint-dir writes the same two folders,
+#  - ddpsampler samples the two-expert trainer's weights (sample_latents_2),
 #  - timestep-range with model-2, and a pipeline folder without boundary_ratio, fail at start saying why.
 set -euo pipefail
 build=${VIDEOTRAIN_BUILD_DIR:?}
@@ -99,10 +100,24 @@ for sub in ("", "transformer_2/"):
     assert all(torch.equal(one[k], res[k]) for k in one), f"{sub or 'transformer'}: the resumed LoRA differs"
 print("a14b lora: both experts' adapters trained; resume identical; lora/ and lora_2/ exported")
 PY
+# ddpsampler on a two-expert trainer (train-wan-samples.pipeline): samples through both experts
+# (diffusers-wan-experts checks that loop against WanPipeline) and samplesink writes the video.
+printf 'prompt,negative_prompt,seed,num_frames,width,height\na red ball,,7,5,32,32\n' > "$work/prompts.csv"
+timeout 300 "$build/tools/videotrain-launch" -n 1 -f "$src/pipelines/train-wan-samples.pipeline" \
+  -D DATA="$work/data" -D VAE="$ref/wan_vae/tiny_wan21" -D TOKENIZER="$ref/text_encoder/umt5_tiny" \
+  -D TEXT_ENCODER="$ref/text_encoder/umt5_tiny" -D MAX_LENGTH=16 -D BUCKETS=32x32 -D FRAME_BUCKETS=5 -D FPS=0 \
+  -D FRAMES=5 -D WIDTH=32 -D HEIGHT=32 -D PREFETCH=1 -D BATCH=2 -D MICRO=1 -D STEPS=2 -D MODEL="$work/pipe/transformer" \
+  -D CKPT="$work/ckpt-samples" -D CKPT_EVERY=100 -D LR=1e-3 -D SEED=1 -D LATENT=mode -D CAPTION_DROPOUT=0 \
+  -D METRICS="$work/samples.jsonl" -D TIMEOUT=120 -D PROMPTS="$work/prompts.csv" -D SAMPLE_EVERY=2 \
+  -D SAMPLE_AT_START=false -D SAMPLE_STEPS=4 -D SAMPLE_FPS=8 -D SAMPLES="$work/samples" \
+  -D EXTRA="model-2=$work/pipe/transformer_2" > "$work/samples.log" 2>&1 \
+  || { cat "$work/samples.log"; echo "FAIL: the two-expert run with a sample branch did not end"; exit 1; }
+[ -s "$work/samples/step-00000002/prompt-00.mp4" ] || { cat "$work/samples.log"; echo "FAIL: no two-expert sample"; exit 1; }
+echo "a14b: ddpsampler sampled the two-expert trainer's weights"
 if run bad 1 4 2 1 false "timestep-range=875,1000"; then echo "FAIL: timestep-range with model-2 trained"; exit 1; fi
 grep -q "the boundary splits the range" "$work/bad.log" || { cat "$work/bad.log"; echo "FAIL: no timestep-range error"; exit 1; }
 rm "$work/pipe/model_index.json"
 if run nob 1 4 2 1 false; then echo "FAIL: a run without a boundary trained"; exit 1; fi
 grep -q "set boundary-ratio" "$work/nob.log" || { cat "$work/nob.log"; echo "FAIL: no boundary-ratio error"; exit 1; }
 echo "a14b: timestep-range with model-2 and a missing boundary fail at start saying why"
-echo "4 passed, 0 failed"
+echo "5 passed, 0 failed"
