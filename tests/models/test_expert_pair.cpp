@@ -13,6 +13,7 @@
 #include "models/native_model.h"
 #include "models/samplers.h"
 #include "models/train_model.h"
+#include "ref_cases.h"
 #include "test_util.h"
 
 using namespace videotrain;
@@ -276,4 +277,37 @@ TEST(ExpertPair, SamplingSwitchesExpertsAtTheBoundary) {
     EXPECT_LT((x - steps[k]).abs().max().item<double>(), 1e-5) << "step " << k;
   }
   EXPECT_LT((x - got).abs().max().item<double>(), 1e-5);
+}
+
+// ddpsampler's two-expert loop against diffusers' WanPipeline(transformer, transformer_2, boundary_ratio)
+// stored by tests/reference/wan_experts/generate.py (the torch2 suite's diffusers-wan-experts runs it live).
+TEST(ExpertPair, SamplingEqualsWanPipelineStored) {
+  modeltest::RefFile f("wan_experts/experts_loop.safetensors");
+  ASSERT_TRUE(f.ok());
+  auto high = open_dit(vttest::reference_dir() + "/dit/wan_t2v_tiny", torch::kCPU);
+  auto low = open_dit(vttest::reference_dir() + "/wan_experts/transformer_2", torch::kCPU);
+  const auto pe = f.get("prompt_embeds"), ne = f.get("negative_prompt_embeds");
+  for (const auto &[tag, kind] : {std::pair<std::string, SamplerKind>{"unipc", SamplerKind::UniPC},
+                                  {"euler", SamplerKind::FlowEuler}}) {
+    SamplerOptions so;
+    so.kind = kind;
+    so.steps = std::stoi(f.meta("steps"));
+    auto s = Sampler::make(so);
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(std::stoull(f.meta("seed")));
+    const auto noise = at::randn({1, 4, 3, 8, 12}, gen, at::TensorOptions(at::kFloat));
+    EXPECT_TRUE(torch::equal(noise, f.get("initial_noise")));
+    const auto steps = f.get(tag + ".latents_after_step");
+    const auto out = sample_latents_2(*high, *low, std::stod(f.meta("boundary_ratio")), *s, noise, pe, ne,
+                                      std::stod(f.meta("guidance")), std::stod(f.meta("guidance_2")), gen,
+                                      [&](int k, const at::Tensor &x) {
+                                        EXPECT_LT(modeltest::rel_l2(x, steps[k]), 1e-5) << tag << " step " << k;
+                                      });
+    const double e = modeltest::rel_l2(out, f.get(tag + ".final_latents"));
+    EXPECT_LT(e, 1e-5) << tag;
+    // The first expert alone is far from it: the check sees the switch.
+    at::Generator g2 = at::make_generator<at::CPUGeneratorImpl>(std::stoull(f.meta("seed")));
+    auto s2 = Sampler::make(so);
+    EXPECT_GT(modeltest::rel_l2(sample_latents(*high, *s2, noise, pe, ne, 5.0, g2), f.get(tag + ".final_latents")), 1e-3);
+    std::printf("%s: two-expert final latents rel L2 %.2e\n", tag.c_str(), e);
+  }
 }
