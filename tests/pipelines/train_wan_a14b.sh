@@ -74,12 +74,19 @@ for d in transformer transformer_2; do
   "$build/tools/videotrain-model" info "$work/ckpt-one/$d" | grep -q "stored BF16" || {
     echo "FAIL: the export $d is not a bf16 folder that videotrain-model reads"; exit 1; }
 done
-# LoRA on both experts: lora/ and lora_2/, and the checkpoint's adapters resume exactly.
-lora="lora-rank=4 lora-alpha=8"
+# LoRA on both experts with an EMA: lora/ and lora_2/ (lora_ema/ and lora_ema_2/), the checkpoint's
+# adapters resume exactly, and `export --ema` of the checkpoint-dir gives the run's EMA exports.
+lora="lora-rank=4 lora-alpha=8 ema-decay=0.9 export-ema=true"
 run lone 1 4 2 4 false "$lora" || { cat "$work/lone.log"; echo "FAIL: the two-expert LoRA run did not end"; exit 1; }
 run lres 1 4 2 2 false "$lora" || { cat "$work/lres.log"; echo "FAIL: the LoRA run to 2 did not end"; exit 1; }
 run lres 1 4 2 4 true "$lora" || { cat "$work/lres.log"; echo "FAIL: the resumed LoRA run did not end"; exit 1; }
-for d in lora lora_2; do
+"$build/tools/videotrain-model" export "$work/ckpt-lone" "$work/exported/lora_ema" --ema > "$work/lexport.log" \
+  || { cat "$work/lexport.log"; echo "FAIL: export --ema of the two-expert LoRA checkpoint-dir"; exit 1; }
+for d in lora_ema lora_ema_2; do
+  cmp "$work/ckpt-lone/$d/pytorch_lora_weights.safetensors" "$work/exported/$d/pytorch_lora_weights.safetensors" \
+    || { echo "FAIL: export --ema's $d differs from the run's"; exit 1; }
+done
+for d in lora lora_2 lora_ema lora_ema_2; do
   "$build/tools/videotrain-model" info "$work/ckpt-lone/$d/pytorch_lora_weights.safetensors" | grep -q "rank: 4" || {
     echo "FAIL: $d is not a rank-4 LoRA file videotrain-model reads"; exit 1; }
 done
@@ -98,7 +105,11 @@ for sub in ("", "transformer_2/"):
     one, res = read(f"{w}/ckpt-lone/step-00000004/{sub}{F}"), read(f"{w}/ckpt-lres/step-00000004/{sub}{F}")
     assert any(v.abs().max() > 0 for k, v in one.items() if "lora_B" in k), f"{sub or 'transformer'}: lora_B did not train"
     assert all(torch.equal(one[k], res[k]) for k in one), f"{sub or 'transformer'}: the resumed LoRA differs"
-print("a14b lora: both experts' adapters trained; resume identical; lora/ and lora_2/ exported")
+    ema = read(f"{w}/ckpt-lone/{'lora_ema_2' if sub else 'lora_ema'}/{F}")
+    d = max((ema[k] - one[k]).abs().max().item() for k in one)
+    assert 0 < d, f"{sub or 'transformer'}: the EMA export equals the raw adapter"
+print("a14b lora: both experts' adapters trained; resume identical; lora/, lora_2/, lora_ema/, lora_ema_2/ "
+      "exported, export --ema of the checkpoint-dir gives the same EMA files")
 PY
 # ddpsampler on a two-expert trainer (train-wan-samples.pipeline): samples through both experts
 # (diffusers-wan-experts checks that loop against WanPipeline) and samplesink writes the video.
