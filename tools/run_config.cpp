@@ -273,7 +273,7 @@ Recipe recipe_for(const std::string &family) {
 
 const std::map<std::string, std::vector<std::string>> kOwnKeys = {
     {"run", {"output", "ranks", "devices"}},
-    {"model", {"folder", "transformer", "vae", "text-encoder", "tokenizer"}},
+    {"model", {"folder", "transformer", "transformer-2", "vae", "text-encoder", "tokenizer"}},
     {"dataset", {"manifest", "folder", "repeats", "root", "path-column", "caption-column", "split"}},
     {"validator", {"manifest", "folder", "repeats", "root", "path-column", "caption-column", "split"}},
     {"sampler", {"prompts", "samples"}},
@@ -378,6 +378,9 @@ bool Builder::build(RunPlan *plan, std::string *error) try {
   vae = model_path("vae", "vae", false);
   text_encoder = model_path("text-encoder", "text_encoder", false);
   tokenizer = model_path("tokenizer", "tokenizer", false);
+  // Wan 2.2 A14B in one job: the low-noise expert (ddptrainsink model-2), only when named.
+  std::string transformer_2;
+  if (const Entry *e = find(model, "transformer-2")) transformer_2 = path_of(*e, true, true);
   const int model_line = model ? model->line : 0;
   if (transformer.empty()) fail(model_line, "[model] names no transformer (transformer = \"DIR\" or folder = \"DIR\" holding transformer/)");
   if (vae.empty()) fail(model_line, "[model] names no VAE (vae = \"DIR\" or folder = \"DIR\" holding vae/)");
@@ -450,6 +453,7 @@ bool Builder::build(RunPlan *plan, std::string *error) try {
 
   Stage trainer{"ddptrainsink", {{"name", "trainer"}, {"model", transformer}}};
   for (const auto &p : rec.trainer) trainer.set(p.first, p.second);
+  if (!transformer_2.empty()) trainer.set("model-2", transformer_2);
   trainer.set("checkpoint-dir", plan->output);
   trainer.set("log-every", "1");
   trainer.set("metrics-file", (fs::path(plan->output) / "metrics.jsonl").string());

@@ -183,6 +183,24 @@ done
 ! grep -q "flow-shift" "$work/log" || fail "a CogVideoX pipeline got Wan's flow-shift"
 echo "ok: a CogVideoX config takes its recipe; a validation folder becomes val.csv"
 
+# Wan 2.2 A14B in one job: [model] transformer-2 becomes ddptrainsink model-2, resolved like the others.
+mkdir -p a14b && ln -s "$work/dit" a14b/transformer && ln -s "$work/dit" a14b/transformer_2
+cat > a14b.toml <<EOF
+[run]
+output = "a14b-out"
+[model]
+transformer = "a14b/transformer"
+transformer-2 = "a14b/transformer_2"
+vae = "$ref/wan_vae/tiny_wan21"
+text-encoder = "$ref/text_encoder/umt5_tiny"
+[[dataset]]
+manifest = "data/train.csv"
+EOF
+"$run" --config a14b.toml --dry-run > "$work/log" 2>&1 || fail "--dry-run of an A14B config"
+grep -qF -- "model=$work/a14b/transformer " "$work/log" && grep -qF -- "model-2=$work/a14b/transformer_2 " "$work/log" \
+  || fail "[model] transformer-2 did not become model-2"
+echo "ok: [model] transformer-2 becomes ddptrainsink model-2"
+
 # The example: its layout made of stand-ins (tiny model, the test data), then --dry-run.
 mkdir -p ex/Wan2.1-T2V-1.3B-Diffusers ex/my-data
 ln -s "$work/dit" ex/Wan2.1-T2V-1.3B-Diffusers/transformer
