@@ -114,6 +114,7 @@ enum {
   PROP_LORA_DROPOUT,
   PROP_LORA_INIT,
   PROP_LORA_FORMAT,
+  PROP_BASE_DTYPE,
   PROP_TRAINABLE,
   PROP_EMA_DECAY,
   PROP_EMA_START_STEP,
@@ -155,6 +156,9 @@ VIDEOTRAIN_DEFINE_ENUM(lora_format_type, "GstDdpTrainSinkLoraFormat",
                        {0, "diffusers/PEFT keys (pytorch_lora_weights.safetensors)", "diffusers"},
                        {1, "original Wan naming ComfyUI loads (lora_comfyui.safetensors)", "comfyui"},
                        {2, "kohya/musubi naming (lora_kohya.safetensors)", "kohya"}, {3, "all three", "all"})
+VIDEOTRAIN_DEFINE_ENUM(base_dtype_type, "GstDdpTrainSinkBaseDtype",
+                       {0, "the base's weights as loaded (bf16 under autocast)", "bf16"},
+                       {1, "float8 e4m3 with a scale per output row, cast per use (LibTorch >= 2.1)", "fp8"})
 // Values 0 and 1 are false and true, so that gradient-checkpointing=true/false (and a boolean set from C) keep working.
 VIDEOTRAIN_DEFINE_ENUM(checkpointing_type, "GstDdpTrainSinkGradientCheckpointing",
                        {0, "Keep every activation", "false"},
@@ -447,6 +451,7 @@ static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GVa
     case PROP_LORA_DROPOUT: c.native.lora_dropout = g_value_get_double(v); break;
     case PROP_LORA_INIT: c.native.lora_init = str(); break;
     case PROP_LORA_FORMAT: c.native.lora_format = enum_nick(lora_format_type(), g_value_get_enum(v)); break;
+    case PROP_BASE_DTYPE: c.native.base_dtype = enum_nick(base_dtype_type(), g_value_get_enum(v)); break;
     case PROP_TRAINABLE: c.native.trainable = str(); break;
     case PROP_EMA_DECAY: c.ema_decay = g_value_get_double(v); break;
     case PROP_EMA_START_STEP: c.ema_start_step = g_value_get_uint64(v); break;
@@ -526,6 +531,7 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
     case PROP_LORA_DROPOUT: g_value_set_double(v, c.native.lora_dropout); break;
     case PROP_LORA_INIT: g_value_set_string(v, c.native.lora_init.c_str()); break;
     case PROP_LORA_FORMAT: g_value_set_enum(v, enum_value(lora_format_type(), c.native.lora_format)); break;
+    case PROP_BASE_DTYPE: g_value_set_enum(v, enum_value(base_dtype_type(), c.native.base_dtype)); break;
     case PROP_TRAINABLE: g_value_set_string(v, c.native.trainable.c_str()); break;
     case PROP_EMA_DECAY: g_value_set_double(v, c.ema_decay); break;
     case PROP_EMA_START_STEP: g_value_set_uint64(v, c.ema_start_step); break;
@@ -818,6 +824,10 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                                               "Naming of the LoRA file(s) a finished LoRA run writes to export-dir "
                                               "(default <checkpoint-dir>/lora)",
                                               lora_format_type(), 0, rw));
+  install(PROP_BASE_DTYPE, g_param_spec_enum("base-dtype", "Base dtype",
+                                             "Storage of a LoRA run's frozen Linear weights: bf16 (as loaded) or fp8 "
+                                             "(e4m3, per-row scale, dequantised per layer per use; half of bf16's bytes)",
+                                             base_dtype_type(), 0, rw));
   install(PROP_TRAINABLE,
           g_param_spec_string("trainable", "Trainable",
                               "Native models: a regular expression on parameter names; only the matching parameters "

@@ -147,6 +147,13 @@ std::string TrainerEngine::Impl::resolve_model_options() {
   if (!o.lora_init.empty() && !fs::is_regular_file(o.lora_init))
     return "lora-init '" + o.lora_init + "' does not exist or is not a file";
   if (o.lora_targets.empty()) return "lora-targets is empty";
+  if (o.base_dtype != "bf16" && o.base_dtype != "fp8") return "base-dtype '" + o.base_dtype + "' is not one of bf16, fp8";
+  if (o.base_dtype == "fp8") {
+    if (!o.lora())
+      return "base-dtype=fp8 stores a LoRA run's frozen base: set lora-rank (or lora-init), or base-dtype=bf16 for a "
+             "full or partial fine-tune";
+    if (std::string why = models::fp8_unavailable(); !why.empty()) return why;
+  }
   if (cfg.save_dtype != "bf16" && cfg.save_dtype != "fp16" && cfg.save_dtype != "fp32")
     return "save-dtype '" + cfg.save_dtype + "' is not one of bf16, fp16, fp32";
   return "";

@@ -271,7 +271,7 @@ at::Tensor CogVideoXTransformerImpl::forward(const at::Tensor &x, const at::Tens
   const auto pos = positions(F, H, W, x.device());
 
   const auto temb = time_2(torch::silu(time_1(
-      timestep_embedding(timestep, dim, cfg.flip_sin_to_cos, cfg.freq_shift).to(time_1->weight.scalar_type()))));
+      timestep_embedding(timestep, dim, cfg.flip_sin_to_cos, cfg.freq_shift).to(time_1->dtype()))));
   at::Tensor video;
   if (patch_conv) {
     video = patch_conv(x.reshape({B * F, C, H, W}).to(patch_conv->weight.scalar_type()));  // [B F, dim, h, w]

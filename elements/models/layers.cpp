@@ -20,10 +20,73 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias) {
   }
 }
 
+namespace {
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+constexpr bool kHasFp8 = true;
+#else
+constexpr bool kHasFp8 = false;
+#endif
+
+// What at::linear will compute x in: autocast's dtype where autocast is on for x's device (so an
+// fp8 weight is cast once, not to float32 and again by autocast), else x's dtype.
+at::ScalarType compute_dtype(const at::Tensor &x) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  const auto dev = x.device().type();
+  if ((dev == at::kCUDA || dev == at::kCPU) && at::autocast::is_autocast_enabled(dev))
+    return at::autocast::get_autocast_dtype(dev);
+#else
+  if (x.is_cuda() && at::autocast::is_enabled()) return at::autocast::get_autocast_gpu_dtype();
+  if (x.is_cpu() && at::autocast::is_cpu_enabled()) return at::autocast::get_autocast_cpu_dtype();
+#endif
+  return x.scalar_type();
+}
+
+}  // namespace
+
+std::string fp8_unavailable() {
+  if (kHasFp8) return "";
+  return std::string("base-dtype=fp8 needs LibTorch 2.1 or later (float8 e4m3 storage); this is LibTorch ") +
+         TORCH_VERSION + ": use base-dtype=bf16 or a newer LibTorch";
+}
+
+void LinearImpl::to_fp8() {
+  if (is_fp8()) return;
+  if (weight.requires_grad()) throw std::runtime_error("fp8 storage is for frozen weights; this Linear's weight trains");
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  torch::NoGradGuard ng;
+  const auto w = weight.to(torch::kFloat);
+  const auto amax = w.abs().amax({1}, true);
+  // 448 is e4m3's largest finite value; an all-zero row keeps scale 1 rather than dividing by 0.
+  const auto scale = torch::where(amax > 0, amax / 448.0, torch::ones_like(amax));
+  const auto q = (w / scale).clamp(-448.0, 448.0).to(at::kFloat8_e4m3fn);
+  weight.set_data(q);  // same parameter, name and shape; the float storage is freed
+  weight_scale = register_buffer("weight_scale", scale);
+#else
+  throw std::runtime_error(fp8_unavailable());
+#endif
+}
+
+int64_t frozen_linears_to_fp8(torch::nn::Module &model) {
+  int64_t bytes = 0;
+  for (auto &[name, l] : linear_modules(model)) {
+    if (l->weight.requires_grad()) continue;
+    l->to_fp8();
+    bytes += l->weight.numel() * l->weight.element_size() + l->weight_scale.numel() * l->weight_scale.element_size();
+  }
+  return bytes;
+}
+
 at::Tensor LinearImpl::forward(const at::Tensor &x) {
   // at::linear, not torch::nn::functional::linear: the C++ frontend's own version takes matmul and
   // a separate bias add for [B, S, in] inputs, where ATen's folds the bias into the GEMM (addmm).
-  auto y = at::linear(x, weight, bias);
+  // An fp8 weight is dequantised per use: the cost of keeping it at 1 byte per element.
+  at::Tensor w = weight;
+  if (is_fp8()) {
+    const auto dt = compute_dtype(x);
+    w = weight.to(dt).mul_(weight_scale.to(dt));
+  }
+  auto y = at::linear(x, w, bias);
   if (!lora_a.defined()) return y;
   const auto xd = lora_dropout > 0 && is_training() ? torch::dropout(x, lora_dropout, true) : x;
   return at::add(y, at::linear(at::linear(xd, lora_a), lora_b), lora_scale);

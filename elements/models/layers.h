@@ -29,7 +29,16 @@ struct LinearImpl : torch::nn::Module {
   bool has_lora() const { return lora_a.defined(); }
   int64_t in_features() const { return weight.size(1); }
   int64_t out_features() const { return weight.size(0); }
+  // Frozen weight as float8 e4m3 with a float32 scale per output row (absmax / 448, the buffer
+  // `weight_scale` [out, 1]); `weight` keeps its name and shape, now 1 byte per element. forward
+  // dequantises it to the compute dtype on every use (weight-only storage; LoRA on top as before).
+  // Throws when the weight trains or this LibTorch has no float8 (fp8_unavailable()).
+  void to_fp8();
+  bool is_fp8() const { return weight_scale.defined(); }
+  // The dtype the layer computes in: its weight's, or an fp8 weight's scale's.
+  at::ScalarType dtype() const { return is_fp8() ? weight_scale.scalar_type() : weight.scalar_type(); }
   at::Tensor weight, bias;
+  at::Tensor weight_scale;  // defined once to_fp8() ran
   at::Tensor lora_a, lora_b;  // the children's weights (undefined without a LoRA)
   double lora_scale = 1.0, lora_dropout = 0.0;
 
@@ -40,6 +49,12 @@ TORCH_MODULE(Linear);
 
 // Every Linear of `model` by its dotted name (LoRA targets, merges, the names info lists).
 std::map<std::string, LinearImpl *> linear_modules(torch::nn::Module &model);
+
+// "" when this LibTorch stores float8 (2.1 or later), else the requirement (base-dtype=fp8's start error).
+std::string fp8_unavailable();
+// to_fp8() on every Linear of `model` whose weight does not train (a LoRA run's base); returns the
+// bytes the converted weights and scales hold.
+int64_t frozen_linears_to_fp8(torch::nn::Module &model);
 
 // diffusers' RMSNorm over the last dimension, in float32, gain optional; returns float32.
 struct RMSNormImpl : torch::nn::Module {

@@ -45,6 +45,9 @@ struct ModelOptions {
   std::string lora_init;                     // a LoRA file to continue from (any naming)
   std::string lora_format = "diffusers";     // what a finished run writes: diffusers | comfyui | kohya | all
   std::string trainable;                     // regex: partial fine-tune
+  // A LoRA run's frozen Linear weights: bf16 (as loaded; bf16 under autocast) | fp8 (float8 e4m3 with
+  // a float32 scale per output row, dequantised per use: layers.h LinearImpl::to_fp8; LibTorch >= 2.1).
+  std::string base_dtype = "bf16";
   // Wan 2.2 A14B in one model (expert_pair.h): the low-noise expert's folder (transformer_2) beside
   // the high-noise one, and the boundary (a sample or step with timestep >= boundary_ratio * 1000
   // goes to the high-noise expert). "" = one model; boundary_ratio is resolved before make_model.

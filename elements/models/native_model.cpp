@@ -255,6 +255,8 @@ class NativeTrainModel : public TrainModel {
                                              : models::cogvideox_snr_shift_scale(dir_, cog->cfg.use_rotary_positional_embeddings);
       alphas_cumprod_ = torch::tensor(models::cogvideox_alphas_cumprod(s), torch::kDouble);  // schedules.h
     }
+    if (o.base_dtype != "bf16" && (o.base_dtype != "fp8" || !o.lora()))
+      throw std::runtime_error("base-dtype '" + o.base_dtype + "': fp8 is for LoRA runs (lora-rank or lora-init), else bf16");
     if (o.lora()) {
       attach_lora();
     } else if (!o.trainable.empty()) {
@@ -454,6 +456,7 @@ class NativeTrainModel : public TrainModel {
     }
     models::check_lora_format(dit_->module(), opt_.lora_format);  // at start, not after the run
     dit_->module().to(device_of());
+    if (opt_.base_dtype == "fp8") models::frozen_linears_to_fp8(dit_->module());  // the base only: the LoRA stays float32
   }
   void copy_lora(const models::LoraFile &file) {
     torch::NoGradGuard ng;
