@@ -6,7 +6,8 @@
 #    with the same weights, a run stopped at step 2 and resumed to 4 ends bit for bit as the straight one,
 #  - the run exports transformer/ and transformer_2/ (LoRA: lora/ and lora_2/), which videotrain-model
 #    info reads, and `videotrain-model export` of the checkpoint-dir writes the same two folders,
-#  - ddpsampler samples the two-expert trainer's weights (sample_latents_2),
+#  - ddpsampler samples the two-expert trainer's weights (sample_latents_2), and a videotrain-run
+#    config with [model] transformer-2 and a [validator] trains and validates them,
 #  - timestep-range with model-2, and a pipeline folder without boundary_ratio, fail at start saying why.
 set -euo pipefail
 build=${VIDEOTRAIN_BUILD_DIR:?}
@@ -125,10 +126,45 @@ timeout 300 "$build/tools/videotrain-launch" -n 1 -f "$src/pipelines/train-wan-s
   || { cat "$work/samples.log"; echo "FAIL: the two-expert run with a sample branch did not end"; exit 1; }
 [ -s "$work/samples/step-00000002/prompt-00.mp4" ] || { cat "$work/samples.log"; echo "FAIL: no two-expert sample"; exit 1; }
 echo "a14b: ddpsampler sampled the two-expert trainer's weights"
+# videotrain-run --config with [model] transformer-2 and a [validator]: ddpvalsink validates the
+# two-expert trainer's weights (each val sigma by its expert: test expert-pair).
+cat > "$work/a14b.toml" <<TOML
+[run]
+output = "$work/cfg-out"
+[model]
+transformer = "$work/pipe/transformer"
+transformer-2 = "$work/pipe/transformer_2"
+vae = "$ref/wan_vae/tiny_wan21"
+text-encoder = "$ref/text_encoder/umt5_tiny"
+[[dataset]]
+manifest = "$work/data/train.csv"
+buckets = ["32x32"]
+frame-buckets = [5]
+num-frames = 5
+width = 32
+height = 32
+fps = 0
+[validator]
+manifest = "$work/data/train.csv"
+every = 2
+[textencoder]
+max-length = 16
+caption-dropout = 0.0
+[microbatcher]
+batch-size = 2
+[trainer]
+max-steps = 2
+boundary-ratio = 0.875
+TOML
+timeout 120 "$build/tools/videotrain-run" --config "$work/a14b.toml" > "$work/cfg.log" 2>&1 \
+  || { cat "$work/cfg.log"; echo "FAIL: the two-expert config run did not end"; exit 1; }
+grep -q '"type":"validation"' "$work/cfg-out/metrics.jsonl" && grep -q "model-2=$work/pipe/transformer_2" "$work/cfg-out/pipeline.txt" \
+  || { cat "$work/cfg.log"; echo "FAIL: no validation of the two-expert run from its config"; exit 1; }
+echo "a14b: a config run with transformer-2 trains and ddpvalsink validates both experts' weights"
 if run bad 1 4 2 1 false "timestep-range=875,1000"; then echo "FAIL: timestep-range with model-2 trained"; exit 1; fi
 grep -q "the boundary splits the range" "$work/bad.log" || { cat "$work/bad.log"; echo "FAIL: no timestep-range error"; exit 1; }
 rm "$work/pipe/model_index.json"
 if run nob 1 4 2 1 false; then echo "FAIL: a run without a boundary trained"; exit 1; fi
 grep -q "set boundary-ratio" "$work/nob.log" || { cat "$work/nob.log"; echo "FAIL: no boundary-ratio error"; exit 1; }
 echo "a14b: timestep-range with model-2 and a missing boundary fail at start saying why"
-echo "5 passed, 0 failed"
+echo "6 passed, 0 failed"
