@@ -311,6 +311,10 @@ bool write_safetensors(const std::string &path, const std::vector<SafetensorsOut
       if (error) *error = "tensor '" + t.name + "': dtype " + t.dtype + " and shape do not match its byte count";
       return false;
     }
+    if (header.contains(t.name)) {  // the header would keep one and the data both: a file readers refuse
+      if (error) *error = "tensor '" + t.name + "' is given twice";
+      return false;
+    }
     header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
     offset += t.bytes.size();
   }

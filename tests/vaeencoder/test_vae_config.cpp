@@ -137,6 +137,8 @@ TEST(Safetensors, ShapesAndOffsetsAreCheckedForRangeAndOverflow) {
   EXPECT_NE(err.find("not a string"), std::string::npos) << err;
   std::string e2;
   EXPECT_FALSE(write_safetensors(dir.file("y"), {{"w", "F32", {int64_t(1) << 32, int64_t(1) << 32}, {}}}, {}, &e2));
+  EXPECT_FALSE(write_safetensors(dir.file("y"), {{"w", "U8", {1}, {0}}, {"w", "U8", {1}, {1}}}, {}, &e2));
+  EXPECT_NE(e2.find("'w' is given twice"), std::string::npos) << e2;
 }
 
 // As the reference reader: the tensors tile the data section (no overlap, no gap, nothing
