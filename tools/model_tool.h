@@ -54,5 +54,17 @@ int timesteps_command(std::vector<std::string> args);  // timesteps (--ids ... |
 int export_command(std::vector<std::string> args);     // export STEP_OR_CHECKPOINT_DIR OUT ...
 int sample_command(std::vector<std::string> args);     // sample DIR IN OUT [--model-2 DIR2] ...: latents
 int lora_info(const std::string &path);                 // info FILE.safetensors (a LoRA)
+int config_info(const std::string &path);               // info CONFIG.json (a Wan transformer's)
+
+// What info's memory formula needs of a transformer (model_tool_memory.cpp).
+struct ParamCounts {
+  uint64_t total = 0;             // every parameter
+  uint64_t linear = 0, rows = 0;  // Linear weights (what base-dtype=fp8 stores) and their output rows
+  uint64_t lora32 = 0;            // a rank-32 LoRA on ddptrainsink's default lora-targets
+  void add_linear(const std::string &module, uint64_t in, uint64_t out);
+};
+// Per-GPU memory of weights, gradients and AdamW state for base dtype fp32 | bf16 | fp8 x (full
+// fine-tune | LoRA rank 32), from the formula it prints.
+void print_memory_table(const ParamCounts &c);
 
 }  // namespace videotrain::model_tool

@@ -1,7 +1,7 @@
 /* videotrain-model: checks and converts model folders (diffusers transformer and VAE folders,
  * transformers T5 / umT5 encoder folders) and shows the samplers' numbers.
  *
- *   videotrain-model info DIR|LORA.safetensors
+ *   videotrain-model info DIR|LORA.safetensors|CONFIG.json   (a Wan config.json: parameters and memory only)
  *   videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] [--dtype float32|bfloat16]
  *                    [--device cpu|cuda:N] [--checkpointing [full|selective]] [--lora FILE]
  *                    [--attention-backend auto|flash|cudnn|efficient|math]
@@ -64,7 +64,7 @@ namespace videotrain::model_tool {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: videotrain-model info DIR|LORA.safetensors\n"
+               "usage: videotrain-model info DIR|LORA.safetensors|CONFIG.json\n"
                "       videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] "
                "[--dtype float32|bfloat16] [--device cpu|cuda:N] [--checkpointing [full|selective]] [--lora FILE]\n"
                "                 [--attention-backend auto|flash|cudnn|efficient|math]\n"
@@ -228,11 +228,10 @@ int info(const std::string &dir) {
   std::printf("LoRA-targetable modules (Linear layers, diffusers names):\n");
   for (const auto &[k, n] : kinds) std::printf("  %s%s\n", k.c_str(), n > 1 ? ("  (x" + std::to_string(n) + ")").c_str() : "");
   // Per-GPU memory for the weights and optimizer (activations: README, bench/wan_bench).
-  const double p = static_cast<double>(params);
-  std::printf("per GPU, before activations (DDP: every rank holds all of it):\n");
-  std::printf("  full fine-tune, fp32 master weights + grads + AdamW moments + bf16 autocast copies: %s\n",
-              human(p * 18).c_str());
-  std::printf("  LoRA over a bf16 base (adapter and its optimizer state negligible): %s\n", human(p * 2).c_str());
+  ParamCounts counts;
+  counts.total = params;
+  for (auto &[name, l] : models::linear_modules(m->module())) counts.add_linear(name, l->in_features(), l->out_features());
+  print_memory_table(counts);
   // What each block keeps for backward under gradient checkpointing (self-attention's width: to_q's).
   int64_t width = 0, blocks = 0;
   for (const auto &item : m->module().named_parameters())
@@ -393,6 +392,8 @@ int main(int argc, char **argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   try {
     if (cmd == "info" && args.size() == 1) {
+      if (std::filesystem::is_regular_file(args[0]) && std::filesystem::path(args[0]).extension() == ".json")
+        return config_info(args[0]);  // a Wan config.json: parameter counts and memory without weights
       if (std::filesystem::is_regular_file(args[0])) return lora_info(args[0]);  // a LoRA file
       std::string cls;
       switch (folder_kind(args[0], &cls)) {

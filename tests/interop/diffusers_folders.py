@@ -73,7 +73,32 @@ def main():
         u.close(y, ours["output"], TOL, f"{name}: output, diffusers vs videotrain-model forward")
         u.close(gx, ours["grad.hidden_states"], TOL, f"{name}: d/d hidden_states")
         u.close(ge, ours["grad.encoder_hidden_states"], TOL, f"{name}: d/d encoder_hidden_states")
+    config_param_counts()
     u.finish()
+
+
+def config_param_counts():
+    """`videotrain-model info CONFIG.json` (the README's memory table) counts what diffusers builds from
+    the published Wan configs (on the meta device: no weights): all parameters, the Linear weights and rows
+    base-dtype=fp8 stores, and a rank-32 LoRA on to_q, to_k, to_v, to_out.0."""
+    configs = [u.reference_dir("dit", "wan_t2v_tiny", "config.json")]
+    d = os.path.join(u.source_dir(), "examples", "models", "wan_configs")
+    configs += [os.path.join(d, f) for f in sorted(os.listdir(d))]
+    for path in configs:
+        cfg = diffusers.WanTransformer3DModel.load_config(path)
+        with torch.device("meta"):
+            model = diffusers.WanTransformer3DModel.from_config(cfg)
+        total = sum(p.numel() for p in model.parameters())
+        linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+        lin = sum(m.weight.numel() for _, m in linears)
+        rows = sum(m.out_features for _, m in linears)
+        lora = sum(32 * (m.in_features + m.out_features) for n, m in linears
+                   if n.split(".")[-1] in ("to_q", "to_k", "to_v") or n.endswith("to_out.0"))
+        want = f"parameters {total} ("
+        want2 = f"of them Linear weights {lin} in {rows} output rows; a rank-32 LoRA on to_q, to_k, to_v, to_out.0: {lora}"
+        r = u.run(u.tool("videotrain-model"), "info", path)
+        u.check(want in r.stdout and want2 in r.stdout,
+                f"info {os.path.basename(path)}: {total} parameters, {lin} Linear weights in {rows} rows, LoRA {lora}")
 
 
 def diffusers_forward_shape(kind, model, t):

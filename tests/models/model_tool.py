@@ -160,6 +160,22 @@ check(r.returncode == 1 and "hidden_states has shape" in r.stderr, "a wrong shap
 write(inp, {"hidden_states": cases[f"input.{c}.hidden_states"]})
 r = run("forward", model, inp, out)
 check(r.returncode == 1 and "timestep" in r.stderr, "a missing input is an error: " + r.stderr.strip())
+# info CONFIG.json: the memory formula from a Wan config alone gives what the folder's weights and
+# modules give (diffusers' count of the published configs: tests/interop/diffusers_folders.py).
+def memory_lines(text):
+    return text[text.index("parameters "):text.index("LoRA r32 +EMA")] if "LoRA r32 +EMA" in text else ""
+
+
+for name, total in [("wan_t2v_tiny", 37744), ("wan22_ti2v_tiny", 38784)]:
+    folder = os.path.join(ref, "dit", name)
+    from_config, from_folder = run("info", os.path.join(folder, "config.json")), run("info", folder)
+    check(from_config.returncode == 0 and memory_lines(from_config.stdout) != "" and
+          memory_lines(from_config.stdout) == memory_lines(from_folder.stdout) and
+          f"parameters {total} (" in from_config.stdout,
+          f"info {name}/config.json prints the folder's parameter counts and memory table: " + from_config.stderr.strip())
+r = run("info", os.path.join(ref, "dit", "cogvideox_2b_tiny", "config.json"))
+check(r.returncode == 1 and "give the model folder" in r.stderr, "info on a CogVideoX config.json says to give the folder: " +
+      r.stderr.strip())
 r = run("info", os.path.join(ref, "wan_vae", "tiny_wan21"))
 check(r.returncode == 0 and "class: AutoencoderKLWan (Wan 2.1)" in r.stdout and "compression 4x in time and 8x8" in r.stdout,
       "info on a VAE folder names its class and compression: " + r.stderr.strip())
