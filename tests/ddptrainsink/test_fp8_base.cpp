@@ -224,6 +224,30 @@ TEST(Fp8Base, EngineLoraRunTrainsAndItsSnapshotRebuildsAnFp8Base) {
   EXPECT_GT(e, 0);
 }
 
+// Wan 2.2 A14B in one model (model-2): both experts' bases are fp8 and both LoRAs train.
+TEST(Fp8Base, TwoExpertsBothHoldAnFp8Base) {
+  ModelOptions o;
+  o.lora_rank = 4;
+  o.base_dtype = "fp8";
+  o.model_2 = tiny();
+  o.boundary_ratio = 0.5;
+  auto m = make_model(tiny(), {}, torch::kCPU, o);
+  ASSERT_TRUE(m->dit() && m->dit_2());
+  for (auto *d : {m->dit(), m->dit_2()})
+    for (auto &[n, l] : linear_modules(d->module())) EXPECT_TRUE(l->is_fp8()) << n;
+  auto in = fixed_inputs();
+  in.latents = torch::cat({in.latents, in.latents});  // two samples: with ids 3 and 4 their sigmas differ
+  in.text_embeds = torch::cat({in.text_embeds, in.text_embeds});
+  in.text_mask = torch::cat({in.text_mask, in.text_mask});
+  in.sample_ids = {3, 4};
+  const auto loss = m->training_step(in);
+  loss.backward();
+  EXPECT_TRUE(std::isfinite(loss.item<double>()));
+  size_t with_grad = 0;
+  for (auto &[n, t] : m->named_parameters()) with_grad += t.grad().defined();
+  EXPECT_EQ(with_grad, m->named_parameters().size());
+}
+
 #else
 
 TEST(Fp8Base, StartFailsNamingTheLibTorchRequirement) {
