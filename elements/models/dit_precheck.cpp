@@ -51,6 +51,12 @@ std::string precheck_dit_folder(const DiffusersFolder &f) {
             {"condition_embedder.time_embedder.linear_1.weight", {d, c.freq_dim}},
             {"blocks.0.attn1.to_q.weight", {d, d}},
             {"blocks.0.ffn.net.0.proj.weight", {c.ffn_dim, d}}};
+    if (c.image_dim) {
+      want.push_back({"condition_embedder.image_embedder.ff.net.0.proj.weight", {c.image_dim, c.image_dim}});
+      want.push_back({"blocks.0.attn2.add_k_proj.weight", {d, c.added_kv_proj_dim}});
+    }
+    if (c.pos_embed_seq_len)
+      want.push_back({"condition_embedder.image_embedder.pos_embed", {1, c.pos_embed_seq_len, c.image_dim}});
     prefix = "blocks.";
     layers = c.num_layers;
   } else if (f.class_name == "CogVideoXTransformer3DModel") {

@@ -47,6 +47,12 @@ class WanDit : public DitModel {
   at::Tensor forward(const at::Tensor &x, const at::Tensor &t, const at::Tensor &text) override {
     return net_->forward(x, t, text);
   }
+  at::Tensor forward_image(const at::Tensor &x, const at::Tensor &t, const at::Tensor &text,
+                           const at::Tensor &image) override {
+    return net_->forward(x, t, text, image);
+  }
+  int64_t image_dim() const override { return net_->cfg.image_dim; }
+  bool image_to_video() const override { return net_->cfg.image_dim || net_->cfg.in_channels != net_->cfg.out_channels; }
   void set_checkpointing(Checkpointing c) override { net_->checkpointing = c; }
   void set_attention_backend(AttentionBackend b) override { net_->attention_backend = b; }
   std::string config_json() const override { return wan_transformer_config_json(net_->cfg); }
@@ -512,7 +518,13 @@ std::string model_folder_class(const std::string &dir) {
 
 std::unique_ptr<TrainModel> make_native_model(const std::string &dir, const c10::Device &device,
                                               const ModelOptions &options) {
-  return std::make_unique<NativeTrainModel>(dir, models::open_dit(dir, device), options);
+  auto dit = models::open_dit(dir, device);
+  if (dit->image_to_video())
+    throw std::runtime_error(dir + " is an image-to-video transformer (" + dit->class_name() +
+                             " with image_dim or condition channels): it loads and runs forward (videotrain-model "
+                             "forward), but image-to-video training is not built yet (issue 43); use a "
+                             "text-to-video folder");
+  return std::make_unique<NativeTrainModel>(dir, std::move(dit), options);
 }
 
 }  // namespace videotrain

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,19 @@ class DitModel {
   // [B, tokens], encoder_hidden_states [B, L, D]). Throws std::invalid_argument on shapes.
   virtual at::Tensor forward(const at::Tensor &hidden_states, const at::Tensor &timestep,
                              const at::Tensor &encoder_hidden_states) = 0;
+  // The call of an image-to-video model (Wan 2.1 I2V / FLF2V) with the image encoder's states as well,
+  // encoder_hidden_states_image [B, N, image_dim] (FLF2V: [2B, N, image_dim]). A model without an image
+  // path takes an undefined one only. Throws std::invalid_argument on shapes.
+  virtual at::Tensor forward_image(const at::Tensor &hidden_states, const at::Tensor &timestep,
+                                   const at::Tensor &encoder_hidden_states, const at::Tensor &encoder_hidden_states_image) {
+    if (encoder_hidden_states_image.defined())
+      throw std::invalid_argument(class_name() + " has no image path: it takes no encoder_hidden_states_image");
+    return forward(hidden_states, timestep, encoder_hidden_states);
+  }
+  // Image-to-video layouts: image_dim the image states' width (0: none); image_to_video also when the
+  // input holds condition channels beside the latents (in_channels != out_channels).
+  virtual int64_t image_dim() const { return 0; }
+  virtual bool image_to_video() const { return image_dim() > 0; }
   // none, full (each block recomputed in backward) or selective (attention kept, the rest recomputed).
   virtual void set_checkpointing(Checkpointing c) = 0;
   void set_gradient_checkpointing(bool on) { set_checkpointing(on ? Checkpointing::full : Checkpointing::none); }

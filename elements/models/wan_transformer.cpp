@@ -3,6 +3,7 @@
  * tests/models/test_wan_transformer.cpp. */
 #include "wan_transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
@@ -11,7 +12,11 @@ namespace videotrain::models {
 
 /* ---------------- attention ---------------- */
 
-WanAttentionImpl::WanAttentionImpl(int64_t dim, int64_t heads_, double eps) : heads(heads_) {
+namespace {
+constexpr int64_t kWanTextTokens = 512;  // diffusers' WanAttnProcessor: "the context length of the text encoder"
+}  // namespace
+
+WanAttentionImpl::WanAttentionImpl(int64_t dim, int64_t heads_, double eps, int64_t added_kv_proj_dim) : heads(heads_) {
   to_q = register_module("to_q", Linear(dim, dim));
   to_k = register_module("to_k", Linear(dim, dim));
   to_v = register_module("to_v", Linear(dim, dim));
@@ -20,6 +25,11 @@ WanAttentionImpl::WanAttentionImpl(int64_t dim, int64_t heads_, double eps) : he
   to_out->push_back(torch::nn::Identity());  // diffusers' dropout: no parameters
   norm_q = register_module("norm_q", RMSNorm(dim, eps));
   norm_k = register_module("norm_k", RMSNorm(dim, eps));
+  if (added_kv_proj_dim) {
+    add_k_proj = register_module("add_k_proj", Linear(added_kv_proj_dim, dim));
+    add_v_proj = register_module("add_v_proj", Linear(added_kv_proj_dim, dim));
+    norm_added_k = register_module("norm_added_k", RMSNorm(dim, eps));
+  }
 }
 
 std::vector<at::Tensor> WanAttentionImpl::qkv(const at::Tensor &x, const at::Tensor &context, const at::Tensor &cos,
@@ -39,8 +49,25 @@ at::Tensor WanAttentionImpl::out(const at::Tensor &o) { return to_out[0]->as<Lin
 
 at::Tensor WanAttentionImpl::forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &cos,
                                      const at::Tensor &sin) {
-  const auto p = qkv(x, context, cos, sin);
-  return out(attention(p[0], p[1], p[2], 0, backend));
+  if (!add_k_proj) {
+    const auto p = qkv(x, context, cos, sin);
+    return out(attention(p[0], p[1], p[2], 0, backend));
+  }
+  // I2V: the same queries attend to the text and, separately, to the image tokens (their own keys and
+  // values); the two results are summed before the output projection. Where the image part ends is
+  // diffusers' WanAttnProcessor's rule: the context's last 512 rows are text (the Wan pipelines pad
+  // the text to 512, so the image encoder's tokens come first, as in the Wan authors' code); with a
+  // shorter context, Python's slicing of [:L-512] and [L-512:].
+  const int64_t L = context.size(1);
+  const int64_t split = L >= kWanTextTokens ? L - kWanTextTokens : std::max<int64_t>(0, 2 * L - kWanTextTokens);
+  const auto img = context.narrow(1, 0, split);
+  const auto p = qkv(x, context.narrow(1, split, L - split), cos, sin);
+  const auto v_img = add_v_proj(img).unflatten(2, {heads, -1}).transpose(1, 2);
+  const auto k_img = norm_added_k(add_k_proj(img)).to(v_img.scalar_type()).unflatten(2, {heads, -1}).transpose(1, 2);
+  // No image rows: diffusers' attention over zero keys, zeros (and zero gradients for the image path).
+  const auto o_img = split ? attention(p[0], k_img, v_img, 0, backend)
+                           : at::softmax(at::matmul(p[0], k_img.transpose(-1, -2)), -1).matmul(v_img);
+  return out(attention(p[0], p[1], p[2], 0, backend) + o_img);
 }
 
 /* ---------------- block ---------------- */
@@ -58,7 +85,7 @@ WanBlockImpl::WanBlockImpl(const WanConfig &c) {
   const int64_t dim = c.dim();
   norm1 = LayerNorm32(dim, c.eps, false);  // no parameters: not registered, as in diffusers' state dict
   attn1 = register_module("attn1", WanAttention(dim, c.num_attention_heads, c.eps));
-  attn2 = register_module("attn2", WanAttention(dim, c.num_attention_heads, c.eps));
+  attn2 = register_module("attn2", WanAttention(dim, c.num_attention_heads, c.eps, c.added_kv_proj_dim));
   if (c.cross_attn_norm) norm2 = register_module("norm2", LayerNorm32(dim, c.eps, true));
   norm3 = LayerNorm32(dim, c.eps, false);
   auto ffn = register_module("ffn", std::make_shared<torch::nn::Module>());
@@ -142,6 +169,21 @@ WanTransformerImpl::WanTransformerImpl(const WanConfig &c) : cfg(c) {
   ce->register_module("time_embedder", two_linears(c.freq_dim, dim, dim, &time_1, &time_2));
   time_proj = ce->register_module("time_proj", Linear(dim, 6 * dim));
   ce->register_module("text_embedder", two_linears(c.text_dim, dim, dim, &text_1, &text_2));
+  if (c.image_dim) {  // diffusers' WanImageEmbedding: FP32 LayerNorms (eps 1e-5), FeedForward with exact GELU
+    auto ie = ce->register_module("image_embedder", std::make_shared<torch::nn::Module>());
+    image_norm1 = ie->register_module("norm1", LayerNorm32(c.image_dim, 1e-5, true));
+    auto ff = ie->register_module("ff", std::make_shared<torch::nn::Module>());
+    auto net = ff->register_module("net", torch::nn::ModuleList());
+    auto proj = std::make_shared<torch::nn::Module>();
+    image_1 = proj->register_module("proj", Linear(c.image_dim, c.image_dim));
+    net->push_back(proj);
+    net->push_back(torch::nn::Identity());  // dropout
+    image_2 = Linear(c.image_dim, dim);
+    net->push_back(image_2);
+    image_norm2 = ie->register_module("norm2", LayerNorm32(dim, 1e-5, true));
+    if (c.pos_embed_seq_len)
+      image_pos_embed = ie->register_parameter("pos_embed", torch::zeros({1, c.pos_embed_seq_len, c.image_dim}));
+  }
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_layers; i++) blocks->push_back(WanBlock(c));
   proj_out = register_module("proj_out", Linear(dim, c.out_channels * p[0] * p[1] * p[2]));
@@ -155,7 +197,28 @@ WanTransformerImpl::WanTransformerImpl(const WanConfig &c) : cfg(c) {
   }
 }
 
-at::Tensor WanTransformerImpl::forward(const at::Tensor &x, const at::Tensor &timestep, const at::Tensor &text) {
+void WanTransformerImpl::check_image(const at::Tensor &image, int64_t B) const {
+  if (!cfg.image_dim) {
+    if (image.defined())
+      throw std::invalid_argument("encoder_hidden_states_image was given, but this Wan model has no image path "
+                                  "(its config.json has no image_dim: a text-to-video model)");
+    return;
+  }
+  if (!image.defined())
+    throw std::invalid_argument("this Wan model is image-to-video (image_dim " + std::to_string(cfg.image_dim) +
+                                "): it needs encoder_hidden_states_image, the image encoder's states");
+  const int64_t per = cfg.pos_embed_seq_len ? 2 : 1;  // FLF2V: first and last frame of each sample
+  if (image.dim() != 3 || image.size(0) != per * B || image.size(2) != cfg.image_dim ||
+      (per == 2 && 2 * image.size(1) != cfg.pos_embed_seq_len) || image.size(1) < 1)
+    throw std::invalid_argument(
+        "encoder_hidden_states_image has shape " + shape_of(image) + "; expected [" + std::to_string(per * B) + ", " +
+        (per == 2 ? std::to_string(cfg.pos_embed_seq_len / 2) : std::string("N")) + ", " +
+        std::to_string(cfg.image_dim) + "]" +
+        (per == 2 ? " (FLF2V: each sample's first then last frame, pos_embed_seq_len / 2 tokens each)" : ""));
+}
+
+at::Tensor WanTransformerImpl::forward(const at::Tensor &x, const at::Tensor &timestep, const at::Tensor &text,
+                                       const at::Tensor &image) {
   const auto &p = cfg.patch_size;
   if (x.dim() != 5 || x.size(1) != cfg.in_channels || x.size(2) % p[0] || x.size(3) % p[1] || x.size(4) % p[2])
     throw std::invalid_argument("hidden_states has shape " + shape_of(x) + "; this Wan model takes [B, " +
@@ -171,6 +234,7 @@ at::Tensor WanTransformerImpl::forward(const at::Tensor &x, const at::Tensor &ti
   if (text.dim() != 3 || text.size(0) != B || text.size(2) != cfg.text_dim)
     throw std::invalid_argument("encoder_hidden_states has shape " + shape_of(text) + "; expected [" +
                                 std::to_string(B) + ", L, " + std::to_string(cfg.text_dim) + "]");
+  check_image(image, B);
   // Rotary tables for this grid: [S, head_dim], axes t, h, w concatenated, each repeated per pair.
   std::vector<at::Tensor> cs, ss;
   const int64_t n[3] = {f, h, w};
@@ -191,7 +255,13 @@ at::Tensor WanTransformerImpl::forward(const at::Tensor &x, const at::Tensor &ti
   const auto t = timestep.dim() == 1 ? timestep.unsqueeze(1) : timestep;
   const auto temb = time_2(torch::silu(time_1(timestep_sinusoid(t.flatten(), cfg.freq_dim)))).unflatten(0, {B, t.size(1)});
   const auto mod = time_proj(torch::silu(temb)).unflatten(-1, {6, -1});  // [B, 1|S, 6, dim]
-  const auto context = text_2(gelu_tanh(text_1(text)));
+  auto context = text_2(gelu_tanh(text_1(text)));
+  if (image.defined()) {  // the embedded image tokens go first, as diffusers concatenates them
+    auto i = image;
+    if (image_pos_embed.defined()) i = i.reshape({B, -1, cfg.image_dim}) + image_pos_embed;  // FLF2V: pairs of images
+    i = image_norm2(image_2(at::gelu(image_1(image_norm1(i).to(i.scalar_type()))))).to(i.scalar_type());
+    context = at::cat({i, context}, 1);
+  }
   for (const auto &blk : *blocks) {
     auto block = blk->as<WanBlock>();
     block->attn1->backend = block->attn2->backend = attention_backend;

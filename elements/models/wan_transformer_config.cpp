@@ -2,6 +2,7 @@
 #include "wan_transformer_config.h"
 
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "config_fields.h"
 
@@ -23,10 +24,6 @@ bool parse_wan_transformer_config(const std::string &text, WanConfig *out, std::
   if (const std::string bad = check_diffusers_keys(j, "WanTransformer3DModel", known, "Wan"); !bad.empty())
     return fail(bad);
   WanConfig c;
-  for (const char *k : {"image_dim", "added_kv_proj_dim", "pos_embed_seq_len"})
-    if (j.contains(k) && !j[k].is_null())
-      return fail(std::string("config.json key '") + k + "' is " + j[k].dump() +
-                  ": image-conditioned Wan models (I2V, FLF2V) are not supported yet; use a text-to-video folder");
   std::string e;
   if (!get_count(j, "num_attention_heads", 1, 1024, &c.num_attention_heads, &e) ||
       !get_count(j, "attention_head_dim", 6, 1024, &c.attention_head_dim, &e) ||
@@ -60,10 +57,23 @@ bool parse_wan_transformer_config(const std::string &text, WanConfig *out, std::
       return fail("config.json 'eps' is " + j["eps"].dump() + ", expected a number in (0, 1)");
     c.eps = j["eps"].get<double>();
   }
-  if (c.in_channels != c.out_channels)
-    return fail("config.json has in_channels " + std::to_string(c.in_channels) + " and out_channels " +
-                std::to_string(c.out_channels) + ": an image-to-video model (image latents concatenated to the "
-                "input), not supported yet; use a text-to-video folder");
+  // The image path (Wan 2.1 I2V, FLF2V). in_channels may differ from out_channels (I2V's mask and
+  // condition latents beside the noisy ones): the model takes whatever its patch embedding holds.
+  for (const auto &[k, dst, hi] : {std::tuple<const char *, int64_t *, int64_t>{"image_dim", &c.image_dim, 65536},
+                                   {"added_kv_proj_dim", &c.added_kv_proj_dim, 65536},
+                                   {"pos_embed_seq_len", &c.pos_embed_seq_len, 1 << 20}})
+    if (j.contains(k) && !j[k].is_null() && !get_count(j, k, 1, hi, dst, &e)) return fail("config.json " + e);
+  if ((c.image_dim > 0) != (c.added_kv_proj_dim > 0))
+    return fail("config.json sets " + std::string(c.image_dim ? "image_dim" : "added_kv_proj_dim") + " without " +
+                (c.image_dim ? "added_kv_proj_dim" : "image_dim") + ": Wan's image path needs both (the image "
+                "embedder and the cross-attention's image keys and values); every published I2V config has both");
+  if (c.added_kv_proj_dim && c.added_kv_proj_dim != c.dim())
+    return fail("config.json 'added_kv_proj_dim' is " + std::to_string(c.added_kv_proj_dim) + "; it must equal "
+                "num_attention_heads x attention_head_dim (" + std::to_string(c.dim()) +
+                "), the width of the image embedder's output it projects");
+  if (c.pos_embed_seq_len && (!c.image_dim || c.pos_embed_seq_len % 2))
+    return fail("config.json 'pos_embed_seq_len' is " + std::to_string(c.pos_embed_seq_len) +
+                ": FLF2V's positions of two images' tokens, so an even count, and only with image_dim");
   *out = c;
   return true;
 }
@@ -72,19 +82,20 @@ std::string wan_transformer_config_json(const WanConfig &c) {
   json j;
   j["_class_name"] = "WanTransformer3DModel";
   j["_diffusers_version"] = "0.35.0";
-  j["added_kv_proj_dim"] = nullptr;
+  auto or_null = [](int64_t v) { return v ? json(v) : json(nullptr); };
+  j["added_kv_proj_dim"] = or_null(c.added_kv_proj_dim);
   j["attention_head_dim"] = c.attention_head_dim;
   j["cross_attn_norm"] = c.cross_attn_norm;
   j["eps"] = c.eps;
   j["ffn_dim"] = c.ffn_dim;
   j["freq_dim"] = c.freq_dim;
-  j["image_dim"] = nullptr;
+  j["image_dim"] = or_null(c.image_dim);
   j["in_channels"] = c.in_channels;
   j["num_attention_heads"] = c.num_attention_heads;
   j["num_layers"] = c.num_layers;
   j["out_channels"] = c.out_channels;
   j["patch_size"] = c.patch_size;
-  j["pos_embed_seq_len"] = nullptr;
+  j["pos_embed_seq_len"] = or_null(c.pos_embed_seq_len);
   j["qk_norm"] = "rms_norm_across_heads";
   j["rope_max_seq_len"] = c.rope_max_seq_len;
   j["text_dim"] = c.text_dim;

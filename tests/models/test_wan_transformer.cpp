@@ -1,5 +1,5 @@
 /* The native Wan transformer against diffusers' WanTransformer3DModel (tests/reference/dit:
- * wan_t2v_tiny, wan22_ti2v_tiny): outputs, input gradients and every parameter's gradient, with and
+ * wan_t2v_tiny, wan22_ti2v_tiny, wan21_i2v_tiny with its image path): outputs, input gradients and every parameter's gradient, with and
  * without gradient checkpointing and chunked attention; folders that must load (sharded, bf16) and
  * folders that must not; the flow-matching objective against finetrainers' numbers. */
 #include <gtest/gtest.h>
@@ -32,7 +32,7 @@ namespace {
 std::string dit_dir(const std::string &name) { return vttest::reference_dir() + "/dit/" + name; }
 
 struct CaseResult {
-  double output = 1, grad_x = 1, grad_text = 0, worst_param = 0;
+  double output = 1, grad_x = 1, grad_text = 0, grad_image = 0, worst_param = 0;
   std::string worst_name;
 };
 
@@ -40,13 +40,17 @@ CaseResult run_case(DitModel &m, const RefFile &cases, const std::string &c, boo
   for (auto &p : m.module().parameters()) p.mutable_grad() = at::Tensor();
   auto x = cases.get("input." + c + ".hidden_states").requires_grad_(true);
   auto text = cases.get("input." + c + ".encoder_hidden_states").requires_grad_(true);
-  auto out = m.forward(x, cases.get("input." + c + ".timestep"), text);
+  const std::string image_key = "input." + c + ".encoder_hidden_states_image";  // I2V cases only
+  const auto image = cases.has(image_key) ? cases.get(image_key).requires_grad_(true) : at::Tensor();
+  auto out = m.forward_image(x, cases.get("input." + c + ".timestep"), text, image);
   (out * cases.get("cotangent." + c)).sum().backward();
   CaseResult r;
   r.output = rel_l2(out.detach(), cases.get("output." + c));
   r.grad_x = rel_l2(x.grad(), cases.get("grad_input." + c + ".hidden_states"));
   if (params) {
     r.grad_text = rel_l2(text.grad(), cases.get("grad_input." + c + ".encoder_hidden_states"));
+    if (cases.has("grad_input." + c + ".encoder_hidden_states_image"))
+      r.grad_image = rel_l2(image.grad(), cases.get("grad_input." + c + ".encoder_hidden_states_image"));
     int n = 0;
     for (const auto &p : m.module().named_parameters(true)) {
       const double e = rel_l2(p.value().grad(), cases.get("grad." + c + "." + p.key()));
@@ -114,13 +118,39 @@ std::string open_error(const std::string &dir) {
 
 TEST(WanTransformer, MatchesDiffusersWan21) { check_family("wan_t2v_tiny", Checkpointing::none); }
 TEST(WanTransformer, MatchesDiffusersWan22PerTokenTimesteps) { check_family("wan22_ti2v_tiny", Checkpointing::none); }
+// Wan 2.1 I2V's layout: 12 input channels, the image embedder and attn2's image keys and values.
+TEST(WanTransformer, MatchesDiffusersWan21I2V) { check_family("wan21_i2v_tiny", Checkpointing::none); }
+// The same folder with the pipelines' 512 rows of text (tests/reference/wan_i2v/generate.py): only
+// then does diffusers' processor split the image tokens off, so the image keys and values act.
+TEST(WanTransformer, MatchesDiffusersWan21I2VImagePath) {
+  auto m = open_dit(dit_dir("wan21_i2v_tiny"), torch::kCPU);
+  RefFile cases("wan_i2v/text512_cases.safetensors");
+  ASSERT_TRUE(cases.ok());
+  for (const auto mode : {Checkpointing::none, Checkpointing::full, Checkpointing::selective}) {
+    m->set_checkpointing(mode);
+    const auto r = run_case(*m, cases, "b2_text512", true);
+    SCOPED_TRACE(checkpointing_name(mode));
+    EXPECT_LT(r.output, 1e-5);
+    EXPECT_LT(r.grad_x, 1e-5);
+    EXPECT_LT(r.grad_text, 1e-5);
+    EXPECT_LT(r.grad_image, 1e-5);
+    EXPECT_LT(r.worst_param, 1e-4) << r.worst_name;
+    std::printf("wan21_i2v_tiny, 512 rows of text (%s): output %.2g, grad hidden_states %.2g, text %.2g, image %.2g, "
+                "worst parameter gradient %.2g (%s)\n", checkpointing_name(mode), r.output, r.grad_x, r.grad_text,
+                r.grad_image, r.worst_param, r.worst_name.c_str());
+  }
+  // The image path is live here: its keys' gradient is not zero.
+  EXPECT_GT(m->module().named_parameters()["blocks.0.attn2.add_k_proj.weight"].grad().norm().item<double>(), 1.0);
+}
 TEST(WanTransformer, GradientCheckpointingGivesTheSameGradients) {
   check_family("wan_t2v_tiny", Checkpointing::full);
   check_family("wan22_ti2v_tiny", Checkpointing::full);
+  check_family("wan21_i2v_tiny", Checkpointing::full);
 }
 TEST(WanTransformer, SelectiveCheckpointingGivesTheSameGradients) {
   check_family("wan_t2v_tiny", Checkpointing::selective);
   check_family("wan22_ti2v_tiny", Checkpointing::selective);
+  check_family("wan21_i2v_tiny", Checkpointing::selective);
 }
 
 namespace {
@@ -305,12 +335,23 @@ TEST(WanTransformer, BadFoldersAreErrorsNamingWhatIsWrong) {
   d = fresh("key");
   edit_config(d, [](nlohmann::json &j) { j["sliding_window"] = 4; });
   EXPECT_NE(open_error(d).find("'sliding_window'"), std::string::npos) << open_error(d);
+  // Image-to-video configs load (MatchesDiffusersWan21I2V); these ones do not fit their weights or
+  // lack half of the image path.
   d = fresh("i2v");
   edit_config(d, [](nlohmann::json &j) { j["image_dim"] = 1280; });
-  EXPECT_NE(open_error(d).find("image-conditioned"), std::string::npos) << open_error(d);
-  d = fresh("i2v22");
+  EXPECT_NE(open_error(d).find("without added_kv_proj_dim"), std::string::npos) << open_error(d);
+  d = fresh("i2v-kv");
+  edit_config(d, [](nlohmann::json &j) { j["image_dim"] = 24; j["added_kv_proj_dim"] = 48; });
+  EXPECT_NE(open_error(d).find("'added_kv_proj_dim' is 48"), std::string::npos) << open_error(d);
+  d = fresh("i2v-weights");  // a T2V folder's weights under an I2V config: the image path is missing
+  edit_config(d, [](nlohmann::json &j) { j["image_dim"] = 24; j["added_kv_proj_dim"] = 32; });
+  EXPECT_NE(open_error(d).find("lacks 'blocks.0.attn2.add_k_proj"), std::string::npos) << open_error(d);
+  d = fresh("i2v22");  // Wan 2.2 I2V's 36 input channels, but the weights' patch embedding takes 4
   edit_config(d, [](nlohmann::json &j) { j["in_channels"] = 36; j["out_channels"] = 16; });
-  EXPECT_NE(open_error(d).find("image-to-video"), std::string::npos) << open_error(d);
+  EXPECT_NE(open_error(d).find("patch_embedding.weight"), std::string::npos) << open_error(d);
+  d = fresh("flf2v");
+  edit_config(d, [](nlohmann::json &j) { j["pos_embed_seq_len"] = 514; });
+  EXPECT_NE(open_error(d).find("'pos_embed_seq_len'"), std::string::npos) << open_error(d);
   d = fresh("huge");
   edit_config(d, [](nlohmann::json &j) { j["ffn_dim"] = int64_t(1) << 62; });
   EXPECT_NE(open_error(d).find("'ffn_dim'"), std::string::npos) << open_error(d);
@@ -437,4 +478,46 @@ TEST(WanTransformer, TrainModelFace) {
   } catch (const std::exception &e) {
     EXPECT_NE(std::string(e.what()).find("48 dimensions"), std::string::npos) << e.what();
   }
+}
+
+// The image input is checked against the folder's image path; FLF2V takes two images per sample; the
+// config round-trips; training an I2V folder is refused at start with the reason (issue 43).
+TEST(WanTransformer, ImageInputsAreCheckedAndI2VTrainingIsRefused) {
+  auto expect_throw = [](const std::function<void()> &f, const std::string &part) {
+    try {
+      f();
+      ADD_FAILURE() << "no error, expected one naming '" << part << "'";
+    } catch (const std::exception &e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  torch::NoGradGuard ng;
+  auto i2v = open_dit(dit_dir("wan21_i2v_tiny"), torch::kCPU);
+  auto t2v = open_dit(dit_dir("wan_t2v_tiny"), torch::kCPU);
+  EXPECT_EQ(i2v->image_dim(), 24);
+  EXPECT_TRUE(i2v->image_to_video());
+  EXPECT_FALSE(t2v->image_to_video());
+  const auto x = torch::randn({1, 12, 2, 4, 4}), t = torch::tensor({500.0}), text = torch::randn({1, 7, 32});
+  EXPECT_EQ(i2v->forward_image(x, t, text, torch::randn({1, 5, 24})).sizes(), (std::vector<int64_t>{1, 4, 2, 4, 4}));
+  expect_throw([&] { i2v->forward(x, t, text); }, "needs encoder_hidden_states_image");
+  expect_throw([&] { i2v->forward_image(x, t, text, torch::randn({1, 5, 16})); }, "encoder_hidden_states_image has shape");
+  expect_throw([&] { t2v->forward_image(x.narrow(1, 0, 4), t, text, torch::randn({1, 5, 24})); }, "no image path");
+  // The config written back names the image path, and builds the same parameters.
+  auto again = build_dit(i2v->config_json(), torch::kCPU);
+  EXPECT_EQ(again->module().named_parameters().size(), i2v->module().named_parameters().size());
+  // FLF2V: pos_embed over both images' tokens; the input holds each sample's two images.
+  auto j = nlohmann::json::parse(i2v->config_json());
+  j["pos_embed_seq_len"] = 10;
+  auto flf = build_dit(j.dump(), torch::kCPU);
+  const auto params = flf->module().named_parameters();
+  ASSERT_TRUE(params.contains("condition_embedder.image_embedder.pos_embed"));
+  EXPECT_EQ(params["condition_embedder.image_embedder.pos_embed"].sizes(), (std::vector<int64_t>{1, 10, 24}));
+  const auto two = torch::randn({2, 5, 24});
+  const auto y = flf->forward_image(x, t, text, two);
+  params["condition_embedder.image_embedder.pos_embed"].add_(torch::randn({1, 10, 24}));  // they reach the output
+  EXPECT_FALSE(torch::allclose(y, flf->forward_image(x, t, text, two)));
+  expect_throw([&] { flf->forward_image(x, t, text, torch::randn({1, 5, 24})); }, "first then last frame");
+  // Training: refused at start, saying so.
+  expect_throw([&] { make_model(dit_dir("wan21_i2v_tiny"), ModelDims{}, torch::kCPU, ModelOptions{}); },
+               "image-to-video training is not built yet (issue 43)");
 }
