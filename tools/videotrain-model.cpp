@@ -27,10 +27,12 @@
  *
  * forward on a transformer folder: IN holds the class's own inputs in diffusers' layout (Wan: hidden_states [B,C,T,H,W],
  * timestep [B] or [B, tokens], encoder_hidden_states [B,L,D], optionally encoder_attention_mask
- * [B,L] whose zeros zero those rows, as Wan's pipelines pass text; CogVideoX: hidden_states
+ * [B,L] whose zeros zero those rows, as Wan's pipelines pass text; for Wan 2.1 I2V / FLF2V folders
+ * (image_dim) also encoder_hidden_states_image [B,N,image_dim], FLF2V [2B,N,image_dim]; CogVideoX: hidden_states
  * [B,F,C,H,W], frames before channels, timestep [B], encoder_hidden_states [B,226,D]: T5's output
  * with no mask, rotary tables computed from the shape). OUT gets `output`; with
  * --backward, IN also holds `cotangent` and OUT gets grad.hidden_states, grad.encoder_hidden_states
+ * (grad.encoder_hidden_states_image with an image input)
  * and grad.<parameter> of d(sum(output * cotangent)); with --lora FILE (diffusers, ComfyUI or kohya
  * naming) the base is frozen and the gradients are the LoRA tensors', in diffusers/PEFT naming
  * (grad.transformer.blocks.0.attn1.to_q.lora_A.weight), for the tensors as stored. Rotary tables come
@@ -222,6 +224,15 @@ int info(const std::string &dir) {
               m->family().c_str(), folder.weights_description().c_str());
   std::printf("config: %s", nlohmann::json::parse(folder.config_text).dump(1).c_str());
   std::printf("\n");
+  if (m->image_dim()) {
+    const bool flf2v = nlohmann::json::parse(folder.config_text).value("pos_embed_seq_len", nlohmann::json()).is_number();
+    std::printf("image-to-video (I2V%s): image_dim %lld, forward takes encoder_hidden_states_image; training is not "
+                "built yet (issue 43)\n",
+                flf2v ? ", FLF2V: each sample's first and last frame" : "", (long long)m->image_dim());
+  } else if (m->image_to_video()) {
+    std::printf("image-to-video (condition latents on the input channels, no image encoder input: Wan 2.2 I2V); "
+                "training is not built yet (issue 43)\n");
+  }
   print_stored_params(stored);
   std::map<std::string, int> kinds;
   for (const auto &n : m->linear_names()) kinds[pattern_of(n)]++;
@@ -250,7 +261,7 @@ int info(const std::string &dir) {
 at::Tensor entry_tensor(const SafetensorsFile &f, const std::string &name, bool required) {
   return input_tensor(f, name, required,
                       "a transformer's inputs: hidden_states, timestep, encoder_hidden_states (optionally "
-                      "encoder_attention_mask; cotangent with --backward)");
+                      "encoder_attention_mask; encoder_hidden_states_image for I2V; cotangent with --backward)");
 }
 
 void add_out(std::vector<SafetensorsOutTensor> *out, const std::string &name, const at::Tensor &t) {
@@ -298,18 +309,21 @@ int forward(std::vector<std::string> args) {
   auto text = entry_tensor(*in, "encoder_hidden_states", true).to(device, torch::kFloat);
   const auto mask = entry_tensor(*in, "encoder_attention_mask", false);
   if (mask.defined()) text = zero_text_padding(text, mask.to(device));
+  auto image = entry_tensor(*in, "encoder_hidden_states_image", false);
+  if (image.defined()) image = image.to(device, torch::kFloat);
   std::vector<SafetensorsOutTensor> out;
   if (!backward) {
     torch::NoGradGuard ng;
     AutocastGuard cast(dtype == "bfloat16", device.is_cuda());
-    add_out(&out, "output", m->forward(x, t, text));
+    add_out(&out, "output", m->forward_image(x, t, text, image));
   } else {
     x.requires_grad_(true);
     text.requires_grad_(true);
+    if (image.defined()) image.requires_grad_(true);
     at::Tensor y;
     {
       AutocastGuard cast(dtype == "bfloat16", device.is_cuda());
-      y = m->forward(x, t, text);
+      y = m->forward_image(x, t, text, image);
     }
     const auto cot = entry_tensor(*in, "cotangent", true).to(device, torch::kFloat);
     if (cot.sizes() != y.sizes()) throw std::runtime_error("cotangent's shape differs from the output's");
@@ -317,6 +331,7 @@ int forward(std::vector<std::string> args) {
     add_out(&out, "output", y);
     add_out(&out, "grad.hidden_states", x.grad());
     add_out(&out, "grad.encoder_hidden_states", text.grad());
+    if (image.defined()) add_out(&out, "grad.encoder_hidden_states_image", image.grad());
     if (!lora_file.empty()) {
       for (const auto &[name, t] : lora_parameters(m->module())) add_out(&out, "grad." + name, t.grad());
     } else {
