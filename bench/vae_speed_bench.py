@@ -1,6 +1,11 @@
 """Encode time of one clip: vaeencoder's native CogVideoX encoder against a plain-PyTorch Python encoder.
 
     /usr/bin/python3 bench/vae_speed_bench.py [--frames 25] [--size 192] [--threads 2] [--repeat 3]
+    VIDEOTRAIN_BUILD_DIR=build-torch2 .venv-torch2/bin/python bench/vae_speed_bench.py --peer diffusers
+
+--peer diffusers times diffusers' own AutoencoderKLCogVideoX.encode (its 8-frame batches with the conv
+cache, mode of the posterior) on the same folder instead: run it from the torch2 venv against the
+torch2 build, so that both sides run the same LibTorch.
 
 Both run the same seeded mid-size VAE (videotrain-make-vae --mid: 64-256 channels, 2 resnets per
 block, 32 groups) on the same uint8 clip with diffusers' chunking (8 frames, GroupNorm per chunk) on
@@ -46,6 +51,16 @@ def peer_time(peer, u8):
     return time.perf_counter() - t0, out
 
 
+class DiffusersPeer:
+    def __init__(self, model):
+        from diffusers import AutoencoderKLCogVideoX
+        self.vae = AutoencoderKLCogVideoX.from_pretrained(model, torch_dtype=torch.float32).eval()
+
+    @torch.no_grad()
+    def encode(self, video):
+        return self.vae.encode(video).latent_dist.mode()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frames", type=int, default=25)
@@ -53,13 +68,15 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--bench-binary", help="another vae-memory-bench build to time as ours (before/after)")
+    ap.add_argument("--peer", choices=("plain", "diffusers"), default="plain",
+                    help="plain: bench/cogvideox_peer.py; diffusers: diffusers' AutoencoderKLCogVideoX")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     with tempfile.TemporaryDirectory(prefix="vae-speed-") as tmp:
         model = os.path.join(tmp, "vae")
         subprocess.run([os.path.join(BUILD, "tools", "videotrain-make-vae"), model, "--mid",
                         "--seed", "1"], check=True, capture_output=True)
-        peer = CogVideoXPeer(model)
+        peer = DiffusersPeer(model) if a.peer == "diffusers" else CogVideoXPeer(model)
         u8 = clip(a.frames, a.size)
         peer_time(peer, clip(9, a.size))  # warm-up: oneDNN primitives, allocator
         mine, theirs = [], []
@@ -70,7 +87,8 @@ def main():
     print("CogVideoX mid VAE encode, %d frames of %dx%d, %d CPU threads, best of %d (torch %s)" %
           (a.frames, a.size, a.size, a.threads, a.repeat, torch.__version__))
     print("  vaeencoder (vae-memory-bench --modes chunk): %.2f s  (runs: %s)" % (o, " ".join("%.2f" % s for s in mine)))
-    print("  Python peer (bench/cogvideox_peer.py):       %.2f s  (runs: %s)" % (p, " ".join("%.2f" % s for s in theirs)))
+    name = "diffusers AutoencoderKLCogVideoX.encode:  " if a.peer == "diffusers" else "Python peer (bench/cogvideox_peer.py):       "
+    print("  %s%.2f s  (runs: %s)" % (name, p, " ".join("%.2f" % s for s in theirs)))
     print("  ratio peer_time / our_time: %.2fx (target >= 1.2)" % (p / o))
 
 
