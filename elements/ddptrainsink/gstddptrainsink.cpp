@@ -21,6 +21,7 @@
 #include "bus_message_gst.h"
 #include "cpu_heap.h"
 #include "gst_enum.h"
+#include "models/attention_backend.h"
 #include "resume_query.h"
 #include "row_facts_query.h"
 #include "run_context_gst.h"
@@ -164,12 +165,7 @@ VIDEOTRAIN_DEFINE_ENUM(checkpointing_type, "GstDdpTrainSinkGradientCheckpointing
                        {0, "Keep every activation", "false"},
                        {1, "Recompute each transformer block in backward (keeps its input)", "true"},
                        {2, "Keep each block's attention (q, k, v, output), recompute the rest", "selective"})
-VIDEOTRAIN_DEFINE_ENUM(attention_backend_type, "GstDdpTrainSinkAttentionBackend",
-                       {0, "LibTorch's choice (2.x: its fused kernels), else the chunked kernel", "auto"},
-                       {1, "FlashAttention-2 (CUDA bf16/fp16; CPU from LibTorch 2.2)", "flash"},
-                       {2, "cuDNN fused attention (CUDA, LibTorch 2.5+)", "cudnn"},
-                       {3, "Memory-efficient kernel (CUDA)", "efficient"},
-                       {4, "Our kernel: whole scores while they fit 256 MiB, else query chunks", "math"})
+VIDEOTRAIN_DEFINE_ENUM(attention_backend_type, "GstDdpTrainSinkAttentionBackend", VIDEOTRAIN_ATTENTION_BACKEND_ENUM_VALUES)
 VIDEOTRAIN_DEFINE_ENUM(nan_policy_type, "GstDdpTrainSinkNanPolicy",
                        {0, "Warn and skip the optimizer step on every rank", "skip"}, {1, "Stop with an error", "fail"})
 

@@ -21,6 +21,7 @@
 
 #include "bus_message_gst.h"
 #include "gst_enum.h"
+#include "models/attention_backend.h"
 #include "metas.h"
 #include "run_context_gst.h"
 #include "tensor_caps.h"
@@ -65,12 +66,7 @@ enum {
 
 VIDEOTRAIN_DEFINE_ENUM(weights_type, "GstDdpValSinkWeights", {0, "The trainer's weights", "raw"},
                        {1, "The trainer's EMA of its trainable parameters (needs its ema-decay)", "ema"})
-VIDEOTRAIN_DEFINE_ENUM(attention_backend_type, "GstDdpValSinkAttentionBackend",
-                       {0, "LibTorch's choice (2.x: its fused kernels), else the chunked kernel", "auto"},
-                       {1, "FlashAttention-2 (CUDA bf16/fp16; CPU from LibTorch 2.2)", "flash"},
-                       {2, "cuDNN fused attention (CUDA, LibTorch 2.5+)", "cudnn"},
-                       {3, "Memory-efficient kernel (CUDA)", "efficient"},
-                       {4, "Our kernel: whole scores while they fit 256 MiB, else query chunks", "math"})
+VIDEOTRAIN_DEFINE_ENUM(attention_backend_type, "GstDdpValSinkAttentionBackend", VIDEOTRAIN_ATTENTION_BACKEND_ENUM_VALUES)
 
 static GstStaticPadTemplate sink_template =
     GST_STATIC_PAD_TEMPLATE("sink", GST_PAD_SINK, GST_PAD_ALWAYS,
@@ -359,10 +355,7 @@ static void gst_ddp_val_sink_class_init(GstDdpValSinkClass *klass) {
                                           "(ddptrainsink ema-decay; an error without one)",
                                           weights_type(), 0, rw));
   install(PROP_ATTENTION_BACKEND, g_param_spec_enum("attention-backend", "Attention backend",
-                            "Native models: the attention kernel on this element's device. auto leaves it to LibTorch (2.x: "
-                            "flash, then memory-efficient on CUDA; its fused CPU kernel from 2.2), flash/cudnn/efficient "
-                            "force one (an error where this LibTorch or device has none), math is our own kernel (exact, "
-                            "memory-bounded; the only other choice on LibTorch 1.13)",
+                            VIDEOTRAIN_ATTENTION_BACKEND_FOLLOWER_BLURB,
                             attention_backend_type(), 0, rw));
   install(PROP_SHARD_INDEX, g_param_spec_uint("shard-index", "Shard index",
                                               "This sink evaluates the clips whose index is shard-index mod num-shards",

@@ -16,6 +16,20 @@ namespace videotrain {
 
 enum class AttentionBackend { automatic = 0, flash = 1, cudnn = 2, efficient = 3, math = 4 };  // property values
 
+// The GEnumValue entries of the elements' `attention-backend` property (VIDEOTRAIN_DEFINE_ENUM), in
+// AttentionBackend's order; and the blurb the validator's and sampler's property share.
+#define VIDEOTRAIN_ATTENTION_BACKEND_ENUM_VALUES                                                 \
+  {0, "LibTorch's choice (2.x: its fused kernels), else the chunked kernel", "auto"},           \
+      {1, "FlashAttention-2 (CUDA bf16/fp16; CPU from LibTorch 2.2)", "flash"},                 \
+      {2, "cuDNN fused attention (CUDA, LibTorch 2.5+)", "cudnn"},                              \
+      {3, "Memory-efficient kernel (CUDA)", "efficient"},                                       \
+      {4, "Our kernel: whole scores while they fit 256 MiB, else query chunks", "math"}
+#define VIDEOTRAIN_ATTENTION_BACKEND_FOLLOWER_BLURB                                                              \
+  "Native models: the attention kernel on this element's device. auto leaves it to LibTorch (2.x: flash, then " \
+  "memory-efficient on CUDA; its fused CPU kernel from 2.2), flash/cudnn/efficient force one (an error where "  \
+  "this LibTorch or device has none), math is our own kernel (exact, memory-bounded; the only other choice on " \
+  "LibTorch 1.13)"
+
 inline const char *attention_backend_name(AttentionBackend b) {
   switch (b) {
     case AttentionBackend::flash: return "flash";
