@@ -59,13 +59,14 @@ TEST(Plugin, GstInspectListsTheElements) {
   for (const char *name : kElements) EXPECT_NE(out.find(name), std::string::npos) << name << " missing:\n" << out;
 }
 
-TEST(Plugin, TheReadmeNamesHowManyElementsGstInspectLists) {
+TEST(Plugin, TheDocsNameHowManyElementsGstInspectLists) {
   // Troubleshooting tells users what `gst-inspect-1.0 videotrain` should list.
-  const std::string readme = vttest::read_file(vttest::env_or("VIDEOTRAIN_SOURCE_DIR", ".") + "/README.md");
+  const std::string page =
+      vttest::read_file(vttest::env_or("VIDEOTRAIN_SOURCE_DIR", ".") + "/docs/troubleshooting.md");
   const char *counts[] = {"zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
                           "twelve"};
   const size_t n = sizeof kElements / sizeof kElements[0];
   ASSERT_LT(n, 13u);
-  EXPECT_NE(readme.find("should list " + std::string(counts[n]) + " elements"), std::string::npos)
-      << "README.md does not say gst-inspect-1.0 lists " << counts[n] << " elements";
+  EXPECT_NE(page.find("should list " + std::string(counts[n]) + " elements"), std::string::npos)
+      << "docs/troubleshooting.md does not say gst-inspect-1.0 lists " << counts[n] << " elements";
 }
