@@ -19,6 +19,7 @@ at::ScalarType dtype_of(const std::string &d) {
   if (d == "F64") return at::kDouble;
   if (d == "I64") return at::kLong;
   if (d == "I32") return at::kInt;
+  if (d == "U8") return at::kByte;  // images (videotrain-model forward on an image encoder)
   return at::ScalarType::Undefined;
 }
 
@@ -53,7 +54,7 @@ void release_pages(const SafetensorsEntry &e) {
 at::Tensor tensor_of(const SafetensorsEntry &e) {
   const auto dt = dtype_of(e.dtype);
   if (dt == at::ScalarType::Undefined)
-    throw std::runtime_error("tensor '" + e.name + "' is " + e.dtype + ", not one of F32, F16, BF16, F64, I64, I32");
+    throw std::runtime_error("tensor '" + e.name + "' is " + e.dtype + ", not one of F32, F16, BF16, F64, I64, I32, U8");
   auto t = torch::empty(e.shape, torch::TensorOptions().dtype(dt));
   std::memcpy(t.data_ptr(), e.data, e.nbytes);
   return t;
