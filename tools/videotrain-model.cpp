@@ -226,12 +226,13 @@ int info(const std::string &dir) {
   std::printf("\n");
   if (m->image_dim()) {
     const bool flf2v = nlohmann::json::parse(folder.config_text).value("pos_embed_seq_len", nlohmann::json()).is_number();
-    std::printf("image-to-video (I2V%s): image_dim %lld, forward takes encoder_hidden_states_image; training is not "
-                "built yet (issue 43)\n",
+    std::printf("image-to-video (I2V%s): image_dim %lld, forward takes encoder_hidden_states_image; training needs "
+                "image embeddings (an image encoder, issue 43 item 2), not built yet\n",
                 flf2v ? ", FLF2V: each sample's first and last frame" : "", (long long)m->image_dim());
   } else if (m->image_to_video()) {
-    std::printf("image-to-video (condition latents on the input channels, no image encoder input: Wan 2.2 I2V); "
-                "training is not built yet (issue 43)\n");
+    std::printf("image-to-video (%lld condition channels beside the noisy latents: mask and condition latents, no "
+                "image encoder input: Wan 2.2 I2V); trains on vaeencoder condition=first-frame\n",
+                (long long)m->condition_channels());
   }
   print_stored_params(stored);
   std::map<std::string, int> kinds;

@@ -4,6 +4,7 @@
 #include "metas.h"
 #include "models/train_model.h"
 #include "tensor_buffer.h"
+#include "tensor_caps.h"
 
 namespace videotrain {
 
@@ -19,6 +20,14 @@ ProcessResult train_on_buffer(TrainerEngine &engine, GstBuffer *buf, std::string
   if (!text_tensors_from_buffer(buf, &in.text_embeds, &in.text_mask, &why)) {
     *error = "micro-batch: " + why;
     return ProcessResult::kError;
+  }
+  if (find_tensor_meta(buf, "condition")) {  // image-to-video: vaeencoder condition=, stacked by microbatcher
+    auto c = named_tensor_from_buffer(buf, "condition", &why);
+    if (!c) {
+      *error = "micro-batch: tensor 'condition' cannot be read: " + why;
+      return ProcessResult::kError;
+    }
+    in.condition = *c;
   }
   MicroBatchInfo info;
   BatchInfo meta;

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "expert_pair.h"
+#include "image_condition.h"
 #include "model_parts.h"
 #include "native_model.h"
 
@@ -24,6 +25,7 @@ class ExpertPairModel : public TrainModel {
                                high_->spec() + " is " + high_->dit()->class_name() + ", " + low_->spec() + " is " +
                                low_->dit()->class_name());
     if (high_->dit()->latent_channels() != low_->dit()->latent_channels() ||
+        high_->dit()->condition_channels() != low_->dit()->condition_channels() ||
         high_->dit()->text_dim() != low_->dit()->text_dim())
       throw std::runtime_error("model " + high_->spec() + " and model-2 " + low_->spec() +
                                " differ in latent channels or text width: both experts must come from one pipeline");
@@ -60,12 +62,13 @@ class ExpertPairModel : public TrainModel {
     models::flow_terms(x0, noise, sigma, &x_t, &t, &target);
     const auto text = models::zero_text_padding(in.text_embeds, in.text_mask);
     const auto w = models::flow_loss_weights(sigma, opt_.loss_weighting);
+    const auto input = model_input(x_t, in);
     // mean_i w_i mse_i over all m samples = sum over experts of (n_e / m) * that expert's mean.
     const double m = static_cast<double>(x0.size(0));
     at::Tensor loss;
     bool used_high = false, used_low = false;
     for (const auto &[idx, dit] : split(t)) {
-      const auto pred = dit->forward(x_t.index_select(0, idx), t.index_select(0, idx), text.index_select(0, idx));
+      const auto pred = dit->forward(input.index_select(0, idx), t.index_select(0, idx), text.index_select(0, idx));
       const auto l = models::flow_loss(pred, target.index_select(0, idx), w.index_select(0, idx)) *
                      (static_cast<double>(idx.numel()) / m);
       loss = loss.defined() ? loss + l : l;
@@ -97,7 +100,7 @@ class ExpertPairModel : public TrainModel {
       at::Tensor x_t, t, target;
       models::flow_terms(x0, noise, torch::full({m}, s, x0.options().dtype(torch::kFloat)), &x_t, &t, &target);
       auto *dit = expert_of(t[0].item<float>());
-      const auto pred = dit->forward(x_t, t, text);
+      const auto pred = dit->forward(model_input(x_t, in), t, text);
       const auto l = (pred.to(torch::kFloat) - target.to(torch::kFloat)).pow(2).flatten(1).mean(1);
       total = total.defined() ? total + l : l;
     }
@@ -143,11 +146,16 @@ class ExpertPairModel : public TrainModel {
     if (!lo.empty()) out.emplace_back(torch::tensor(lo, opts).to(t.device()), low_->dit());
     return out;
   }
+  // x_t with the samples' condition after it for Wan 2.2 I2V A14B's experts (image_condition.h).
+  at::Tensor model_input(const at::Tensor &x_t, const ModelInputs &in) const {
+    return models::with_condition(x_t, in.condition, high_->dit()->condition_channels(), high_->spec());
+  }
   at::Tensor checked_latents(const ModelInputs &in) const {
     auto *dit = high_->dit();
-    if (in.latents.size(1) != dit->latent_channels())
+    const int64_t noisy = dit->latent_channels() - dit->condition_channels();
+    if (in.latents.size(1) != noisy)
       throw std::runtime_error("micro-batch has " + std::to_string(in.latents.size(1)) + " latent channels; " +
-                               high_->spec() + " takes " + std::to_string(dit->latent_channels()) +
+                               high_->spec() + " takes " + std::to_string(noisy) +
                                ": use the VAE of the same model family");
     if (!in.has_text())
       throw std::runtime_error(high_->spec() + " (" + dit->class_name() +

@@ -14,6 +14,7 @@
 
 #include "cogvideox_transformer.h"
 #include "dit_precheck.h"
+#include "image_condition.h"
 #include "layers.h"
 #include "lora.h"
 #include "model_parts.h"
@@ -53,6 +54,7 @@ class WanDit : public DitModel {
   }
   int64_t image_dim() const override { return net_->cfg.image_dim; }
   bool image_to_video() const override { return net_->cfg.image_dim || net_->cfg.in_channels != net_->cfg.out_channels; }
+  int64_t condition_channels() const override { return net_->cfg.in_channels - net_->cfg.out_channels; }
   void set_checkpointing(Checkpointing c) override { net_->checkpointing = c; }
   void set_attention_backend(AttentionBackend b) override { net_->attention_backend = b; }
   std::string config_json() const override { return wan_transformer_config_json(net_->cfg); }
@@ -321,7 +323,7 @@ class NativeTrainModel : public TrainModel {
     at::Tensor sigma, noise, x_t, t, target;
     models::draw_flow(x0, ids, epoch, opt_, &sigma, &noise);
     models::flow_terms(x0, noise, sigma, &x_t, &t, &target);
-    const auto pred = dit_->forward(x_t, t, models::zero_text_padding(in.text_embeds, in.text_mask));
+    const auto pred = dit_->forward(model_input(x_t, in), t, models::zero_text_padding(in.text_embeds, in.text_mask));
     if (opt_.loss_weighting == "none") return torch::mse_loss(pred.to(torch::kFloat), target.to(torch::kFloat));
     return models::flow_loss(pred, target, models::flow_loss_weights(sigma, opt_.loss_weighting));
   }
@@ -354,7 +356,7 @@ class NativeTrainModel : public TrainModel {
     for (double s : opt_.val_sigmas) {
       at::Tensor x_t, t, target;
       models::flow_terms(x0, noise, torch::full({m}, s, x0.options().dtype(torch::kFloat)), &x_t, &t, &target);
-      const auto pred = dit_->forward(x_t, t, text);
+      const auto pred = dit_->forward(model_input(x_t, in), t, text);
       const auto l = (pred.to(torch::kFloat) - target.to(torch::kFloat)).pow(2).flatten(1).mean(1);
       total = total.defined() ? total + l : l;
     }
@@ -400,11 +402,19 @@ class NativeTrainModel : public TrainModel {
   }
 
  private:
+  // x_t with the sample's condition after it for an image-to-video layout (image_condition.h).
+  at::Tensor model_input(const at::Tensor &x_t, const ModelInputs &in) const {
+    return models::with_condition(x_t, in.condition, dit_->condition_channels(), dir_);
+  }
   at::Tensor checked_latents(const ModelInputs &in) const {
-    if (in.latents.size(1) != dit_->latent_channels())
+    const int64_t noisy = dit_->latent_channels() - dit_->condition_channels();
+    if (in.latents.size(1) != noisy)
       throw std::runtime_error("micro-batch has " + std::to_string(in.latents.size(1)) + " latent channels; " + dir_ +
-                               " (" + dit_->class_name() + ") takes " + std::to_string(dit_->latent_channels()) +
+                               " (" + dit_->class_name() + ") takes " + std::to_string(noisy) +
                                ": use the VAE of the same model family");
+    if (in.condition.defined() && dit_->family() != "wan")
+      throw std::runtime_error("the micro-batches carry an image condition (vaeencoder condition=); " + dir_ + " (" +
+                               dit_->class_name() + ") does not take it: set condition=none");
     if (!in.has_text())
       throw std::runtime_error(dir_ + " (" + dit_->class_name() + ") needs text embeddings: put a textencoder after vaeencoder");
     if (in.text_embeds.size(2) != dit_->text_dim())
@@ -519,11 +529,16 @@ std::string model_folder_class(const std::string &dir) {
 std::unique_ptr<TrainModel> make_native_model(const std::string &dir, const c10::Device &device,
                                               const ModelOptions &options) {
   auto dit = models::open_dit(dir, device);
-  if (dit->image_to_video())
-    throw std::runtime_error(dir + " is an image-to-video transformer (" + dit->class_name() +
-                             " with image_dim or condition channels): it loads and runs forward (videotrain-model "
-                             "forward), but image-to-video training is not built yet (issue 43); use a "
-                             "text-to-video folder");
+  // Wan 2.2 I2V's layout (condition channels, no image path) trains; Wan 2.1 I2V / FLF2V also take the
+  // image encoder's states, which no element gives yet.
+  if (dit->image_dim() > 0)
+    throw std::runtime_error(dir + " is a Wan 2.1 I2V / FLF2V transformer (" + dit->class_name() +
+                             " with image_dim): it loads and runs forward (videotrain-model forward), but training "
+                             "it needs image embeddings (a CLIP image encoder, issue 43 item 2), not built yet; "
+                             "Wan 2.2 I2V folders (condition channels, no image_dim) train");
+  if (dit->condition_channels() < 0)
+    throw std::runtime_error(dir + ": in_channels is less than out_channels; a transformer's input holds the noisy "
+                             "latents (out_channels) and any condition channels");
   return std::make_unique<NativeTrainModel>(dir, std::move(dit), options);
 }
 

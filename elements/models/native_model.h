@@ -40,6 +40,9 @@ class DitModel {
   // input holds condition channels beside the latents (in_channels != out_channels).
   virtual int64_t image_dim() const { return 0; }
   virtual bool image_to_video() const { return image_dim() > 0; }
+  // Input channels beside the noisy latents (Wan I2V: the mask and condition latents of
+  // image_condition.h, in_channels - out_channels); 0 for text-to-video.
+  virtual int64_t condition_channels() const { return 0; }
   // none, full (each block recomputed in backward) or selective (attention kept, the rest recomputed).
   virtual void set_checkpointing(Checkpointing c) = 0;
   void set_gradient_checkpointing(bool on) { set_checkpointing(on ? Checkpointing::full : Checkpointing::none); }

@@ -61,6 +61,7 @@ ModelInputs ModelInputs::narrow(int64_t start, int64_t n) const {
   for (int64_t i = start; i < start + n && i < static_cast<int64_t>(captions.size()); i++) out.captions.push_back(captions[i]);
   if (text_embeds.defined()) out.text_embeds = text_embeds.narrow(0, start, n);
   if (text_mask.defined()) out.text_mask = text_mask.narrow(0, start, n);
+  if (condition.defined()) out.condition = condition.narrow(0, start, n);
   return out;
 }
 

@@ -27,6 +27,9 @@ struct ModelInputs {
   at::Tensor latents;
   std::vector<std::string> captions;
   at::Tensor text_embeds, text_mask;  // undefined without a textencoder
+  // Image-to-video: each sample's mask and condition latents [m, tc + z, t, h, w] (vaeencoder
+  // condition=, models/image_condition.h), which the model takes beside the noisy latents.
+  at::Tensor condition;
   // Each sample's manifest row and the epoch (the batch meta's), for noise drawn per sample; empty
   // when the caller has none (models then draw from the step's default generator).
   std::vector<uint64_t> sample_ids;

@@ -16,11 +16,9 @@ namespace modeltest {
 
 class RefFile {
  public:
-  explicit RefFile(const std::string &relative) {
-    std::string err;
-    file_ = videotrain::SafetensorsFile::open(vttest::reference_dir() + "/" + relative, &err);
-    if (!file_) ADD_FAILURE() << err;
-  }
+  explicit RefFile(const std::string &relative) { open(vttest::reference_dir() + "/" + relative); }
+  enum Absolute { kAbsolute };
+  RefFile(const std::string &path, Absolute) { open(path); }
   bool ok() const { return file_ != nullptr; }
   bool has(const std::string &key) const { return file_ && file_->find(key); }
   at::Tensor get(const std::string &key) const {
@@ -37,6 +35,11 @@ class RefFile {
   std::string meta(const std::string &k) const { return file_->metadata().at(k); }
 
  private:
+  void open(const std::string &path) {
+    std::string err;
+    file_ = videotrain::SafetensorsFile::open(path, &err);
+    if (!file_) ADD_FAILURE() << err;
+  }
   std::unique_ptr<videotrain::SafetensorsFile> file_;
 };
 

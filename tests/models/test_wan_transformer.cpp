@@ -519,5 +519,5 @@ TEST(WanTransformer, ImageInputsAreCheckedAndI2VTrainingIsRefused) {
   expect_throw([&] { flf->forward_image(x, t, text, torch::randn({1, 5, 24})); }, "first then last frame");
   // Training: refused at start, saying so.
   expect_throw([&] { make_model(dit_dir("wan21_i2v_tiny"), ModelDims{}, torch::kCPU, ModelOptions{}); },
-               "image-to-video training is not built yet (issue 43)");
+               "needs image embeddings");
 }

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Writes the image-to-video conditioning references beside this file (or into argv[1]) with
+diffusers (the torch2 venv: .venv-torch2/bin/python tests/reference/wan_i2v_condition/generate.py):
+
+- condition.safetensors: WanImageToVideoPipeline.prepare_latents on the tiny Wan 2.1 VAE
+  (../wan_vae/tiny_wan21) for seeded clips in [-1, 1]: `frames.<case>` [1, 3, T, H, W] and its
+  `first-frame.<case>` (image = frame 0) and `first-last-frame.<case>` (last_image = frame T-1)
+  condition, [1, 4 + z, t, h, w] = cat([mask, normalised mode latents]).
+- transformer/: a tiny Wan 2.2 I2V-style WanTransformer3DModel (../dit/wan_t2v_tiny's widths with
+  in_channels 12 = 4 noisy + 4 mask + 4 condition, no image_dim), seeded init, save_pretrained.
+- training_step.safetensors: one native flow-matching step on it as ddptrainsink draws it (each
+  sample's sigma and noise from a CPU generator seeded by the project's per-sample hash, ported as in
+  ../timesteps/make_timesteps.py; Wan's default logit-normal timesteps, flow shift 3), the model run by
+  diffusers in float64 on cat([x_t, condition]) and the loss mse(pred, noise - x0) on the 4 noisy
+  channels: `x0`, `condition`, `text_embeds`, `text_mask`, `sample_ids`, `loss`, `grad.<parameter>`;
+  metadata seed and epoch.
+"""
+import json
+import math
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VAE = os.path.join(HERE, "..", "wan_vae", "tiny_wan21")
+T2V = os.path.join(HERE, "..", "dit", "wan_t2v_tiny", "config.json")
+CASES = {"T9": (9, 32, 48), "T5": (5, 16, 32)}
+SEED, EPOCH, IDS = 11, 2, [3, 1000003]
+
+M64 = (1 << 64) - 1
+
+
+def mix64(x):  # elements/common/seeded_hash.h (the port of ../timesteps/make_timesteps.py)
+    z = (x + 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def hash_combine(a, b):
+    return mix64(a ^ mix64((b + 0x632BE59BD9B4E019) & M64))
+
+
+def generator_seed(seed, sample_id, epoch):
+    return hash_combine(hash_combine(seed, sample_id), epoch) & 0x7FFFFFFFFFFFFFFF
+
+
+@torch.no_grad()
+def condition_cases():
+    from diffusers import AutoencoderKLWan, WanImageToVideoPipeline
+    vae = AutoencoderKLWan.from_pretrained(VAE)
+    pipe = WanImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=None)
+    g = torch.Generator().manual_seed(7)
+    out = {}
+    for name, (T, H, W) in CASES.items():
+        frames = torch.rand(1, 3, T, H, W, generator=g) * 2 - 1
+        out[f"frames.{name}"] = frames
+        first, last = frames[:, :, 0], frames[:, :, T - 1]
+        for key, last_image in (("first-frame", None), ("first-last-frame", last)):
+            _, cond = pipe.prepare_latents(first, 1, vae.config.z_dim, H, W, T, torch.float32, "cpu",
+                                           generator=torch.Generator().manual_seed(0), last_image=last_image)
+            out[f"{key}.{name}"] = cond.contiguous()
+    return out
+
+
+def training_case(transformer_dir):
+    from diffusers import WanTransformer3DModel
+    with open(T2V) as f:
+        config = json.load(f)
+    config["in_channels"] = 12
+    torch.manual_seed(3)
+    model = WanTransformer3DModel.from_config(config)
+    model.save_pretrained(transformer_dir, safe_serialization=True)
+    model = model.double()
+    g = torch.Generator().manual_seed(9)
+    x0 = torch.randn(2, 4, 3, 8, 12, generator=g)
+    cond = torch.randn(2, 8, 3, 8, 12, generator=g)
+    cond[:, :4] = (torch.rand(2, 4, 3, 8, 12, generator=g) < 0.3).float()  # a mask's 0/1 values
+    text = torch.randn(2, 16, 32, generator=g)
+    mask = torch.zeros(2, 16, dtype=torch.int64)
+    mask[0, :10] = 1
+    mask[1, :5] = 1
+    text = text * mask.unsqueeze(-1)
+    sigmas, noises = [], []
+    for i, sid in enumerate(IDS):
+        gs = torch.Generator().manual_seed(generator_seed(SEED, sid, EPOCH))
+        u = 1 / (1 + math.exp(-torch.randn(1, dtype=torch.float64, generator=gs).item()))
+        sigmas.append(3.0 * u / (1 + 2.0 * u))
+        noises.append(torch.randn(x0[i].shape, generator=gs, dtype=torch.float32))
+    sigma = torch.tensor(sigmas, dtype=torch.float64).float()
+    noise = torch.stack(noises)
+    s = sigma.view(2, 1, 1, 1, 1)
+    x_t = (1 - s) * x0 + s * noise  # float32, as the trainer mixes them
+    pred = model(torch.cat([x_t, cond], 1).double(), (sigma * 1000.0).double(), text.double(),
+                 return_dict=False)[0]
+    loss = (pred - (noise - x0).double()).pow(2).mean()
+    loss.backward()
+    out = {"x0": x0, "condition": cond, "text_embeds": text, "text_mask": mask,
+           "sample_ids": torch.tensor(IDS, dtype=torch.int64), "loss": loss.detach().float().reshape(1)}
+    for n, p in model.named_parameters():
+        out[f"grad.{n}"] = p.grad.float().contiguous()
+    return out
+
+
+def write(out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(condition_cases(), os.path.join(out_dir, "condition.safetensors"))
+    case = training_case(os.path.join(out_dir, "transformer"))
+    save_file(case, os.path.join(out_dir, "training_step.safetensors"), metadata={"seed": str(SEED), "epoch": str(EPOCH)})
+
+
+if __name__ == "__main__":
+    write(sys.argv[1] if len(sys.argv) > 1 else HERE)
