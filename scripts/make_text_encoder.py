@@ -11,7 +11,7 @@ captions of a manifest, and a seeded random encoder, either
 
     /usr/bin/python3 scripts/make_text_encoder.py OUTDIR --captions demo-data/train.csv [--dim 32]
         [--format torchscript|t5|umt5] [--layers 2] [--seed 0]
-OUTDIR gets spiece.model and text_encoder.pt or text_encoder/. For a real one, see README (textencoder)."""
+OUTDIR gets spiece.model and text_encoder.pt or text_encoder/. For a real one, see docs/elements/textencoder.md."""
 import argparse
 import csv
 import json

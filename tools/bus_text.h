@@ -7,7 +7,7 @@
 
 namespace videotrain {
 
-// "step 5 | epoch 0 | loss 0.1234 | ..." for the messages the README lists; other structures
+// "step 5 | epoch 0 | loss 0.1234 | ..." for the messages docs/bus-messages.md lists; other structures
 // as "name: field value, field value" (strings unquoted, no GType annotations).
 std::string bus_text(const GstStructure *s);
 

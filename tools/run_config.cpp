@@ -245,8 +245,8 @@ struct Recipe {
   std::string framerate;
 };
 
-// The defaults of pipelines/train-wan.pipeline and train-cogvideox.pipeline (README: "Training
-// Wan", "Training CogVideoX"), so that a config holds only what differs from the recipe.
+// The defaults of pipelines/train-wan.pipeline and train-cogvideox.pipeline (docs/fine-tuning-wan.md,
+// docs/fine-tuning-cogvideox.md), so that a config holds only what differs from the recipe.
 Recipe recipe_for(const std::string &family) {
   Recipe r;
   if (family == "wan") {
@@ -466,7 +466,7 @@ bool Builder::build(RunPlan *plan, std::string *error) try {
   main_chain += "\n  ! queue max-size-buffers=16\n  ! " + render(mb) + "\n  ! " + render(trainer);
   chains.push_back(main_chain);
 
-  // Validation: a source of its own (README ddpvalsink), its clips centred, the latents' mode.
+  // Validation: a source of its own (docs/elements/ddpvalsink.md), its clips centred, the latents' mode.
   if (const Table *val = single("validator")) {
     if (!find(val, "manifest") && !find(val, "folder"))
       fail(val->line, "[validator] names no validation data: manifest = \"val.csv\" or folder = \"val-videos/\"");

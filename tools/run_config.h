@@ -1,5 +1,5 @@
 /* videotrain-run --config run.toml: one TOML file per run (datasets, model folders, the
- * elements' properties by name, the launch) turned into the pipeline the README shows.
+ * elements' properties by name, the launch) turned into the pipeline the docs show (docs/run-config.md).
  * Every key is checked before anything starts: unknown tables and keys, properties the
  * element does not have, values it would refuse, files that are not there are errors
  * naming the file's line. Needs gst_init (properties are looked up on real elements). */

@@ -23,7 +23,10 @@
  * The folder's kind comes from its config.json: `_class_name` for diffusers (a transformer, or an
  * AutoencoderKL* VAE: info; vae encode|decode), `architectures` / `model_type` for transformers (T5 /
  * umT5 encoders: info; forward takes input_ids [B, L] and optionally attention_mask [B, L] and gives
- * last_hidden_state [B, L, D] as T5EncoderModel does).
+ * last_hidden_state [B, L, D] as T5EncoderModel does; CLIP vision encoders: info; forward takes
+ * pixel_values [B, C, S, S], or images U8 [N, H, W, 3] with the image processor of --processor DIR or
+ * of the image_processor/ beside the folder, and gives hidden_states.<i>, last_hidden_state,
+ * pooler_output (image_embeds with a projection; pixel_values for images) as CLIPVisionModel does).
  *
  * forward on a transformer folder: IN holds the class's own inputs in diffusers' layout (Wan: hidden_states [B,C,T,H,W],
  * timestep [B] or [B, tokens], encoder_hidden_states [B,L,D], optionally encoder_attention_mask
@@ -69,7 +72,7 @@ int usage() {
                "usage: videotrain-model info DIR|LORA.safetensors|CONFIG.json\n"
                "       videotrain-model forward DIR IN.safetensors OUT.safetensors [--backward] "
                "[--dtype float32|bfloat16] [--device cpu|cuda:N] [--checkpointing [full|selective]] [--lora FILE]\n"
-               "                 [--attention-backend auto|flash|cudnn|efficient|math]\n"
+               "                 [--attention-backend auto|flash|cudnn|efficient|math] [--processor DIR] (image encoders)\n"
                "       videotrain-model vae encode|decode DIR IN.safetensors OUT.safetensors [--device cpu|cuda:N] "
                "[--dtype float32|bfloat16]\n"
                "       videotrain-model scheduler euler|unipc|ddim|dpm OUT.safetensors [--steps N] [--shift S] "
@@ -137,7 +140,8 @@ void print_stored_params(const StoredParams &p) {
 FolderKind folder_kind(const std::string &dir, std::string *class_name) {
   const std::string path = dir + "/config.json";
   const std::string takes =
-      "videotrain-model takes a diffusers transformer or VAE folder, or a transformers T5 / umT5 encoder folder";
+      "videotrain-model takes a diffusers transformer or VAE folder, or a transformers T5 / umT5 or CLIP vision "
+      "encoder folder";
   std::string text, err;
   if (!read_small_file(path, kMaxConfigBytes, &text, &err)) throw std::runtime_error(err + " (" + takes + ")");
   nlohmann::json j;
@@ -155,6 +159,8 @@ FolderKind folder_kind(const std::string &dir, std::string *class_name) {
     const auto &a = j.value("architectures", nlohmann::json());
     *class_name = a.is_array() && !a.empty() && a[0].is_string() ? a[0].get<std::string>()
                                                                  : j.value("model_type", std::string("?"));
+    if (class_name->rfind("CLIPVision", 0) == 0 || j.value("model_type", nlohmann::json()) == "clip_vision_model")
+      return FolderKind::ImageEncoder;  // parse_clip_vision_config names what it does not take
     return FolderKind::TextEncoder;  // parse_t5_config names what it does not take
   }
   throw std::runtime_error("'" + path + "' has neither '_class_name' (diffusers) nor 'architectures' / 'model_type' (transformers): " + takes);
@@ -239,7 +245,7 @@ int info(const std::string &dir) {
   for (const auto &n : m->linear_names()) kinds[pattern_of(n)]++;
   std::printf("LoRA-targetable modules (Linear layers, diffusers names):\n");
   for (const auto &[k, n] : kinds) std::printf("  %s%s\n", k.c_str(), n > 1 ? ("  (x" + std::to_string(n) + ")").c_str() : "");
-  // Per-GPU memory for the weights and optimizer (activations: README, bench/wan_bench).
+  // Per-GPU memory for the weights and optimizer (activations: docs/fine-tuning-wan.md, bench/wan_bench).
   ParamCounts counts;
   counts.total = params;
   for (auto &[name, l] : models::linear_modules(m->module())) counts.add_linear(name, l->in_features(), l->out_features());
@@ -414,6 +420,7 @@ int main(int argc, char **argv) {
       std::string cls;
       switch (folder_kind(args[0], &cls)) {
         case FolderKind::TextEncoder: return text_info(args[0]);
+        case FolderKind::ImageEncoder: return image_info(args[0]);
         case FolderKind::Vae: return vae_info(args[0]);
         case FolderKind::Dit: return info(args[0]);
       }
@@ -422,6 +429,7 @@ int main(int argc, char **argv) {
       std::string cls;
       const FolderKind kind = folder_kind(args[0], &cls);
       if (kind == FolderKind::TextEncoder) return text_forward(args);
+      if (kind == FolderKind::ImageEncoder) return image_forward(args);
       if (kind == FolderKind::Vae)
         throw std::runtime_error("'" + args[0] + "' is a VAE (" + cls + "): use `videotrain-model vae encode|decode " +
                                  args[0] + " IN OUT`");

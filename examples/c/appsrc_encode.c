@@ -8,7 +8,7 @@
  *     cc appsrc_encode.c -o appsrc_encode $(pkg-config --cflags --libs gstreamer-videotrain-1.0 gstreamer-app-1.0)
  *     GST_PLUGIN_PATH=build/plugins/videotrain ./appsrc_encode VAE_DIR [FRAMES [SIZE [CLIPS]]]
  *
- * or from a build tree, uninstalled (meson's uninstalled pkg-config files; README, Examples):
+ * or from a build tree, uninstalled (meson's uninstalled pkg-config files; docs/sdk.md, Examples):
  *
  *     cc examples/c/appsrc_encode.c -o appsrc_encode \
  *         $(PKG_CONFIG_PATH=$PWD/build/meson-uninstalled pkg-config --cflags --libs gstreamer-videotrain-1.0 gstreamer-app-1.0)

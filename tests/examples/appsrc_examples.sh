@@ -46,7 +46,7 @@ grep -q "libgstvideotrain-1.0.so.0 => $libdir/" <<< "$libs" ||
 "$build/tools/videotrain-make-vae" "$work/vae" --seed 5 --tiny >/dev/null
 "$work/appsrc_encode" "$work/vae" $frames $size $clips > "$work/c.txt" 2> "$work/c.err" ||
   { cat "$work/c.txt" "$work/c.err"; echo "appsrc_encode failed"; exit 1; }
-# The README's command for the uninstalled build tree gives the same program.
+# docs/sdk.md's command for the uninstalled build tree gives the same program.
 # shellcheck disable=SC2046
 cc -o "$work/appsrc_encode_uninstalled" "$src/examples/c/appsrc_encode.c" \
   $(PKG_CONFIG_PATH="$build/meson-uninstalled" pkg-config --cflags --libs gstreamer-videotrain-1.0 gstreamer-app-1.0)

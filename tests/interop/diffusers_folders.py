@@ -78,7 +78,7 @@ def main():
 
 
 def config_param_counts():
-    """`videotrain-model info CONFIG.json` (the README's memory table) counts what diffusers builds from
+    """`videotrain-model info CONFIG.json` (docs/fine-tuning-wan.md's memory table) counts what diffusers builds from
     the published Wan configs (on the meta device: no weights): all parameters, the Linear weights and rows
     base-dtype=fp8 stores, and a rank-32 LoRA on to_q, to_k, to_v, to_out.0."""
     configs = [u.reference_dir("dit", "wan_t2v_tiny", "config.json")]

@@ -83,7 +83,7 @@ grep -q "rank 1 exited" "$work/kill.log" || { cat "$work/kill.log"; echo "no wor
 pgrep -f "$work/kill" >/dev/null && { echo "ranks left running"; exit 1; }
 echo "dead rank 1: launcher exit status $rc, no rank left"
 
-# 3. The gst-launch-1.0 -m form of the README: same prefixes and progress lines.
+# 3. The gst-launch-1.0 -m form under the launcher: same prefixes and progress lines.
 "$build/tools/videotrain-launch" -n 2 -- gst-launch-1.0 -m \
   csvvideosrc location="$work/data/train.csv" num-frames=5 width=32 height=32 num-epochs=0 prefetch=1 ! \
   vaeencoder model="$work/vae" ! queue ! microbatcher batch-size=2 micro-batch-size=1 ! \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# videotrain-run --config (README: "A run from one config file"):
+# videotrain-run --config (docs/run-config.md):
 #  - a Wan LoRA config on tiny data (a CSV manifest repeated twice plus a folder of videos with
 #    .txt captions) builds the expected pipeline (--dry-run) and the expected merged manifest;
 #  - run for real it trains 2 steps, writes the checkpoint, the LoRA, and saves pipeline.txt
