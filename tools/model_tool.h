@@ -32,8 +32,9 @@ void print_stored_params(const StoredParams &p);
 
 // What config.json says a folder holds: a diffusers transformer (`_class_name` *Transformer*), a
 // diffusers VAE (`_class_name` AutoencoderKL*), a transformers T5 / umT5 encoder (`architectures`
-// or `model_type`). Throws naming the file and the kinds this tool takes for anything else.
-enum class FolderKind { Dit, Vae, TextEncoder };
+// or `model_type`), a transformers CLIP vision encoder (CLIPVision* or model_type clip_vision_model).
+// Throws naming the file and the kinds this tool takes for anything else.
+enum class FolderKind { Dit, Vae, TextEncoder, ImageEncoder };
 FolderKind folder_kind(const std::string &dir, std::string *class_name);
 
 // IN's tensor `name` (any stored dtype, on the CPU); undefined when absent and not required. A
@@ -47,6 +48,8 @@ void write_outputs(const std::string &path, const std::vector<SafetensorsOutTens
 // The commands of the other files.
 int text_info(const std::string &dir);
 int text_forward(std::vector<std::string> args);
+int image_info(const std::string &dir);
+int image_forward(std::vector<std::string> args);  // forward DIR IN OUT [--processor DIR] ...
 int vae_info(const std::string &dir);
 int vae_command(std::vector<std::string> args);        // vae encode|decode DIR IN OUT
 int scheduler_command(std::vector<std::string> args);  // scheduler KIND OUT ...

@@ -16,7 +16,7 @@ import torch
 build = os.environ["VIDEOTRAIN_BUILD_DIR"]
 ref = os.environ["VIDEOTRAIN_REFERENCE_DIR"]
 tool = os.path.join(build, "tools", "videotrain-model")
-DT = {"F32": torch.float32, "I64": torch.int64, "BF16": torch.bfloat16, "F64": torch.float64}
+DT = {"F32": torch.float32, "I64": torch.int64, "BF16": torch.bfloat16, "F64": torch.float64, "U8": torch.uint8}
 failures = []
 
 
@@ -37,7 +37,7 @@ def write(path, tensors):
     header, blobs, off = {}, [], 0
     for k, t in tensors.items():
         b = t.contiguous().numpy().tobytes()
-        header[k] = {"dtype": {torch.float32: "F32", torch.int64: "I64"}[t.dtype], "shape": list(t.shape),
+        header[k] = {"dtype": {torch.float32: "F32", torch.int64: "I64", torch.uint8: "U8"}[t.dtype], "shape": list(t.shape),
                      "data_offsets": [off, off + len(b)]}
         blobs.append(b)
         off += len(b)
@@ -229,6 +229,27 @@ write(inp, {"input_ids": tc["input_ids.wan"]})
 r = run("forward", model, inp, out)
 check(r.returncode == 1 and "hidden_states" in r.stderr and "encoder_hidden_states" in r.stderr,
       "a transformer given token ids says what it takes: " + r.stderr.strip())
+
+# Image encoders (transformers CLIPVisionModel / CLIPVisionModelWithProjection folders, Wan I2V's
+# image_encoder/): info, forward on pixel_values, and on 8-bit images through the image_processor/ beside
+# the folder, equal transformers' hidden states and processor (tests/reference/clip_vision).
+cv = os.path.join(ref, "clip_vision")
+ic, _ = read(os.path.join(cv, "cases.safetensors"))
+for name, cls in (("vit_tiny", "CLIPVisionModel"), ("vit_tiny_proj", "CLIPVisionModelWithProjection")):
+    r = run("info", os.path.join(cv, name))
+    check(r.returncode == 0 and f"class: {cls} " in r.stdout and "17 tokens" in r.stdout and
+          "image processor: " in r.stdout, f"info {name} names {cls}, its tokens and processor: " + r.stderr.strip())
+    write(inp, {"pixel_values": ic["pixel_values"]})
+    r = run("forward", os.path.join(cv, name), inp, out)
+    got = read(out)[0] if r.returncode == 0 else {}
+    worst = max(rel(got[f"hidden_states.{i}"], ic[f"hidden_states.{name}.{i}"]) for i in range(4)) if got else 1.0
+    check(worst < 1e-5, f"forward {name}: every hidden state equals transformers' (worst {worst:.2g}): " + r.stderr.strip())
+write(inp, {"images": ic["image.down"][None].clone()})
+r = run("forward", os.path.join(cv, "vit_tiny"), inp, out)
+got = read(out)[0] if r.returncode == 0 else {}
+check(bool(got) and torch.equal(got["pixel_values"][0], ic["pixel_values"][0]) and
+      rel(got["hidden_states.2"][0], ic["hidden_states.vit_tiny.2"][0]) < 1e-5,
+      "forward on a 72x128 image: CLIPImageProcessor's pixel_values and Wan's hidden_states[-2]: " + r.stderr.strip())
 
 # VAEs: encode gives diffusers' moments and the normalized mode latent (Wan 2.1, 2.2); decoding the
 # normalized latent with --normalized equals decoding the mean.
