@@ -17,7 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (!once.empty()) fuzzin::check(once.front() != ' ' && once.back() != ' ');
   fuzzin::check(once.find("  ") == std::string::npos && once.find('\t') == std::string::npos &&
                 once.find('\n') == std::string::npos);
-  const std::string clean = wan_prompt_clean(text);
+  const std::string clean = prompt_clean(text);
   fuzzin::check(whitespace_clean(clean) == clean);
   fuzzin::check(html_unescape(std::string()).empty());
   return 0;

@@ -16,6 +16,7 @@
 #include "metas.h"
 #include "models/native_model.h"
 #include "models/layers.h"
+#include "models/model_family.h"
 #include "models/param_snapshot.h"
 #include "models/samplers.h"
 #include "run_context.h"
@@ -39,35 +40,25 @@ struct PromptEntry {
   bool has_prompt = false, has_negative = false;
 };
 
-struct FamilyDefaults {
-  int64_t frames, width, height;
-};
-
-FamilyDefaults defaults_of(const std::string &family) {
-  if (family == "cogvideox") return {49, 720, 480};
-  return {81, 832, 480};  // Wan 2.1/2.2 at 480p
-}
-
-// The family of a diffusers transformer folder from its config.json ("" with *why when it is not one).
-std::string folder_family(const std::string &spec, int64_t *in_channels, std::string *why) {
+// The family of a diffusers transformer folder from its config.json (null with *why when it is not one).
+const models::ModelFamily *folder_family(const std::string &spec, int64_t *in_channels, std::string *why) {
   if (!is_model_folder(spec)) {
     *why = "ddpsampler samples native transformers (ddptrainsink model=DIR, a diffusers folder); the trainer's "
            "model '" + spec + "' is not one";
-    return "";
+    return nullptr;
   }
   std::string text;
-  if (!read_small_file(spec + "/config.json", kMaxConfigBytes, &text, why)) return "";
+  if (!read_small_file(spec + "/config.json", kMaxConfigBytes, &text, why)) return nullptr;
   const auto j = nlohmann::json::parse(text, nullptr, false);
   const std::string cls = j.is_object() && j.contains("_class_name") && j["_class_name"].is_string()
                               ? j["_class_name"].get<std::string>()
                               : "";
   if (j.is_object() && j.contains("in_channels") && j["in_channels"].is_number_integer())
     *in_channels = j["in_channels"].get<int64_t>();
-  if (cls == "WanTransformer3DModel") return "wan";
-  if (cls == "CogVideoXTransformer3DModel") return "cogvideox";
+  if (const auto *f = models::family_of_class(cls)) return f;
   *why = "the trainer's model " + spec + " is a " + (cls.empty() ? "folder without _class_name" : cls) +
-         ", which ddpsampler has no sampler for (Wan, CogVideoX)";
-  return "";
+         ", which ddpsampler has no sampler for (" + models::family_titles(", ") + ")";
+  return nullptr;
 }
 
 }  // namespace
@@ -181,40 +172,37 @@ struct SamplerEngine::Impl {
     return *dit;
   }
 
-  models::SamplerKind kind_for(const std::string &family) const {
-    const std::string name = cfg.sampler == "auto" ? (family == "cogvideox" ? "dpm" : "unipc") : cfg.sampler;
+  models::SamplerKind kind_for(const models::ModelFamily &f) const {
+    const std::string name = cfg.sampler == "auto" ? f.default_sampler : cfg.sampler;
     const auto kind = models::parse_sampler(name);
-    if (family != models::sampler_family(kind))
-      throw std::runtime_error("sampler=" + name + " is " + (family == "wan" ? "CogVideoX's" : "Wan's") +
-                               " but the trainer's model is " + family + " (use " +
-                               (family == "wan" ? "euler or unipc" : "ddim or dpm") + ")");
+    if (f.name != std::string(models::sampler_family(kind))) {
+      const auto *of = models::family_named(models::sampler_family(kind));
+      throw std::runtime_error("sampler=" + name + " is " + (of ? of->title : "another family") +
+                               "'s but the trainer's model is " + f.name + " (use " + f.samplers + ")");
+    }
     return kind;
   }
 
-  at::Tensor text_of(const Embedded &e, const std::string &family, const c10::Device &dev) const {
+  at::Tensor text_of(const Embedded &e, const models::ModelFamily &f, const c10::Device &dev) const {
     at::Tensor t = e.embeds.to(dev, at::kFloat).unsqueeze(0);
-    // Wan's pipelines pass the encoder's output trimmed to the tokens and zero-padded; CogVideoX's all of it.
-    if (family == "wan" && e.mask.defined()) t = models::zero_text_padding(t, e.mask.to(dev).unsqueeze(0));
+    // The family's pipelines pass the encoder's output trimmed to the tokens and zero-padded, or all of it.
+    if (f.text == models::TextConvention::kZeroPadded && e.mask.defined())
+      t = models::zero_text_padding(t, e.mask.to(dev).unsqueeze(0));
     return t;
   }
 
   bool sample_all(const ParamSnapshot &snap, const std::function<bool(SampleOut &)> &emit) {
     auto &dit = dit_for(snap);
-    const std::string family = dit.family();
-    const auto kind = kind_for(family);
+    const models::ModelFamily &def = dit.descriptor();
+    const auto kind = kind_for(def);
     const auto dev = device();
-    const auto def = defaults_of(family);
+    const bool frames_first = def.layout == models::LatentLayout::kFramesFirst;
     const int64_t channels = dit.latent_channels();
     const int64_t spatial = cfg.spatial_compression ? cfg.spatial_compression
                             : vae_spatial           ? vae_spatial
                                                     : (channels == 48 ? 16 : 8);
     const int64_t temporal = cfg.temporal_compression;
-    int64_t patch_t = 1;
-    if (family == "cogvideox") {
-      const auto j = nlohmann::json::parse(dit.config_json(), nullptr, false);
-      if (j.is_object() && j.contains("patch_size_t") && j["patch_size_t"].is_number_integer())
-        patch_t = j["patch_size_t"].get<int64_t>();
-    }
+    const int64_t patch_t = def.temporal_padding == models::TemporalPadding::kNone ? 1 : dit.temporal_patch();
     std::map<uint32_t, PromptEntry> mine;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -257,12 +245,12 @@ struct SamplerEngine::Impl {
         }
         continue;
       }
-      // CogVideoX 1.5 (patch_size_t): the pipeline pads the latent frames up to a multiple of it in
-      // front, and drops those frames after sampling.
-      const int64_t extra = family == "cogvideox" && patch_t > 1 && t % patch_t ? patch_t - t % patch_t : 0;
-      const std::vector<int64_t> shape = family == "cogvideox" ? std::vector<int64_t>{1, t + extra, channels, h, w}
-                                                               : std::vector<int64_t>{1, channels, t, h, w};
-      const at::Tensor pe = text_of(p.prompt, family, dev), ne = text_of(p.negative, family, dev);
+      // Temporal patch padding (patch_size_t > 1): the pipeline pads the latent frames up to a multiple of
+      // patch_size_t in front, and drops those frames after sampling.
+      const int64_t extra = patch_t > 1 && t % patch_t ? patch_t - t % patch_t : 0;
+      const std::vector<int64_t> shape = frames_first ? std::vector<int64_t>{1, t + extra, channels, h, w}
+                                                      : std::vector<int64_t>{1, channels, t, h, w};
+      const at::Tensor pe = text_of(p.prompt, def, dev), ne = text_of(p.negative, def, dev);
       if (pe.size(-1) != dit.text_dim())
         throw std::runtime_error("the prompt embeddings are " + std::to_string(pe.size(-1)) + " wide, the model takes " +
                                  std::to_string(dit.text_dim()) + " (is textencoder's model the one this transformer "
@@ -271,7 +259,7 @@ struct SamplerEngine::Impl {
       so.kind = kind;
       so.steps = cfg.steps;
       so.flow_shift = cfg.flow_shift;
-      so.snr_shift_scale = cfg.snr_shift_scale > 0 ? cfg.snr_shift_scale : 3.0;
+      so.snr_shift_scale = cfg.snr_shift_scale > 0 ? cfg.snr_shift_scale : def.default_shift;
       auto sampler = models::Sampler::make(so);
       // The pipelines' noise: torch.randn(shape) from a CPU generator seeded with the seed.
       at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
@@ -281,7 +269,7 @@ struct SamplerEngine::Impl {
                                                                  noise, pe, ne, cfg.guidance,
                                                                  cfg.guidance_2 < 0 ? cfg.guidance : cfg.guidance_2, gen)[0]
                                       : models::sample_latents(dit, *sampler, noise, pe, ne, cfg.guidance, gen)[0];
-      if (family == "cogvideox") lat = lat.slice(0, extra).permute({1, 0, 2, 3});
+      if (frames_first) lat = lat.slice(0, extra).permute({1, 0, 2, 3});
       lat = lat.to(at::kCPU, at::kFloat).contiguous();
 
       SampleOut out;
@@ -331,13 +319,13 @@ bool SamplerEngine::attach(std::shared_ptr<RunContext> run) {
   // The sampler must fit the trainer's model: said at start, not at the first sample.
   if (const std::string spec = run->model_spec(); !spec.empty()) {
     std::string why;
-    const std::string family = folder_family(spec, &d.model_channels, &why);
-    if (family.empty()) {
+    const models::ModelFamily *family = folder_family(spec, &d.model_channels, &why);
+    if (!family) {
       d.error = why;
       return false;
     }
     try {
-      d.kind_for(family);
+      d.kind_for(*family);
     } catch (const std::exception &e) {
       d.error = e.what();
       return false;
@@ -347,7 +335,8 @@ bool SamplerEngine::attach(std::shared_ptr<RunContext> run) {
   d.rank = d.run->rank();
   d.world = d.run->world_size();
   Impl *p = impl_.get();
-  d.callback = d.run->add_step_callback([p](const StepReport &r) { p->on_step(r); });
+  // A run that has already finished calls back at once (on_step: its last snapshot, then the end).
+  d.callback = d.run->follow_steps([p](const StepReport &r) { p->on_step(r); });
   // Subscribed after the model was built: at-start takes step 0 now.
   if (d.cfg.at_start && d.run->has_model() && d.run->steps_done() == 0) d.offer(0, false);
   return true;

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model_family.h"
+
 namespace videotrain::models {
 
 namespace {
@@ -27,7 +29,8 @@ std::string check_timestep_options(const ModelOptions &o) {
 }
 
 std::string check_family_timestep_options(const std::string &class_name, const ModelOptions &o) {
-  if (class_name != "CogVideoXTransformer3DModel") return "";
+  const ModelFamily *f = family_of_class(class_name);
+  if (!f || f->objective != Objective::kVPrediction) return "";
   if (!one_of(o.timestep_sampling, {"auto", "uniform"}))
     return "timestep-sampling=" + o.timestep_sampling +
            " is for flow-matching models (Wan); CogVideoX trains on its DDPM schedule with integer timesteps drawn "

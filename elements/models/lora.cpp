@@ -12,6 +12,7 @@
 
 #include "layers.h"
 #include "lora_names.h"
+#include "model_family.h"
 #include "safetensors.h"
 #include "weights_io.h"
 
@@ -31,7 +32,8 @@ const char *const kShapesKey = "videotrain.linear_shapes";
 // blocks.7.attn1.to_q -> blocks.{i}.attn1.to_q (transformer_blocks.{i}. likewise): every block of a
 // Wan or CogVideoX model has the same Linears.
 std::string block_pattern(const std::string &name) {
-  for (const char *prefix : {"blocks.", "transformer_blocks."}) {
+  for (const auto &f : model_families()) {
+    const char *prefix = f.lora_names->block_prefix;
     const size_t n = std::strlen(prefix);
     if (name.compare(0, n, prefix) != 0) continue;
     size_t i = n;
@@ -41,24 +43,35 @@ std::string block_pattern(const std::string &name) {
   return name;
 }
 
-// The block index of blocks.N.* (-1 for a module outside the blocks).
-int64_t block_index(const std::string &name) {
-  if (name.rfind("blocks.", 0) != 0) return -1;
-  size_t i = 7;
+// The block index of <prefix>N.* (-1 for a module outside the blocks).
+int64_t block_index(const std::string &name, const std::string &prefix) {
+  if (name.rfind(prefix, 0) != 0) return -1;
+  size_t i = prefix.size();
   int64_t v = 0;
   while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) v = v * 10 + (name[i++] - '0');
-  return i > 7 ? v : -1;
+  return i > prefix.size() ? v : -1;
 }
 
-// CogVideoX's module names stay diffusers' in every naming; its LoRAs are told from Wan's by a module
-// only CogVideoX has (proj_out alone is both's) or by the model's Linears.
-bool is_cogvideox(const LoraFile &lora) {
-  for (const auto &[name, m] : lora.modules)
-    if (name.rfind("transformer_blocks.", 0) == 0 || (!cogvideox_module(name, false).empty() && wan_original_name(name).empty()))
-      return true;
-  for (const auto &[name, s] : lora.shapes)
-    if (name.rfind("transformer_blocks.", 0) == 0) return true;
-  return false;
+// The family of a LoRA's modules (diffusers names): a later family of the table when a module or a
+// shape of the model's Linears is that family's alone (proj_out is several's), else the first.
+const ModelFamily &lora_family(const LoraFile &lora) {
+  const auto &all = model_families();
+  auto owner = [&](const std::string &name) -> const ModelFamily * {
+    const ModelFamily *hit = nullptr;
+    for (const auto &f : all)
+      if (name.rfind(f.lora_names->block_prefix, 0) == 0 || !lora_original_name(*f.lora_names, name).empty()) {
+        if (hit) return nullptr;
+        hit = &f;
+      }
+    return hit;
+  };
+  for (size_t i = 1; i < all.size(); i++) {
+    for (const auto &[name, m] : lora.modules)
+      if (owner(name) == &all[i]) return all[i];
+    for (const auto &[name, s] : lora.shapes)
+      if (owner(name) == &all[i]) return all[i];
+  }
+  return all.front();
 }
 
 // (in, out) of the model's Linear `name`: from the shapes, else from a LoRA module of the same kind.
@@ -244,8 +257,8 @@ double LoraFile::alpha_of(const LoraModule &m) const {
 }
 
 void write_lora_file(const std::string &path, const LoraFile &lora, const std::string &naming) {
-  const bool cogvideox = is_cogvideox(lora);
-  const std::string why = lora_naming_problem(module_names(lora), naming, cogvideox);
+  const ModelFamily &family = lora_family(lora);
+  const std::string why = lora_naming_problem(module_names(lora), naming, family);
   if (!why.empty()) throw std::runtime_error("cannot write '" + path + "' in the " + naming + " naming: " + why);
   std::vector<SafetensorsOutTensor> out;
   auto add = [&](const std::string &name, const at::Tensor &t) { out.push_back(out_tensor(name, t)); };
@@ -275,7 +288,8 @@ void write_lora_file(const std::string &path, const LoraFile &lora, const std::s
                                 {"transformer.alpha_pattern", alpha_pattern}};
     meta["lora_adapter_metadata"] = cfg.dump(2);
   } else {
-    // Wan (lora_naming_problem refused CogVideoX): what diffusers' converters for this naming need.
+    // A family whose files load in this naming (lora_naming_problem): what diffusers' converters need.
+    const std::string prefix = family.lora_names->block_prefix;
     std::map<std::string, LoraModule> mods;
     for (const auto &[name, m] : lora.modules) {
       LoraModule c = m;
@@ -299,26 +313,27 @@ void write_lora_file(const std::string &path, const LoraFile &lora, const std::s
     };
     if (naming == "kohya") {
       int64_t last = -1;
-      for (const auto &[name, m] : lora.modules) last = std::max(last, block_index(name));
+      for (const auto &[name, m] : lora.modules) last = std::max(last, block_index(name, prefix));
       for (int64_t i = 0; i <= last; i++)
-        for (const auto &d : wan_block_modules())
-          pad("blocks." + std::to_string(i) + "." + d,
+        for (const auto &d : lora_block_modules(*family.lora_names))
+          pad(prefix + std::to_string(i) + "." + d,
               "diffusers' musubi converter (WanPipeline.load_lora_weights) requires every module of blocks 0 to " +
                   std::to_string(last));
     } else {
       bool block = false;
-      for (const auto &[name, m] : lora.modules) block = block || block_index(name) >= 0;
+      for (const auto &[name, m] : lora.modules) block = block || block_index(name, prefix) >= 0;
       if (!block)
-        pad("blocks.0.attn1.to_q", "diffusers' converter of the original Wan naming (WanPipeline.load_lora_weights) "
+        pad(prefix + "0." + family.lora_names->block.front().first,
+            "diffusers' converter of the original Wan naming (WanPipeline.load_lora_weights) "
                                    "requires a block module");
     }
     for (const auto &[name, m] : mods) {
       // diffusers' converter of the original naming reads .alpha only in the blocks: fold it in elsewhere.
-      const bool fold = naming == "comfyui" && block_index(name) < 0;
+      const bool fold = naming == "comfyui" && block_index(name, prefix) < 0;
       const double scale = m.alpha / static_cast<double>(m.a.size(0));
-      add(lora_key(name, naming, false, LoraPart::kDown), fold && scale != 1.0 ? m.a * scale : m.a);
-      add(lora_key(name, naming, false, LoraPart::kUp), m.b);
-      if (!fold) add(lora_key(name, naming, false, LoraPart::kAlpha), torch::tensor(m.alpha, torch::kFloat).reshape({}));
+      add(lora_key(name, naming, family, LoraPart::kDown), fold && scale != 1.0 ? m.a * scale : m.a);
+      add(lora_key(name, naming, family, LoraPart::kUp), m.b);
+      if (!fold) add(lora_key(name, naming, family, LoraPart::kAlpha), torch::tensor(m.alpha, torch::kFloat).reshape({}));
     }
   }
   std::string err;
@@ -331,7 +346,7 @@ void check_lora_format(torch::nn::Module &model, const std::string &format) {
     throw std::runtime_error("lora-format '" + format + "' is not one of diffusers, comfyui, kohya, all");
   for (const char *n : {"diffusers", "comfyui", "kohya"})
     if (format == n || format == "all") {
-      const std::string why = lora_naming_problem(module_names(lora), n, is_cogvideox(lora));
+      const std::string why = lora_naming_problem(module_names(lora), n, lora_family(lora));
       if (!why.empty())
         throw std::runtime_error("lora-format=" + format + (format == "all" ? std::string(" (") + n + ")" : "") +
                                  " with these lora-targets: " + why);

@@ -5,34 +5,61 @@
 #include <cstring>
 #include <utility>
 
+#include "model_family.h"
+
 namespace videotrain::models {
 
 namespace {
 
 // diffusers <- original Wan (wan/modules/model.py), the map ComfyUI-format LoRAs use.
-const std::pair<const char *, const char *> kWanNames[] = {
-    {"attn1.to_q", "self_attn.q"},      {"attn1.to_k", "self_attn.k"},
-    {"attn1.to_v", "self_attn.v"},      {"attn1.to_out.0", "self_attn.o"},
-    {"attn2.to_q", "cross_attn.q"},     {"attn2.to_k", "cross_attn.k"},
-    {"attn2.to_v", "cross_attn.v"},     {"attn2.to_out.0", "cross_attn.o"},
-    {"ffn.net.0.proj", "ffn.0"},        {"ffn.net.2", "ffn.2"},
-};
-const std::pair<const char *, const char *> kWanTop[] = {
-    {"condition_embedder.text_embedder.linear_1", "text_embedding.0"},
-    {"condition_embedder.text_embedder.linear_2", "text_embedding.2"},
-    {"condition_embedder.time_embedder.linear_1", "time_embedding.0"},
-    {"condition_embedder.time_embedder.linear_2", "time_embedding.2"},
-    {"condition_embedder.time_proj", "time_projection.1"},
-    {"proj_out", "head.head"},
+const LoraNameTable kWan{
+    "blocks.",
+    {{"attn1.to_q", "self_attn.q"},
+     {"attn1.to_k", "self_attn.k"},
+     {"attn1.to_v", "self_attn.v"},
+     {"attn1.to_out.0", "self_attn.o"},
+     {"attn2.to_q", "cross_attn.q"},
+     {"attn2.to_k", "cross_attn.k"},
+     {"attn2.to_v", "cross_attn.v"},
+     {"attn2.to_out.0", "cross_attn.o"},
+     {"ffn.net.0.proj", "ffn.0"},
+     {"ffn.net.2", "ffn.2"}},
+    {{"condition_embedder.text_embedder.linear_1", "text_embedding.0"},
+     {"condition_embedder.text_embedder.linear_2", "text_embedding.2"},
+     {"condition_embedder.time_embedder.linear_1", "time_embedding.0"},
+     {"condition_embedder.time_embedder.linear_2", "time_embedding.2"},
+     {"condition_embedder.time_proj", "time_projection.1"},
+     {"proj_out", "head.head"}},
+    {"blocks.", "condition_embedder."},
+    nullptr,
+    "diffusers' musubi converter, which WanPipeline.load_lora_weights runs on lora_unet_ keys, fails on any other",
 };
 
 // CogVideoX LoRAs outside diffusers' file (ComfyUI's CogVideoX wrapper, kohya-style trainers) keep
 // diffusers' module names: diffusion_model.<name>, or lora_unet_<name with underscores>. The modules
 // a LoRA can name, so that the underscored form maps back.
-const char *const kCogVideoXBlock[] = {"attn1.to_q",     "attn1.to_k", "attn1.to_v",   "attn1.to_out.0",
-                                       "ff.net.0.proj",  "ff.net.2",   "norm1.linear", "norm2.linear"};
-const char *const kCogVideoXTop[] = {"patch_embed.proj",        "patch_embed.text_proj", "time_embedding.linear_1",
-                                     "time_embedding.linear_2", "norm_out.linear",       "proj_out"};
+const LoraNameTable kCogVideoX{
+    "transformer_blocks.",
+    {{"attn1.to_q", "attn1.to_q"},
+     {"attn1.to_k", "attn1.to_k"},
+     {"attn1.to_v", "attn1.to_v"},
+     {"attn1.to_out.0", "attn1.to_out.0"},
+     {"ff.net.0.proj", "ff.net.0.proj"},
+     {"ff.net.2", "ff.net.2"},
+     {"norm1.linear", "norm1.linear"},
+     {"norm2.linear", "norm2.linear"}},
+    {{"patch_embed.proj", "patch_embed.proj"},
+     {"patch_embed.text_proj", "patch_embed.text_proj"},
+     {"time_embedding.linear_1", "time_embedding.linear_1"},
+     {"time_embedding.linear_2", "time_embedding.linear_2"},
+     {"norm_out.linear", "norm_out.linear"},
+     {"proj_out", "proj_out"}},
+    {"transformer_blocks."},
+    "diffusers' CogVideoXPipeline.load_lora_weights reads only diffusers keys "
+    "(transformer.transformer_blocks.0.attn1.to_q.lora_A.weight), ComfyUI's own CogVideoX model names its "
+    "layers otherwise (blocks.0.q) and ComfyUI's CogVideoX wrapper loads LoRAs through diffusers",
+    nullptr,
+};
 
 // kohya/musubi spell an original module name with underscores: blocks.0.self_attn.q -> blocks_0_self_attn_q.
 std::string kohya_name(std::string original) {
@@ -43,10 +70,6 @@ std::string kohya_name(std::string original) {
 bool ends_with(const std::string &s, const std::string &t) {
   return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
 }
-
-}  // namespace
-
-namespace {
 
 // "<prefix><digits><sep><rest>" (rest not empty) split into the digits and the rest.
 bool split_block(const std::string &name, const std::string &prefix, char sep, std::string *index, std::string *rest) {
@@ -59,56 +82,36 @@ bool split_block(const std::string &name, const std::string &prefix, char sep, s
   return true;
 }
 
-std::string wan_diffusers_name(const std::string &original) {
-  for (const auto &[d, o] : kWanTop)
-    if (original == o) return d;
-  std::string i, rest;
-  if (split_block(original, "blocks.", '.', &i, &rest))
-    for (const auto &[d, o] : kWanNames)
-      if (rest == o) return "blocks." + i + "." + d;
-  return "";
-}
-
-std::string wan_kohya_to_original(const std::string &k) {
-  for (const auto &[d, o] : kWanTop)
-    if (k == kohya_name(o)) return o;
-  std::string i, rest;
-  if (split_block(k, "blocks_", '_', &i, &rest))
-    for (const auto &[d, o] : kWanNames)
-      if (rest == kohya_name(o)) return "blocks." + i + "." + o;
-  return "";
-}
-
 }  // namespace
 
-std::string cogvideox_module(const std::string &name, bool underscored) {
-  auto spell = [&](std::string n) {
-    if (underscored) std::replace(n.begin(), n.end(), '.', '_');
-    return n;
-  };
-  for (const char *t : kCogVideoXTop)
-    if (name == spell(t)) return t;
+const LoraNameTable &wan_lora_names() { return kWan; }
+const LoraNameTable &cogvideox_lora_names() { return kCogVideoX; }
+
+std::string lora_diffusers_name(const LoraNameTable &t, const std::string &name, bool underscored) {
+  auto spell = [&](const std::string &n) { return underscored ? kohya_name(n) : n; };
+  for (const auto &[d, o] : t.top)
+    if (name == spell(o)) return d;
   std::string i, rest;
-  if (split_block(name, underscored ? "transformer_blocks_" : "transformer_blocks.", underscored ? '_' : '.', &i, &rest))
-    for (const char *b : kCogVideoXBlock)
-      if (rest == spell(b)) return "transformer_blocks." + i + "." + b;
+  if (split_block(name, spell(t.block_prefix), underscored ? '_' : '.', &i, &rest))
+    for (const auto &[d, o] : t.block)
+      if (rest == spell(o)) return t.block_prefix + i + "." + d;
   return "";
 }
 
-std::vector<std::string> wan_block_modules() {
-  std::vector<std::string> out;
-  for (const auto &[d, o] : kWanNames) out.push_back(d);
-  return out;
-}
-
-std::string wan_original_name(const std::string &name) {
-  for (const auto &[d, o] : kWanTop)
+std::string lora_original_name(const LoraNameTable &t, const std::string &name) {
+  for (const auto &[d, o] : t.top)
     if (name == d) return o;
   std::string i, rest;
-  if (split_block(name, "blocks.", '.', &i, &rest))
-    for (const auto &[d, o] : kWanNames)
-      if (rest == d) return "blocks." + i + "." + o;
+  if (split_block(name, t.block_prefix, '.', &i, &rest))
+    for (const auto &[d, o] : t.block)
+      if (rest == d) return t.block_prefix + i + "." + o;
   return "";
+}
+
+std::vector<std::string> lora_block_modules(const LoraNameTable &t) {
+  std::vector<std::string> out;
+  for (const auto &[d, o] : t.block) out.push_back(d);
+  return out;
 }
 
 bool parse_lora_key(const std::string &key, LoraKey *out, std::string *why) {
@@ -134,38 +137,47 @@ bool parse_lora_key(const std::string &key, LoraKey *out, std::string *why) {
   auto well_formed = [](const std::string &m) {
     return !m.empty() && m.find("..") == std::string::npos && m.front() != '.' && m.back() != '.';
   };
+  // PEFT's keys without the prefix (a model's save_lora_adapter, get_peft_model_state_dict): a module of
+  // some family's table or blocks, and not an original name that differs from diffusers' (those are
+  // ComfyUI keys without diffusion_model.).
+  auto bare_diffusers = [&](const std::string &m) {
+    if (!well_formed(m)) return false;
+    bool known = false;
+    for (const auto &f : model_families()) {
+      const LoraNameTable &t = *f.lora_names;
+      const std::string d = lora_diffusers_name(t, m, false);
+      if (!d.empty() && d != m) return false;
+      known = known || !lora_original_name(t, m).empty();
+      for (const char *p : t.diffusers_prefixes) known = known || m.rfind(p, 0) == 0;
+    }
+    return known;
+  };
+  // ComfyUI and kohya keys: the first family whose table names the module.
+  auto from_table = [&](const std::string &name, bool underscored) {
+    for (const auto &f : model_families()) {
+      out->module = lora_diffusers_name(*f.lora_names, name, underscored);
+      out->family = f.name;
+      if (!out->module.empty()) return;
+    }
+  };
   if (stem.rfind("transformer.", 0) == 0) {
     out->naming = "diffusers";
     const std::string m = stem.substr(12);
     // Any Linear of the model may carry a diffusers LoRA; the model's own check names the ones it lacks.
     if (well_formed(m)) out->module = m;
-  } else if (well_formed(stem) && wan_diffusers_name(stem).empty() &&
-             (!wan_original_name(stem).empty() || !cogvideox_module(stem, false).empty() ||
-              stem.rfind("blocks.", 0) == 0 || stem.rfind("transformer_blocks.", 0) == 0 ||
-              stem.rfind("condition_embedder.", 0) == 0)) {
-    // PEFT's keys without the prefix (a model's save_lora_adapter, get_peft_model_state_dict); original
-    // Wan names without diffusion_model. are not taken for diffusers ones.
+  } else if (bare_diffusers(stem)) {
     out->naming = "diffusers";
     out->module = stem;
   } else if (stem.rfind("diffusion_model.", 0) == 0) {
     out->naming = "comfyui";
-    out->module = wan_diffusers_name(stem.substr(16));
-    out->family = "wan";
-    if (out->module.empty()) {
-      out->module = cogvideox_module(stem.substr(16), false);
-      out->family = "cogvideox";
-    }
+    from_table(stem.substr(16), false);
   } else if (stem.rfind("lora_unet_", 0) == 0) {
     out->naming = "kohya";
-    out->module = wan_diffusers_name(wan_kohya_to_original(stem.substr(10)));
-    out->family = "wan";
-    if (out->module.empty()) {
-      out->module = cogvideox_module(stem.substr(10), true);
-      out->family = "cogvideox";
-    }
+    from_table(stem.substr(10), true);
   }
   if (out->module.empty()) {
-    *why = "names no Linear module of a Wan or CogVideoX transformer: a LoRA for another model, or a naming other "
+    *why = "names no Linear module of a " + family_titles(" or ") +
+           " transformer: a LoRA for another model, or a naming other "
            "than diffusers (transformer.blocks.0.attn1.to_q), ComfyUI (diffusion_model.blocks.0.self_attn.q) or "
            "kohya (lora_unet_blocks_0_self_attn_q)";
     return false;
@@ -173,34 +185,33 @@ bool parse_lora_key(const std::string &key, LoraKey *out, std::string *why) {
   return true;
 }
 
-std::string lora_naming_problem(const std::vector<std::string> &modules, const std::string &naming, bool cogvideox) {
+std::string lora_naming_problem(const std::vector<std::string> &modules, const std::string &naming,
+                                const ModelFamily &family) {
   if (naming == "diffusers") return "";
   if (naming != "comfyui" && naming != "kohya") return "'" + naming + "' is not a LoRA naming (diffusers, comfyui or kohya)";
-  if (cogvideox)
-    return "no loader reads a CogVideoX LoRA in the " + naming +
-           " naming: diffusers' CogVideoXPipeline.load_lora_weights reads only diffusers keys "
-           "(transformer.transformer_blocks.0.attn1.to_q.lora_A.weight), ComfyUI's own CogVideoX model names its "
-           "layers otherwise (blocks.0.q) and ComfyUI's CogVideoX wrapper loads LoRAs through diffusers; write the "
-           "diffusers naming (lora-format=diffusers)";
+  const LoraNameTable &t = *family.lora_names;
+  if (t.unloadable)
+    return "no loader reads a " + std::string(family.title) + " LoRA in the " + naming + " naming: " + t.unloadable +
+           "; write the diffusers naming (lora-format=diffusers)";
   for (const auto &m : modules) {
-    const std::string o = wan_original_name(m);
+    const std::string o = lora_original_name(t, m);
     if (o.empty())
-      return "module '" + m + "' has no name in the original Wan naming ComfyUI and kohya files use; write the "
-             "diffusers naming (lora-format=diffusers)";
-    if (naming == "kohya" && o.rfind("blocks.", 0) != 0)
-      return "a kohya/musubi file holds only the blocks' modules (diffusers' musubi converter, which "
-             "WanPipeline.load_lora_weights runs on lora_unet_ keys, fails on any other) and this LoRA has '" +
-             m + "' (" + o + "); write the comfyui naming (ComfyUI and diffusers load it) or diffusers";
+      return "module '" + m + "' has no name in the original " + family.title +
+             " naming ComfyUI and kohya files use; write the diffusers naming (lora-format=diffusers)";
+    if (naming == "kohya" && t.kohya_blocks_only && o.rfind(t.block_prefix, 0) != 0)
+      return "a kohya/musubi file holds only the blocks' modules (" + std::string(t.kohya_blocks_only) +
+             ") and this LoRA has '" + m + "' (" + o +
+             "); write the comfyui naming (ComfyUI and diffusers load it) or diffusers";
   }
   return "";
 }
 
-std::string lora_key(const std::string &module, const std::string &naming, bool cogvideox, LoraPart part) {
+std::string lora_key(const std::string &module, const std::string &naming, const ModelFamily &family, LoraPart part) {
   if (naming == "diffusers") {
     if (part == LoraPart::kAlpha) return "";  // diffusers keeps alpha in the metadata
     return "transformer." + module + (part == LoraPart::kDown ? ".lora_A.weight" : ".lora_B.weight");
   }
-  const std::string o = cogvideox ? cogvideox_module(module, false) : wan_original_name(module);
+  const std::string o = lora_original_name(*family.lora_names, module);
   if (o.empty() || (naming != "comfyui" && naming != "kohya")) return "";
   const bool kohya = naming == "kohya";
   const std::string stem = kohya ? "lora_unet_" + kohya_name(o) : "diffusion_model." + o;

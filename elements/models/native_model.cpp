@@ -33,6 +33,12 @@ std::vector<std::string> DitModel::linear_names() {
   return out;
 }
 
+const ModelFamily &DitModel::descriptor() const {
+  const ModelFamily *f = family_of_class(class_name());
+  if (!f) throw std::logic_error(class_name() + " has no entry in model_family.cpp");
+  return *f;
+}
+
 std::string DitModel::save(const std::string &dir, at::ScalarType dtype, uint64_t max_shard_bytes) {
   return save_folder(module(), dir, config_json(), "diffusion_pytorch_model", dtype, max_shard_bytes);
 }
@@ -42,7 +48,6 @@ namespace {
 class WanDit : public DitModel {
  public:
   explicit WanDit(const WanConfig &c) : net_(c) {}
-  std::string family() const override { return "wan"; }
   std::string class_name() const override { return "WanTransformer3DModel"; }
   torch::nn::Module &module() override { return *net_; }
   at::Tensor forward(const at::Tensor &x, const at::Tensor &t, const at::Tensor &text) override {
@@ -69,7 +74,6 @@ class WanDit : public DitModel {
 class CogVideoXDit : public DitModel {
  public:
   explicit CogVideoXDit(const CogVideoXConfig &c) : net_(c) {}
-  std::string family() const override { return "cogvideox"; }
   std::string class_name() const override { return "CogVideoXTransformer3DModel"; }
   torch::nn::Module &module() override { return *net_; }
   at::Tensor forward(const at::Tensor &x, const at::Tensor &t, const at::Tensor &text) override {
@@ -78,6 +82,7 @@ class CogVideoXDit : public DitModel {
   void set_checkpointing(Checkpointing c) override { net_->checkpointing = c; }
   void set_attention_backend(AttentionBackend b) override { net_->attention_backend = b; }
   std::string config_json() const override { return cogvideox_transformer_config_json(net_->cfg); }
+  int64_t temporal_patch() const override { return std::max<int64_t>(1, net_->cfg.patch_size_t); }
   int64_t latent_channels() const override { return net_->cfg.in_channels; }
   int64_t text_dim() const override { return net_->cfg.text_embed_dim; }
 
@@ -258,7 +263,6 @@ class NativeTrainModel : public TrainModel {
     if (std::string why = models::check_family_timestep_options(dit_->class_name(), o); !why.empty())
       throw std::runtime_error(why);
     if (auto *cog = dynamic_cast<models::CogVideoXTransformerImpl *>(&dit_->module())) {
-      cog_patch_t_ = std::max<int64_t>(1, cog->cfg.patch_size_t);
       const double s = o.snr_shift_scale > 0 ? o.snr_shift_scale
                                              : models::cogvideox_snr_shift_scale(dir_, cog->cfg.use_rotary_positional_embeddings);
       alphas_cumprod_ = torch::tensor(models::cogvideox_alphas_cumprod(s), torch::kDouble);  // schedules.h
@@ -310,10 +314,10 @@ class NativeTrainModel : public TrainModel {
       for (auto &id : ids) id = static_cast<uint64_t>(torch::randint(INT64_MAX, {1}, torch::kLong).item<int64_t>());
       epoch = 0;
     }
-    if (alphas_cumprod_.defined()) {
+    if (vpred()) {
       // CogVideoX: v-prediction on its DDPM schedule, the loss on the x0 estimate weighted 1 / (1 - a_t);
       // the T5 output as the pipelines pass it (no mask).
-      const auto x = models::cogvideox_latents(x0, cog_patch_t_);
+      const auto x = models::cogvideox_latents(x0, dit_->temporal_patch());
       at::Tensor t, noise, x_t, w;
       models::draw_ddpm(x, ids, epoch, opt_, &t, &noise);
       models::vpred_terms(x, noise, t, alphas_cumprod_, &x_t, &w);
@@ -338,9 +342,9 @@ class NativeTrainModel : public TrainModel {
     }
     const auto noise = torch::stack(ns).to(x0.device(), x0.scalar_type());
     at::Tensor total;
-    if (alphas_cumprod_.defined()) {  // CogVideoX: timesteps 1000 sigma, noise in its frames-first layout
-      const auto x = models::cogvideox_latents(x0, cog_patch_t_);
-      const auto nx = models::cogvideox_latents(noise, cog_patch_t_);
+    if (vpred()) {  // CogVideoX: timesteps 1000 sigma, noise in its frames-first layout
+      const auto x = models::cogvideox_latents(x0, dit_->temporal_patch());
+      const auto nx = models::cogvideox_latents(noise, dit_->temporal_patch());
       for (double s : opt_.val_sigmas) {
         const auto t = torch::full({m}, std::clamp<int64_t>(static_cast<int64_t>(s * 1000), 0, 999),
                                    x0.options().dtype(torch::kLong));
@@ -509,7 +513,7 @@ class NativeTrainModel : public TrainModel {
   std::unique_ptr<models::DitModel> dit_;
   ModelOptions opt_;
   at::Tensor alphas_cumprod_;  // CogVideoX's schedule (float64); undefined for flow-matching families
-  int64_t cog_patch_t_ = 1;
+  bool vpred() const { return dit_->descriptor().objective == models::Objective::kVPrediction; }
 };
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "flow_timesteps.h"
 #include "model_options.h"
+#include "model_family.h"
 #include "train_model.h"
 
 namespace videotrain::models {
@@ -20,9 +21,13 @@ namespace videotrain::models {
 class DitModel {
  public:
   virtual ~DitModel() = default;
-  virtual std::string family() const = 0;      // "wan"
   virtual std::string class_name() const = 0;  // "WanTransformer3DModel"
   virtual torch::nn::Module &module() = 0;
+  // What the code knows of the class's family (model_family.h), and its name ("wan").
+  const ModelFamily &descriptor() const;
+  std::string family() const { return descriptor().name; }
+  // The config's patch_size_t: latent frames per token (1 where the family patches frames one by one).
+  virtual int64_t temporal_patch() const { return 1; }
   // The class's own call in diffusers' layout (Wan: hidden_states [B, C, T, H, W], timestep [B] or
   // [B, tokens], encoder_hidden_states [B, L, D]). Throws std::invalid_argument on shapes.
   virtual at::Tensor forward(const at::Tensor &hidden_states, const at::Tensor &timestep,

@@ -161,6 +161,6 @@ std::string whitespace_clean(const std::string &s) {
   return out;
 }
 
-std::string wan_prompt_clean(const std::string &s) { return whitespace_clean(html_unescape(html_unescape(s))); }
+std::string prompt_clean(const std::string &s) { return whitespace_clean(html_unescape(html_unescape(s))); }
 
 }  // namespace videotrain::text

@@ -13,7 +13,7 @@ namespace videotrain::text {
 std::string html_unescape(const std::string &s);
 // Runs of Unicode whitespace (Python's str.isspace set) become one space; leading/trailing removed.
 std::string whitespace_clean(const std::string &s);
-// whitespace_clean(html_unescape(html_unescape(s))): Wan's prompt_clean.
-std::string wan_prompt_clean(const std::string &s);
+// whitespace_clean(html_unescape(html_unescape(s))): pipeline_wan.prompt_clean.
+std::string prompt_clean(const std::string &s);
 
 }  // namespace videotrain::text

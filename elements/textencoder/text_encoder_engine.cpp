@@ -19,6 +19,7 @@
 #include "first_line.h"
 #include "jit_load.h"
 #include "latent_store.h"
+#include "models/model_family.h"
 #include "models/t5_encoder.h"
 #include "prompt_clean.h"
 #include "seeded_hash.h"
@@ -64,8 +65,10 @@ struct TextEncoderEngine::Impl {
   torch::jit::Module module;
   std::unique_ptr<models::T5Encoder> native;  // a transformers folder; else `module`
   bool native_pending = false;                // a folder whose weights load at the first cache miss
-  enum class Convention { kAsReturned, kCogVideoX, kWan } convention = Convention::kAsReturned;
-  bool clean = false;  // Wan's prompt cleaning before tokenizing
+  // The family whose pipelines' convention text_embeds follows (model_family.h); null: as returned.
+  const models::ModelFamily *family = nullptr;
+  bool clean = false;  // the family's prompt cleaning before tokenizing
+  models::TextConvention convention() const { return family ? family->text : models::TextConvention::kAsReturned; }
   c10::Device device{c10::kCPU};
   c10::ScalarType dtype = c10::kFloat;
   int64_t dim = 0;
@@ -125,7 +128,7 @@ struct TextEncoderEngine::Impl {
 
   TokenizedCaption tokenize(const std::string &caption) const {
     const size_t l = static_cast<size_t>(opts.max_length);
-    return tokenizer->encode(clean ? text::wan_prompt_clean(caption) : caption, l);
+    return tokenizer->encode(clean ? text::prompt_clean(caption) : caption, l);
   }
 
   // input_ids/attention_mask [B, L] -> [B, L, D] in dtype on device.
@@ -142,7 +145,7 @@ struct TextEncoderEngine::Impl {
     if (native) {
       at::Tensor y;
       try {
-        if (convention == Convention::kWan) {
+        if (convention() == models::TextConvention::kZeroPadded) {
           const auto m = mask.to(device);
           y = native->forward(ids, m);
           y = y * m.unsqueeze(-1).to(y.scalar_type());  // pipeline_wan: h[:n] then zero rows
@@ -156,7 +159,7 @@ struct TextEncoderEngine::Impl {
       stats.encoded += static_cast<uint64_t>(b);
       return y.to(device, dtype).contiguous();
     }
-    if (convention == Convention::kCogVideoX) mask.fill_(1);  // the encoder sees every position
+    if (convention() == models::TextConvention::kUnmasked) mask.fill_(1);  // the encoder sees every position
     c10::IValue out;
     try {
       out = module.forward({ids.to(device), mask.to(device)});
@@ -179,7 +182,7 @@ struct TextEncoderEngine::Impl {
                                     : ""));
     stats.forward_calls++;
     stats.encoded += static_cast<uint64_t>(b);
-    if (convention == Convention::kWan) y = y * mask.to(y.device()).unsqueeze(-1).to(y.scalar_type());
+    if (convention() == models::TextConvention::kZeroPadded) y = y * mask.to(y.device()).unsqueeze(-1).to(y.scalar_type());
     return y.to(device, dtype).contiguous();
   }
 
@@ -249,8 +252,9 @@ std::unique_ptr<TextEncoderEngine> TextEncoderEngine::create(const TextEncoderOp
     return fail(ex.what());
   }
   const std::string &conv = opts.embedding_convention;
-  if (!conv.empty() && conv != "auto" && conv != "cogvideox" && conv != "wan")
-    return fail("embedding-convention '" + conv + "' is not one of auto, cogvideox, wan");
+  const bool auto_conv = conv.empty() || conv == "auto";
+  if (!auto_conv && !models::family_named(conv))
+    return fail("embedding-convention '" + conv + "' is not one of auto, " + models::family_names(", "));
   struct stat st;
   if (stat(opts.model.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     models::T5Config c;
@@ -265,8 +269,10 @@ std::unique_ptr<TextEncoderEngine> TextEncoderEngine::create(const TextEncoderOp
                   (im.tokenizer->config_path().empty() ? "" : " with '" + im.tokenizer->config_path() + "'") +
                   " but '" + opts.model + "/config.json' (property model) has vocab_size " +
                   std::to_string(c.vocab_size) + ": the tokenizer/ and text_encoder/ of different models?");
-    im.convention = conv == "wan" || ((conv.empty() || conv == "auto") && c.umt5) ? Impl::Convention::kWan
-                                                                                   : Impl::Convention::kCogVideoX;
+    im.family = auto_conv ? models::family_of_text_encoder(c.class_name) : models::family_named(conv);
+    if (!im.family)
+      return fail("no model family ships '" + c.class_name + "' as its text encoder (" + opts.model +
+                  "): set embedding-convention to one of " + models::family_names(", "));
     im.dim = c.d_model;
     if (opts.cache_dir.empty()) {
       try {
@@ -287,11 +293,9 @@ std::unique_ptr<TextEncoderEngine> TextEncoderEngine::create(const TextEncoderOp
       return fail("TorchScript text encoder '" + opts.model +
                   "' has no forward(input_ids: Tensor[B, L], attention_mask: Tensor[B, L]) -> Tensor[B, L, D]");
     im.module.eval();
-    im.convention = conv == "wan"         ? Impl::Convention::kWan
-                    : conv == "cogvideox" ? Impl::Convention::kCogVideoX
-                                          : Impl::Convention::kAsReturned;
+    im.family = auto_conv ? nullptr : models::family_named(conv);
   }
-  im.clean = opts.clean_prompts && im.convention == Impl::Convention::kWan;
+  im.clean = opts.clean_prompts && im.family && im.family->cleans_prompts;
   if (!im.native_pending) {
     try {
       const std::string empty;
@@ -314,10 +318,8 @@ std::unique_ptr<TextEncoderEngine> TextEncoderEngine::create(const TextEncoderOp
     im.key_prefix = "videotrain-text v1\ntokenizer " + std::to_string(im.tokenizer->digest()) + "\nmodel " +
                     model_digest + "\nmax-length " + std::to_string(opts.max_length) + "\ndtype " +
                     videotrain::dtype_name(im.dtype) + "\ndevice " + (im.device.is_cuda() ? "cuda" : "cpu") +
-                    (im.convention == Impl::Convention::kAsReturned
-                         ? std::string()
-                         : std::string("\nconvention ") + (im.convention == Impl::Convention::kWan ? "wan" : "cogvideox") +
-                               (im.clean ? " cleaned" : "")) +
+                    (im.family ? std::string("\nconvention ") + im.family->name + (im.clean ? " cleaned" : "")
+                               : std::string()) +
                     "\ncaption ";
   }
   return e;

@@ -96,15 +96,15 @@ TEST(NativeTextEncoder, TokenizerFolderGivesTheReferenceIdsAndMasks) {
     auto c = tok.encode(caps[i], 226);
     EXPECT_EQ(c.ids, row(t5.get("input_ids.cogvideox"), i));
     EXPECT_EQ(c.mask, row(t5.get("attention_mask.cogvideox"), i));
-    EXPECT_EQ(wan_prompt_clean(caps[i]), cleaned[i]);
-    auto w = tok.encode(wan_prompt_clean(caps[i]), 32);
+    EXPECT_EQ(prompt_clean(caps[i]), cleaned[i]);
+    auto w = tok.encode(prompt_clean(caps[i]), 32);
     EXPECT_EQ(w.ids, row(wan.get("input_ids.wan"), i));
     EXPECT_EQ(w.mask, row(wan.get("attention_mask.wan"), i));
   }
-  EXPECT_EQ(wan_prompt_clean("  Two   people &amp; a horse\n walking on the  beach  "),
+  EXPECT_EQ(prompt_clean("  Two   people &amp; a horse\n walking on the  beach  "),
             "Two people & a horse walking on the beach");
   // Twice unescaped, as pipeline_wan's basic_clean; Unicode spaces collapse too.
-  EXPECT_EQ(wan_prompt_clean("a &amp;lt;b&amp;gt;\xC2\xA0\xE3\x80\x80 c&#32;&#x41;&nbsp;"), "a <b> c A");
+  EXPECT_EQ(prompt_clean("a &amp;lt;b&amp;gt;\xC2\xA0\xE3\x80\x80 c&#32;&#x41;&nbsp;"), "a <b> c A");
 }
 
 // Python's html.unescape on numeric references (values from Python 3.11) and its legacy names.

@@ -1,0 +1,90 @@
+/* What the project knows of each model family (Wan 2.1/2.2, CogVideoX 1.0/1.5), in one table: the
+ * sampler, the trainer's objective, textencoder and the LoRA code ask it and hold no family names, so
+ * a new family is one more entry here (and its transformer beside the others). No torch. */
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace videotrain::models {
+
+// Where the frames sit in what the transformer takes (and the sampler draws its noise in).
+enum class LatentLayout {
+  kChannelsFirst,  // [B, C, T, H, W] (Wan)
+  kFramesFirst,    // [B, F, C, H, W] (CogVideoX)
+};
+
+// How the family's pipelines pass the text encoder's output (textencoder embedding-convention).
+// A TorchScript encoder without a named convention passes its output as returned.
+enum class TextConvention {
+  kAsReturned,  // no family: the output as the encoder returns it
+  kUnmasked,    // the encoder run without the mask, every row kept (pipeline_cogvideox)
+  kZeroPadded,  // run with the mask, the rows past the tokens zero (pipeline_wan)
+};
+
+// What training predicts, and so which schedule and samplers fit.
+enum class Objective {
+  kFlowMatching,  // rectified flow: target noise - x0, sigma-shifted timesteps (FlowMatch Euler, UniPC)
+  kVPrediction,   // v on a DDPM scaled-linear schedule with an SNR shift (DDIM, DPM)
+};
+
+// Temporal patch padding: what happens when the latent frames are not a multiple of the transformer's
+// patch_size_t.
+enum class TemporalPadding {
+  kNone,              // the family's temporal patch is 1
+  kRepeatFirstFront,  // padded in front (training: the first frame repeated; sampling: noise, dropped after)
+};
+
+// One image-to-video layout of a family: what it takes beside the noisy latents (z channels). A
+// text-to-video layout takes none of it.
+struct ImageLayout {
+  const char *name;         // as messages say it: "Wan 2.1 I2V"
+  int64_t mask_channels;    // a mask of the given frames, one channel per frame of a latent frame (0: none)
+  bool condition_latents;   // the VAE's latents of the conditioning video (z channels), after the mask
+  bool image_embeddings;    // an image encoder's states (encoder_hidden_states_image)
+  int images;               // conditioning frames per sample (first; FLF2V: first and last)
+  // The channels concatenated after the noisy latents, and the transformer's in_channels.
+  int64_t condition_channels(int64_t z) const { return mask_channels + (condition_latents ? z : 0); }
+  int64_t in_channels(int64_t z) const { return z + condition_channels(z); }
+};
+
+struct LoraNameTable;  // lora_names.h
+
+struct ModelFamily {
+  const char *name;        // "wan": DitModel::family(), embedding-convention's value, LoRA key families
+  const char *title;       // "Wan 2.1/2.2" in messages
+  const char *class_name;  // the diffusers transformer class of its folders
+  // The pipelines' default sample size.
+  int64_t frames, width, height;
+  LatentLayout layout;
+  TemporalPadding temporal_padding;
+  TextConvention text;
+  const char *text_encoder_class;  // the transformers class of its text_encoder/
+  int64_t text_length;             // the pipelines' max_sequence_length: rows the text is padded to
+  bool cleans_prompts;             // the pipelines clean captions before tokenizing (ftfy, HTML, spaces)
+  Objective objective;
+  double default_shift;            // the schedule's shift when the folder gives none (flow_shift, snr_shift_scale)
+  const char *default_sampler;     // ddpsampler sampler=auto
+  const char *samplers;            // the samplers of its objective, for messages: "euler or unipc"
+  const LoraNameTable *lora_names;  // its LoRA-targetable modules' names in the ComfyUI/kohya namings
+  std::vector<ImageLayout> image_layouts;  // the image-to-video layouts the code knows
+};
+
+// Every family, in a fixed order.
+const std::vector<ModelFamily> &model_families();
+// By name ("wan"), diffusers transformer class or text encoder class; null when none has it.
+const ModelFamily *family_named(const std::string &name);
+const ModelFamily *family_of_class(const std::string &class_name);
+const ModelFamily *family_of_text_encoder(const std::string &class_name);
+// The families' names (or titles, or transformer classes) joined by `sep`, for messages.
+std::string family_names(const std::string &sep);
+std::string family_titles(const std::string &sep);
+std::string family_classes(const std::string &sep);
+
+// The family's known image-to-video layout of a transformer with these channels (two_images: FLF2V's
+// pos_embed_seq_len), or null (a text-to-video layout, or one the code does not know).
+const ImageLayout *image_layout(const ModelFamily &f, int64_t in_channels, int64_t out_channels, bool image_embeddings,
+                                bool two_images);
+
+}  // namespace videotrain::models
