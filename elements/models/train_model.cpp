@@ -1,16 +1,11 @@
-/* TrainModel: the model-independent parts (input checks, non-finite scan, caption hashing) and
- * make_model(), which picks the TorchScript adapter (script_model.cpp), a built-in model users can
- * pick (builtin_models.cpp) or the test fixture builtin:linear-test (linear_test_model.cpp). */
+/* TrainModel: the model-independent parts (input checks, non-finite scan, caption hashing). The
+ * models themselves are made in make_model.cpp, above every kind of model. */
 #include "train_model.h"
 
 #include <torch/torch.h>
 
 #include <cctype>
-#include <map>
 #include <stdexcept>
-
-#include "model_parts.h"
-#include "param_snapshot.h"
 
 namespace videotrain {
 
@@ -28,23 +23,6 @@ std::string first_non_finite(const NamedTensors &tensors) {
   for (size_t i = 0; i < names.size(); i++)
     if (bad[i]) return *names[i];
   return "";
-}
-
-void load_snapshot(TrainModel &model, const ParamSnapshot &snap) {
-  torch::NoGradGuard ng;
-  auto copy = [&](NamedTensors dst, const NamedTensors &src) {
-    std::map<std::string, const at::Tensor *> by;
-    for (const auto &[name, t] : src) by[name] = &t;
-    for (auto &[name, t] : dst) {
-      auto it = by.find(name);
-      if (it == by.end() || it->second->sizes() != t.sizes())
-        throw std::runtime_error("snapshot of model '" + snap.model + "' does not match at '" + name + "'");
-      t.copy_(*it->second);
-    }
-  };
-  copy(model.named_parameters(), snap.parameters);
-  copy(model.named_buffers(), snap.buffers);
-  model.train(false);
 }
 
 std::string first_non_finite(TrainModel &model) {
@@ -77,16 +55,6 @@ std::string check_model_inputs(const TrainModel &model, bool stream_has_text) {
          "textencoder after vaeencoder (tokenizer=..., model=...)";
 }
 
-std::vector<std::string> builtin_model_names() { return {"tiny-unet3d", "tiny-t2v"}; }
-
-bool model_dims_known(const std::string &spec, const ModelDims &dims) {
-  if (!is_builtin_spec(spec)) return true;
-  if (dims.latent_channels <= 0) return false;
-  return spec != std::string(kBuiltinPrefix) + "tiny-t2v" || dims.text_dim > 0;
-}
-
-bool is_builtin_spec(const std::string &spec) { return spec.rfind(kBuiltinPrefix, 0) == 0; }
-
 std::vector<int64_t> caption_token_ids(const std::string &caption, int64_t buckets) {
   // FNV-1a of each lower-cased alphanumeric word; id 0 stands for "no words".
   std::vector<int64_t> ids;
@@ -110,21 +78,4 @@ std::vector<int64_t> caption_token_ids(const std::string &caption, int64_t bucke
   return ids;
 }
 
-std::unique_ptr<TrainModel> make_model(const std::string &spec, const ModelDims &dims, const c10::Device &device,
-                                       const ModelOptions &options) {
-  if (is_model_folder(spec) && !options.model_2.empty()) return make_expert_pair_model(spec, device, options);
-  if (is_model_folder(spec)) return make_native_model(spec, device, options);
-  if (!is_builtin_spec(spec)) return make_script_model(spec, device);
-  const std::string name = spec.substr(std::string(kBuiltinPrefix).size());
-  if (dims.latent_channels <= 0)
-    throw std::runtime_error("model " + spec + " needs the latent channel count (property latent-channels)");
-  if (auto m = make_public_builtin(name, dims, device)) return m;
-  if (auto m = make_test_builtin(name, dims, device)) return m;
-  std::string known;
-  for (const auto &n : builtin_model_names()) known += (known.empty() ? "" : ", ") + std::string(kBuiltinPrefix) + n;
-  throw std::runtime_error("unknown built-in model '" + spec + "' (property model; known: " + known +
-                           ", or a TorchScript file)");
-}
-
 }  // namespace videotrain
-

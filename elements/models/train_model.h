@@ -110,7 +110,8 @@ bool is_model_folder(const std::string &spec);
 std::string model_folder_class(const std::string &dir);
 
 // Loads a TorchScript file, a diffusers transformer folder, or builds a builtin model on `device`
-// (see model_dims_known). Throws std::runtime_error naming the file / name.
+// (see model_dims_known). Throws std::runtime_error naming the file / name. Defined in make_model.cpp
+// with the builtin names above, the only file that knows every kind of model.
 std::unique_ptr<TrainModel> make_model(const std::string &spec, const ModelDims &dims, const c10::Device &device,
                                        const ModelOptions &options = {});
 
