@@ -80,33 +80,38 @@ def case(sampling, **kw):
     return c
 
 
-cases = [
-    case("auto"),  # the default: logit-normal, flow-shift 3 (unchanged from before these options)
-    case("uniform", flow_shift=1.0),
-    case("logit-normal", logit_mean=0.4, logit_std=1.7, weighting="cosmap"),
-    case("mode", weighting="sigma-sqrt"),
-    case("mode", mode_scale=-0.5, range=[875.0, 1000.0], epoch=0),
-    case("shifted", latent=[16, 1, 90, 160], weighting="cosmap", seed=3),
-]
+def main():
+    cases = [
+        case("auto"),  # the default: logit-normal, flow-shift 3 (unchanged from before these options)
+        case("uniform", flow_shift=1.0),
+        case("logit-normal", logit_mean=0.4, logit_std=1.7, weighting="cosmap"),
+        case("mode", weighting="sigma-sqrt"),
+        case("mode", mode_scale=-0.5, range=[875.0, 1000.0], epoch=0),
+        case("shifted", latent=[16, 1, 90, 160], weighting="cosmap", seed=3),
+    ]
 
-g = torch.Generator().manual_seed(5)
-pred = torch.randn(3, 2, 2, 3, 4, generator=g, dtype=torch.float64)
-target = torch.randn(3, 2, 2, 3, 4, generator=g, dtype=torch.float64)
-sigmas = [0.0004, 0.37, 0.93]
-losses = {}
-for weighting in ("none", "sigma-sqrt", "cosmap"):
-    if weighting == "sigma-sqrt":
-        w = torch.tensor([max(s, 1e-3) ** -2 for s in sigmas], dtype=torch.float64)
-    elif weighting == "cosmap":
-        w = torch.tensor([2 / (math.pi * (1 - 2 * s + 2 * s * s)) for s in sigmas], dtype=torch.float64)
-    else:
-        w = torch.ones(3, dtype=torch.float64)
-    losses[weighting] = (w.view(3, 1) * (pred - target).pow(2).flatten(1)).mean(1).mean().item()
+    g = torch.Generator().manual_seed(5)
+    pred = torch.randn(3, 2, 2, 3, 4, generator=g, dtype=torch.float64)
+    target = torch.randn(3, 2, 2, 3, 4, generator=g, dtype=torch.float64)
+    sigmas = [0.0004, 0.37, 0.93]
+    losses = {}
+    for weighting in ("none", "sigma-sqrt", "cosmap"):
+        if weighting == "sigma-sqrt":
+            w = torch.tensor([max(s, 1e-3) ** -2 for s in sigmas], dtype=torch.float64)
+        elif weighting == "cosmap":
+            w = torch.tensor([2 / (math.pi * (1 - 2 * s + 2 * s * s)) for s in sigmas], dtype=torch.float64)
+        else:
+            w = torch.ones(3, dtype=torch.float64)
+        losses[weighting] = (w.view(3, 1) * (pred - target).pow(2).flatten(1)).mean(1).mean().item()
 
-out = {"cases": cases,
-       "loss": {"shape": list(pred.shape), "pred": pred.flatten().tolist(), "target": target.flatten().tolist(),
-                "sigmas": sigmas, "losses": losses}}
-path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "timesteps.json")
-with open(path, "w") as f:
-    json.dump(out, f, indent=1)
-print("wrote", path)
+    out = {"cases": cases,
+           "loss": {"shape": list(pred.shape), "pred": pred.flatten().tolist(), "target": target.flatten().tolist(),
+                    "sigmas": sigmas, "losses": losses}}
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "timesteps.json")
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print("wrote", path)
+
+
+if __name__ == "__main__":  # generate.py of wan_i2v_condition imports the port above
+    main()

@@ -9,7 +9,7 @@ diffusers (the torch2 venv: .venv-torch2/bin/python tests/reference/wan_i2v_cond
 - transformer/: a tiny Wan 2.2 I2V-style WanTransformer3DModel (../dit/wan_t2v_tiny's widths with
   in_channels 12 = 4 noisy + 4 mask + 4 condition, no image_dim), seeded init, save_pretrained.
 - training_step.safetensors: one native flow-matching step on it as ddptrainsink draws it (each
-  sample's sigma and noise from a CPU generator seeded by the project's per-sample hash, ported as in
+  sample's sigma and noise from a CPU generator seeded by the project's per-sample hash, ported in
   ../timesteps/make_timesteps.py; Wan's default logit-normal timesteps, flow shift 3), the model run by
   diffusers in float64 on cat([x_t, condition]) and the loss mse(pred, noise - x0) on the 4 noisy
   channels: `x0`, `condition`, `text_embeds`, `text_mask`, `sample_ids`, `loss`, `grad.<parameter>`;
@@ -23,28 +23,14 @@ import sys
 import torch
 from safetensors.torch import save_file
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "timesteps"))
+from make_timesteps import generator_seed  # noqa: E402  (the project's per-sample seed, ported)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 VAE = os.path.join(HERE, "..", "wan_vae", "tiny_wan21")
 T2V = os.path.join(HERE, "..", "dit", "wan_t2v_tiny", "config.json")
 CASES = {"T9": (9, 32, 48), "T5": (5, 16, 32)}
 SEED, EPOCH, IDS = 11, 2, [3, 1000003]
-
-M64 = (1 << 64) - 1
-
-
-def mix64(x):  # elements/common/seeded_hash.h (the port of ../timesteps/make_timesteps.py)
-    z = (x + 0x9E3779B97F4A7C15) & M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
-    return z ^ (z >> 31)
-
-
-def hash_combine(a, b):
-    return mix64(a ^ mix64((b + 0x632BE59BD9B4E019) & M64))
-
-
-def generator_seed(seed, sample_id, epoch):
-    return hash_combine(hash_combine(seed, sample_id), epoch) & 0x7FFFFFFFFFFFFFFF
 
 
 @torch.no_grad()
