@@ -4,6 +4,7 @@ gst-inspect-1.0 itself, so that the pages cannot drift from the plugin.
 
     python3 scripts/element_docs.py [--build-dir build]           # rewrite the pages
     python3 scripts/element_docs.py --check [--build-dir build]   # exit 1 where a page is out of date
+    python3 scripts/element_docs.py --build-dir build vaeencoder  # only these elements' pages
 
 Only the block between the page's BEGIN and END markers is written (the element's class, klass and
 description, its pads, a table of its properties); the rest of the page is prose kept by hand.
@@ -165,15 +166,20 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="change nothing; exit 1 where a page differs")
     ap.add_argument("--build-dir", help="a meson build folder (its plugins/videotrain is put on GST_PLUGIN_PATH)")
+    ap.add_argument("elements", nargs="*", metavar="ELEMENT",
+                    help="only these elements' pages (default: every element's)")
     ap.add_argument("--docs", default=str(pathlib.Path(__file__).resolve().parent.parent / "docs" / "elements"))
     args = ap.parse_args()
+    names = args.elements or ELEMENTS
+    if set(names) - set(ELEMENTS):
+        ap.error(f"not an element of this plugin: {', '.join(sorted(set(names) - set(ELEMENTS)))}")
     env = dict(os.environ)
     if args.build_dir:
         env["GST_PLUGIN_PATH"] = str(pathlib.Path(args.build_dir).resolve() / "plugins" / "videotrain")
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(ELEMENTS)) as pool:
-        texts = dict(zip(ELEMENTS, pool.map(lambda e: inspect(e, env), ELEMENTS)))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(names)) as pool:
+        texts = dict(zip(names, pool.map(lambda e: inspect(e, env), names)))
     stale = []
-    for name in ELEMENTS:
+    for name in names:
         path = pathlib.Path(args.docs) / f"{name}.md"
         if not path.exists():
             sys.exit(f"{path} is missing: every element has a reference page")

@@ -717,7 +717,7 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
                           "changes them (video content, frames, size and fit, the elements between csvvideosrc and "
                           "this one with their settings, the VAE's weights and config, dtype, chunking, tiles, "
                           "norm-scope), and a clip the cache holds is neither decoded by csvvideosrc nor encoded; "
-                          "shared by the ranks of a machine and across nodes (see README). NULL: no cache",
+                          "shared by the ranks of a machine and across nodes (see docs/latent-cache.md). NULL: no cache",
                           nullptr, rw));
   g_object_class_install_property(
       gobject_class, PROP_CACHE_MODE,
