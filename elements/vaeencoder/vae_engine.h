@@ -1,13 +1,11 @@
 /* vaeencoder's engine: frames in, one latent tensor per clip out.
  *
- * Frames arrive one at a time (uint8 RGB); the clip is encoded in temporal chunks as
- * diffusers' chunked encode makes them (chunk 0: frames [0, k + r), chunk i:
- * [k*i + r, k*(i+1) + r), r = T mod k), each chunk as soon as its frames are in, with the
- * causal-convolution cache carried over, so memory is set by the chunk and not the clip. A Wan
- * 2.1/2.2 folder (config.json's _class_name AutoencoderKLWan) streams as diffusers' Wan encode
- * does: frame 0 alone, then groups of 4 frames, each spatial tile its own stream.
- * With norm-scope=clip (CogVideoX) the uint8 frames are kept until the clip's last one is in, then
- * the clip goes through CogVideoXEncoder::forward_clip_scope (same chunks, whole-clip statistics).
+ * Frames arrive one at a time (uint8 RGB); the clip is encoded in the temporal chunks its
+ * encoder makes (models/vae/vae_encoder.h: VaeEncoder::chunks, as the family's diffusers encode
+ * makes them), each chunk as soon as its frames are in, each spatial tile its own stream with the
+ * causal-convolution cache carried over, so memory is set by the chunk and not the clip.
+ * With norm-scope=clip the uint8 frames are kept until the clip's last one is in, then the clip
+ * goes through VaeEncoder::forward_clip_scope (same chunks, whole-clip statistics).
  * No torch in this header: the GObject face includes it. */
 #pragma once
 
@@ -36,11 +34,11 @@ enum class NormScope { Chunk, Clip };
 enum class ClipSpill { Auto, Memory, File };
 
 struct EngineOptions {
-  std::string model;            // CogVideoX or Wan VAE folder, or a TorchScript file with an `encode` method
+  std::string model;            // a diffusers VAE folder, or a TorchScript file with an `encode` method
   bool per_frame = false;       // TorchScript image encoder: [N,3,H,W] -> [N,C,h,w]
   int micro_batch_size = 8;     // frames per call of a per-frame encoder
-  int chunk_frames = 8;         // k (CogVideoX; Wan streams frame 0, then groups of 4)
-  int tile_height = 0, tile_width = 0;             // pixels (Wan: of the encoder's input); 0 = no tiles
+  int chunk_frames = 8;         // k, where the family chunks by it (VaeEncoder::uses_chunk_frames)
+  int tile_height = 0, tile_width = 0;             // pixels the family's tiles count; 0 = no tiles
   double tile_overlap_height = 1.0 / 6, tile_overlap_width = 1.0 / 5;  // fractions of a tile
   LatentKind latent = LatentKind::Sample;
   NormScope norm_scope = NormScope::Chunk;
@@ -113,7 +111,7 @@ class VaeEngine {
   const EngineOptions &options() const;
   std::string dtype_name() const;   // "float32" | "bfloat16" | "float16"
   std::string device_name() const;  // "cpu" | "cuda:N"
-  bool native() const;              // a VAE folder, CogVideoX or Wan (not TorchScript)
+  bool native() const;              // a VAE folder (not TorchScript)
   int temporal_compression() const; // 1 for TorchScript encoders
   int spatial_compression() const;  // 1 for TorchScript encoders (unknown)
 

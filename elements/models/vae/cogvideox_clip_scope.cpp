@@ -80,9 +80,9 @@ std::vector<at::Tensor> CogVideoXEncoder::forward_clip_scope(const ClipScopeInpu
   const double eps = cfg_.norm_eps;
   const size_t items = in.tiles * in.chunks;  // tile-major: each tile's chunks in order
   const at::Tensor like = at::empty({0}, at::TensorOptions().device(device_).dtype(dtype_));
-  auto conv = [&](const Conv &c, const at::Tensor &x, ConvCache &cache) {
-    size_t idx = 0;
-    return causal_conv(c, x, cache, idx);
+  auto conv = [&](const Conv &c, const at::Tensor &x, StreamCache &cache) {
+    cache.idx = 0;
+    return causal_conv3d(c, x, cache.next(), true);
   };
   auto pointwise = [](const Conv &c, const at::Tensor &x) {
     return conv3d_fast(x, c.w, c.b, {1, 1, 1}, {0, 0, 0});
@@ -94,11 +94,11 @@ std::vector<at::Tensor> CogVideoXEncoder::forward_clip_scope(const ClipScopeInpu
     std::unique_ptr<SpillStream> data;
     GroupStats stats;
   };
-  auto pass = [&](int64_t scale, const std::function<at::Tensor(size_t, ConvCache &)> &step) {
+  auto pass = [&](int64_t scale, const std::function<at::Tensor(size_t, StreamCache &)> &step) {
     Level out{std::make_unique<SpillStream>(spill), GroupStats(g)};
-    ConvCache cache;
+    StreamCache cache;
     for (size_t i = 0; i < items; i++) {
-      if (i % in.chunks == 0) cache = ConvCache();
+      if (i % in.chunks == 0) cache = StreamCache();
       at::Tensor h = step(i, cache);
       at::Tensor counted = h;
       if (in.owned) {
@@ -112,7 +112,7 @@ std::vector<at::Tensor> CogVideoXEncoder::forward_clip_scope(const ClipScopeInpu
   };
 
   int64_t scale = 1;
-  Level level = pass(scale, [&](size_t i, ConvCache &cache) {
+  Level level = pass(scale, [&](size_t i, StreamCache &cache) {
     return conv(conv_in_, in.chunk(i / in.chunks, i % in.chunks).to(device_, dtype_), cache);
   });
 
@@ -129,11 +129,11 @@ std::vector<at::Tensor> CogVideoXEncoder::forward_clip_scope(const ClipScopeInpu
 
   for (const Step &st : steps) {
     const Resnet &r = *st.r;
-    Level hidden = pass(scale, [&](size_t i, ConvCache &cache) {
+    Level hidden = pass(scale, [&](size_t i, StreamCache &cache) {
       return conv(r.conv1, level.stats.apply_silu(level.data->get(i, like), r.norm1.w, r.norm1.b, eps), cache);
     });
     const int64_t next_scale = st.down ? scale * 2 : scale;
-    Level next = pass(next_scale, [&](size_t i, ConvCache &cache) {
+    Level next = pass(next_scale, [&](size_t i, StreamCache &cache) {
       at::Tensor h = hidden.data->get(i, like);
       at::Tensor out = conv(r.conv2, hidden.stats.apply_silu(h, r.norm2.w, r.norm2.b, eps), cache);
       h = at::Tensor();
@@ -147,9 +147,9 @@ std::vector<at::Tensor> CogVideoXEncoder::forward_clip_scope(const ClipScopeInpu
 
   std::vector<at::Tensor> tiles(in.tiles);
   std::vector<at::Tensor> parts;
-  ConvCache cache;
+  StreamCache cache;
   for (size_t i = 0; i < items; i++) {
-    if (i % in.chunks == 0) cache = ConvCache();
+    if (i % in.chunks == 0) cache = StreamCache();
     at::Tensor h = conv(conv_out_, level.stats.apply_silu(level.data->get(i, like), norm_out_.w, norm_out_.b, 1e-6),
                         cache);
     if (quant_conv_.w.defined()) h = pointwise(quant_conv_, h);

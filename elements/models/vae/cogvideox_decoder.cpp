@@ -9,15 +9,12 @@
 
 #include "cpu_conv.h"
 #include "models/vae/vae_config.h"
-#include "models/vae/vae_decoder_parts.h"
+#include "models/vae/vae_decoder.h"
 
 namespace videotrain::vae {
 
 namespace {
 
-struct Conv {
-  at::Tensor w, b;
-};
 struct SpatialNorm {
   at::Tensor w, b;  // GroupNorm affine
   Conv y, bias;     // conv_y, conv_b (1x1x1 on the latent)
@@ -38,7 +35,7 @@ class CogVideoXDecoder final : public VaeDecoder {
                    c10::ScalarType dtype)
       : VaeDecoder(Family::CogVideoX, cfg.latent_channels, cfg.spatial_compression(), 1, false),
         cfg_(cfg), device_(device), dtype_(dtype) {
-    auto conv = [&](const std::string &p) { return Conv{w.at(p + ".weight"), w.at(p + ".bias")}; };
+    auto conv = [&](const std::string &p) { return conv_of(w, p); };
     auto snorm = [&](const std::string &p) {
       return SpatialNorm{w.at(p + ".norm_layer.weight"), w.at(p + ".norm_layer.bias"), conv(p + ".conv_y.conv"),
                          conv(p + ".conv_b.conv")};
@@ -94,14 +91,14 @@ class CogVideoXDecoder final : public VaeDecoder {
   at::Tensor forward(const at::Tensor &z_in, Cache &cache, bool) const override {
     at::Tensor z = z_in.to(device_, dtype_);
     if (post_quant_.w.defined()) z = conv3d_fast(z, post_quant_.w, post_quant_.b, {1, 1, 1}, {0, 0, 0});
-    at::Tensor x = causal_conv3d(z, conv_in_.w, conv_in_.b, cache.next(), true);
+    at::Tensor x = causal_conv3d(conv_in_, z, cache.next(), true);
     for (const auto &r : mid_) x = resnet(r, x, z, cache);
     for (const auto &b : blocks_) {
       for (const auto &r : b.resnets) x = resnet(r, x, z, cache);
       if (b.upsample) x = upsample(b, x);
     }
     x = at::silu(spatial_norm(norm_out_, x, z));
-    return causal_conv3d(x, conv_out_.w, conv_out_.b, cache.next(), true);
+    return causal_conv3d(conv_out_, x, cache.next(), true);
   }
 
  private:
@@ -120,8 +117,8 @@ class CogVideoXDecoder final : public VaeDecoder {
   }
 
   at::Tensor resnet(const Resnet &r, const at::Tensor &x, const at::Tensor &zq, Cache &cache) const {
-    at::Tensor h = causal_conv3d(at::silu(spatial_norm(r.norm1, x, zq)), r.conv1.w, r.conv1.b, cache.next(), true);
-    h = causal_conv3d(at::silu(spatial_norm(r.norm2, h, zq)), r.conv2.w, r.conv2.b, cache.next(), true);
+    at::Tensor h = causal_conv3d(r.conv1, at::silu(spatial_norm(r.norm1, x, zq)), cache.next(), true);
+    h = causal_conv3d(r.conv2, at::silu(spatial_norm(r.norm2, h, zq)), cache.next(), true);
     if (r.shortcut.w.defined()) return h + conv3d_fast(x, r.shortcut.w, r.shortcut.b, {1, 1, 1}, {0, 0, 0});
     return h + x;
   }
@@ -158,7 +155,7 @@ std::unique_ptr<VaeDecoder> load_cogvideox_decoder(const std::string &dir, c10::
   if (!load_vae_config(cfg_path, &cfg, &err)) throw std::runtime_error(err);
   const std::string bad = check_supported(cfg);
   if (!bad.empty()) throw std::runtime_error(cfg_path + ": unsupported config: " + bad);
-  auto w = load_tensor_table(st_path, cfg_path, decoder_tensor_table(cfg), device, dtype);
+  auto w = load_tensor_table(st_path, cfg_path, decoder_tensor_table(cfg), device, dtype, kNoDecoderHint);
   return std::make_unique<CogVideoXDecoder>(cfg, std::move(w), device, dtype);
 }
 

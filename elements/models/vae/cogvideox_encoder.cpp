@@ -2,29 +2,10 @@
 
 #include <ATen/ATen.h>
 
-#include <torch/version.h>
-
-#include <cstring>
-#include <map>
-#include <optional>
+#include <algorithm>
 #include <stdexcept>
 
-#include "cpu_conv.h"
-#include "safetensors.h"
-
 namespace videotrain::vae {
-
-namespace {
-
-std::optional<at::ScalarType> torch_dtype(const std::string &st) {
-  if (st == "F32") return at::kFloat;
-  if (st == "F16") return at::kHalf;
-  if (st == "BF16") return at::kBFloat16;
-  if (st == "F64") return at::kDouble;
-  return std::nullopt;
-}
-
-}  // namespace
 
 std::unique_ptr<CogVideoXEncoder> CogVideoXEncoder::load(const std::string &dir, c10::Device device,
                                                          c10::ScalarType dtype) {
@@ -35,33 +16,18 @@ std::unique_ptr<CogVideoXEncoder> CogVideoXEncoder::load(const std::string &dir,
   if (!load_vae_config(cfg_path, &cfg, &err)) throw std::runtime_error(err);
   std::string bad = check_supported(cfg);
   if (!bad.empty()) throw std::runtime_error(cfg_path + ": unsupported config: " + bad);
-  auto file = SafetensorsFile::open(st_path, &err);
-  if (!file) throw std::runtime_error(err);
-
-  std::map<std::string, at::Tensor> w;
-  for (const auto &[name, shape] : encoder_tensor_table(cfg)) {
-    const SafetensorsEntry *e = file->find(name);
-    if (!e)
-      throw std::runtime_error("tensor '" + name + "' (expected shape " + shape_str(shape) + ") is missing from " +
-                               st_path);
-    if (e->shape != shape)
-      throw std::runtime_error("tensor '" + name + "' has shape " + shape_str(e->shape) + " in " + st_path +
-                               ", but " + cfg_path + " implies " + shape_str(shape));
-    auto src = torch_dtype(e->dtype);
-    if (!src)
-      throw std::runtime_error("tensor '" + name + "' in " + st_path + " has dtype " + e->dtype +
-                               "; the loader reads F32, F16, BF16 and F64");
-    // Copy out of the mapping (its offsets need not be aligned), then convert.
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(*src));
-    if (e->nbytes) memcpy(t.data_ptr(), e->data, e->nbytes);
-    w[name] = t.to(device, dtype);
-  }
+  const TensorMap w = load_tensor_table(st_path, cfg_path, encoder_tensor_table(cfg), device, dtype);
 
   std::unique_ptr<CogVideoXEncoder> enc(new CogVideoXEncoder());
+  enc->name_ = "CogVideoX";
+  enc->cache_name_ = "cogvideox";
+  enc->latent_channels_ = cfg.latent_channels;
+  enc->temporal_ = cfg.temporal_compression_ratio;
+  enc->spatial_ = enc->tile_unit_ = cfg.spatial_compression();
   enc->cfg_ = cfg;
   enc->device_ = device;
   enc->dtype_ = dtype;
-  auto conv = [&](const std::string &p) { return Conv{w.at(p + ".weight"), w.at(p + ".bias"), at::Tensor()}; };
+  auto conv = [&](const std::string &p) { return conv_of(w, p); };
   auto norm = [&](const std::string &p) { return Norm{w.at(p + ".weight"), w.at(p + ".bias")}; };
   auto resnet = [&](const std::string &p) {
     Resnet r;
@@ -93,67 +59,20 @@ std::unique_ptr<CogVideoXEncoder> CogVideoXEncoder::load(const std::string &dir,
   return enc;
 }
 
-// LibTorch 1.x's oneDNN convolution reorders a plain weight into its blocked layout on every
-// call (several percent of a CPU encode); packed once here it is used as is. LibTorch 2.x
-// is left on the plain path.
 void CogVideoXEncoder::pack_weights() {
-#if TORCH_VERSION_MAJOR < 2
-  if (!device_.is_cpu() || dtype_ != at::kFloat || !at::hasMKLDNN()) return;
-  auto pack = [](Conv &c, at::IntArrayRef stride, at::IntArrayRef padding) {
-    c.packed = at::mkldnn_reorder_conv3d_weight(c.w.contiguous().to_mkldnn(), padding, stride, {1, 1, 1}, 1);
-  };
-  auto same = [](const Conv &c) { return std::vector<int64_t>{0, (c.w.size(3) - 1) / 2, (c.w.size(4) - 1) / 2}; };
   auto resnet = [&](Resnet &r) {
-    pack(r.conv1, {1, 1, 1}, same(r.conv1));
-    pack(r.conv2, {1, 1, 1}, same(r.conv2));
-    if (r.shortcut.w.defined()) pack(r.shortcut, {1, 1, 1}, {0, 0, 0});
+    r.conv1.pack_same();
+    r.conv2.pack_same();
+    if (r.shortcut.w.defined()) r.shortcut.pack({1, 1, 1}, {0, 0, 0});
   };
-  pack(conv_in_, {1, 1, 1}, same(conv_in_));
+  conv_in_.pack_same();
   for (auto &b : blocks_) {
     for (auto &r : b.resnets) resnet(r);
-    if (b.downsample) pack(b.down, {1, 2, 2}, {0, 0, 0});
+    if (b.downsample) b.down.pack({1, 2, 2}, {0, 0, 0});
   }
   for (auto &r : mid_) resnet(r);
-  pack(conv_out_, {1, 1, 1}, same(conv_out_));
-  if (quant_conv_.w.defined()) pack(quant_conv_, {1, 1, 1}, {0, 0, 0});
-#endif
-}
-
-at::Tensor CogVideoXEncoder::conv(const Conv &c, const at::Tensor &x, at::IntArrayRef stride,
-                                  at::IntArrayRef padding) const {
-  if (c.packed.defined() && x.is_cpu() && x.scalar_type() == at::kFloat && !cpu_autocast_on())
-    return at::mkldnn_convolution(x.contiguous(), c.packed, c.b, padding, stride, {1, 1, 1}, 1);
-  return conv3d_fast(x, c.w, c.b, stride, padding);
-}
-
-// Time padding is causal: the first chunk repeats its first frame kernel-1 times, later
-// chunks prepend the cached last kernel-1 frames of the previous chunk's padded input.
-at::Tensor CogVideoXEncoder::causal_conv(const Conv &c, const at::Tensor &x, ConvCache &cache, size_t &idx) const {
-  const int64_t head = c.w.size(2) - 1;
-  if (head == 0) return causal_conv_padded(c, x, 0, cache, idx);
-  std::vector<int64_t> sizes = x.sizes().vec();
-  sizes[2] += head;
-  at::Tensor buf = at::empty(sizes, x.options());
-  buf.narrow(2, head, x.size(2)).copy_(x);
-  return causal_conv_padded(c, buf, head, cache, idx);
-}
-
-// `buf` holds the input from frame `head` on; its first `head` frames are written here, so the
-// layer before can write straight into it and no concatenation copies the activations.
-at::Tensor CogVideoXEncoder::causal_conv_padded(const Conv &c, const at::Tensor &buf, int64_t head, ConvCache &cache,
-                                                size_t &idx) const {
-  if (cache.entries.size() <= idx) cache.entries.resize(idx + 1);
-  at::Tensor &slot = cache.entries[idx++];
-  const int64_t kh = c.w.size(3), kw = c.w.size(4);
-  if (head > 0) {
-    at::Tensor pad = buf.narrow(2, 0, head);
-    if (slot.defined())
-      pad.copy_(slot);
-    else
-      pad.copy_(buf.narrow(2, head, 1).expand_as(pad));
-    slot = buf.narrow(2, buf.size(2) - head, head).clone();
-  }
-  return conv(c, buf, {1, 1, 1}, {0, (kh - 1) / 2, (kw - 1) / 2});
+  conv_out_.pack_same();
+  if (quant_conv_.w.defined()) quant_conv_.pack({1, 1, 1}, {0, 0, 0});
 }
 
 // GroupNorm then SiLU, written into frames [head, head + T) of a new [B, C, head + T, H, W]
@@ -161,20 +80,17 @@ at::Tensor CogVideoXEncoder::causal_conv_padded(const Conv &c, const at::Tensor 
 // (A per-group fused CPU kernel built from ATen calls measured no faster here: the oneDNN
 // convolutions and their layout reorders dominate.)
 at::Tensor CogVideoXEncoder::norm_silu(const Norm &n, const at::Tensor &x, double eps, int64_t head) const {
-  std::vector<int64_t> sizes = x.sizes().vec();
-  sizes[2] += head;
-  at::Tensor buf = at::empty(sizes, x.options());
+  at::Tensor buf = causal_buffer(x, head);
   at::Tensor out = buf.narrow(2, head, x.size(2));
   at::silu_out(out, at::group_norm(x, cfg_.norm_num_groups, n.w, n.b, eps));
   return buf;
 }
 
-at::Tensor CogVideoXEncoder::resnet(const Resnet &r, const at::Tensor &x, ConvCache &cache, size_t &idx) const {
+at::Tensor CogVideoXEncoder::resnet(const Resnet &r, const at::Tensor &x, StreamCache &cache) const {
   const double eps = cfg_.norm_eps;
-  const int64_t head1 = r.conv1.w.size(2) - 1, head2 = r.conv2.w.size(2) - 1;
-  at::Tensor h = causal_conv_padded(r.conv1, norm_silu(r.norm1, x, eps, head1), head1, cache, idx);
-  h = causal_conv_padded(r.conv2, norm_silu(r.norm2, h, eps, head2), head2, cache, idx);
-  if (r.shortcut.w.defined()) return h.add_(conv(r.shortcut, x, {1, 1, 1}, {0, 0, 0}));
+  at::Tensor h = causal_conv_padded(r.conv1, norm_silu(r.norm1, x, eps, r.conv1.head()), cache.next(), true);
+  h = causal_conv_padded(r.conv2, norm_silu(r.norm2, h, eps, r.conv2.head()), cache.next(), true);
+  if (r.shortcut.w.defined()) return h.add_(r.shortcut.pointwise(x));
   return h.add_(x);
 }
 
@@ -199,22 +115,101 @@ at::Tensor CogVideoXEncoder::downsample(const Block &b, const at::Tensor &x) con
     }
   }
   h = at::constant_pad_nd(h, {0, 1, 0, 1}, 0);
-  return conv(b.down, h, {1, 2, 2}, {0, 0, 0});
+  return b.down(h, {1, 2, 2}, {0, 0, 0});
 }
 
-at::Tensor CogVideoXEncoder::forward(const at::Tensor &x_in, ConvCache &cache) const {
-  size_t idx = 0;
+at::Tensor CogVideoXEncoder::forward(const at::Tensor &x_in, StreamCache &cache) const {
+  cache.idx = 0;
   at::Tensor x = x_in.to(device_, dtype_);
-  at::Tensor h = causal_conv(conv_in_, x, cache, idx);
+  at::Tensor h = causal_conv3d(conv_in_, x, cache.next(), true);
   for (const auto &b : blocks_) {
-    for (const auto &r : b.resnets) h = resnet(r, h, cache, idx);
+    for (const auto &r : b.resnets) h = resnet(r, h, cache);
     if (b.downsample) h = downsample(b, h);
   }
-  for (const auto &r : mid_) h = resnet(r, h, cache, idx);
-  const int64_t head = conv_out_.w.size(2) - 1;
-  h = causal_conv_padded(conv_out_, norm_silu(norm_out_, h, 1e-6, head), head, cache, idx);
-  if (quant_conv_.w.defined()) h = conv(quant_conv_, h, {1, 1, 1}, {0, 0, 0});
+  for (const auto &r : mid_) h = resnet(r, h, cache);
+  h = causal_conv_padded(conv_out_, norm_silu(norm_out_, h, 1e-6, conv_out_.head()), cache.next(), true);
+  if (quant_conv_.w.defined()) h = quant_conv_.pointwise(h);
   return h;
+}
+
+at::Tensor CogVideoXEncoder::moments_out(const at::Tensor &m) const {
+  const int64_t C = m.size(1) / 2;
+  return at::cat({m.narrow(1, 0, C), m.narrow(1, C, C).clamp(-30.0, 20.0)}, 1);
+}
+
+// ---------------------------------------------------------------- tiles
+
+TilePlan CogVideoXEncoder::plan_tiles(int H, int W, const TileRequest &r) const {
+  TilePlan p;
+  int th = r.height, tw = r.width;
+  double fh = r.overlap_height, fw = r.overlap_width;
+  if (th <= 0 && tw <= 0) return p;
+  if (th <= 0) th = H, fh = 0;  // a tile spans the frame in a dimension left at 0
+  if (tw <= 0) tw = W, fw = 0;
+  if (!(W > tw || H > th)) return p;  // the frame fits one tile: diffusers does not tile
+  const int s = spatial_;
+  p.tiled = true;
+  p.tile_h = th, p.tile_w = tw;
+  p.ys = tile_origins(H, std::max(1, static_cast<int>(th * (1 - fh))));
+  p.xs = tile_origins(W, std::max(1, static_cast<int>(tw * (1 - fw))));
+  const int lh = static_cast<int>(th / static_cast<double>(s)), lw = static_cast<int>(tw / static_cast<double>(s));
+  p.blend_h = static_cast<int>(lh * fh);
+  p.blend_w = static_cast<int>(lw * fw);
+  p.keep_h = lh - p.blend_h;
+  p.keep_w = lw - p.blend_w;
+  return p;
+}
+
+namespace {
+
+// The latent height (or width) a tile plan assembles: each tile row keeps at most keep rows.
+int64_t assembled_extent(const std::vector<int64_t> &origins, int64_t tile, int64_t keep, int64_t total,
+                         int levels) {
+  int64_t sum = 0;
+  for (int64_t o : origins) {
+    const int64_t l = downsampled_extent(std::min(o + tile, total) - o, levels);
+    if (l < 0) return -1;
+    sum += std::min(keep, l);
+  }
+  return sum;
+}
+
+}  // namespace
+
+// Tiles that do not stride by what they keep would give another shape than the untiled encode.
+bool CogVideoXEncoder::plan_fits(const TilePlan &p, int H, int W) const {
+  if (!p.tiled) return true;
+  const int levels = log2_levels(spatial_);
+  return assembled_extent(p.ys, p.tile_h, p.keep_h, H, levels) == H / spatial_ &&
+         assembled_extent(p.xs, p.tile_w, p.keep_w, W, levels) == W / spatial_;
+}
+
+std::string CogVideoXEncoder::tile_advice() const {
+  return "use tile sizes and overlaps in multiples of " + std::to_string(spatial_) + " pixels";
+}
+
+// Tiles of half the size (at least 4 latent pixels), in whole latent pixels overlapping by a
+// quarter, so that the tiles stride by exactly what each keeps and the result has the untiled shape.
+bool CogVideoXEncoder::smaller_tiles(const TilePlan &cur, int H, int W, TilePlan *next) const {
+  const int64_t cur_h = cur.tiled ? cur.tile_h : H, cur_w = cur.tiled ? cur.tile_w : W;
+  const int64_t s = std::max(spatial_, 1), min_tile = 4 * s;
+  auto half = [&](int64_t v) { return std::max(min_tile, v / 2 / s * s); };
+  const int64_t nh = std::min(half(cur_h), cur_h), nw = std::min(half(cur_w), cur_w);
+  if (nh >= cur_h && nw >= cur_w) return false;
+  const int64_t th = std::min<int64_t>(nh, H), tw = std::min<int64_t>(nw, W);
+  if (th >= H && tw >= W) return false;
+  TilePlan p;
+  p.tiled = true;
+  p.tile_h = th, p.tile_w = tw;
+  const int64_t lh = th / s, lw = tw / s;
+  p.blend_h = th < H ? lh / 4 : 0;
+  p.blend_w = tw < W ? lw / 4 : 0;
+  p.keep_h = lh - p.blend_h;
+  p.keep_w = lw - p.blend_w;
+  p.ys = tile_origins(H, p.keep_h * s);
+  p.xs = tile_origins(W, p.keep_w * s);
+  *next = p;
+  return true;
 }
 
 }  // namespace videotrain::vae

@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "models/vae/cogvideox_encoder.h"
+#include "models/vae/clip_scope_input.h"
 
 namespace videotrain::vae {
 

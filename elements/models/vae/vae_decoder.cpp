@@ -6,14 +6,9 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "cpu_conv.h"
 #include "models/vae/vae_config.h"
-#include "models/vae/vae_decoder_parts.h"
 #include "models/vae/wan_config.h"
-#include "models/vae/wan_encoder.h"
-#include "models/weights_io.h"
 #include "regular_file.h"
-#include "safetensors.h"
 
 namespace videotrain::vae {
 
@@ -55,43 +50,6 @@ std::unique_ptr<VaeDecoder> VaeDecoder::load(const std::string &dir, c10::Device
                            "'; the decoder runs AutoencoderKLCogVideoX and AutoencoderKLWan folders");
 }
 
-std::map<std::string, at::Tensor> load_tensor_table(const std::string &st_path, const std::string &cfg_path,
-                                                    const TensorTable &table, c10::Device device,
-                                                    c10::ScalarType dtype) {
-  std::string err;
-  auto file = SafetensorsFile::open(st_path, &err);
-  if (!file) throw std::runtime_error(err);
-  std::map<std::string, at::Tensor> w;
-  for (const auto &[name, shape] : table) {
-    const SafetensorsEntry *e = file->find(name);
-    if (!e)
-      throw std::runtime_error("tensor '" + name + "' (expected shape " + shape_str(shape) + ") is missing from " +
-                               st_path + " (a VAE folder saved without its decoder?)");
-    if (e->shape != shape)
-      throw std::runtime_error("tensor '" + name + "' has shape " + shape_str(e->shape) + " in " + st_path +
-                               ", but " + cfg_path + " implies " + shape_str(shape));
-    w[name] = models::tensor_of(*e).to(device, dtype);
-  }
-  return w;
-}
-
-at::Tensor causal_conv3d(const at::Tensor &x, const at::Tensor &w, const at::Tensor &b, at::Tensor &slot,
-                         bool repeat_first) {
-  const int64_t head = w.size(2) - 1;
-  at::Tensor in = x;
-  if (head > 0) {
-    at::Tensor prev = slot;
-    if (!prev.defined()) {
-      std::vector<int64_t> sizes = x.sizes().vec();
-      sizes[2] = head;
-      prev = repeat_first ? x.narrow(2, 0, 1).expand(sizes) : at::zeros(sizes, x.options());
-    }
-    in = at::cat({prev, x}, 2);
-    slot = in.narrow(2, in.size(2) - head, head).clone();
-  }
-  return conv3d_fast(in, w, b, {1, 1, 1}, {0, (w.size(3) - 1) / 2, (w.size(4) - 1) / 2});
-}
-
 at::Tensor VaeDecoder::finish(const at::Tensor &x) const {
   at::Tensor y = x;
   if (patch_ > 1) {  // [B, C p p, F, H, W] -> [B, C, F, H p, W p] (diffusers' unpatchify)
@@ -120,28 +78,23 @@ void VaeDecoder::decode(const at::Tensor &z, const DecodeTiles &tiles, const Fra
     }
     return;
   }
-  const int64_t th = tiles.tile_h / s, tw = tiles.tile_w / s, sh = tiles.stride_h / s, sw = tiles.stride_w / s;
-  std::vector<int64_t> ys, xs;
-  for (int64_t y = 0; y < h; y += sh) ys.push_back(y);
-  for (int64_t x = 0; x < w; x += sw) xs.push_back(x);
-  std::vector<Cache> caches(ys.size() * xs.size());  // one temporal stream per tile
+  TilePlan plan;  // on the latent grid; outputs in (patchified) output pixels
+  plan.tiled = true;
+  plan.tile_h = tiles.tile_h / s, plan.tile_w = tiles.tile_w / s;
+  plan.ys = tile_origins(h, tiles.stride_h / s);
+  plan.xs = tile_origins(w, tiles.stride_w / s);
+  plan.blend_h = (tiles.tile_h - tiles.stride_h) / p, plan.blend_w = (tiles.tile_w - tiles.stride_w) / p;
+  plan.keep_h = tiles.stride_h / p, plan.keep_w = tiles.stride_w / p;
+  plan.out_h = h * s / p, plan.out_w = w * s / p;
+  std::vector<Cache> caches(plan.count());  // one temporal stream per tile
   for (size_t k = 0; k < ranges.size(); k++) {
     at::Tensor zk = z.narrow(2, ranges[k].first, ranges[k].second - ranges[k].first);
-    std::vector<std::vector<at::Tensor>> rows;
-    for (size_t i = 0; i < ys.size(); i++) {
-      std::vector<at::Tensor> row;
-      for (size_t j = 0; j < xs.size(); j++) {
-        Cache &c = caches[i * xs.size() + j];
-        c.idx = 0;
-        at::Tensor zt = zk.narrow(3, ys[i], std::min(th, h - ys[i])).narrow(4, xs[j], std::min(tw, w - xs[j]));
-        row.push_back(forward(zt, c, k == 0));
-      }
-      rows.push_back(std::move(row));
+    std::vector<at::Tensor> outs;
+    for (size_t t = 0; t < plan.count(); t++) {
+      caches[t].idx = 0;
+      outs.push_back(forward(plan.region(zk, t), caches[t], k == 0));
     }
-    at::Tensor out = blend_tile_rows(rows, (tiles.tile_h - tiles.stride_h) / p, (tiles.tile_w - tiles.stride_w) / p,
-                                 tiles.stride_h / p, tiles.stride_w / p);
-    out = out.narrow(3, 0, std::min(out.size(3), h * s / p)).narrow(4, 0, std::min(out.size(4), w * s / p));
-    on_frames(finish(out));
+    on_frames(finish(join_tiles(plan, std::move(outs))));
   }
 }
 

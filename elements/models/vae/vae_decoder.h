@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "models/vae/vae_parts.h"
+
 namespace videotrain::vae {
 
 // Spatial tiles (diffusers' enable_tiling): tiles of tile_h x tile_w output pixels every
@@ -60,16 +62,8 @@ class VaeDecoder {
   // The whole clip at once (tests and benchmarks).
   at::Tensor decode_all(const at::Tensor &z, const DecodeTiles &tiles = {}) const;
 
-  // What each temporal stream keeps between chunks (causal-conv inputs, upsampler state), in the
-  // order the layers use it.
-  struct Cache {
-    std::vector<at::Tensor> entries;
-    size_t idx = 0;
-    at::Tensor &next() {
-      if (entries.size() <= idx) entries.resize(idx + 1);
-      return entries[idx++];
-    }
-  };
+  // What each temporal stream keeps between chunks (causal-conv inputs, upsampler state).
+  using Cache = StreamCache;
 
  protected:
   VaeDecoder(Family f, int latent_channels, int spatial, int patch, bool clamp)
@@ -86,5 +80,10 @@ class VaeDecoder {
   int latent_channels_, spatial_, patch_;
   bool clamp_;
 };
+
+// The families' decoders (load() picks one), and what their missing-tensor errors add.
+constexpr const char *kNoDecoderHint = " (a VAE folder saved without its decoder?)";
+std::unique_ptr<VaeDecoder> load_cogvideox_decoder(const std::string &dir, c10::Device device, c10::ScalarType dtype);
+std::unique_ptr<VaeDecoder> load_wan_decoder(const std::string &dir, c10::Device device, c10::ScalarType dtype);
 
 }  // namespace videotrain::vae

@@ -11,7 +11,7 @@
 
 #include "cpu_conv.h"
 #include "models/vae/vae_config.h"
-#include "models/vae/vae_decoder_parts.h"
+#include "models/vae/vae_decoder.h"
 #include "models/vae/wan_config.h"
 #include "regular_file.h"
 
@@ -74,7 +74,7 @@ class WanDecoder final : public VaeDecoder {
     return conv3d_fast(x, w_.at(p + ".weight"), w_.at(p + ".bias"), {1, 1, 1}, {0, 0, 0});
   }
   at::Tensor causal(const std::string &p, const at::Tensor &x, Cache &cache) const {
-    return causal_conv3d(x, w_.at(p + ".weight"), w_.at(p + ".bias"), cache.next(), false);
+    return causal_conv3d(conv_of(w_, p), x, cache.next(), false);
   }
   // F.normalize over channels times sqrt(channels) times gamma.
   at::Tensor rms(const std::string &p, const at::Tensor &x) const {
@@ -112,7 +112,7 @@ class WanDecoder final : public VaeDecoder {
         slot = at::zeros({b, c, 2, h, w}, x.options());  // diffusers' "Rep": zeros before the next chunk
       } else {
         const int64_t t = x.size(2);
-        at::Tensor y = causal_conv3d(x, w_.at(p + ".time_conv.weight"), w_.at(p + ".time_conv.bias"), slot, false);
+        at::Tensor y = causal_conv3d(conv_of(w_, p + ".time_conv"), x, slot, false);
         x = at::stack({y.narrow(1, 0, c), y.narrow(1, c, c)}, 3).reshape({b, c, 2 * t, h, w});
       }
     }
@@ -146,7 +146,7 @@ std::unique_ptr<VaeDecoder> load_wan_decoder(const std::string &dir, c10::Device
   if (!read_small_file(cfg_path, kMaxConfigBytes, &text, &err)) throw std::runtime_error("cannot read " + err);
   WanConfig cfg;
   if (!parse_wan_config(text, &cfg, &err)) throw std::runtime_error(cfg_path + ": " + err);
-  auto w = load_tensor_table(st_path, cfg_path, wan_decoder_tensor_table(cfg), device, dtype);
+  auto w = load_tensor_table(st_path, cfg_path, wan_decoder_tensor_table(cfg), device, dtype, kNoDecoderHint);
   return std::make_unique<WanDecoder>(cfg, std::move(w), device, dtype);
 }
 

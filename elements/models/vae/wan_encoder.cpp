@@ -1,29 +1,15 @@
 #include "models/vae/wan_encoder.h"
 
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
-#include <cstring>
-#include <fstream>
-#include <sstream>
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
-#include "models/vae/vae_config.h"
 #include "regular_file.h"
-#include "safetensors.h"
 
 namespace videotrain::vae {
-
-namespace F = torch::nn::functional;
-
-struct WanEncoder::Run {
-  WanCache &cache;
-  size_t idx = 0;
-  // The cache entry of the next stateful layer (undefined the first time).
-  at::Tensor &next() {
-    if (cache.entries.size() <= idx) cache.entries.resize(idx + 1);
-    return cache.entries[idx++];
-  }
-};
 
 std::unique_ptr<WanEncoder> WanEncoder::load(const std::string &dir, c10::Device device, c10::ScalarType dtype) {
   const std::string cfg_path = dir + "/config.json", st_path = dir + "/diffusion_pytorch_model.safetensors";
@@ -31,28 +17,17 @@ std::unique_ptr<WanEncoder> WanEncoder::load(const std::string &dir, c10::Device
   if (!read_small_file(cfg_path, kMaxConfigBytes, &text, &err)) throw std::runtime_error("cannot read " + err);
   std::unique_ptr<WanEncoder> enc(new WanEncoder());
   if (!parse_wan_config(text, &enc->cfg_, &err)) throw std::runtime_error(cfg_path + ": " + err);
-  auto file = SafetensorsFile::open(st_path, &err);
-  if (!file) throw std::runtime_error(err);
-  for (const auto &[name, shape] : wan_encoder_tensor_table(enc->cfg_)) {
-    const SafetensorsEntry *e = file->find(name);
-    if (!e)
-      throw std::runtime_error("tensor '" + name + "' (expected shape " + shape_str(shape) + ") is missing from " +
-                               st_path);
-    if (e->shape != shape)
-      throw std::runtime_error("tensor '" + name + "' has shape " + shape_str(e->shape) + " in " + st_path + ", but " +
-                               cfg_path + " implies " + shape_str(shape));
-    c10::ScalarType src;
-    if (e->dtype == "F32") src = c10::kFloat;
-    else if (e->dtype == "F16") src = c10::kHalf;
-    else if (e->dtype == "BF16") src = c10::kBFloat16;
-    else if (e->dtype == "F64") src = c10::kDouble;
-    else
-      throw std::runtime_error("tensor '" + name + "' in " + st_path + " has dtype " + e->dtype +
-                               "; the loader reads F32, F16, BF16 and F64");
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(src));
-    if (e->nbytes) std::memcpy(t.data_ptr(), e->data, e->nbytes);
-    enc->w_[name] = t.to(device, dtype);
-  }
+  enc->w_ = load_tensor_table(st_path, cfg_path, wan_encoder_tensor_table(enc->cfg_), device, dtype);
+  const WanConfig &c = enc->cfg_;
+  enc->name_ = c.patch_size > 1 ? "Wan 2.2" : "Wan 2.1";
+  // wan-2: the causal convolutions on the shared path (oneDNN on CPU, padding inside the convolution)
+  // since VaeEncoder; their results moved by float rounding (4e-7), so earlier cached moments are not reused.
+  enc->cache_name_ = "wan-2";
+  enc->latent_channels_ = c.z_dim;
+  enc->temporal_ = c.temporal_compression();
+  enc->spatial_ = c.spatial_compression();
+  enc->tile_unit_ = c.spatial_compression() / c.patch_size;
+  enc->tile_note_ = " (Wan tiles count pixels of the encoder's input, as diffusers' tile_sample_min_height/width do)";
   enc->device_ = device;
   enc->dtype_ = dtype;
   return enc;
@@ -63,21 +38,9 @@ at::Tensor WanEncoder::conv(const std::string &p, const at::Tensor &x) const {
   return w.dim() == 5 ? at::conv3d(x, w, w_.at(p + ".bias")) : at::conv2d(x, w, w_.at(p + ".bias"));
 }
 
-// Kernel 3 in time, padded by 2 frames in front: the previous chunk's last 2 input frames
-// stand in for as many of them as it kept.
-at::Tensor WanEncoder::causal_conv(const std::string &p, const at::Tensor &x, Run &run) const {
-  at::Tensor &prev = run.next();
-  at::Tensor keep = x.narrow(2, std::max<int64_t>(0, x.size(2) - 2), std::min<int64_t>(2, x.size(2)));
-  if (keep.size(2) < 2 && prev.defined()) keep = at::cat({prev.narrow(2, prev.size(2) - 1, 1), keep}, 2);
-  at::Tensor in = x;
-  int64_t front = 2;
-  if (prev.defined()) {
-    in = at::cat({prev, x}, 2);
-    front -= prev.size(2);
-  }
-  in = at::constant_pad_nd(in, {1, 1, 1, 1, front, 0}, 0);
-  prev = keep.clone();
-  return conv(p, in);
+// Kernel 3 in time: the previous chunk's last 2 input frames in front (zeros before the first).
+at::Tensor WanEncoder::causal_conv(const std::string &p, const at::Tensor &x, StreamCache &cache) const {
+  return causal_conv3d(conv_of(w_, p), x, cache.next(), false);
 }
 
 at::Tensor WanEncoder::rms(const std::string &p, const at::Tensor &x) const {
@@ -86,24 +49,24 @@ at::Tensor WanEncoder::rms(const std::string &p, const at::Tensor &x) const {
   return n * std::sqrt(static_cast<double>(x.size(1))) * w_.at(p + ".gamma");
 }
 
-at::Tensor WanEncoder::resnet(const std::string &p, const at::Tensor &x, Run &run) const {
+at::Tensor WanEncoder::resnet(const std::string &p, const at::Tensor &x, StreamCache &cache) const {
   at::Tensor h = w_.count(p + ".conv_shortcut.weight") ? conv(p + ".conv_shortcut", x) : x;
-  at::Tensor y = causal_conv(p + ".conv1", at::silu(rms(p + ".norm1", x)), run);
-  y = causal_conv(p + ".conv2", at::silu(rms(p + ".norm2", y)), run);
+  at::Tensor y = causal_conv(p + ".conv1", at::silu(rms(p + ".norm1", x)), cache);
+  y = causal_conv(p + ".conv2", at::silu(rms(p + ".norm2", y)), cache);
   return y + h;
 }
 
 // 2x spatial downsampling per frame (zero pad right and bottom, 3x3 stride 2); with `time`,
 // 2x in time too: the first chunk is kept as it is, later ones are convolved with the last
 // frame before them (kernel 3, stride 2).
-at::Tensor WanEncoder::resample(const std::string &p, const at::Tensor &x, bool time, Run &run) const {
+at::Tensor WanEncoder::resample(const std::string &p, const at::Tensor &x, bool time, StreamCache &cache) const {
   const int64_t b = x.size(0), c = x.size(1), t = x.size(2);
   at::Tensor y = x.permute({0, 2, 1, 3, 4}).reshape({b * t, c, x.size(3), x.size(4)});
   y = at::conv2d(at::constant_pad_nd(y, {0, 1, 0, 1}, 0), w_.at(p + ".resample.1.weight"),
                  w_.at(p + ".resample.1.bias"), {2, 2});
   y = y.view({b, t, y.size(1), y.size(2), y.size(3)}).permute({0, 2, 1, 3, 4});
   if (!time) return y;
-  at::Tensor &prev = run.next();
+  at::Tensor &prev = cache.next();
   if (!prev.defined()) {
     prev = y.clone();
     return y;
@@ -149,11 +112,11 @@ at::Tensor WanEncoder::patchify(const at::Tensor &x) const {
   return y.view({B, C * p * p, T, H / p, W / p});
 }
 
-at::Tensor WanEncoder::forward(const at::Tensor &frames, WanCache &cache) const {
-  torch::NoGradGuard no_grad;
-  Run run{cache};
+at::Tensor WanEncoder::forward(const at::Tensor &frames, StreamCache &cache) const {
+  at::NoGradGuard no_grad;
+  cache.idx = 0;
   at::Tensor x = patchify(frames.to(device_, dtype_));
-  x = causal_conv("encoder.conv_in", x, run);
+  x = causal_conv("encoder.conv_in", x, cache);
   const auto d = cfg_.dims();
   int flat = 0;
   for (int i = 0; i < cfg_.levels(); i++) {
@@ -164,105 +127,98 @@ at::Tensor WanEncoder::forward(const at::Tensor &frames, WanCache &cache) const 
     for (int r = 0; r < cfg_.num_res_blocks; r++)
       x = resnet(cfg_.is_residual ? level + ".resnets." + std::to_string(r)
                                   : "encoder.down_blocks." + std::to_string(flat++),
-                 x, run);
+                 x, cache);
     if (down)
       x = resample(cfg_.is_residual ? level + ".downsampler" : "encoder.down_blocks." + std::to_string(flat++), x,
-                   time, run);
+                   time, cache);
     if (cfg_.is_residual) x = x + avg_down(shortcut, d[i + 1], time ? 2 : 1, down ? 2 : 1);
   }
-  x = resnet("encoder.mid_block.resnets.0", x, run);
+  x = resnet("encoder.mid_block.resnets.0", x, cache);
   x = attention("encoder.mid_block.attentions.0", x);
-  x = resnet("encoder.mid_block.resnets.1", x, run);
-  x = causal_conv("encoder.conv_out", at::silu(rms("encoder.norm_out", x)), run);
+  x = resnet("encoder.mid_block.resnets.1", x, cache);
+  x = causal_conv("encoder.conv_out", at::silu(rms("encoder.norm_out", x)), cache);
   return conv("quant_conv", x);
 }
 
-at::Tensor WanEncoder::encode(const at::Tensor &video) const {
-  WanCache cache;
-  std::vector<at::Tensor> out;
-  const int64_t T = video.size(2);
-  out.push_back(forward(video.narrow(2, 0, 1), cache));
-  for (int64_t t = 1; t + 4 <= T; t += 4) out.push_back(forward(video.narrow(2, t, 4), cache));
-  return at::cat(out, 2);
+std::vector<std::pair<int, int>> WanEncoder::chunks(int T, int) const {
+  std::vector<std::pair<int, int>> out{{0, 1}};
+  for (int s = 1; s + 4 <= T; s += 4) out.emplace_back(s, s + 4);
+  return out;
 }
 
-WanEncoder::TileGrid WanEncoder::tile_grid(int64_t height, int64_t width, int tile_h, int tile_w, int stride_h,
-                                           int stride_w) const {
-  const int64_t p = cfg_.patch_size;
-  TileGrid g;
-  g.tile_h = tile_h * p;
-  g.tile_w = tile_w * p;
-  for (int64_t i = 0; i < height / p; i += stride_h) g.ys.push_back(i * p);
-  for (int64_t j = 0; j < width / p; j += stride_w) g.xs.push_back(j * p);
-  return g;
+TilePlan WanEncoder::tile_plan(int H, int W, int tile_h, int tile_w, int stride_h, int stride_w) const {
+  const int64_t p = cfg_.patch_size, s = cfg_.spatial_compression() / p;  // per patchified pixel
+  TilePlan t;
+  t.tiled = true;  // one tile still crops and blends as diffusers does
+  t.tile_h = tile_h * p, t.tile_w = tile_w * p;
+  t.ys = tile_origins(H / p, stride_h, p);
+  t.xs = tile_origins(W / p, stride_w, p);
+  t.blend_h = tile_h / s - stride_h / s, t.blend_w = tile_w / s - stride_w / s;
+  t.keep_h = stride_h / s, t.keep_w = stride_w / s;
+  t.out_h = H / cfg_.spatial_compression(), t.out_w = W / cfg_.spatial_compression();
+  return t;
 }
 
-at::Tensor blend_tile_rows(std::vector<std::vector<at::Tensor>> &rows, int64_t bh, int64_t bw, int64_t sh, int64_t sw) {
-  std::vector<at::Tensor> out_rows;
-  for (size_t i = 0; i < rows.size(); i++) {
-    std::vector<at::Tensor> out_row;
-    for (size_t j = 0; j < rows[i].size(); j++) {
-      at::Tensor &tile = rows[i][j];
-      if (i > 0) {
-        const at::Tensor &a = rows[i - 1][j];
-        const int64_t n = std::min({a.size(3), tile.size(3), bh});
-        for (int64_t y = 0; y < n; y++) {
-          const double f = static_cast<double>(y) / static_cast<double>(n);
-          tile.select(3, y).copy_(a.select(3, a.size(3) - n + y) * (1 - f) + tile.select(3, y) * f);
-        }
-      }
-      if (j > 0) {
-        const at::Tensor &a = rows[i][j - 1];
-        const int64_t n = std::min({a.size(4), tile.size(4), bw});
-        for (int64_t x = 0; x < n; x++) {
-          const double f = static_cast<double>(x) / static_cast<double>(n);
-          tile.select(4, x).copy_(a.select(4, a.size(4) - n + x) * (1 - f) + tile.select(4, x) * f);
-        }
-      }
-      out_row.push_back(tile.narrow(3, 0, std::min(sh, tile.size(3))).narrow(4, 0, std::min(sw, tile.size(4))));
+TilePlan WanEncoder::plan_tiles(int H, int W, const TileRequest &r) const {
+  if (!r.on()) return TilePlan{};
+  const int patch = cfg_.patch_size;
+  const bool th = r.height > 0, tw = r.width > 0;
+  const int tile_h = th ? r.height : H / patch, tile_w = tw ? r.width : W / patch;
+  // (+1e-6: an overlap of 1/3 on 48 pixels is a stride of 32, not 31.99...)
+  auto stride = [](int tile, double overlap) { return std::max(1, static_cast<int>(tile * (1 - overlap) + 1e-6)); };
+  const int stride_h = th ? stride(tile_h, r.overlap_height) : tile_h;
+  const int stride_w = tw ? stride(tile_w, r.overlap_width) : tile_w;
+  if (!((th && H > tile_h) || (tw && W > tile_w))) return TilePlan{};
+  return tile_plan(H, W, tile_h, tile_w, stride_h, stride_w);
+}
+
+// Every tile must reach a latent pixel, and what the tiles keep must cover the latent, else the
+// result would not have the untiled shape.
+bool WanEncoder::plan_fits(const TilePlan &p, int H, int W) const {
+  if (!p.tiled) return true;
+  const int patch = cfg_.patch_size, levels = log2_levels(tile_unit_);
+  auto covers = [&](const std::vector<int64_t> &origins, int64_t tile, int64_t total, int64_t keep) {
+    int64_t sum = 0;
+    for (int64_t o : origins) {
+      const int64_t l = downsampled_extent((std::min(o + tile, total) - o) / patch, levels);
+      if (l < 1) return false;
+      sum += std::min(keep, l);
     }
-    out_rows.push_back(at::cat(out_row, 4));
-  }
-  return at::cat(out_rows, 3);
+    return sum >= total / spatial_;
+  };
+  return covers(p.ys, p.tile_h, H, p.keep_h) && covers(p.xs, p.tile_w, W, p.keep_w);
 }
 
-at::Tensor WanEncoder::blend_tiles(std::vector<std::vector<at::Tensor>> rows, int64_t height, int64_t width,
-                                   int tile_h, int tile_w, int stride_h, int stride_w) const {
-  const int64_t s = cfg_.spatial_compression() / cfg_.patch_size;  // per patchified pixel
-  const int64_t bh = tile_h / s - stride_h / s, bw = tile_w / s - stride_w / s;
-  const int64_t sh = stride_h / s, sw = stride_w / s;
-  const int64_t c = cfg_.spatial_compression();
-  at::Tensor all = blend_tile_rows(rows, bh, bw, sh, sw);
-  return all.narrow(3, 0, std::min(all.size(3), height / c)).narrow(4, 0, std::min(all.size(4), width / c));
+std::string WanEncoder::tile_advice() const {
+  return "the Wan VAE's tiles and their strides tile * (1 - overlap) count pixels of the encoder's input: use "
+         "multiples of " + std::to_string(tile_unit_);
 }
 
-at::Tensor WanEncoder::encode_tiled(const at::Tensor &video, int tile_h, int tile_w, int stride_h,
-                                    int stride_w) const {
-  const int64_t H = video.size(3), W = video.size(4);
-  TileGrid g = tile_grid(H, W, tile_h, tile_w, stride_h, stride_w);
-  std::vector<std::vector<at::Tensor>> rows;
-  for (int64_t y : g.ys) {
-    std::vector<at::Tensor> row;
-    for (int64_t x : g.xs)
-      row.push_back(encode(video.narrow(3, y, std::min(g.tile_h, H - y)).narrow(4, x, std::min(g.tile_w, W - x))));
-    rows.push_back(std::move(row));
-  }
-  return blend_tiles(std::move(rows), H, W, tile_h, tile_w, stride_h, stride_w);
+// Tiles of half the size, in whole latent pixels and at least 4 of them, overlapping by a quarter,
+// so that their strides keep the untiled shape.
+bool WanEncoder::smaller_tiles(const TilePlan &cur, int H, int W, TilePlan *next) const {
+  const int patch = cfg_.patch_size, per = tile_unit_, Hp = H / patch, Wp = W / patch;
+  const int cur_h = cur.tiled ? static_cast<int>(cur.tile_h / patch) : Hp;
+  const int cur_w = cur.tiled ? static_cast<int>(cur.tile_w / patch) : Wp;
+  auto half = [&](int v) { return std::min(v, std::max(4 * per, v / 2 / per * per)); };
+  const int nh = std::min(half(cur_h), Hp), nw = std::min(half(cur_w), Wp);
+  if (nh >= cur_h && nw >= cur_w) return false;
+  *next = tile_plan(H, W, nh, nw, nh < Hp ? nh - nh / 4 / per * per : nh, nw < Wp ? nw - nw / 4 / per * per : nw);
+  return next->count() > 1;
 }
 
-at::Tensor WanEncoder::normalized_latent(const at::Tensor &moments, const at::Tensor &noise) const {
-  const int64_t z = cfg_.z_dim;
-  at::Tensor mean = moments.narrow(1, 0, z).to(at::kFloat);
-  if (noise.defined()) {
-    at::Tensor logvar = moments.narrow(1, z, z).to(at::kFloat).clamp(-30.0, 20.0);
-    mean = mean + at::exp(0.5 * logvar) * noise.to(mean.device(), at::kFloat);
-  }
-  std::vector<int64_t> shape(static_cast<size_t>(moments.dim()), 1);
-  shape[1] = z;
+std::string WanEncoder::clip_scope_unsupported() const {
+  return "its RMS norms (AutoencoderKLWan) use no statistics across frames, so its chunked encode already equals "
+         "a single pass";
+}
+
+at::Tensor WanEncoder::normalize(const at::Tensor &z) const {
+  std::vector<int64_t> shape(static_cast<size_t>(z.dim()), 1);
+  shape[1] = cfg_.z_dim;
   auto opts = at::TensorOptions().dtype(at::kDouble);
-  at::Tensor m = at::tensor(cfg_.latents_mean, opts).to(at::kFloat).view(shape).to(mean.device());
-  at::Tensor s = at::tensor(cfg_.latents_std, opts).to(at::kFloat).view(shape).to(mean.device());
-  return (mean - m) / s;
+  at::Tensor m = at::tensor(cfg_.latents_mean, opts).to(at::kFloat).view(shape).to(z.device());
+  at::Tensor s = at::tensor(cfg_.latents_std, opts).to(at::kFloat).view(shape).to(z.device());
+  return (z - m) / s;
 }
 
 }  // namespace videotrain::vae
