@@ -68,6 +68,19 @@ TEST(ClipVision, HiddenStatesMatchTransformers) {
   }
 }
 
+TEST(ClipVision, Bf16WeightsComputeInBf16) {
+  // The published image encoders are stored in fp32 or bf16; a bf16 encoder keeps its hidden states in
+  // bf16 (LayerNorm and softmax as LibTorch computes them in that dtype, as transformers does).
+  RefFile cases("clip_vision/cases.safetensors");
+  auto enc = ClipVisionEncoder::open(ref("vit_tiny"), torch::kCPU, torch::kBFloat16);
+  const auto h = enc->penultimate_hidden_states(cases.get("pixel_values"));
+  EXPECT_EQ(h.scalar_type(), torch::kBFloat16);
+  const double r = rel_l2(h.to(torch::kFloat), cases.get("hidden_states.vit_tiny.2"));
+  std::printf("bf16: hidden_states[-2] rel L2 %.3g\n", r);
+  EXPECT_LT(r, 3e-2);
+  EXPECT_GT(r, 1e-5);  // the weights really went through bf16
+}
+
 TEST(ClipImageProcessor, ResizeEqualsPilByteForByte) {
   RefFile cases("clip_vision/cases.safetensors");
   const auto processor = ClipImageProcessor::open(ref("image_processor"));
