@@ -80,8 +80,8 @@ at::Tensor CogVideoXNormZeroImpl::modulate(const at::Tensor &x, const at::Tensor
   const auto m = mod.unsqueeze(1).chunk(6, -1);
   const auto n = norm(x).to(x.scalar_type());
   const int64_t S = x.size(1) - text_len;
-  const auto text = n.narrow(1, 0, text_len) * (1 + m[4]) + m[3];
-  const auto video = n.narrow(1, text_len, S) * (1 + m[1]) + m[0];
+  const auto text = shift_scale(n.narrow(1, 0, text_len), m[3], m[4]);
+  const auto video = shift_scale(n.narrow(1, text_len, S), m[0], m[1]);
   if (gate) *gate = at::cat({m[5].expand({-1, text_len, -1}), m[2].expand({-1, S, -1})}, 1);
   return at::cat({text, video}, 1);
 }
@@ -117,23 +117,23 @@ CogVideoXBlockImpl::CogVideoXBlockImpl(const CogVideoXConfig &c) : heads(c.num_a
 }
 
 std::vector<at::Tensor> CogVideoXBlockImpl::head(const at::Tensor &x, const at::Tensor &temb, int64_t text_len,
-                                                  const at::Tensor &cos, const at::Tensor &sin) {
+                                                  const at::Tensor &rope) {
   // Both norms' modulations here, so that temb's gradient comes from one segment (summed in the
   // same order as without checkpointing); tail takes them as inputs ([B, 6 dim] each).
   const auto mod1 = norm1->modulation(temb), mod2 = norm2->modulation(temb);
   auto n = norm1->modulate(x, mod1, text_len, nullptr);  // the gate is tail's
   auto heads_of = [&](const at::Tensor &t) { return t.unflatten(2, {heads, -1}); };  // [B, N, H, D]
   const auto v = heads_of(to_v(n)).transpose(1, 2);  // [B, H, N, D]
-  // q and k normalised in float32 (before the transpose: LayerNorm on contiguous rows, no copies),
-  // then in v's dtype for attention (bf16 under autocast).
-  auto q = layer_norm32(norm_q, heads_of(to_q(n))).to(v.scalar_type()).transpose(1, 2);
-  auto k = layer_norm32(norm_k, heads_of(to_k(n))).to(v.scalar_type()).transpose(1, 2);
-  if (cos.defined()) {
-    const int64_t S = x.size(1) - text_len;
-    q = at::cat({q.narrow(2, 0, text_len), rotate_pairs(q.narrow(2, text_len, S), cos, sin)}, 2);
-    k = at::cat({k.narrow(2, 0, text_len), rotate_pairs(k.narrow(2, text_len, S), cos, sin)}, 2);
+  // q and k normalised and turned in float32 on contiguous [B, N, H, D] rows (the whole sequence in
+  // one product: the text rows' turns are 1), then cast once to v's dtype (bf16 under autocast) and
+  // viewed as [B, H, N, D]: no copies before attention.
+  auto q = layer_norm32(norm_q, heads_of(to_q(n)));
+  auto k = layer_norm32(norm_k, heads_of(to_k(n)));
+  if (rope.defined()) {
+    q = rotate_pairs(q, rope);
+    k = rotate_pairs(k, rope);
   }
-  return {q, k, v, mod1, mod2};
+  return {q.to(v.scalar_type()).transpose(1, 2), k.to(v.scalar_type()).transpose(1, 2), v, mod1, mod2};
 }
 
 at::Tensor CogVideoXBlockImpl::tail(const at::Tensor &x, const at::Tensor &mod1, const at::Tensor &mod2,
@@ -148,8 +148,8 @@ at::Tensor CogVideoXBlockImpl::tail(const at::Tensor &x, const at::Tensor &mod1,
 }
 
 at::Tensor CogVideoXBlockImpl::forward(const at::Tensor &x, const at::Tensor &temb, int64_t text_len,
-                                       const at::Tensor &cos, const at::Tensor &sin) {
-  const auto p = head(x, temb, text_len, cos, sin);
+                                       const at::Tensor &rope) {
+  const auto p = head(x, temb, text_len, rope);
   return tail(x, p[3], p[4], text_len, attention(p[0], p[1], p[2], 0, backend));
 }
 
@@ -288,26 +288,29 @@ at::Tensor CogVideoXTransformerImpl::forward(const at::Tensor &x, const at::Tens
   if (!cfg.use_rotary_positional_embeddings) video = video + pos[0];
   const int64_t L = text.size(1);
   auto hs = at::cat({text_proj(text).to(at::kFloat), video}, 1);  // text rows' positions are zero
-  const at::Tensor cos = cfg.use_rotary_positional_embeddings ? pos[0] : at::Tensor();
-  const at::Tensor sin = cfg.use_rotary_positional_embeddings ? pos[1] : at::Tensor();
+  at::Tensor rope;  // [L + S, 1, head_dim / 2]: the text rows unturned (1), as diffusers rotates the video rows only
+  if (cfg.use_rotary_positional_embeddings) {
+    const auto video_turns = rotary_table(pos[0], pos[1]);
+    rope = at::cat({at::ones({L, video_turns.size(1)}, video_turns.options()), video_turns}).unsqueeze(1);
+  }
   for (const auto &blk : *blocks) {
     auto block = blk->as<CogVideoXBlock>();
     block->backend = attention_backend;
     if (checkpointing == Checkpointing::full && torch::GradMode::is_enabled()) {
       hs = checkpointed(
-          [block, L, cos, sin](const std::vector<at::Tensor> &in) { return block->forward(in[0], in[1], L, cos, sin); },
+          [block, L, rope](const std::vector<at::Tensor> &in) { return block->forward(in[0], in[1], L, rope); },
           {hs, temb});
     } else if (checkpointing == Checkpointing::selective && torch::GradMode::is_enabled()) {
       // forward's ops, with attention run with autograd between two recomputed segments: it keeps
       // q, k, v and its output, and backward never runs it forward again.
       const auto p = checkpointed_segment(
-          [block, L, cos, sin](const std::vector<at::Tensor> &in) { return block->head(in[0], in[1], L, cos, sin); },
+          [block, L, rope](const std::vector<at::Tensor> &in) { return block->head(in[0], in[1], L, rope); },
           {hs, temb});
       const auto o = attention(p[0], p[1], p[2], 0, attention_backend);
       hs = checkpointed([block, L](const std::vector<at::Tensor> &in) { return block->tail(in[0], in[1], in[2], L, in[3]); },
                         {hs, p[3], p[4], o});
     } else
-      hs = block->forward(hs, temb, L, cos, sin);
+      hs = block->forward(hs, temb, L, rope);
   }
   auto out = layer_norm32(norm_final, hs.narrow(1, L, S));
   const auto m = out_mod(torch::silu(temb)).unsqueeze(1).chunk(2, -1);  // shift, scale

@@ -34,14 +34,13 @@ TORCH_MODULE(CogVideoXNormZero);
 
 struct CogVideoXBlockImpl : torch::nn::Module {
   explicit CogVideoXBlockImpl(const CogVideoXConfig &c);
-  // x [B, L + S, dim] (text then video); temb [B, time_embed_dim]; cos, sin [S, head_dim] or undefined.
-  at::Tensor forward(const at::Tensor &x, const at::Tensor &temb, int64_t text_len, const at::Tensor &cos,
-                     const at::Tensor &sin);
+  // x [B, L + S, dim] (text then video); temb [B, time_embed_dim]; rope [L + S, 1, head_dim / 2]
+  // (rotary_table's, text rows 1: unturned) or undefined.
+  at::Tensor forward(const at::Tensor &x, const at::Tensor &temb, int64_t text_len, const at::Tensor &rope);
   // forward = tail(x, mod1, mod2, attention(q, k, v)) with {q, k, v, mod1, mod2} = head(x, temb): head
   // holds the norms' modulations, norm1 and q, k, v [B, H, L + S, D]; tail the rest (selective
   // checkpointing recomputes these two, not attention).
-  std::vector<at::Tensor> head(const at::Tensor &x, const at::Tensor &temb, int64_t text_len, const at::Tensor &cos,
-                               const at::Tensor &sin);
+  std::vector<at::Tensor> head(const at::Tensor &x, const at::Tensor &temb, int64_t text_len, const at::Tensor &rope);
   at::Tensor tail(const at::Tensor &x, const at::Tensor &mod1, const at::Tensor &mod2, int64_t text_len,
                   const at::Tensor &o);
   int64_t heads;

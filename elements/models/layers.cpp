@@ -4,8 +4,10 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/version.h>
 
+#include <atomic>
 #include <cmath>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "autocast_guard.h"
 
@@ -28,8 +30,8 @@ constexpr bool kHasFp8 = true;
 constexpr bool kHasFp8 = false;
 #endif
 
-// What at::linear will compute x in: autocast's dtype where autocast is on for x's device (so an
-// fp8 weight is cast once, not to float32 and again by autocast), else x's dtype.
+// Autocast's dtype where autocast is on for x's device, else x's dtype: what at::linear will
+// compute x in (so an fp8 weight is cast once, not to float32 and again by autocast).
 at::ScalarType compute_dtype(const at::Tensor &x) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
   const auto dev = x.device().type();
@@ -40,6 +42,44 @@ at::ScalarType compute_dtype(const at::Tensor &x) {
   if (x.is_cpu() && at::autocast::is_cpu_enabled()) return at::autocast::get_autocast_cpu_dtype();
 #endif
   return x.scalar_type();
+}
+
+/* The autocast copies (bf16) of trainable float32 weights that a checkpointed segment's forward
+ * made, kept for its recompute in backward. Autocast caches such a cast only within one autocast
+ * region (at::autocast::cached_cast; AutocastGuard clears the cache when the outermost region
+ * ends): the forward's region ends before backward and the recompute opens its own, so without
+ * this every weight of a checkpointed block is cast twice per step. The copies are made with
+ * gradients on, so the recompute's backward reaches the float32 weight through that same cast;
+ * they live as long as autocast's cache would have held them in the forward, until the segment's
+ * backward is done. Frozen weights are not kept (a LoRA's base would double its memory). */
+struct WeightCasts {
+  std::unordered_map<const c10::TensorImpl *, at::Tensor> casts;
+  bool replay = false;  // the recompute: only look up
+};
+thread_local WeightCasts *t_weight_casts = nullptr;
+std::atomic<bool> g_keep_weight_casts{true};
+
+struct WeightCastScope {
+  explicit WeightCastScope(WeightCasts *w) : prev(t_weight_casts) { t_weight_casts = w; }
+  ~WeightCastScope() { t_weight_casts = prev; }
+  WeightCasts *prev;
+};
+
+// `w` as at::linear should take it for input x: the kept cast inside a checkpointed segment.
+at::Tensor weight_for(const at::Tensor &w, const at::Tensor &x) {
+  WeightCasts *wc = t_weight_casts;
+  if (!wc || !w.defined()) return w;
+  if (auto it = wc->casts.find(w.unsafeGetTensorImpl()); it != wc->casts.end()) return it->second;
+  if (wc->replay || w.scalar_type() != at::kFloat || !w.requires_grad() || !w.is_leaf()) return w;
+  const auto dt = compute_dtype(x);
+  if (dt == at::kFloat || dt == at::kDouble || x.scalar_type() == at::kDouble) return w;  // no autocast
+  at::Tensor c;
+  {
+    torch::AutoGradMode on(true);
+    c = w.to(dt);
+  }
+  wc->casts.emplace(w.unsafeGetTensorImpl(), c);
+  return c;
 }
 
 }  // namespace
@@ -81,15 +121,15 @@ at::Tensor LinearImpl::forward(const at::Tensor &x) {
   // at::linear, not torch::nn::functional::linear: the C++ frontend's own version takes matmul and
   // a separate bias add for [B, S, in] inputs, where ATen's folds the bias into the GEMM (addmm).
   // An fp8 weight is dequantised per use: the cost of keeping it at 1 byte per element.
-  at::Tensor w = weight;
+  at::Tensor w = weight_for(weight, x);
   if (is_fp8()) {
     const auto dt = compute_dtype(x);
     w = weight.to(dt).mul_(weight_scale.to(dt));
   }
-  auto y = at::linear(x, w, bias);
+  auto y = at::linear(x, w, weight_for(bias, x));
   if (!lora_a.defined()) return y;
   const auto xd = lora_dropout > 0 && is_training() ? torch::dropout(x, lora_dropout, true) : x;
-  return at::add(y, at::linear(at::linear(xd, lora_a), lora_b), lora_scale);
+  return at::add(y, at::linear(at::linear(xd, weight_for(lora_a, x)), weight_for(lora_b, x)), lora_scale);
 }
 
 void LinearImpl::add_lora(int64_t rank, double scale, double dropout) {
@@ -123,9 +163,14 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, bool affine) : eps(eps_) {
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor &x) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  // ATen's own (fused where LibTorch has a kernel for it), on float32 input: diffusers' float32 result.
+  return at::rms_norm(x.to(at::kFloat), {x.size(-1)}, weight.defined() ? weight.to(at::kFloat) : at::Tensor(), eps);
+#else
   auto h = x.to(at::kFloat);
   h = h * torch::rsqrt(h.pow(2).mean(-1, true) + eps);
   return weight.defined() ? h * weight.to(at::kFloat) : h;
+#endif
 }
 
 LayerNorm32Impl::LayerNorm32Impl(int64_t dim_, double eps_, bool affine) : dim(dim_), eps(eps_) {
@@ -142,11 +187,24 @@ at::Tensor LayerNorm32Impl::forward(const at::Tensor &x) {
 
 at::Tensor gelu_tanh(const at::Tensor &x) { return at::gelu(x, "tanh"); }
 
-at::Tensor rotate_pairs(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &sin) {
-  const auto rot = at::complex(cos.slice(-1, 0, c10::nullopt, 2), sin.slice(-1, 0, c10::nullopt, 2));
-  auto xf = x.to(at::kFloat);
+at::Tensor shift_scale(const at::Tensor &x, const at::Tensor &shift, const at::Tensor &scale) {
+  return at::addcmul(shift, x, 1 + scale);
+}
+
+at::Tensor gated_add(const at::Tensor &x, const at::Tensor &y, const at::Tensor &gate) {
+  if (x.scalar_type() == at::kFloat && y.scalar_type() == at::kFloat) return at::addcmul(x, y, gate);
+  return at::add(x, at::mul(y, gate.to(at::kFloat))).to(x.scalar_type());
+}
+
+at::Tensor rotary_table(const at::Tensor &cos, const at::Tensor &sin) {
+  return at::complex(cos.slice(-1, 0, c10::nullopt, 2).to(at::kFloat), sin.slice(-1, 0, c10::nullopt, 2).to(at::kFloat));
+}
+
+at::Tensor rotate_pairs(const at::Tensor &x, const at::Tensor &table) {
+  auto xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
   if (xf.stride(-1) != 1) xf = xf.contiguous();  // view_as_complex needs the pairs adjacent
-  return at::view_as_real(at::view_as_complex(xf.unflatten(-1, {-1, 2})) * rot).flatten(-2).to(x.scalar_type());
+  const auto t = xf.scalar_type() == at::kDouble ? table.to(at::kComplexDouble) : table;
+  return at::view_as_real(at::view_as_complex(xf.unflatten(-1, {-1, 2})) * t).flatten(-2);
 }
 
 namespace {
@@ -329,6 +387,7 @@ struct CheckpointBackward : torch::autograd::Node {
   std::vector<at::Tensor> inputs;  // detached
   std::vector<bool> needs_grad;
   bool autocast = false, autocast_cuda = false;
+  WeightCasts weight_casts;  // the forward's, for the recompute
 
   torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
     std::vector<at::Tensor> xs;
@@ -341,6 +400,8 @@ struct CheckpointBackward : torch::autograd::Node {
     {
       torch::AutoGradMode on(true);
       AutocastGuard cast(autocast, autocast_cuda);
+      weight_casts.replay = true;
+      WeightCastScope replay(weight_casts.casts.empty() ? nullptr : &weight_casts);
       outs = fn(xs);
     }
     // Outputs no later op used (or that depend on nothing trainable) get no gradient.
@@ -351,6 +412,7 @@ struct CheckpointBackward : torch::autograd::Node {
         gs.push_back(grads[i]);
       }
     if (!ys.empty()) torch::autograd::backward(ys, gs);
+    weight_casts.casts.clear();
     torch::autograd::variable_list res;
     for (size_t i = 0; i < xs.size(); i++) res.push_back(needs_grad[i] ? xs[i].grad() : at::Tensor());
     return res;
@@ -358,6 +420,7 @@ struct CheckpointBackward : torch::autograd::Node {
   void release_variables() override {
     inputs.clear();
     fn = nullptr;
+    weight_casts.casts.clear();
   }
 };
 
@@ -373,16 +436,17 @@ bool autocast_on(bool cuda) {
 
 std::vector<at::Tensor> checkpointed_segment(SegmentFn fn, const std::vector<at::Tensor> &inputs) {
   if (!torch::GradMode::is_enabled()) return fn(inputs);
-  std::vector<at::Tensor> outs;
-  {
-    torch::NoGradGuard ng;
-    outs = fn(inputs);
-  }
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 12)
   auto node = c10::make_intrusive<CheckpointBackward>();  // autograd holds nodes in intrusive_ptr from 2.12
 #else
   auto node = std::shared_ptr<CheckpointBackward>(new CheckpointBackward(), torch::autograd::deleteNode);
 #endif
+  std::vector<at::Tensor> outs;
+  {
+    torch::NoGradGuard ng;
+    WeightCastScope record(g_keep_weight_casts ? &node->weight_casts : nullptr);
+    outs = fn(inputs);
+  }
   node->fn = std::move(fn);
   for (const auto &x : inputs) {
     node->inputs.push_back(x.detach());
@@ -400,6 +464,8 @@ std::vector<at::Tensor> checkpointed_segment(SegmentFn fn, const std::vector<at:
   }
   return outs;
 }
+
+void set_keep_weight_casts(bool keep) { g_keep_weight_casts = keep; }
 
 at::Tensor checkpointed(BlockFn fn, const std::vector<at::Tensor> &inputs) {
   return checkpointed_segment([fn = std::move(fn)](const std::vector<at::Tensor> &in) { return std::vector<at::Tensor>{fn(in)}; },

@@ -77,10 +77,21 @@ TORCH_MODULE(LayerNorm32);
 
 at::Tensor gelu_tanh(const at::Tensor &x);
 
-// Rotary positions: the pairs (2i, 2i+1) of x's last dim turned by the angles whose cos and sin
-// (each repeated for both members of a pair, as Wan's and CogVideoX's tables are) broadcast against
-// x; computed in float32 as one complex product per pair, returned in x's dtype.
-at::Tensor rotate_pairs(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &sin);
+// AdaLN modulation x * (1 + scale) + shift as one addcmul (scale and shift broadcast against x).
+at::Tensor shift_scale(const at::Tensor &x, const at::Tensor &shift, const at::Tensor &scale);
+// The gated residual (x.float() + y * gate) in x's dtype, as diffusers computes it: one addcmul
+// where x and y are float32; otherwise a product and a sum that read the bf16 operands as they are
+// (autocast would cast them first for addcmul), then the cast back.
+at::Tensor gated_add(const at::Tensor &x, const at::Tensor &y, const at::Tensor &gate);
+
+// Rotary positions as unit complex numbers [..., D/2] (pair i turned by angle i), from cos and sin
+// tables [..., D] with each angle repeated for both members of a pair (Wan's and CogVideoX's):
+// made once per forward and shared by every block.
+at::Tensor rotary_table(const at::Tensor &cos, const at::Tensor &sin);
+// The pairs (2i, 2i+1) of x's last dim turned by `table` (rotary_table's; its shape broadcasts
+// against x's without the last dim): one complex product in float32 (float64 stays float64),
+// returned in float32, so that the caller casts once, after it (q and k leave float32 norms).
+at::Tensor rotate_pairs(const at::Tensor &x, const at::Tensor &table);
 
 // softmax(q k^T / sqrt(D)) v for q [B, H, Sq, D], k and v [B, H, Sk, D]. LibTorch's fused
 // scaled-dot-product attention where it has one that keeps no probability matrix (CUDA from 2.0,
@@ -106,5 +117,9 @@ at::Tensor checkpointed(BlockFn fn, const std::vector<at::Tensor> &inputs);
 // its attention returns q, k and v); outputs no later op uses get no gradient.
 using SegmentFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor> &)>;
 std::vector<at::Tensor> checkpointed_segment(SegmentFn fn, const std::vector<at::Tensor> &inputs);
+// Under autocast, a segment's forward casts each trainable float32 weight once and its recompute
+// reuses that cast (kept until the segment's backward is done) rather than casting it again.
+// false: cast again in the recompute, as autocast alone does (tests and benches compare the two).
+void set_keep_weight_casts(bool keep);
 
 }  // namespace videotrain::models

@@ -32,25 +32,25 @@ WanAttentionImpl::WanAttentionImpl(int64_t dim, int64_t heads_, double eps, int6
   }
 }
 
-std::vector<at::Tensor> WanAttentionImpl::qkv(const at::Tensor &x, const at::Tensor &context, const at::Tensor &cos,
-                                               const at::Tensor &sin) {
+std::vector<at::Tensor> WanAttentionImpl::qkv(const at::Tensor &x, const at::Tensor &context, const at::Tensor &rope) {
   const auto v = to_v(context);
-  auto q = norm_q(to_q(x)).to(v.scalar_type()).unflatten(2, {heads, -1});
-  auto k = norm_k(to_k(context)).to(v.scalar_type()).unflatten(2, {heads, -1});
-  if (cos.defined()) {
-    // x [B, S, H, D] against the [S, D] tables.
-    q = rotate_pairs(q, cos.unsqueeze(1), sin.unsqueeze(1));
-    k = rotate_pairs(k, cos.unsqueeze(1), sin.unsqueeze(1));
+  // q and k leave their norms in float32, are turned in float32 ([B, S, H, D] against the [S, 1, D/2]
+  // table) and cast once to v's dtype (bf16 under autocast): diffusers' order, one cast each.
+  auto q = norm_q(to_q(x)).unflatten(2, {heads, -1});
+  auto k = norm_k(to_k(context)).unflatten(2, {heads, -1});
+  if (rope.defined()) {
+    q = rotate_pairs(q, rope);
+    k = rotate_pairs(k, rope);
   }
-  return {q.transpose(1, 2), k.transpose(1, 2), v.unflatten(2, {heads, -1}).transpose(1, 2)};
+  const auto dt = v.scalar_type();
+  return {q.to(dt).transpose(1, 2), k.to(dt).transpose(1, 2), v.unflatten(2, {heads, -1}).transpose(1, 2)};
 }
 
 at::Tensor WanAttentionImpl::out(const at::Tensor &o) { return to_out[0]->as<Linear>()->forward(o.transpose(1, 2).flatten(2)); }
 
-at::Tensor WanAttentionImpl::forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &cos,
-                                     const at::Tensor &sin) {
+at::Tensor WanAttentionImpl::forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &rope) {
   if (!add_k_proj) {
-    const auto p = qkv(x, context, cos, sin);
+    const auto p = qkv(x, context, rope);
     return out(attention(p[0], p[1], p[2], 0, backend));
   }
   // I2V: the same queries attend to the text and, separately, to the image tokens (their own keys and
@@ -61,7 +61,7 @@ at::Tensor WanAttentionImpl::forward(const at::Tensor &x, const at::Tensor &cont
   const int64_t L = context.size(1);
   const int64_t split = L >= kWanTextTokens ? L - kWanTextTokens : std::max<int64_t>(0, 2 * L - kWanTextTokens);
   const auto img = context.narrow(1, 0, split);
-  const auto p = qkv(x, context.narrow(1, split, L - split), cos, sin);
+  const auto p = qkv(x, context.narrow(1, split, L - split), rope);
   const auto v_img = add_v_proj(img).unflatten(2, {heads, -1}).transpose(1, 2);
   const auto k_img = norm_added_k(add_k_proj(img)).to(v_img.scalar_type()).unflatten(2, {heads, -1}).transpose(1, 2);
   // No image rows: diffusers' attention over zero keys, zeros (and zero gradients for the image path).
@@ -102,27 +102,26 @@ std::vector<at::Tensor> WanBlockImpl::modulation(const at::Tensor &mod) {
   return (scale_shift_table.to(at::kFloat).unsqueeze(0) + mod.to(at::kFloat)).unbind(2);
 }
 
-std::vector<at::Tensor> WanBlockImpl::head(const at::Tensor &x, const at::Tensor &mod, const at::Tensor &cos,
-                                           const at::Tensor &sin) {
+std::vector<at::Tensor> WanBlockImpl::head(const at::Tensor &x, const at::Tensor &mod, const at::Tensor &rope) {
   const auto m = modulation(mod);
-  const auto n = at::addcmul(m[0], norm1(x), 1 + m[1]).to(x.scalar_type());  // addcmul: one pass
-  return attn1->qkv(n, n, cos, sin);
+  const auto n = shift_scale(norm1(x), m[0], m[1]).to(x.scalar_type());
+  return attn1->qkv(n, n, rope);
 }
 
 at::Tensor WanBlockImpl::tail(const at::Tensor &x, const at::Tensor &context, const at::Tensor &mod,
                               const at::Tensor &o) {
   const auto m = modulation(mod);
-  auto h = at::addcmul(x.to(at::kFloat), attn1->out(o).to(at::kFloat), m[2]).to(x.scalar_type());
+  auto h = gated_add(x, attn1->out(o), m[2]);
   auto n = norm2 ? norm2(h).to(h.scalar_type()) : h;
-  h = h + attn2(n, context, at::Tensor(), at::Tensor());
-  n = at::addcmul(m[3], norm3(h), 1 + m[4]).to(h.scalar_type());
+  h = h + attn2(n, context, at::Tensor());
+  n = shift_scale(norm3(h), m[3], m[4]).to(h.scalar_type());
   auto ff = ffn_net[2]->as<Linear>()->forward(ffn_net[0]->as<GeluProj>()->forward(n));
-  return at::addcmul(h.to(at::kFloat), ff.to(at::kFloat), m[5]).to(h.scalar_type());
+  return gated_add(h, ff, m[5]);
 }
 
 at::Tensor WanBlockImpl::forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &mod,
-                                 const at::Tensor &cos, const at::Tensor &sin) {
-  const auto p = head(x, mod, cos, sin);
+                                 const at::Tensor &rope) {
+  const auto p = head(x, mod, rope);
   return tail(x, context, mod, attention(p[0], p[1], p[2], 0, attn1->backend));
 }
 
@@ -246,7 +245,8 @@ at::Tensor WanTransformerImpl::forward(const at::Tensor &x, const at::Tensor &ti
     cs.push_back(ang.cos().to(at::kFloat));
     ss.push_back(ang.sin().to(at::kFloat));
   }
-  const auto cos = at::cat(cs, -1).reshape({S, -1}).to(x.device()), sin = at::cat(ss, -1).reshape({S, -1}).to(x.device());
+  // One complex turn per pair, [S, 1, head_dim / 2] against q and k's [B, S, H, D/2] pairs.
+  const auto rope = rotary_table(at::cat(cs, -1).reshape({S, -1}), at::cat(ss, -1).reshape({S, -1})).unsqueeze(1).to(x.device());
 
   // [B, S, dim], made contiguous once here: element-wise ops keep their input's layout, so a
   // transposed residual stream would make every LayerNorm (and its backward) copy it again.
@@ -267,19 +267,19 @@ at::Tensor WanTransformerImpl::forward(const at::Tensor &x, const at::Tensor &ti
     block->attn1->backend = block->attn2->backend = attention_backend;
     if (checkpointing == Checkpointing::full && torch::GradMode::is_enabled()) {
       hs = checkpointed(
-          [block, cos, sin](const std::vector<at::Tensor> &in) { return block->forward(in[0], in[1], in[2], cos, sin); },
+          [block, rope](const std::vector<at::Tensor> &in) { return block->forward(in[0], in[1], in[2], rope); },
           {hs, context, mod});
     } else if (checkpointing == Checkpointing::selective && torch::GradMode::is_enabled()) {
       // The same ops as forward's: the self-attention in between runs with autograd, so it keeps
       // q, k, v and its output (what its backward needs) and backward never recomputes it.
       const auto p = checkpointed_segment(
-          [block, cos, sin](const std::vector<at::Tensor> &in) { return block->head(in[0], in[1], cos, sin); },
+          [block, rope](const std::vector<at::Tensor> &in) { return block->head(in[0], in[1], rope); },
           {hs, mod});
       const auto o = attention(p[0], p[1], p[2], 0, attention_backend);
       hs = checkpointed([block](const std::vector<at::Tensor> &in) { return block->tail(in[0], in[1], in[2], in[3]); },
                         {hs, context, mod, o});
     } else {
-      hs = block->forward(hs, context, mod, cos, sin);
+      hs = block->forward(hs, context, mod, rope);
     }
   }
   const auto m = (scale_shift_table.to(at::kFloat).unsqueeze(0) + temb.to(at::kFloat).unsqueeze(2)).unbind(2);

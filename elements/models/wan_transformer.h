@@ -20,11 +20,12 @@ namespace videotrain::models {
 // before the context's last 512 are the image's, attended to on their own and added to the text's.
 struct WanAttentionImpl : torch::nn::Module {
   WanAttentionImpl(int64_t dim, int64_t heads, double eps, int64_t added_kv_proj_dim = 0);
-  // x [B, S, dim], context [B, L, dim]; rope: cos and sin [S, head_dim] or undefined (cross-attention).
-  at::Tensor forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &cos, const at::Tensor &sin);
-  // forward's two halves around attention(): q, k, v [B, H, S|L, D]; the output projection of o [B, H, S, D].
-  std::vector<at::Tensor> qkv(const at::Tensor &x, const at::Tensor &context, const at::Tensor &cos,
-                              const at::Tensor &sin);
+  // x [B, S, dim], context [B, L, dim]; rope: rotary_table's [S, 1, head_dim / 2] or undefined
+  // (cross-attention).
+  at::Tensor forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &rope);
+  // forward's two halves around attention(): q, k, v [B, H, S|L, D] (views of [B, S|L, H, D], as
+  // SDPA takes them without a copy); the output projection of o [B, H, S, D].
+  std::vector<at::Tensor> qkv(const at::Tensor &x, const at::Tensor &context, const at::Tensor &rope);
   at::Tensor out(const at::Tensor &o);
   int64_t heads;
   AttentionBackend backend = AttentionBackend::automatic;  // set by the transformer's forward
@@ -38,12 +39,12 @@ TORCH_MODULE(WanAttention);
 
 struct WanBlockImpl : torch::nn::Module {
   explicit WanBlockImpl(const WanConfig &c);
-  // x [B, S, dim]; context [B, L, dim] (embedded text); mod [B, 1 or S, 6, dim] (time projection).
-  at::Tensor forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &mod, const at::Tensor &cos,
-                     const at::Tensor &sin);
+  // x [B, S, dim]; context [B, L, dim] (embedded text); mod [B, 1 or S, 6, dim] (time projection);
+  // rope [S, 1, head_dim / 2] (rotary_table).
+  at::Tensor forward(const at::Tensor &x, const at::Tensor &context, const at::Tensor &mod, const at::Tensor &rope);
   // forward = tail(x, context, mod, attention(head(x, mod))): head is norm1, modulation and the self-
   // attention's q, k, v; tail the rest (selective checkpointing recomputes these two, not attention).
-  std::vector<at::Tensor> head(const at::Tensor &x, const at::Tensor &mod, const at::Tensor &cos, const at::Tensor &sin);
+  std::vector<at::Tensor> head(const at::Tensor &x, const at::Tensor &mod, const at::Tensor &rope);
   at::Tensor tail(const at::Tensor &x, const at::Tensor &context, const at::Tensor &mod, const at::Tensor &o);
   std::vector<at::Tensor> modulation(const at::Tensor &mod);
   LayerNorm32 norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
