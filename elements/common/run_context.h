@@ -8,6 +8,7 @@
  * the same run share their state in the context's attachments. */
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -82,6 +83,28 @@ class RunContext {
   using StepCallback = std::function<void(const StepReport &)>;
   virtual int add_step_callback(StepCallback cb) = 0;
   virtual void remove_step_callback(int id) = 0;
+  /* The report with `finished` set (and `failed`, for a failed run) once the step callbacks
+   * have been handed it (recorded before they are called); false before. A run whose end
+   * cannot be told says false. */
+  virtual bool ended(StepReport *report) const {
+    (void)report;
+    return false;
+  }
+  /* add_step_callback() for a follower (ddpvalsink, ddpsampler) that may join after the run
+   * ended: its final report went out before `cb` was added, so `cb` gets it now, on this
+   * thread. The end is looked at after subscribing (ended() is set before the callbacks are
+   * taken), so a run that ends in between is not missed; `cb` sees the final report once. */
+  int follow_steps(StepCallback cb) {
+    auto told = std::make_shared<std::atomic<bool>>(false);
+    StepCallback once = [cb = std::move(cb), told](const StepReport &r) {
+      if (r.finished && told->exchange(true)) return;
+      cb(r);
+    };
+    const int id = add_step_callback(once);
+    StepReport end;
+    if (ended(&end)) once(end);
+    return id;
+  }
 
   // The run log: rank 0 appends a record from another thread (validation) to the run's
   // metrics file (one JSON line) and TensorBoard events, so that each stays one file.

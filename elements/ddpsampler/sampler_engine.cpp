@@ -99,7 +99,7 @@ struct SamplerEngine::Impl {
   void offer(uint64_t step, bool final) {
     std::unique_lock<std::mutex> lock(mu);
     if (flushing || finished) return;
-    if (final && last_offered == step) return;  // sampled at this step already
+    if (last_offered == step) return;  // sampled at this step already (at-start seen twice, at-end of a due step)
     if (pending) {
       if (cfg.skip_if_busy && !final) {
         note("ddpsampler-skipped", step,
@@ -134,9 +134,20 @@ struct SamplerEngine::Impl {
 
   void on_step(const StepReport &r) {
     if (r.finished) {
-      // A failed run: nothing more to sample; run_next() returns once the pending snapshot is done.
-      if (cfg.at_end && !r.failed) offer(run->steps_done(), true);
+      // at-end; else the last step when the schedule has it due and nothing was offered yet (a
+      // sampler that joined a run which had already finished: it samples once, then ends).
+      const uint64_t step = run->steps_done();
+      bool due = (cfg.every > 0 && step > 0 && step % cfg.every == 0) || (cfg.at_start && step == 0);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        due = due && last_offered == UINT64_MAX;
+      }
+      if (!r.failed && (cfg.at_end || due)) offer(step, true);
       std::lock_guard<std::mutex> lock(mu);
+      // A failed run: nothing more to sample; run_next() returns once the pending snapshot is done.
+      if (r.failed && !finished)
+        note("warning", r.step, "the trainer failed after step " + std::to_string(r.step) +
+                                    ": no more samples (the trainer's error says why)");
       finished = true;
       cv.notify_all();
       return;

@@ -87,6 +87,11 @@ void TrainerEngine::Impl::notify(const StepReport &r) {
   std::vector<StepCallback> cbs;
   {
     std::lock_guard<std::mutex> lock(cb_mu);
+    // Recorded with the callbacks taken: a follower subscribing later learns the end from ended().
+    if (r.finished && !ended) {
+      ended = true;
+      ended_report = r;
+    }
     for (auto &[id, cb] : callbacks) cbs.push_back(cb);
   }
   for (auto &cb : cbs) cb(r);
@@ -655,6 +660,12 @@ int TrainerEngine::add_step_callback(StepCallback cb) {
 void TrainerEngine::remove_step_callback(int id) {
   std::lock_guard<std::mutex> lock(impl_->cb_mu);
   impl_->callbacks.erase(id);
+}
+
+bool TrainerEngine::ended(StepReport *report) const {
+  std::lock_guard<std::mutex> lock(impl_->cb_mu);
+  if (impl_->ended && report) *report = impl_->ended_report;
+  return impl_->ended;
 }
 
 std::map<std::string, std::vector<float>> TrainerEngine::parameters_cpu(bool with_buffers) const {

@@ -117,6 +117,8 @@ struct TrainerEngine::Impl {
   std::mutex cb_mu;
   std::map<int, StepCallback> callbacks;
   int next_cb = 1;
+  bool ended = false;  // the final report (ended_report) has gone to the callbacks: RunContext::ended()
+  StepReport ended_report;
 
   bool fail(const std::string &msg) {
     error = msg;

@@ -314,8 +314,10 @@ struct Hub {
       at_start_done = true;
       if (trainer->steps_done() != 0) {
         note("warning", 0,
-             "at-start: the trainer had already done " + std::to_string(trainer->steps_done()) +
-                 " step(s) when validation started (resumed?); step 0 is not validated");
+             "at-start: the trainer had already " +
+                 std::string(trainer->ended(nullptr) ? "finished after " : "done ") +
+                 std::to_string(trainer->steps_done()) + " step(s) when validation started" +
+                 (trainer->ended(nullptr) ? "" : " (resumed?)") + "; step 0 is not validated");
         return;
       }
     }
@@ -341,6 +343,18 @@ struct Hub {
       }
     }
     dispatch(0, false, snap);
+  }
+
+  // The trainer failed: nothing after its last good step is validated, so the shards end
+  // (kEos) once the snapshot they hold is done, not wait for one that never comes.
+  void trainer_failed(uint64_t step) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (finished || closing) return;
+    note("warning", step,
+         "the trainer failed after step " + std::to_string(step) +
+             ": no final validation (the trainer's error says why)");
+    finished = true;
+    cv.notify_all();
   }
 
   void append_result(uint64_t step, double loss, uint64_t samples, double seconds) {
@@ -669,10 +683,12 @@ bool ValidationEngine::attach(std::shared_ptr<RunContext> trainer) {
     if (hub->world > 1) hub->maybe_at_start();  // before subscribing: see maybe_at_start()
     std::weak_ptr<Hub> weak = hub;
     const uint64_t every = c.every;
-    hub->cb_id = trainer->add_step_callback([weak, every](const StepReport &r) {
+    // A trainer that has already ended (a short run that finished before this branch joined)
+    // calls back at once: its final snapshot is validated, or a failed one ends the shards.
+    hub->cb_id = trainer->follow_steps([weak, every](const StepReport &r) {
       auto h = weak.lock();
       if (!h) return;
-      if (r.failed) return;  // the face's error stops the run: no final pass of a failed one
+      if (r.failed) return h->trainer_failed(r.step);  // no final pass of a failed run
       if (r.finished) return h->dispatch(0, true);
       if (r.model_built) return h->maybe_at_start();
       if (r.step == 1) h->at_start_held(r);
@@ -684,7 +700,13 @@ bool ValidationEngine::attach(std::shared_ptr<RunContext> trainer) {
     if (hub->world > 1) hub->maybe_at_start();
     return hub;
   };
-  std::shared_ptr<Hub> hub = trainer->shared_state<Hub>("ddpvalsink/hub", make);
+  std::shared_ptr<Hub> hub;
+  try {
+    hub = trainer->shared_state<Hub>("ddpvalsink/hub", make);
+  } catch (const std::exception &e) {  // the final snapshot of a trainer that had ended
+    im.error = "validation of the trainer's final weights: " + first_line(e.what());
+    return false;
+  }
   {
     std::lock_guard<std::mutex> lock(hub->mu);
     if (hub->n != c.num_shards) {

@@ -337,6 +337,79 @@ TEST(DdpValSinkElement, AsksForTheRunAgainAtItsFirstBufferWhenTheTrainerStartsLa
   EXPECT_NE(never.find("ddptrainsink 'trainer' has not started"), std::string::npos) << never;
 }
 
+// A very short run whose validation branch starts only after the trainer has ended (held back
+// with a locked state until the trainer's EOS): it validates the final weights once, then ends,
+// and so does the pipeline. It used to wait for steps that never come.
+TEST(DdpValSinkElement, ABranchStartingAfterItsTrainerEndedValidatesTheFinalStepAndEnds) {
+  const std::string desc = std::string("appsrc name=train format=time caps=\"") + kMicro +
+                           "\" ! ddptrainsink name=trainer model=builtin:tiny-unet3d latent-channels=4 device=cpu "
+                           "appsrc name=val format=time caps=\"" + kLatents +
+                           "\" ! ddpvalsink name=vsink trainer=trainer every=2";
+  GstElement *pipe = gst_parse_launch(desc.c_str(), nullptr);
+  ASSERT_NE(pipe, nullptr);
+  g_object_set(pipe, "message-forward", TRUE, nullptr);  // the trainer's own EOS message, forwarded
+  GstElement *train = gst_bin_get_by_name(GST_BIN(pipe), "train");
+  GstElement *val = gst_bin_get_by_name(GST_BIN(pipe), "val");
+  GstElement *vsink = gst_bin_get_by_name(GST_BIN(pipe), "vsink");
+  GstElement *trainer = gst_bin_get_by_name(GST_BIN(pipe), "trainer");
+  gst_element_set_locked_state(vsink, TRUE);
+  gst_element_set_state(pipe, GST_STATE_PLAYING);
+  for (uint64_t s = 0; s < 2; s++) gst_app_src_push_buffer(GST_APP_SRC(train), micro_batch(s));
+  gst_app_src_end_of_stream(GST_APP_SRC(train));
+  GstBus *bus = gst_element_get_bus(pipe);
+  std::vector<uint64_t> results;
+  std::string error, warnings;
+  bool trainer_done = false, eos = false;
+  const auto t0 = Clock::now();
+  while (!eos && error.empty() && Clock::now() - t0 < std::chrono::seconds(60)) {
+    GstMessage *m = gst_bus_timed_pop(bus, 100 * GST_MSECOND);
+    if (!m) continue;
+    const GstStructure *s = gst_message_get_structure(m);
+    if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_ERROR) {
+      GError *e = nullptr;
+      gst_message_parse_error(m, &e, nullptr);
+      error = e->message;
+      g_error_free(e);
+    } else if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_WARNING) {
+      GError *e = nullptr;
+      gst_message_parse_warning(m, &e, nullptr);
+      warnings += std::string(e->message) + "\n";
+      g_error_free(e);
+    } else if (GST_MESSAGE_TYPE(m) == GST_MESSAGE_EOS) {
+      eos = true;
+    } else if (s && gst_structure_has_name(s, "GstBinForwarded") && !trainer_done) {
+      GstMessage *inner = nullptr;
+      gst_structure_get(s, "message", GST_TYPE_MESSAGE, &inner, nullptr);
+      if (inner && GST_MESSAGE_TYPE(inner) == GST_MESSAGE_EOS && GST_MESSAGE_SRC(inner) == GST_OBJECT(trainer)) {
+        trainer_done = true;  // finish() is done: now the validation branch starts
+        gst_element_set_locked_state(vsink, FALSE);
+        gst_element_sync_state_with_parent(vsink);
+        for (unsigned k = 0; k < 3; k++) gst_app_src_push_buffer(GST_APP_SRC(val), val_latent(k, 0, k, 8));
+        gst_app_src_push_buffer(GST_APP_SRC(val), val_latent(0, 1, 0, 8));  // ends the pass of epoch 0
+        gst_app_src_end_of_stream(GST_APP_SRC(val));
+      }
+      if (inner) gst_message_unref(inner);
+    } else if (s && gst_structure_has_name(s, "ddpvalsink-result")) {
+      guint64 step = 0;
+      gst_structure_get_uint64(s, "step", &step);
+      results.push_back(step);
+    }
+    gst_message_unref(m);
+  }
+  gst_element_set_state(pipe, GST_STATE_NULL);
+  gst_object_unref(bus);
+  gst_object_unref(trainer);
+  gst_object_unref(vsink);
+  gst_object_unref(val);
+  gst_object_unref(train);
+  gst_object_unref(pipe);
+  ASSERT_EQ(error, "");
+  EXPECT_TRUE(trainer_done);
+  EXPECT_TRUE(eos) << "the pipeline did not end: the late validation branch waited for steps (warnings: " << warnings
+                   << ")";
+  EXPECT_EQ(results, (std::vector<uint64_t>{2}));
+}
+
 TEST(DdpValSinkElement, TrainingKeepsCompletingStepsWhileASlowValidationRuns) {
   // Validation of 40 samples of 4x2x48x48 against training steps on 4x2x8x8.
   RunResult r = run(12, 2, 40, 40);

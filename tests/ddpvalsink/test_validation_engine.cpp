@@ -7,6 +7,9 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
+#include <future>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -480,4 +483,156 @@ TEST(ValidationEngine, SourceEndingBeforeAValidationDropsItWithAMessage) {
   EXPECT_NE(texts.find("validation of step 1 not done: the validation source ended (EOS) before its pass"),
             std::string::npos)
       << texts;
+}
+
+/* ---- a validator that joins after its trainer ended (a very short run) ---- */
+
+namespace {
+
+// Runs a validation branch (`feed`) on a thread for at most `seconds`: false when it had not
+// returned by then (it waits for snapshots that never come), after a flush has woken it.
+bool returns_within(ValidationEngine &e, double seconds, const std::function<void()> &feed) {
+  std::promise<void> done;
+  auto returned = done.get_future();
+  std::thread branch([&] {
+    feed();
+    done.set_value();
+  });
+  const bool ok = returned.wait_for(std::chrono::duration<double>(seconds)) == std::future_status::ready;
+  if (!ok) e.set_flushing(true);
+  branch.join();
+  return ok;
+}
+
+void train_steps(TrainerEngine &t, int steps) {
+  MicroBatchInfo info;
+  info.captions = {"x", "y"};
+  for (int s = 0; s < steps; s++)
+    ASSERT_EQ(t.process_tensor(at::stack({latent(s), latent(s + 50)}), info), ProcessResult::kOk) << t.error();
+}
+
+// One epoch then the first sample of the next: the results of the passes, the warnings, and what
+// the engine said last (kEos: the trainer is done and so is validation) and at its EOS.
+struct Branch {
+  std::map<int64_t, double> results;
+  std::string warnings;
+  R last = R::kError, eos = R::kError;
+};
+
+Branch run_branch(ValidationEngine &e) {
+  Branch b;
+  EXPECT_TRUE(returns_within(e, 20, [&] {
+    b.last = feed_epoch(e, rank_samples(3, 0, 1, 0));
+    b.eos = e.end_of_stream();
+  })) << "the validation branch waited for snapshots that never come";
+  for (auto &m : e.take_messages()) {
+    if (m.name == "ddpvalsink-result") {
+      EXPECT_EQ(b.results.count(m.ints["step"]), 0u) << "step " << m.ints["step"] << " validated twice";
+      b.results[m.ints["step"]] = m.numbers["loss"];
+    }
+    if (m.name == "warning") b.warnings += m.strings["text"] + "\n";
+  }
+  return b;
+}
+
+}  // namespace
+
+TEST(ValidationEngine, AValidatorJoiningAFinishedTrainerValidatesItsFinalWeightsOnceAndEnds) {
+  auto cfg = vconfig(0, 1);
+  cfg.every = 2;
+  // Reference: the same 2-step run with its validator there from the start (step 2 is due).
+  double in_time = NAN;
+  {
+    TrainerEngine trainer(trainer_config("builtin:linear-test"));
+    ASSERT_TRUE(trainer.start()) << trainer.error();
+    ValidationEngine e(cfg);
+    ASSERT_TRUE(e.attach(borrowed(trainer)));
+    train_steps(trainer, 2);
+    ASSERT_TRUE(trainer.finish()) << trainer.error();
+    const Branch b = run_branch(e);
+    ASSERT_TRUE(b.results.count(2));  // (at-start: step 0 came and went before the branch's first buffer)
+    in_time = b.results.at(2);
+  }
+  // The trainer reaches its end before the validation branch joins: the final snapshot is
+  // validated once (it is what the schedule and the final validation ask for), then EOS.
+  TrainerEngine trainer(trainer_config("builtin:linear-test"));
+  ASSERT_TRUE(trainer.start()) << trainer.error();
+  train_steps(trainer, 2);
+  ASSERT_TRUE(trainer.finish()) << trainer.error();
+  ValidationEngine e(cfg);
+  ASSERT_TRUE(e.attach(borrowed(trainer))) << e.error();
+  const Branch b = run_branch(e);
+  EXPECT_EQ(b.last, R::kEos) << e.error();
+  EXPECT_EQ(b.eos, R::kOk) << e.error();
+  ASSERT_EQ(b.results.size(), 1u);
+  ASSERT_TRUE(b.results.count(2));
+  EXPECT_DOUBLE_EQ(b.results.at(2), in_time);
+  EXPECT_NE(b.warnings.find("at-start: the trainer had already finished after 2 step(s) when validation started"),
+            std::string::npos)
+      << b.warnings;
+}
+
+TEST(ValidationEngine, AValidatorOfAFailedTrainerEndsWithAWarning) {
+  // A step that fails ([C, t, h, w]: not a micro-batch) ends the run with no final state.
+  auto fail_step = [](TrainerEngine &t) {
+    MicroBatchInfo info;
+    info.captions = {"x"};
+    EXPECT_EQ(t.process_tensor(latent(0), info), ProcessResult::kError);
+  };
+  auto cfg = vconfig(0, 1);
+  cfg.at_start = false;
+  const std::string said = "the trainer failed after step 1: no final validation";
+  {  // there before the failure: its branch waits for a snapshot when the trainer fails
+    TrainerEngine trainer(trainer_config("builtin:linear-test"));
+    ASSERT_TRUE(trainer.start()) << trainer.error();
+    ValidationEngine e(cfg);
+    ASSERT_TRUE(e.attach(borrowed(trainer))) << e.error();
+    train_steps(trainer, 1);
+    std::thread fails([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      fail_step(trainer);
+    });
+    const Branch b = run_branch(e);
+    fails.join();
+    EXPECT_EQ(b.last, R::kEos) << e.error();
+    EXPECT_EQ(b.eos, R::kOk) << e.error();
+    EXPECT_TRUE(b.results.empty());
+    EXPECT_NE(b.warnings.find(said), std::string::npos) << b.warnings;
+  }
+  {  // joining after the failure
+    TrainerEngine trainer(trainer_config("builtin:linear-test"));
+    ASSERT_TRUE(trainer.start()) << trainer.error();
+    train_steps(trainer, 1);
+    fail_step(trainer);
+    ValidationEngine e(cfg);
+    ASSERT_TRUE(e.attach(borrowed(trainer))) << e.error();
+    const Branch b = run_branch(e);
+    EXPECT_EQ(b.last, R::kEos) << e.error();
+    EXPECT_EQ(b.eos, R::kOk) << e.error();
+    EXPECT_TRUE(b.results.empty());
+    EXPECT_NE(b.warnings.find(said), std::string::npos) << b.warnings;
+  }
+}
+
+TEST(ValidationEngine, AValidatorJoiningAsItsTrainerFinishesValidatesTheFinalStepOnce) {
+  // The trainer's end and the validator's subscription race: whichever comes first, the final
+  // snapshot is validated once and the branch ends.
+  for (int round = 0; round < 8; round++) {
+    TrainerEngine trainer(trainer_config("builtin:linear-test"));
+    ASSERT_TRUE(trainer.start()) << trainer.error();
+    train_steps(trainer, 1);
+    auto cfg = vconfig(0, 1);
+    cfg.at_start = false;
+    ValidationEngine e(cfg);
+    std::thread finish([&] {
+      std::this_thread::sleep_for(std::chrono::microseconds(100 * round));
+      EXPECT_TRUE(trainer.finish()) << trainer.error();
+    });
+    ASSERT_TRUE(e.attach(borrowed(trainer))) << e.error();
+    finish.join();
+    const Branch b = run_branch(e);
+    EXPECT_EQ(b.last, R::kEos) << "round " << round << ": " << e.error();
+    EXPECT_EQ(b.results.size(), 1u) << "round " << round;
+    EXPECT_TRUE(b.results.count(1)) << "round " << round;
+  }
 }

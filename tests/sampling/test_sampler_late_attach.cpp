@@ -1,0 +1,176 @@
+/* SamplerEngine on a trainer that ended before the sampler joined (a very short run, whose
+ * sampling branch attaches through the run context after the trainer's end of stream): it
+ * samples the final weights once when its schedule asks for them (at-end, or a due last step),
+ * as a sampler that was there all along does, then finishes instead of waiting for steps that
+ * never come; a failed trainer ends it with a warning. One process, CPU, the tiny Wan. */
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <future>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ddpsampler/sampler_engine.h"
+#include "ddptrainsink/trainer_engine.h"
+#include "metas.h"
+#include "models/train_model.h"
+#include "prompt_record.h"
+#include "tensor_buffer.h"
+#include "test_util.h"
+
+using namespace videotrain;
+
+namespace {
+
+constexpr int64_t kTextLen = 5, kTextDim = 32;  // wan_t2v_tiny's text_dim
+
+at::Tensor seeded(std::vector<int64_t> shape, uint64_t seed) {
+  auto g = at::detail::createCPUGenerator(seed);
+  return at::randn(shape, g);
+}
+
+// A promptsrc buffer as textencoder leaves it (record, caption, text_embeds, text_mask).
+GstBuffer *prompt_buffer(int64_t index, int64_t role) {
+  const std::vector<int64_t> rec{index, role, 100 + index, 5, 32, 32};  // seed, frames, width, height
+  GstBuffer *b = buffer_from_tensor(at::tensor(rec, at::kLong));
+  const std::string text = role == kRolePrompt ? "prompt " + std::to_string(index) : "";
+  gst_buffer_add_videotrain_sample_meta(b, text.c_str(), "");
+  buffer_append_tensor(b, "text_embeds", seeded({kTextLen, kTextDim}, 50 + 2 * index + role));
+  buffer_append_tensor(b, "text_mask", at::ones({kTextLen}, at::kLong));
+  return b;
+}
+
+std::shared_ptr<TrainerEngine> started_trainer() {
+  TrainerConfig tc;
+  tc.model = vttest::reference_dir() + "/dit/wan_t2v_tiny";
+  tc.device = "cpu";
+  tc.backend = "gloo";
+  tc.seed = 5;
+  tc.lr = 1e-2;
+  tc.log_every = 1;
+  auto t = std::make_shared<TrainerEngine>(tc);
+  EXPECT_TRUE(t->start()) << t->error();
+  return t;
+}
+
+void train_steps(TrainerEngine &t, int steps) {
+  ModelInputs in;
+  in.latents = seeded({1, 4, 2, 8, 8}, 7);
+  in.text_embeds = seeded({1, kTextLen, kTextDim}, 9);
+  in.text_mask = at::ones({1, kTextLen}, at::kLong);
+  MicroBatchInfo info;
+  info.captions = {"x"};
+  for (int s = 0; s < steps; s++) ASSERT_EQ(t.process_inputs(in, info), ProcessResult::kOk) << t.error();
+}
+
+SamplerConfig sconfig() {
+  SamplerConfig c;
+  c.steps = 2;
+  c.guidance = 3.0;
+  c.device = "cpu";
+  return c;
+}
+
+struct Sampled {
+  bool returned = false;  // run_next came back to kFinished (not kError, not a hang)
+  std::map<std::string, at::Tensor> samples;  // "step:prompt" -> latents
+  std::string warnings;
+};
+
+// Two prompts, then run_next until it says finished, for at most 20 s (a flush wakes a hang).
+Sampled run_branch(SamplerEngine &s) {
+  Sampled out;
+  for (int64_t i = 0; i < 2; i++)
+    for (int64_t role : {int64_t(kRolePrompt), int64_t(kRoleNegative)}) {
+      GstBuffer *b = prompt_buffer(i, role);
+      EXPECT_TRUE(s.add_prompt(b)) << s.error();
+      gst_buffer_unref(b);
+    }
+  EXPECT_TRUE(s.prompts_done());
+  std::promise<SamplerEngine::Next> last;
+  auto done = last.get_future();
+  std::thread branch([&] {
+    SamplerEngine::Next n;
+    do {
+      n = s.run_next([&](SampleOut &o) {
+        at::Tensor t;
+        std::string why;
+        if (auto x = tensor_from_buffer(o.latents, &why)) t = x->clone();
+        out.samples[std::to_string(o.step) + ":" + std::to_string(o.prompt_index)] = t;
+        gst_buffer_unref(o.latents);
+        return true;
+      });
+    } while (n == SamplerEngine::Next::kSampled);
+    last.set_value(n);
+  });
+  if (done.wait_for(std::chrono::seconds(20)) != std::future_status::ready) s.set_flushing(true);
+  branch.join();
+  out.returned = done.get() == SamplerEngine::Next::kFinished;
+  for (auto &m : s.take_messages())
+    if (m.name == BusMessage::kWarning) out.warnings += m.strings["text"] + "\n";
+  return out;
+}
+
+}  // namespace
+
+TEST(SamplerLateAttach, AJoinAfterTheTrainersEndSamplesTheFinalWeightsAsASamplerThatWasThere) {
+  // Reference: a sampler there from the start of the same 2-step run (at-end samples step 2).
+  Sampled in_time;
+  {
+    auto trainer = started_trainer();
+    SamplerEngine s(sconfig());
+    ASSERT_TRUE(s.attach(trainer)) << s.error();
+    train_steps(*trainer, 2);
+    ASSERT_TRUE(trainer->finish()) << trainer->error();
+    in_time = run_branch(s);
+    ASSERT_TRUE(in_time.returned) << s.error();
+    ASSERT_EQ(in_time.samples.size(), 2u);
+  }
+  auto trainer = started_trainer();
+  train_steps(*trainer, 2);
+  ASSERT_TRUE(trainer->finish()) << trainer->error();
+  for (bool at_end : {true, false}) {
+    auto c = sconfig();
+    c.at_end = at_end;
+    c.every = at_end ? 500 : 2;  // without at-end: the last step is due by `every`
+    SamplerEngine s(c);
+    ASSERT_TRUE(s.attach(trainer)) << s.error();
+    const Sampled late = run_branch(s);
+    EXPECT_TRUE(late.returned) << "at-end " << at_end << ": " << s.error();
+    ASSERT_EQ(late.samples.size(), 2u) << "at-end " << at_end;
+    for (const auto &[key, t] : in_time.samples) {
+      ASSERT_TRUE(late.samples.count(key)) << key;
+      EXPECT_TRUE(late.samples.at(key).equal(t)) << key;
+    }
+  }
+  // Neither at-end nor a due last step: nothing to sample, and the branch ends.
+  auto c = sconfig();
+  c.at_end = false;
+  c.every = 3;
+  SamplerEngine s(c);
+  ASSERT_TRUE(s.attach(trainer)) << s.error();
+  const Sampled none = run_branch(s);
+  EXPECT_TRUE(none.returned) << s.error();
+  EXPECT_TRUE(none.samples.empty());
+}
+
+TEST(SamplerLateAttach, AFailedTrainerEndsTheSamplerWithAWarning) {
+  auto trainer = started_trainer();
+  train_steps(*trainer, 1);
+  MicroBatchInfo info;
+  info.captions = {"x"};
+  ModelInputs bad;
+  bad.latents = seeded({4, 2, 8, 8}, 7);  // not a micro-batch: the step fails
+  ASSERT_EQ(trainer->process_inputs(bad, info), ProcessResult::kError);
+  SamplerEngine s(sconfig());
+  ASSERT_TRUE(s.attach(trainer)) << s.error();
+  const Sampled out = run_branch(s);
+  EXPECT_TRUE(out.returned) << s.error();
+  EXPECT_TRUE(out.samples.empty());
+  EXPECT_NE(out.warnings.find("the trainer failed after step 1: no more samples"), std::string::npos) << out.warnings;
+}
