@@ -19,9 +19,9 @@
 #include "models/attention_backend.h"
 #include "bus_messages_doc.h"
 #include "prompt_record.h"
-#include "run_context_gst.h"
 #include "sampler_engine.h"
 #include "tensor_caps.h"
+#include "trainer_follower.h"
 
 GST_DEBUG_CATEGORY_STATIC(ddpsampler_debug);
 #define GST_CAT_DEFAULT ddpsampler_debug
@@ -31,9 +31,8 @@ using namespace videotrain;
 struct _GstDdpSampler {
   GstElement parent;
   GstPad *sinkpad, *srcpad;
-  gchar *trainer_name;                 // object lock
   SamplerConfig *config;               // object lock
-  std::shared_ptr<RunContext> *run;    // object lock: the trainer's run, from set_context
+  TrainerFollower *follower;           // object lock: trainer property and its run, from set_context
   SamplerEngine *engine;               // between READY and PAUSED
   gboolean src_started;                // stream-start, caps and segment pushed
   guint64 samples_done;                // object lock
@@ -46,12 +45,8 @@ GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(ddpsampler, "ddpsampler", GST_RANK_NONE, G
 
 enum {
   PROP_0,
-  PROP_TRAINER,
-  PROP_EVERY,
-  PROP_AT_START,
-  PROP_AT_END,
-  PROP_SKIP_IF_BUSY,
-  PROP_WEIGHTS,
+  PROP_FOLLOWER,  // trainer, every, at-start, skip-if-busy, weights (trainer_follower.h)
+  PROP_AT_END = PROP_FOLLOWER + kFollowerProperties,
   PROP_ATTENTION_BACKEND,
   PROP_SAMPLER,
   PROP_STEPS,
@@ -70,8 +65,7 @@ enum {
   PROP_SAMPLES_DONE,
 };
 
-VIDEOTRAIN_DEFINE_ENUM(weights_type, "GstDdpSamplerWeights", {0, "The trainer's weights", "raw"},
-                       {1, "The trainer's EMA of its trainable parameters (needs its ema-decay)", "ema"})
+VIDEOTRAIN_DEFINE_ENUM(weights_type, "GstDdpSamplerWeights", VIDEOTRAIN_FOLLOWER_WEIGHTS_ENUM_VALUES)
 VIDEOTRAIN_DEFINE_ENUM(attention_backend_type, "GstDdpSamplerAttentionBackend", VIDEOTRAIN_ATTENTION_BACKEND_ENUM_VALUES)
 
 static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
@@ -86,20 +80,12 @@ static void post_messages(GstDdpSampler *self) {
   for (const auto &m : self->engine->take_messages()) post_bus_message(GST_ELEMENT(self), m);
 }
 
-static std::shared_ptr<RunContext> request_run(GstDdpSampler *self, const std::string &name) {
-  return run_context_find(GST_ELEMENT(self), name, self->run);
-}
-
-// Attaches the engine to the trainer's run. FALSE: error posted.
+// Attaches the engine to the trainer's run (asked of the bins unless held). FALSE: error posted.
 static gboolean ensure_attached(GstDdpSampler *self) {
   if (self->engine->attached()) return TRUE;
-  GST_OBJECT_LOCK(self);
-  const std::string name = self->trainer_name ? self->trainer_name : "";
-  GST_OBJECT_UNLOCK(self);
-  auto run = request_run(self, name);
+  std::string why;
+  auto run = follower_run(GST_ELEMENT(self), *self->follower, &why);
   if (!run) {
-    std::string why = trainer_problem(GST_ELEMENT(self), name);
-    if (why.empty()) why = "ddptrainsink '" + name + "' has not started (it must be in the same pipeline and not failed)";
     GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("%s", why.c_str()), (nullptr));
     return FALSE;
   }
@@ -107,7 +93,8 @@ static gboolean ensure_attached(GstDdpSampler *self) {
     GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("Cannot start sampling: %s", self->engine->error().c_str()), (nullptr));
     return FALSE;
   }
-  GST_INFO_OBJECT(self, "sampling for '%s' on rank %d of %d", name.c_str(), run->rank(), run->world_size());
+  GST_INFO_OBJECT(self, "sampling for '%s' on rank %d of %d", follower_trainer(GST_ELEMENT(self), *self->follower).c_str(),
+                  run->rank(), run->world_size());
   // A vaedecoder downstream (started before us: state changes go from the sinks up) says which
   // latents it takes, so that a VAE of another model is an error now, not at the first sample.
   GstQuery *q = gst_query_new_custom(GST_QUERY_CUSTOM, gst_structure_new_empty(VIDEOTRAIN_LATENT_QUERY));
@@ -226,9 +213,8 @@ static GstStateChangeReturn change_state(GstElement *element, GstStateChange tra
   if (transition == GST_STATE_CHANGE_READY_TO_PAUSED) {
     GST_OBJECT_LOCK(self);
     const SamplerConfig cfg = *self->config;
-    const std::string name = self->trainer_name ? self->trainer_name : "";
     GST_OBJECT_UNLOCK(self);
-    if (name.empty()) {
+    if (follower_trainer(element, *self->follower).empty()) {
       GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("No trainer: set the trainer property to the name of a ddptrainsink"),
                         (nullptr));
       return GST_STATE_CHANGE_FAILURE;
@@ -236,9 +222,10 @@ static GstStateChangeReturn change_state(GstElement *element, GstStateChange tra
     self->engine = new SamplerEngine(cfg);
     self->src_started = FALSE;
     // The trainer starts in the same state change, maybe after us: ask again if it has not yet.
-    if (request_run(self, name) && !ensure_attached(self)) return GST_STATE_CHANGE_FAILURE;
+    std::string why;
+    if (follower_run(element, *self->follower, &why) && !ensure_attached(self)) return GST_STATE_CHANGE_FAILURE;
     if (!self->engine->attached()) {
-      const std::string why = trainer_problem(element, name);
+      why = follower_start_problem(element, *self->follower);
       if (!why.empty()) {
         GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("%s", why.c_str()), (nullptr));
         return GST_STATE_CHANGE_FAILURE;
@@ -257,18 +244,14 @@ static GstStateChangeReturn change_state(GstElement *element, GstStateChange tra
     delete self->engine;  // after the pads' deactivation stopped the task
     self->engine = nullptr;
     GST_OBJECT_LOCK(self);
-    self->run->reset();
+    self->follower->run.reset();
     GST_OBJECT_UNLOCK(self);
   }
   return ret;
 }
 
 static void set_context(GstElement *element, GstContext *context) {
-  auto *self = GST_DDP_SAMPLER(element);
-  GST_OBJECT_LOCK(self);
-  const std::string name = self->trainer_name ? self->trainer_name : "";
-  GST_OBJECT_UNLOCK(self);
-  run_context_take(element, context, name, self->run);
+  follower_set_context(element, *GST_DDP_SAMPLER(element)->follower, context);
   GST_ELEMENT_CLASS(gst_ddp_sampler_parent_class)->set_context(element, context);
 }
 
@@ -276,16 +259,10 @@ static void set_property(GObject *object, guint id, const GValue *value, GParamS
   auto *self = GST_DDP_SAMPLER(object);
   GST_OBJECT_LOCK(self);
   SamplerConfig &c = *self->config;
+  if (follower_set_property(*self->follower, c, PROP_FOLLOWER, id, value)) id = PROP_0;  // done
   switch (id) {
-    case PROP_TRAINER:
-      g_free(self->trainer_name);
-      self->trainer_name = g_value_dup_string(value);
-      break;
-    case PROP_EVERY: c.every = g_value_get_uint64(value); break;
-    case PROP_AT_START: c.at_start = g_value_get_boolean(value); break;
+    case PROP_0: break;
     case PROP_AT_END: c.at_end = g_value_get_boolean(value); break;
-    case PROP_SKIP_IF_BUSY: c.skip_if_busy = g_value_get_boolean(value); break;
-    case PROP_WEIGHTS: c.ema = g_value_get_enum(value) == 1; break;
     case PROP_ATTENTION_BACKEND: c.attention_backend = static_cast<AttentionBackend>(g_value_get_enum(value)); break;
     case PROP_SAMPLER: c.sampler = g_value_get_string(value) ? g_value_get_string(value) : "auto"; break;
     case PROP_STEPS: c.steps = g_value_get_int(value); break;
@@ -310,13 +287,10 @@ static void get_property(GObject *object, guint id, GValue *value, GParamSpec *p
   auto *self = GST_DDP_SAMPLER(object);
   GST_OBJECT_LOCK(self);
   const SamplerConfig &c = *self->config;
+  if (follower_get_property(*self->follower, c, PROP_FOLLOWER, id, value)) id = PROP_0;  // done
   switch (id) {
-    case PROP_TRAINER: g_value_set_string(value, self->trainer_name); break;
-    case PROP_EVERY: g_value_set_uint64(value, c.every); break;
-    case PROP_AT_START: g_value_set_boolean(value, c.at_start); break;
+    case PROP_0: break;
     case PROP_AT_END: g_value_set_boolean(value, c.at_end); break;
-    case PROP_SKIP_IF_BUSY: g_value_set_boolean(value, c.skip_if_busy); break;
-    case PROP_WEIGHTS: g_value_set_enum(value, c.ema ? 1 : 0); break;
     case PROP_ATTENTION_BACKEND: g_value_set_enum(value, static_cast<gint>(c.attention_backend)); break;
     case PROP_SAMPLER: g_value_set_string(value, c.sampler.c_str()); break;
     case PROP_STEPS: g_value_set_int(value, c.steps); break;
@@ -342,8 +316,7 @@ static void finalize(GObject *object) {
   auto *self = GST_DDP_SAMPLER(object);
   delete self->engine;
   delete self->config;
-  delete self->run;
-  g_free(self->trainer_name);
+  delete self->follower;
   G_OBJECT_CLASS(gst_ddp_sampler_parent_class)->finalize(object);
 }
 
@@ -356,9 +329,8 @@ static void gst_ddp_sampler_init(GstDdpSampler *self) {
   gst_pad_set_activatemode_function(self->srcpad, src_activate_mode);
   gst_pad_use_fixed_caps(self->srcpad);
   gst_element_add_pad(GST_ELEMENT(self), self->srcpad);
-  self->trainer_name = nullptr;
   self->config = new SamplerConfig();
-  self->run = new std::shared_ptr<RunContext>();
+  self->follower = new TrainerFollower();
   self->engine = nullptr;
   self->src_started = FALSE;
   self->samples_done = 0;
@@ -375,26 +347,17 @@ static void gst_ddp_sampler_class_init(GstDdpSamplerClass *klass) {
   element_class->set_context = set_context;
   const SamplerConfig d;
   const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
-  g_object_class_install_property(gobject_class, PROP_TRAINER,
-      g_param_spec_string("trainer", "Trainer", "Name of the ddptrainsink whose weights are sampled", nullptr, rw));
-  g_object_class_install_property(gobject_class, PROP_EVERY,
-      g_param_spec_uint64("every", "Every", "Sample every N optimizer steps (0: only at-start / at-end)", 0,
-                          G_MAXUINT64, d.every, rw));
-  g_object_class_install_property(gobject_class, PROP_AT_START,
-      g_param_spec_boolean("at-start", "At start", "Also sample the weights before the first step", d.at_start, rw));
+  follower_install_properties(
+      gobject_class, PROP_FOLLOWER,
+      {"Name of the ddptrainsink whose weights are sampled", "Sample every N optimizer steps (0: only at-start / at-end)",
+       "Also sample the weights before the first step",
+       "When a sampling is due while the previous snapshot is still waiting for the sampler, skip it (a "
+       "ddpsampler-skipped message) instead of holding the trainer at that step",
+       "Which weights sample: the trainer's, or the EMA it keeps (ddptrainsink ema-decay; an error without one)"},
+      weights_type());
   g_object_class_install_property(gobject_class, PROP_AT_END,
       g_param_spec_boolean("at-end", "At end", "Also sample the final weights when the trainer has finished",
                            d.at_end, rw));
-  g_object_class_install_property(gobject_class, PROP_SKIP_IF_BUSY,
-      g_param_spec_boolean("skip-if-busy", "Skip if busy",
-                           "When a sampling is due while the previous snapshot is still waiting for the sampler, skip "
-                           "it (a ddpsampler-skipped message) instead of holding the trainer at that step",
-                           d.skip_if_busy, rw));
-  g_object_class_install_property(gobject_class, PROP_WEIGHTS,
-      g_param_spec_enum("weights", "Weights",
-                        "Which weights sample: the trainer's, or the EMA it keeps (ddptrainsink ema-decay; an error "
-                        "without one)",
-                        weights_type(), 0, rw));
   g_object_class_install_property(gobject_class, PROP_ATTENTION_BACKEND,
       g_param_spec_enum("attention-backend", "Attention backend",
                             VIDEOTRAIN_ATTENTION_BACKEND_FOLLOWER_BLURB,

@@ -169,9 +169,7 @@ struct SamplerEngine::Impl {
     if (!model || model_spec != snap.model) {
       BorrowedDefaultRng rng(dev);  // building draws initial weights from the default generator
       ModelOptions o = snap.options;
-      o.attention_backend = cfg.attention_backend;  // this element's device, not necessarily the trainer's
-      if (std::string why = models::attention_backend_unavailable(o.attention_backend, dev, dev.is_cuda()); !why.empty())
-        throw std::runtime_error(why + " (ddpsampler on " + dev.str() + ")");
+      o.attention_backend = models::follower_attention_backend(cfg.attention_backend, dev, "ddpsampler");
       model = make_model(snap.model, snap.dims, dev, o);
       model_spec = snap.model;
     }

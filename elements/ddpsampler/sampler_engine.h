@@ -18,17 +18,16 @@
 #include <vector>
 
 #include "bus_message.h"
+#include "follower_settings.h"
 #include "models/attention_backend.h"
 
 namespace videotrain {
 
 class RunContext;
 
-struct SamplerConfig {
-  uint64_t every = 500;        // optimizer steps; 0: only at-start / at-end
-  bool at_start = false;
+// every, at-start, skip-if-busy and weights: FollowerSettings.
+struct SamplerConfig : FollowerSettings {
   bool at_end = true;
-  bool skip_if_busy = false;
   std::string sampler = "auto";  // auto (Wan: unipc, CogVideoX: dpm) | euler | unipc | ddim | dpm
   int steps = 50;
   double guidance = 5.0;
@@ -43,7 +42,6 @@ struct SamplerConfig {
   unsigned temporal_compression = 4;
   unsigned spatial_compression = 0;  // 0: from the model (16 for Wan 2.2's 48 channels, else 8)
   std::string device;           // "" / "auto": the trainer's device
-  bool ema = false;             // weights=ema: the trainer's EMA (RunContext::snapshot_ema), not its weights
   AttentionBackend attention_backend = AttentionBackend::automatic;  // native models' kernel, on `device`
 };
 

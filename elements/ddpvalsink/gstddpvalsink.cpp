@@ -23,8 +23,8 @@
 #include "gst_enum.h"
 #include "models/attention_backend.h"
 #include "metas.h"
-#include "run_context_gst.h"
 #include "tensor_caps.h"
+#include "trainer_follower.h"
 #include "val_buffers.h"
 #include "validation_engine.h"
 
@@ -36,9 +36,8 @@ using namespace videotrain;
 struct _GstDdpValSink {
   GstBaseSink parent;
   ValidationConfig *config;            // properties (object lock)
-  gchar *trainer_name;
+  TrainerFollower *follower;           // trainer property and its run (object lock)
   ValidationEngine *engine;            // streaming thread; created in start()
-  std::shared_ptr<RunContext> *run;    // from set_context (object lock)
   gdouble loss;                        // read-only mirrors (object lock)
   guint64 step;
 };
@@ -50,12 +49,8 @@ GST_ELEMENT_REGISTER_DEFINE_WITH_CODE(ddpvalsink, "ddpvalsink", GST_RANK_NONE, G
 
 enum {
   PROP_0,
-  PROP_TRAINER,
-  PROP_EVERY,
-  PROP_AT_START,
-  PROP_SKIP_IF_BUSY,
-  PROP_WEIGHTS,
-  PROP_ATTENTION_BACKEND,
+  PROP_FOLLOWER,  // trainer, every, at-start, skip-if-busy, weights (trainer_follower.h)
+  PROP_ATTENTION_BACKEND = PROP_FOLLOWER + kFollowerProperties,
   PROP_SHARD_INDEX,
   PROP_NUM_SHARDS,
   PROP_BATCH_SIZE,
@@ -64,8 +59,7 @@ enum {
   PROP_LAST_STEP,
 };
 
-VIDEOTRAIN_DEFINE_ENUM(weights_type, "GstDdpValSinkWeights", {0, "The trainer's weights", "raw"},
-                       {1, "The trainer's EMA of its trainable parameters (needs its ema-decay)", "ema"})
+VIDEOTRAIN_DEFINE_ENUM(weights_type, "GstDdpValSinkWeights", VIDEOTRAIN_FOLLOWER_WEIGHTS_ENUM_VALUES)
 VIDEOTRAIN_DEFINE_ENUM(attention_backend_type, "GstDdpValSinkAttentionBackend", VIDEOTRAIN_ATTENTION_BACKEND_ENUM_VALUES)
 
 static GstStaticPadTemplate sink_template =
@@ -87,33 +81,14 @@ static void post_messages(GstDdpValSink *self) {
   GST_OBJECT_UNLOCK(self);
 }
 
-// The run of our trainer, asked of the bins (NEED_CONTEXT, answered through set_context)
-// unless we hold it already.
-static std::shared_ptr<RunContext> request_run(GstDdpValSink *self, const std::string &name) {
-  return run_context_find(GST_ELEMENT(self), name, self->run);
-}
-
-// Without a run: FALSE (with an element error) when the trainer is not in the pipeline or not a
-// ddptrainsink; TRUE when it is one that has not started yet.
-static gboolean check_trainer(GstDdpValSink *self, const std::string &name) {
-  const std::string why = trainer_problem(GST_ELEMENT(self), name);
-  if (!why.empty()) GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("%s", why.c_str()), (nullptr));
-  return why.empty();
-}
-
-// Attaches the engine to the trainer's run once it exists. FALSE: error posted.
+// Attaches the engine to the trainer's run (asked of the bins unless held) once it exists.
+// FALSE: error posted.
 static gboolean ensure_attached(GstDdpValSink *self) {
   if (self->engine->attached()) return TRUE;
-  GST_OBJECT_LOCK(self);
-  const std::string name = self->trainer_name ? self->trainer_name : "";
-  GST_OBJECT_UNLOCK(self);
-  auto run = request_run(self, name);
+  std::string why;
+  auto run = follower_run(GST_ELEMENT(self), *self->follower, &why);
   if (!run) {
-    if (!check_trainer(self, name)) return FALSE;
-    GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS,
-                      ("ddptrainsink '%s' has not started (it must be in the same pipeline and not failed)",
-                       name.c_str()),
-                      (nullptr));
+    GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("%s", why.c_str()), (nullptr));
     return FALSE;
   }
   if (!self->engine->attach(run)) {
@@ -121,18 +96,15 @@ static gboolean ensure_attached(GstDdpValSink *self) {
                       (nullptr));
     return FALSE;
   }
-  GST_INFO_OBJECT(self, "validating for '%s': shard %u of %u, rank %d of %d", name.c_str(),
+  GST_INFO_OBJECT(self, "validating for '%s': shard %u of %u, rank %d of %d",
+                  follower_trainer(GST_ELEMENT(self), *self->follower).c_str(),
                   self->config->shard_index, self->config->num_shards, self->engine->rank(),
                   self->engine->world_size());
   return TRUE;
 }
 
 static void gst_ddp_val_sink_set_context(GstElement *element, GstContext *context) {
-  auto *self = GST_DDP_VAL_SINK(element);
-  GST_OBJECT_LOCK(self);
-  const std::string name = self->trainer_name ? self->trainer_name : "";
-  GST_OBJECT_UNLOCK(self);
-  run_context_take(element, context, name, self->run);  // null: the trainer stopped
+  follower_set_context(element, *GST_DDP_VAL_SINK(element)->follower, context);  // null run: the trainer stopped
   GST_ELEMENT_CLASS(gst_ddp_val_sink_parent_class)->set_context(element, context);
 }
 
@@ -140,9 +112,8 @@ static gboolean gst_ddp_val_sink_start(GstBaseSink *sink) {
   auto *self = GST_DDP_VAL_SINK(sink);
   GST_OBJECT_LOCK(self);
   ValidationConfig cfg = *self->config;
-  const std::string name = self->trainer_name ? self->trainer_name : "";
   GST_OBJECT_UNLOCK(self);
-  if (name.empty()) {
+  if (follower_trainer(GST_ELEMENT(self), *self->follower).empty()) {
     GST_ELEMENT_ERROR(self, RESOURCE, SETTINGS, ("No trainer: set the trainer property to the name of a ddptrainsink"),
                       (nullptr));
     return FALSE;
@@ -158,8 +129,11 @@ static gboolean gst_ddp_val_sink_start(GstBaseSink *sink) {
   self->engine = new ValidationEngine(cfg);
   self->engine->set_message_hook([self] { post_messages(self); });
   // The trainer may start after us in this state change: then at the first buffer.
-  if (request_run(self, name)) return ensure_attached(self);
-  return check_trainer(self, name);
+  std::string why;
+  if (follower_run(GST_ELEMENT(self), *self->follower, &why)) return ensure_attached(self);
+  why = follower_start_problem(GST_ELEMENT(self), *self->follower);
+  if (!why.empty()) GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("%s", why.c_str()), (nullptr));
+  return why.empty();
 }
 
 static gboolean gst_ddp_val_sink_stop(GstBaseSink *sink) {
@@ -167,7 +141,7 @@ static gboolean gst_ddp_val_sink_stop(GstBaseSink *sink) {
   delete self->engine;  // detaches from the hub
   self->engine = nullptr;
   GST_OBJECT_LOCK(self);
-  self->run->reset();  // a restart asks again (the trainer may have restarted too)
+  self->follower->run.reset();  // a restart asks again (the trainer may have restarted too)
   GST_OBJECT_UNLOCK(self);
   return TRUE;
 }
@@ -252,15 +226,9 @@ static void gst_ddp_val_sink_set_property(GObject *object, guint id, const GValu
   auto *self = GST_DDP_VAL_SINK(object);
   GST_OBJECT_LOCK(self);
   auto &c = *self->config;
+  if (follower_set_property(*self->follower, c, PROP_FOLLOWER, id, v)) id = PROP_0;  // done
   switch (id) {
-    case PROP_TRAINER:
-      g_free(self->trainer_name);
-      self->trainer_name = g_value_dup_string(v);
-      break;
-    case PROP_EVERY: c.every = g_value_get_uint64(v); break;
-    case PROP_AT_START: c.at_start = g_value_get_boolean(v); break;
-    case PROP_SKIP_IF_BUSY: c.skip_if_busy = g_value_get_boolean(v); break;
-    case PROP_WEIGHTS: c.ema = g_value_get_enum(v) == 1; break;
+    case PROP_0: break;
     case PROP_ATTENTION_BACKEND: c.attention_backend = static_cast<AttentionBackend>(g_value_get_enum(v)); break;
     case PROP_SHARD_INDEX: c.shard_index = g_value_get_uint(v); break;
     case PROP_NUM_SHARDS: c.num_shards = g_value_get_uint(v); break;
@@ -275,12 +243,9 @@ static void gst_ddp_val_sink_get_property(GObject *object, guint id, GValue *v, 
   auto *self = GST_DDP_VAL_SINK(object);
   GST_OBJECT_LOCK(self);
   const auto &c = *self->config;
+  if (follower_get_property(*self->follower, c, PROP_FOLLOWER, id, v)) id = PROP_0;  // done
   switch (id) {
-    case PROP_TRAINER: g_value_set_string(v, self->trainer_name); break;
-    case PROP_EVERY: g_value_set_uint64(v, c.every); break;
-    case PROP_AT_START: g_value_set_boolean(v, c.at_start); break;
-    case PROP_SKIP_IF_BUSY: g_value_set_boolean(v, c.skip_if_busy); break;
-    case PROP_WEIGHTS: g_value_set_enum(v, c.ema ? 1 : 0); break;
+    case PROP_0: break;
     case PROP_ATTENTION_BACKEND: g_value_set_enum(v, static_cast<gint>(c.attention_backend)); break;
     case PROP_SHARD_INDEX: g_value_set_uint(v, c.shard_index); break;
     case PROP_NUM_SHARDS: g_value_set_uint(v, c.num_shards); break;
@@ -297,16 +262,14 @@ static void gst_ddp_val_sink_finalize(GObject *object) {
   auto *self = GST_DDP_VAL_SINK(object);
   delete self->engine;
   delete self->config;
-  g_free(self->trainer_name);
-  delete self->run;
+  delete self->follower;
   G_OBJECT_CLASS(gst_ddp_val_sink_parent_class)->finalize(object);
 }
 
 static void gst_ddp_val_sink_init(GstDdpValSink *self) {
   self->config = new ValidationConfig();
-  self->trainer_name = nullptr;
+  self->follower = new TrainerFollower();
   self->engine = nullptr;
-  self->run = new std::shared_ptr<RunContext>();
   self->loss = std::numeric_limits<double>::quiet_NaN();
   self->step = 0;
   gst_base_sink_set_sync(GST_BASE_SINK(self), FALSE);
@@ -336,24 +299,16 @@ static void gst_ddp_val_sink_class_init(GstDdpValSinkClass *klass) {
   const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   const auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
   auto install = [oc](guint id, GParamSpec *p) { g_object_class_install_property(oc, id, p); };
-  install(PROP_TRAINER, g_param_spec_string("trainer", "Trainer",
-                                            "Name of the ddptrainsink in the same pipeline whose weights are validated",
-                                            nullptr, rw));
-  install(PROP_EVERY, g_param_spec_uint64("every", "Every",
-                                          "Validate after every this many optimizer steps of the trainer (0: only "
-                                          "at-start and at the trainer's EOS)",
-                                          0, G_MAXUINT64, d.every, rw));
-  install(PROP_AT_START, g_param_spec_boolean("at-start", "At start", "Also validate the weights before training (step 0)",
-                                              d.at_start, rw));
-  install(PROP_SKIP_IF_BUSY,
-          g_param_spec_boolean("skip-if-busy", "Skip if busy",
-                               "Skip a validation (ddpvalsink-skipped message) when the previous one is still running, "
-                               "instead of letting the newer snapshot wait",
-                               d.skip_if_busy, rw));
-  install(PROP_WEIGHTS, g_param_spec_enum("weights", "Weights",
-                                          "Which weights are validated: the trainer's, or the EMA it keeps "
-                                          "(ddptrainsink ema-decay; an error without one)",
-                                          weights_type(), 0, rw));
+  follower_install_properties(
+      oc, PROP_FOLLOWER,
+      {"Name of the ddptrainsink in the same pipeline whose weights are validated",
+       "Validate after every this many optimizer steps of the trainer (0: only at-start and at the trainer's EOS)",
+       "Also validate the weights before training (step 0)",
+       "Skip a validation (ddpvalsink-skipped message) when the previous one is still running, instead of letting "
+       "the newer snapshot wait",
+       "Which weights are validated: the trainer's, or the EMA it keeps (ddptrainsink ema-decay; an error without "
+       "one)"},
+      weights_type());
   install(PROP_ATTENTION_BACKEND, g_param_spec_enum("attention-backend", "Attention backend",
                             VIDEOTRAIN_ATTENTION_BACKEND_FOLLOWER_BLURB,
                             attention_backend_type(), 0, rw));

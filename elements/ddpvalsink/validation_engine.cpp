@@ -416,10 +416,7 @@ struct ValidationEngine::Impl {
       // which the trainer may be using: borrowed, and put back as it was.
       BorrowedDefaultRng rng(device);
       ModelOptions o = snap.options;
-      o.attention_backend = cfg.attention_backend;  // this element's device, not necessarily the trainer's
-      if (std::string why = models::attention_backend_unavailable(o.attention_backend, device, device.is_cuda());
-          !why.empty())
-        throw std::runtime_error(why + " (ddpvalsink on " + device.str() + ")");
+      o.attention_backend = models::follower_attention_backend(cfg.attention_backend, device, "ddpvalsink");
       model = make_model(snap.model, snap.dims, device, o);
       model_spec = snap.model;
       model_dims = snap.dims;

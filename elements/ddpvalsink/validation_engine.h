@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "bus_message.h"
+#include "follower_settings.h"
 
 namespace at {
 class Tensor;
@@ -34,18 +35,15 @@ namespace videotrain {
 
 class RunContext;
 
-struct ValidationConfig {
+// every, at-start, skip-if-busy and weights: FollowerSettings.
+struct ValidationConfig : FollowerSettings {
   unsigned shard_index = 0, num_shards = 1;
-  uint64_t every = 500;           // optimizer steps; 0: only at-start and trainer EOS
-  bool at_start = false;
-  bool skip_if_busy = false;
   unsigned batch_size = 1;        // samples evaluated together (latents input)
   std::string device;             // "" / "auto": the trainer's device
   // Cross-rank group on the run's c10d store: ""/0 take the run's address, port and timeout.
   std::string master_addr;
   int master_port = 0;
   double timeout_s = 0.0;
-  bool ema = false;  // weights=ema: the trainer's EMA (RunContext::snapshot_ema), not its weights
   AttentionBackend attention_backend = AttentionBackend::automatic;  // native models' kernel, on `device`
 };
 

@@ -340,6 +340,13 @@ std::string attention_backend_unavailable(AttentionBackend backend, const c10::D
   return "";
 }
 
+AttentionBackend follower_attention_backend(AttentionBackend backend, const c10::Device &device,
+                                            const std::string &element) {
+  if (std::string why = attention_backend_unavailable(backend, device, device.is_cuda()); !why.empty())
+    throw std::runtime_error(why + " (" + element + " on " + device.str() + ")");
+  return backend;
+}
+
 at::Tensor attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t chunk,
                      AttentionBackend backend) {
   if (backend == AttentionBackend::math) return own_attention(q, k, v, chunk);

@@ -105,6 +105,11 @@ at::Tensor attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor 
 // "" when `backend` can run on `device` with this LibTorch (and in bf16 when `bf16`), else why not,
 // naming the property value to use instead.
 std::string attention_backend_unavailable(AttentionBackend backend, const c10::Device &device, bool bf16);
+// The kernel of a follower's (ddpvalsink, ddpsampler) own copy of the trainer's model: its own
+// attention-backend on its own device (bf16 on CUDA), not the trainer's; throws naming `element`
+// and the device when it cannot run there.
+AttentionBackend follower_attention_backend(AttentionBackend backend, const c10::Device &device,
+                                            const std::string &element);
 // The chunked path alone (tests compare it with the fused one where both exist).
 at::Tensor chunked_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, int64_t chunk);
 
