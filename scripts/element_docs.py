@@ -193,8 +193,9 @@ def main():
         else:
             path.write_text(new)
     if args.check and stale:
+        names = " ".join(pathlib.Path(s).stem for s in stale)
         print(f"\n{len(stale)} element page(s) out of date with the plugin: run python3 scripts/element_docs.py "
-              "--build-dir build and commit them")
+              f"--build-dir BUILD {names} (or the elements you changed) and commit the pages")
         return 1
     print(("out of date: " if args.check else "rewrote: ") + ", ".join(stale) if stale else "element pages up to date")
     return 0
