@@ -17,6 +17,7 @@
 #include "bus_message_gst.h"
 #include "gst_enum.h"
 #include "models/attention_backend.h"
+#include "models/model_family.h"
 #include "bus_messages_doc.h"
 #include "prompt_record.h"
 #include "sampler_engine.h"
@@ -362,11 +363,35 @@ static void gst_ddp_sampler_class_init(GstDdpSamplerClass *klass) {
       g_param_spec_enum("attention-backend", "Attention backend",
                             VIDEOTRAIN_ATTENTION_BACKEND_FOLLOWER_BLURB,
                             attention_backend_type(), 0, rw));
+  // The families' defaults in these blurbs come from models/model_family.h's table (static: the specs
+  // keep the pointers).
+  using models::ModelFamily;
+  using models::per_family;
+  auto say = [](int64_t v) { return std::to_string(v); };
+  static const std::string sampler_blurb =
+      "auto (" + per_family([](const ModelFamily &f) { return std::string(f.title) + ": " + f.default_sampler; }) +
+      "), " + per_family([](const ModelFamily &f) {
+        return std::string(f.samplers) + " (" + models::objective_name(f.objective) + ", " + f.title + ")";
+      }) + ": diffusers' schedulers, stepped as the pipelines step them";
+  static const std::string frames_blurb =
+      "Frames per sample when the prompt file gives none (0: " +
+      per_family([&](const ModelFamily &f) { return std::string(f.title) + " " + say(f.frames); }) +
+      "); rounded to 4k+1 as the pipelines do";
+  static const std::string width_blurb =
+      "Width when the prompt file gives none (0: " +
+      per_family([&](const ModelFamily &f) { return std::string(f.title) + " " + say(f.width); }) + ")";
+  static const std::string height_blurb =
+      "Height when the prompt file gives none (0: " +
+      per_family([&](const ModelFamily &f) { return std::string(f.title) + " " + say(f.height); }) + ")";
+  static const std::string tokens_blurb =
+      "A prompt whose size gives more video tokens (latent frames x latent pixels / 4) is not sampled, with a "
+      "warning, before anything is allocated; 0: 4x the model's default size (" +
+      per_family([&](const ModelFamily &f) {
+        return std::string(f.title) + " " + say(f.frames) + "x" + say(f.width) + "x" + say(f.height) + ": " +
+               say(4 * ((f.frames - 1) / 4 + 1) * (f.height / 16) * (f.width / 16));
+      }) + "; at 4 frames and 8x8 pixels a latent)";
   g_object_class_install_property(gobject_class, PROP_SAMPLER,
-      g_param_spec_string("sampler", "Sampler",
-                          "auto (Wan: unipc, CogVideoX: dpm), euler or unipc (flow matching, Wan), ddim or dpm "
-                          "(v-prediction, CogVideoX): diffusers' schedulers, stepped as the pipelines step them",
-                          d.sampler.c_str(), rw));
+      g_param_spec_string("sampler", "Sampler", sampler_blurb.c_str(), d.sampler.c_str(), rw));
   g_object_class_install_property(gobject_class, PROP_STEPS,
       g_param_spec_int("steps", "Steps", "Inference steps per sample", 1, 1000, d.steps, rw));
   g_object_class_install_property(gobject_class, PROP_GUIDANCE,
@@ -385,24 +410,18 @@ static void gst_ddp_sampler_class_init(GstDdpSamplerClass *klass) {
                           "CogVideoX's scheduler snr_shift_scale (2b: 3.0, 5b: 1.0); 0: 3.0", 0.0, 100.0,
                           d.snr_shift_scale, rw));
   g_object_class_install_property(gobject_class, PROP_NUM_FRAMES,
-      g_param_spec_int("num-frames", "Frames", "Frames per sample when the prompt file gives none (0: Wan 81, "
-                       "CogVideoX 49); rounded to 4k+1 as the pipelines do", 0, 100000, 0, rw));
+      g_param_spec_int("num-frames", "Frames", frames_blurb.c_str(), 0, 100000, 0, rw));
   g_object_class_install_property(gobject_class, PROP_WIDTH,
-      g_param_spec_int("width", "Width", "Width when the prompt file gives none (0: Wan 832, CogVideoX 720)", 0,
-                       16384, 0, rw));
+      g_param_spec_int("width", "Width", width_blurb.c_str(), 0, 16384, 0, rw));
   g_object_class_install_property(gobject_class, PROP_HEIGHT,
-      g_param_spec_int("height", "Height", "Height when the prompt file gives none (0: 480)", 0, 16384, 0, rw));
+      g_param_spec_int("height", "Height", height_blurb.c_str(), 0, 16384, 0, rw));
   g_object_class_install_property(gobject_class, PROP_SEED,
       g_param_spec_int64("seed", "Seed",
                          "Seed of prompts whose file gives none: the initial noise is torch.randn from a CPU "
                          "generator seeded with it, as diffusers' pipelines draw it",
                          0, G_MAXINT64, d.seed, rw));
   g_object_class_install_property(gobject_class, PROP_MAX_TOKENS,
-      g_param_spec_int64("max-tokens", "Max tokens",
-                         "A prompt whose size gives more video tokens (latent frames x latent pixels / 4) is not "
-                         "sampled, with a warning, before anything is allocated; 0: 4x the model's default size "
-                         "(Wan 81x832x480: 131040, enough for 720p)",
-                         0, G_MAXINT64, d.max_tokens, rw));
+      g_param_spec_int64("max-tokens", "Max tokens", tokens_blurb.c_str(), 0, G_MAXINT64, d.max_tokens, rw));
   g_object_class_install_property(gobject_class, PROP_TEMPORAL_COMPRESSION,
       g_param_spec_uint("temporal-compression", "Temporal compression", "The VAE's frames per latent frame", 1, 16,
                         d.temporal_compression, rw));

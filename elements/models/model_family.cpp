@@ -60,13 +60,6 @@ const ModelFamily *find(const std::string &value, Key key) {
   return nullptr;
 }
 
-template <typename Key>
-std::string join(const std::string &sep, Key key) {
-  std::string out;
-  for (const auto &f : model_families()) out += (out.empty() ? "" : sep) + std::string(key(f));
-  return out;
-}
-
 }  // namespace
 
 const std::vector<ModelFamily> &model_families() {
@@ -86,16 +79,32 @@ const ModelFamily *family_of_text_encoder(const std::string &class_name) {
   return find(class_name, [](const ModelFamily &f) { return f.text_encoder_class; });
 }
 
+std::string per_family(const std::function<std::string(const ModelFamily &)> &item, const std::string &sep) {
+  std::string out;
+  for (const auto &f : model_families()) {
+    const std::string s = item(f);
+    if (!s.empty()) out += (out.empty() ? "" : sep) + s;
+  }
+  return out;
+}
+
 std::string family_names(const std::string &sep) {
-  return join(sep, [](const ModelFamily &f) { return f.name; });
+  return per_family([](const ModelFamily &f) { return f.name; }, sep);
 }
 
 std::string family_titles(const std::string &sep) {
-  return join(sep, [](const ModelFamily &f) { return f.title; });
+  return per_family([](const ModelFamily &f) { return f.title; }, sep);
 }
 
-std::string family_classes(const std::string &sep) {
-  return join(sep, [](const ModelFamily &f) { return f.class_name; });
+const char *objective_name(Objective o) { return o == Objective::kFlowMatching ? "flow matching" : "v-prediction"; }
+
+const char *text_convention_text(TextConvention t) {
+  switch (t) {
+    case TextConvention::kUnmasked: return "the encoder run without the attention mask, every position kept";
+    case TextConvention::kZeroPadded: return "the encoder run with the mask, rows past the tokens zero";
+    case TextConvention::kAsReturned: break;
+  }
+  return "the encoder's output as returned";
 }
 
 const ImageLayout *image_layout(const ModelFamily &f, int64_t in_channels, int64_t out_channels, bool image_embeddings,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -53,7 +54,7 @@ struct LoraNameTable;  // lora_names.h
 
 struct ModelFamily {
   const char *name;        // "wan": DitModel::family(), embedding-convention's value, LoRA key families
-  const char *title;       // "Wan 2.1/2.2" in messages
+  const char *title;       // "Wan" in messages
   const char *class_name;  // the diffusers transformer class of its folders
   // The pipelines' default sample size.
   int64_t frames, width, height;
@@ -62,7 +63,7 @@ struct ModelFamily {
   TextConvention text;
   const char *text_encoder_class;  // the transformers class of its text_encoder/
   int64_t text_length;             // the pipelines' max_sequence_length: rows the text is padded to
-  bool cleans_prompts;             // the pipelines clean captions before tokenizing (ftfy, HTML, spaces)
+  bool cleans_prompts;             // the pipelines clean captions before tokenizing (HTML entities, spaces)
   Objective objective;
   double default_shift;            // the schedule's shift when the folder gives none (flow_shift, snr_shift_scale)
   const char *default_sampler;     // ddpsampler sampler=auto
@@ -77,10 +78,15 @@ const std::vector<ModelFamily> &model_families();
 const ModelFamily *family_named(const std::string &name);
 const ModelFamily *family_of_class(const std::string &class_name);
 const ModelFamily *family_of_text_encoder(const std::string &class_name);
-// The families' names (or titles, or transformer classes) joined by `sep`, for messages.
+// Each family's item joined by `sep`, in the table's order (messages and blurbs that list the families).
+std::string per_family(const std::function<std::string(const ModelFamily &)> &item, const std::string &sep = ", ");
+// The families' names (or titles) joined by `sep`, for messages.
 std::string family_names(const std::string &sep);
 std::string family_titles(const std::string &sep);
-std::string family_classes(const std::string &sep);
+
+// "flow matching" | "v-prediction"; what text_embeds holds under a convention (for blurbs).
+const char *objective_name(Objective o);
+const char *text_convention_text(TextConvention t);
 
 // The family's known image-to-video layout of a transformer with these channels (two_images: FLF2V's
 // pos_embed_seq_len), or null (a text-to-video layout, or one the code does not know).

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "models/model_family.h"
 #include "tensor_caps.h"
 #include "text_buffers.h"
 
@@ -328,6 +329,31 @@ static void gst_text_encoder_class_init(GstTextEncoderClass *klass) {
   ec->change_state = gst_text_encoder_change_state;
   const auto rw = static_cast<GParamFlags>(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   const auto ro = static_cast<GParamFlags>(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
+  // What each family's pipelines do, from models/model_family.h's table (static: the specs keep the pointers).
+  using models::ModelFamily;
+  using models::per_family;
+  static const std::string model_blurb =
+      "The text encoder: a transformers folder (config.json with T5EncoderModel or UMT5EncoderModel, "
+      "model.safetensors or shards with model.safetensors.index.json: the text_encoder/ of a " +
+      models::family_titles(" or ") +
+      " model), run natively; or a TorchScript file: forward(input_ids: Tensor[B, L] int64, attention_mask: "
+      "Tensor[B, L] int64) -> Tensor[B, L, D] (or a tuple starting with it, as a traced transformers "
+      "T5EncoderModel returns)";
+  static const std::string length_blurb =
+      "Tokens per caption, EOS included (the pipelines': " +
+      per_family([](const ModelFamily &f) { return std::string(f.title) + " " + std::to_string(f.text_length); }) + ")";
+  static const std::string convention_blurb =
+      "What text_embeds holds, as the diffusers pipelines pass it: " +
+      per_family([](const ModelFamily &f) {
+        return std::string(f.name) + " = " + models::text_convention_text(f.text) + " (pipeline_" + f.name + ")";
+      }, "; ") +
+      "; auto = " + per_family([](const ModelFamily &f) {
+        return std::string(f.name) + " for a " + f.text_encoder_class + " folder";
+      }) + ", a TorchScript model's output as returned. text_mask is sent in every case";
+  static const std::string clean_blurb =
+      "Under the " + per_family([](const ModelFamily &f) { return f.cleans_prompts ? f.name : ""; }, " or ") +
+      " convention, clean captions as its pipelines do before tokenizing (HTML entities unescaped twice, "
+      "whitespace runs made one space, ends stripped); false: captions as given";
   g_object_class_install_property(
       oc, PROP_TOKENIZER,
       g_param_spec_string("tokenizer", "Tokenizer",
@@ -338,17 +364,10 @@ static void gst_text_encoder_class_init(GstTextEncoderClass *klass) {
                           "", rw));
   g_object_class_install_property(
       oc, PROP_MODEL,
-      g_param_spec_string("model", "Model",
-                          "The text encoder: a transformers folder (config.json with T5EncoderModel or "
-                          "UMT5EncoderModel, model.safetensors or shards with model.safetensors.index.json: the "
-                          "text_encoder/ of a CogVideoX or Wan model), run natively; or a TorchScript file: "
-                          "forward(input_ids: Tensor[B, L] int64, attention_mask: Tensor[B, L] int64) -> Tensor[B, L, "
-                          "D] (or a tuple starting with it, as a traced transformers T5EncoderModel returns)",
-                          "", rw));
+      g_param_spec_string("model", "Model", model_blurb.c_str(), "", rw));
   g_object_class_install_property(
       oc, PROP_MAX_LENGTH,
-      g_param_spec_uint("max-length", "Max length", "Tokens per caption, EOS included (CogVideoX: 226)", 1, 4096,
-                        kDefaults.max_length, rw));
+      g_param_spec_uint("max-length", "Max length", length_blurb.c_str(), 1, 4096, kDefaults.max_length, rw));
   g_object_class_install_property(
       oc, PROP_DEVICE,
       g_param_spec_string("device", "Device",
@@ -391,20 +410,10 @@ static void gst_text_encoder_class_init(GstTextEncoderClass *klass) {
                           "", rw));
   g_object_class_install_property(
       oc, PROP_EMBEDDING_CONVENTION,
-      g_param_spec_string("embedding-convention", "Embedding convention",
-                          "What text_embeds holds, as the diffusers pipelines pass it: cogvideox = the encoder run "
-                          "without the attention mask, every position kept (pipeline_cogvideox); wan = run with the "
-                          "mask, rows past the tokens zero (pipeline_wan); auto = cogvideox for a T5EncoderModel folder, "
-                          "wan for UMT5EncoderModel, a TorchScript model's output as returned. text_mask is sent in "
-                          "every case",
-                          "auto", rw));
+      g_param_spec_string("embedding-convention", "Embedding convention", convention_blurb.c_str(), "auto", rw));
   g_object_class_install_property(
       oc, PROP_CLEAN_PROMPTS,
-      g_param_spec_boolean("clean-prompts", "Clean prompts",
-                           "Under the wan convention, clean captions as pipeline_wan does before tokenizing (HTML "
-                           "entities unescaped twice, whitespace runs made one space, ends stripped); false: "
-                           "captions as given",
-                           kDefaults.clean_prompts, rw));
+      g_param_spec_boolean("clean-prompts", "Clean prompts", clean_blurb.c_str(), kDefaults.clean_prompts, rw));
   g_object_class_install_property(
       oc, PROP_CAPTIONS_ENCODED,
       g_param_spec_uint64("captions-encoded", "Captions encoded",

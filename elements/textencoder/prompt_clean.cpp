@@ -1,4 +1,4 @@
-/* Wan's prompt cleaning: see prompt_clean.h. */
+/* pipeline_wan.prompt_clean: see prompt_clean.h. */
 #include "prompt_clean.h"
 
 #include <cctype>
