@@ -21,29 +21,13 @@
 #include "models/train_model.h"
 #include "prompt_record.h"
 #include "tensor_buffer.h"
+#include "sampler_test_util.h"
 #include "test_util.h"
 
 using namespace videotrain;
+using namespace samplertest;
 
 namespace {
-
-constexpr int64_t kTextLen = 5, kTextDim = 32;  // wan_t2v_tiny's text_dim
-
-at::Tensor seeded(std::vector<int64_t> shape, uint64_t seed) {
-  auto g = at::detail::createCPUGenerator(seed);
-  return at::randn(shape, g);
-}
-
-// A promptsrc buffer as textencoder leaves it (record, caption, text_embeds, text_mask).
-GstBuffer *prompt_buffer(int64_t index, int64_t role) {
-  const std::vector<int64_t> rec{index, role, 100 + index, 5, 32, 32};  // seed, frames, width, height
-  GstBuffer *b = buffer_from_tensor(at::tensor(rec, at::kLong));
-  const std::string text = role == kRolePrompt ? "prompt " + std::to_string(index) : "";
-  gst_buffer_add_videotrain_sample_meta(b, text.c_str(), "");
-  buffer_append_tensor(b, "text_embeds", seeded({kTextLen, kTextDim}, 50 + 2 * index + role));
-  buffer_append_tensor(b, "text_mask", at::ones({kTextLen}, at::kLong));
-  return b;
-}
 
 std::shared_ptr<TrainerEngine> started_trainer() {
   TrainerConfig tc;

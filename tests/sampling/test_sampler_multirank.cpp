@@ -29,36 +29,21 @@
 #include "multirank.h"
 #include "prompt_record.h"
 #include "tensor_buffer.h"
+#include "sampler_test_util.h"
 #include "test_util.h"
 
 using namespace videotrain;
+using namespace samplertest;
 
 namespace {
 
 constexpr double kTimeout = 20;  // the run's timeout (s)
 constexpr int kPrompts = 4;
-constexpr int64_t kTextLen = 5, kTextDim = 32;  // wan_t2v_tiny's text_dim
 
 double now_s() {  // steady_clock is CLOCK_MONOTONIC: comparable between the two processes
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-at::Tensor seeded(std::vector<int64_t> shape, uint64_t seed) {
-  auto g = at::detail::createCPUGenerator(seed);
-  return at::randn(shape, g);
-}
-
-// A promptsrc buffer as textencoder leaves it: the int64 [6] record, the caption in the sample
-// meta, and the named tensors text_embeds [L, D] and text_mask [L].
-GstBuffer *prompt_buffer(int64_t index, int64_t role) {
-  const std::vector<int64_t> rec{index, role, 100 + index, 5, 32, 32};  // seed, frames, width, height
-  GstBuffer *b = buffer_from_tensor(at::tensor(rec, at::kLong));
-  const std::string text = role == kRolePrompt ? "prompt " + std::to_string(index) : "";
-  gst_buffer_add_videotrain_sample_meta(b, text.c_str(), "");
-  buffer_append_tensor(b, "text_embeds", seeded({kTextLen, kTextDim}, 50 + 2 * index + role));
-  buffer_append_tensor(b, "text_mask", at::ones({kTextLen}, at::kLong));
-  return b;
-}
 
 }  // namespace
 
