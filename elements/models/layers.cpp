@@ -50,8 +50,8 @@ at::ScalarType compute_dtype(const at::Tensor &x) {
  * ends): the forward's region ends before backward and the recompute opens its own, so without
  * this every weight of a checkpointed block is cast twice per step. The copies are made with
  * gradients on, so the recompute's backward reaches the float32 weight through that same cast;
- * they live as long as autocast's cache would have held them in the forward, until the segment's
- * backward is done. Frozen weights are not kept (a LoRA's base would double its memory). */
+ * kept from the forward until the recompute has run (then its graph holds what backward needs).
+ * Frozen weights are not kept (a LoRA's base would double its memory). */
 struct WeightCasts {
   std::unordered_map<const c10::TensorImpl *, at::Tensor> casts;
   bool replay = false;  // the recompute: only look up
@@ -411,6 +411,7 @@ struct CheckpointBackward : torch::autograd::Node {
       WeightCastScope replay(weight_casts.casts.empty() ? nullptr : &weight_casts);
       outs = fn(xs);
     }
+    weight_casts.casts.clear();  // the recompute's graph holds what its backward still needs
     // Outputs no later op used (or that depend on nothing trainable) get no gradient.
     std::vector<at::Tensor> ys, gs;
     for (size_t i = 0; i < outs.size() && i < grads.size(); i++)
@@ -419,7 +420,6 @@ struct CheckpointBackward : torch::autograd::Node {
         gs.push_back(grads[i]);
       }
     if (!ys.empty()) torch::autograd::backward(ys, gs);
-    weight_casts.casts.clear();
     torch::autograd::variable_list res;
     for (size_t i = 0; i < xs.size(); i++) res.push_back(needs_grad[i] ? xs[i].grad() : at::Tensor());
     return res;
