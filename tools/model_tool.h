@@ -64,10 +64,12 @@ struct ParamCounts {
   uint64_t total = 0;             // every parameter
   uint64_t linear = 0, rows = 0;  // Linear weights (what base-dtype=fp8 stores) and their output rows
   uint64_t lora32 = 0;            // a rank-32 LoRA on ddptrainsink's default lora-targets
+  uint64_t largest_block = 0;     // the most parameters one transformer block holds (sharding=full gathers one)
   void add_linear(const std::string &module, uint64_t in, uint64_t out);
 };
 // Per-GPU memory of weights, gradients and AdamW state for base dtype fp32 | bf16 | fp8 x (full
-// fine-tune | LoRA rank 32), from the formula it prints.
+// fine-tune | LoRA rank 32), and for ddptrainsink's sharding=optimizer|full over 2 and 8 ranks, from
+// the formulas it prints.
 void print_memory_table(const ParamCounts &c);
 
 }  // namespace videotrain::model_tool

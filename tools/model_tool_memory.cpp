@@ -49,6 +49,25 @@ void print_memory_table(const ParamCounts &c) {
     std::printf("  %-5s %-14s %-14s %-14s %-14s\n", names[i], full.c_str(), full_ema.c_str(),
                 human(base[i] + lora_state).c_str(), human(base[i] + lora_state + 4 * l).c_str());
   }
+  // Sharded (param_shards.h): trainable tensors only, so a LoRA's frozen base stays whole.
+  const double blk = double(c.largest_block);
+  std::printf("with ddptrainsink sharding over N ranks (per GPU; fp32 master weights, AdamW):\n"
+              "  optimizer: the weights whole (4 B/param) + gradients and moments / N (12 B / N; with checkpointing a "
+              "block's full gradients live only during its backward, without it all of them until the step's end: "
+              "+4 B/param)\n"
+              "  full: weights, gradients and moments / N (16 B / N) + one gathered block's weights and gradients "
+              "(8 B x %.4g M); bf16 autocast adds a bf16 copy of the block in use (none and optimizer: of every "
+              "weight)\n"
+              "  LoRA: the frozen base as above + the adapter's 16 B / N\n",
+              blk / 1e6);
+  std::printf("  %-4s %-16s %-16s %-22s %-18s %-18s\n", "N", "full: optimizer", "full: full", "each +bf16 copies",
+              "LoRA r32 bf16 base", "LoRA r32 fp8 base");
+  for (int n : {2, 8}) {
+    const double opt = 4 * p + 12 * p / n + (blk > 0 ? 4 * blk : 4 * p), fsdp = 16 * p / n + 8 * blk;
+    std::printf("  %-4d %-16s %-16s %-22s %-18s %-18s\n", n, human(opt).c_str(), human(fsdp).c_str(),
+                (human(opt + 2 * p) + " / " + human(fsdp + 2 * blk)).c_str(), human(base[1] + lora_state / n).c_str(),
+                human(base[2] + lora_state / n).c_str());
+  }
 }
 
 ParamCounts wan_param_counts(const models::WanConfig &c) {
@@ -65,6 +84,7 @@ ParamCounts wan_param_counts(const models::WanConfig &c) {
   linear("condition_embedder.time_embedder.linear_2", d, d);
   linear("condition_embedder.time_proj", d, 6 * d);
   for (int64_t b = 0; b < c.num_layers; b++) {
+    const uint64_t before = n.total;
     const std::string p = "blocks." + std::to_string(b) + ".";
     for (const char *a : {"attn1.", "attn2."}) {
       for (const char *m : {"to_q", "to_k", "to_v", "to_out.0"}) linear(p + a + m, d, d);
@@ -74,6 +94,7 @@ ParamCounts wan_param_counts(const models::WanConfig &c) {
     linear(p + "ffn.net.0.proj", d, f);
     linear(p + "ffn.net.2", f, d);
     n.total += 6 * d;  // scale_shift_table
+    if (b == 0) n.largest_block = n.total - before;
   }
   linear("proj_out", d, c.out_channels * pt);
   n.total += 2 * d;  // scale_shift_table

@@ -249,6 +249,16 @@ int info(const std::string &dir) {
   ParamCounts counts;
   counts.total = params;
   for (auto &[name, l] : models::linear_modules(m->module())) counts.add_linear(name, l->in_features(), l->out_features());
+  {
+    std::map<std::string, uint64_t> per_block;  // "blocks.3" -> its parameters
+    const std::string prefix = m->block_prefix();
+    for (const auto &item : m->module().named_parameters()) {
+      const std::string &n = item.key();
+      if (n.rfind(prefix, 0) != 0) continue;
+      per_block[n.substr(0, n.find('.', prefix.size()))] += static_cast<uint64_t>(item.value().numel());
+    }
+    for (const auto &[b, n] : per_block) counts.largest_block = std::max(counts.largest_block, n);
+  }
   print_memory_table(counts);
   // What each block keeps for backward under gradient checkpointing (self-attention's width: to_q's).
   int64_t width = 0, blocks = 0;

@@ -170,6 +170,25 @@ c10::intrusive_ptr<c10d::Work> DistGroup::broadcast_async(std::vector<at::Tensor
   return impl_->pg->broadcast(tensors, o);
 }
 
+void DistGroup::allgather(std::vector<at::Tensor> &outputs, const at::Tensor &input, const std::string &what) {
+  check_usable(what);
+  std::vector<std::vector<at::Tensor>> out{outputs};
+  std::vector<at::Tensor> in{input};
+  c10d::AllgatherOptions o;
+  o.timeout = opts_.timeout;
+  c10::intrusive_ptr<c10d::Work> w;
+  try {
+    w = impl_->pg->allgather(out, in, o);
+  } catch (const std::exception &e) {
+    throw DistError(opts_.backend + " " + what + " could not be started on rank " + std::to_string(opts_.rank) + ": " +
+                    describe_peers() + " (" + e.what() + ")");
+  }
+  wait(w, what);
+  // Backends that gather into tensors of their own leave the results there.
+  for (size_t r = 0; r < outputs.size(); r++)
+    if (!out[0][r].is_same(outputs[r])) outputs[r].copy_(out[0][r]);
+}
+
 namespace {
 
 // Waits for a Gloo work in short slices, so that `cancelled` is seen within milliseconds.

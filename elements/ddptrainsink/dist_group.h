@@ -60,6 +60,9 @@ class DistGroup : public PeerMarks {
   // In-place sum over ranks; async (wait with wait()).
   c10::intrusive_ptr<c10d::Work> allreduce_async(std::vector<at::Tensor> &tensors);
   c10::intrusive_ptr<c10d::Work> broadcast_async(std::vector<at::Tensor> &tensors, int root);
+  // Every rank's `input` into outputs[r] (one tensor per rank, input's size), synchronously within
+  // the timeout; throws DistError naming `what`.
+  void allgather(std::vector<at::Tensor> &outputs, const at::Tensor &input, const std::string &what);
   // Waits within the timeout; throws DistError naming `what` and the suspect peer(s). With
   // Gloo the wait wakes every few milliseconds to honour cancel().
   void wait(const c10::intrusive_ptr<c10d::Work> &work, const std::string &what);

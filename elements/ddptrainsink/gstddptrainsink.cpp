@@ -84,6 +84,7 @@ enum {
   PROP_BACKEND,
   PROP_TIMEOUT,
   PROP_BUCKET_CAP_MB,
+  PROP_SHARDING,
   PROP_CHECKPOINT_DIR,
   PROP_CHECKPOINT_EVERY,
   PROP_CHECKPOINT_INTERVAL,
@@ -166,6 +167,10 @@ VIDEOTRAIN_DEFINE_ENUM(checkpointing_type, "GstDdpTrainSinkGradientCheckpointing
                        {1, "Recompute each transformer block in backward (keeps its input)", "true"},
                        {2, "Keep each block's attention (q, k, v, output), recompute the rest", "selective"})
 VIDEOTRAIN_DEFINE_ENUM(attention_backend_type, "GstDdpTrainSinkAttentionBackend", VIDEOTRAIN_ATTENTION_BACKEND_ENUM_VALUES)
+VIDEOTRAIN_DEFINE_ENUM(sharding_type, "GstDdpTrainSinkSharding",
+                       {0, "DDP: every rank holds the whole weights, gradients and optimizer state", "none"},
+                       {1, "ZeRO-2: optimizer state and gradients sharded over the ranks", "optimizer"},
+                       {2, "FSDP / ZeRO-3: weights sharded too, gathered one block at a time", "full"})
 VIDEOTRAIN_DEFINE_ENUM(nan_policy_type, "GstDdpTrainSinkNanPolicy",
                        {0, "Warn and skip the optimizer step on every rank", "skip"}, {1, "Stop with an error", "fail"})
 
@@ -416,6 +421,7 @@ static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GVa
     case PROP_BACKEND: c.backend = enum_nick(backend_type(), g_value_get_enum(v)); break;
     case PROP_TIMEOUT: c.timeout_s = g_value_get_double(v); break;
     case PROP_BUCKET_CAP_MB: c.bucket_cap_mb = g_value_get_double(v); break;
+    case PROP_SHARDING: c.sharding = static_cast<Sharding>(g_value_get_enum(v)); break;
     case PROP_CHECKPOINT_DIR: c.checkpoint_dir = str(); break;
     case PROP_CHECKPOINT_EVERY: c.checkpoint_every = g_value_get_uint64(v); break;
     case PROP_CHECKPOINT_INTERVAL: c.checkpoint_interval_s = g_value_get_uint(v); break;
@@ -496,6 +502,7 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
     case PROP_BACKEND: g_value_set_enum(v, enum_value(backend_type(), c.backend)); break;
     case PROP_TIMEOUT: g_value_set_double(v, c.timeout_s); break;
     case PROP_BUCKET_CAP_MB: g_value_set_double(v, c.bucket_cap_mb); break;
+    case PROP_SHARDING: g_value_set_enum(v, static_cast<gint>(c.sharding)); break;
     case PROP_CHECKPOINT_DIR: g_value_set_string(v, c.checkpoint_dir.c_str()); break;
     case PROP_CHECKPOINT_EVERY: g_value_set_uint64(v, c.checkpoint_every); break;
     case PROP_CHECKPOINT_INTERVAL: g_value_set_uint(v, static_cast<guint>(c.checkpoint_interval_s)); break;
@@ -717,6 +724,17 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                                             "(newer ones passed over are warned about) at start and answer the "
                                             "resume query with this rank's data position",
                                             FALSE, rw));
+  install(PROP_SHARDING,
+          g_param_spec_enum("sharding", "Sharding",
+                            "Over the run's c10d group: none is DDP (every rank holds the whole weights, gradients "
+                            "and optimizer state); optimizer shards the optimizer state and the reduced gradients "
+                            "(ZeRO-2: each rank updates its 1/world slice of every block and all-gathers the "
+                            "weights after the step); full shards the weights too (FSDP / ZeRO-3: each block's "
+                            "weights are gathered before its forward and its recompute and freed after, so blocks "
+                            "are checkpointed). Trainable tensors only (a LoRA's frozen base stays whole); needs "
+                            "optimizer=adamw or sgd; checkpoints hold a shard per rank and resume on any number "
+                            "of ranks or sharding",
+                            sharding_type(), 0, rw));
   install(PROP_GRADIENT_CHECKPOINTING,
           g_param_spec_enum("gradient-checkpointing", "Gradient checkpointing",
                             "Native models: true recomputes each transformer block in backward instead of keeping "

@@ -16,6 +16,7 @@
 #include "models/expert_pair.h"
 #include "models/param_snapshot.h"
 #include "optimizer_file.h"
+#include "param_shards.h"
 #include "trainer_engine_impl.h"
 
 using json = nlohmann::json;
@@ -30,8 +31,12 @@ std::string TrainerEngine::Impl::load_checkpoint(const FoundCheckpoint &c) {
   try {
     if (!model || d.latent_channels != dims.latent_channels || d.text_dim != dims.text_dim) construct_model(d);
     std::lock_guard<std::mutex> lock(state_mu);
-    model->load(c.dir);
-    load_optimizer(*opt, c.dir + "/optimizer.pt", device);
+    if (c.state.contains("sharding")) {
+      load_sharded(c);
+    } else {
+      model->load(c.dir);
+      load_optimizer(*opt, c.dir + "/optimizer.pt", device);
+    }
     if (ema) {
       const std::string file = c.state.value("ema_file", std::string());
       if (!file.empty()) {
@@ -63,6 +68,35 @@ std::string TrainerEngine::Impl::load_checkpoint(const FoundCheckpoint &c) {
 std::string TrainerEngine::Impl::first_non_finite_optimizer() {
   std::lock_guard<std::mutex> lock(state_mu);
   return first_non_finite(opt->state(param_names));
+}
+
+void TrainerEngine::Impl::load_sharded(const FoundCheckpoint &c) {
+  // Into the whole model and its optimizer (this run shards them afterwards, in build_model()):
+  // a checkpoint of any world size and sharding resumes on any other.
+  const auto &layout = c.state.at("sharding");
+  const std::string kind = layout.value("optimizer", std::string("adamw"));
+  if (kind != opt->kind())
+    throw std::runtime_error("its optimizer state is optimizer=" + kind + "'s and this run has optimizer=" +
+                             opt->kind() + " (resume with optimizer=" + kind + ", or start a new checkpoint-dir)");
+  if (!opt->elementwise())
+    throw std::runtime_error("optimizer=" + opt->kind() + " cannot take a sharded checkpoint's state");
+  auto whole = read_sharded_checkpoint(c.dir, layout);
+  torch::NoGradGuard ng;
+  auto named = model->named_parameters();
+  std::map<std::string, at::Tensor> by_name(named.begin(), named.end());
+  for (size_t i = 0; i < params.size(); i++) {
+    const auto it = whole.find(param_names[i]);
+    if (it == whole.end())
+      throw std::runtime_error("its shards hold no parameter " + param_names[i]);
+    if (it->second.weight.sizes() != params[i].sizes())
+      throw std::runtime_error("its shards hold " + param_names[i] + " in another shape");
+    params[i].detach().copy_(it->second.weight);
+    NamedTensors st;
+    for (auto &[n, t] : it->second.state) st.emplace_back(n, t.to(params[i].device()));
+    opt->set_param_state(i, st, it->second.step);
+    whole.erase(it);
+  }
+  if (!whole.empty()) throw std::runtime_error("its shards hold " + whole.begin()->first + ", which this model does not train");
 }
 
 void TrainerEngine::Impl::find_checkpoint() {
@@ -132,7 +166,7 @@ void TrainerEngine::Impl::write_checkpoint() {
   const uint64_t prev_step = last_ckpt_step;
   last_ckpt_step = steps_done;
   last_ckpt_time = clock();
-  if (rank != 0) return;  // every rank holds the same weights; rank 0 writes
+  if (rank != 0 && !shards) return;  // every rank holds the same weights; rank 0 writes
   try {
     save_checkpoint(false);
   } catch (const std::exception &e) {
@@ -207,9 +241,32 @@ static void write_archive(torch::serialize::OutputArchive &archive, const std::s
 }
 
 std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
-  const std::string tmp = store->begin(steps_done);
+  std::string tmp = rank == 0 ? store->begin(steps_done) : std::string();
   std::string model_file;
-  {
+  if (shards) {
+    // Every rank writes its shard into rank 0's temporary folder; rank 0 seals it once all have.
+    const std::string at = "checkpoint of step " + std::to_string(steps_done);
+    if (group) tmp = group->exchange(at + " folder", tmp).at(0);
+    std::string err;
+    try {
+      torch::serialize::OutputArchive a;
+      std::lock_guard<std::mutex> lock(state_mu);
+      shards->save(a, *opt);
+      write_archive(a, tmp + "/" + shard_file_name(rank));
+    } catch (const std::exception &e) {
+      err = "rank " + std::to_string(rank) + ": " + first_line(e.what());
+    }
+    auto failed = torch::full({1}, err.empty() ? 0.0 : 1.0, torch::TensorOptions().dtype(torch::kDouble));
+    if (group) {
+      std::vector<at::Tensor> t{backend == "nccl" ? failed.to(device) : failed};
+      group->allreduce(t, at + " (every rank's shard written)");
+      failed = t[0].to(torch::kCPU);
+    }
+    if (failed.item<double>() > 0)
+      throw std::runtime_error(!err.empty() ? err : "another rank could not write its shard (its error says why)");
+    if (rank != 0) return "";
+    model_file = shard_file_name(0);
+  } else {
     std::lock_guard<std::mutex> lock(state_mu);
     model_file = model->save(tmp);
     save_optimizer(*opt, tmp + "/optimizer.pt");
@@ -234,7 +291,7 @@ std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
                 {"world_size", world},
                 {"positions", pos},
                 {"row_facts", all_row_facts(!rescue)},  // a rescue does not touch the store
-                {"optimizer_file", "optimizer.pt"},
+                {"optimizer_file", shards ? model_file : std::string("optimizer.pt")},
                 {"rng_note", "no generator state: each step reseeds from seed, rank and step"}};
   if (!model_opts.model_2.empty()) {  // the second expert's files are in model_2_dir/
     state["model_2"] = model_opts.model_2;
@@ -247,6 +304,7 @@ std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
     state["ema_start_step"] = cfg.ema_start_step;
     state["ema_every"] = cfg.ema_every;
   }
+  if (shards) state["sharding"] = shards->layout(opt->kind());  // shard-RRRRR.pt: param_shards.h
   if (rescue) state["rescue"] = true;  // informative only: resume reads it like any other
   const std::string final_dir = store->commit(tmp, steps_done, state);
   // Only now, with a newer checkpoint complete and verified, may older ones go (local
@@ -275,6 +333,10 @@ bool TrainerEngine::Impl::rescue(const std::string &context) {
     // that save the weights would queue behind it (until NCCL's watchdog ends the
     // process): no rescue rather than a hang. Gloo ops fail on the host.
     rescue_why = "backend=nccl, and after a failed step the GPU may still be waiting in a collective";
+    return false;
+  }
+  if (shards) {
+    rescue_why = std::string("sharding=") + sharding_name(cfg.sharding) + ": each rank holds only its shard of the state";
     return false;
   }
   if (updating) {
@@ -317,6 +379,14 @@ std::string TrainerEngine::Impl::all_skipped_text() const {
 }
 
 void TrainerEngine::Impl::export_model() {
+  if (shards && exported_step != steps_done) {
+    // The run is over: its optimizer state goes, and sharding=full's blocks are gathered on rank 0
+    // (every rank takes part), which writes them.
+    std::lock_guard<std::mutex> lock(state_mu);
+    shards->materialize_on(0);
+    params = shards->shards();
+    opt = make_optimizer(optim, params);
+  }
   if (rank != 0 || exported_step == steps_done) return;
   std::string dir = cfg.export_dir;
   if (dir.empty() && !cfg.checkpoint_dir.empty()) dir = cfg.checkpoint_dir + "/" + model->export_name();

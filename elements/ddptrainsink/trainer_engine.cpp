@@ -100,6 +100,7 @@ void TrainerEngine::Impl::notify(const StepReport &r) {
 bool TrainerEngine::Impl::end_step() {
   torch::NoGradGuard ng;
   if (reducer) reducer->finish();
+  if (shards) shards->finish_gradients();
   // One small all-reduce: loss, non-finite flag, and every rank's data position.
   const auto stats_opts = torch::TensorOptions().dtype(torch::kDouble);
   at::Tensor local_loss = step_loss.defined() ? step_loss.to(torch::kCPU, torch::kDouble) : torch::zeros({}, stats_opts);
@@ -164,7 +165,16 @@ bool TrainerEngine::Impl::end_step() {
       for (auto &p : params)
         if (p.grad().defined()) p.mutable_grad().mul_(world / active);
     }
-    if (cfg.grad_clip > 0) {
+    if (shards) {
+      // Each rank holds a slice of the gradients: their norm and finiteness come from all ranks.
+      const auto [norm, bad] = shards->gradient_norm();
+      rep.grad_norm = norm;
+      if (bad > 0)
+        skip_why = "non-finite gradient (" + std::to_string(bad) + " values) with a finite loss (" +
+                   std::to_string(rep.loss) + ") at step " + std::to_string(steps_done + 1);
+      else if (cfg.grad_clip > 0 && norm + 1e-6 > cfg.grad_clip)  // LibTorch's clip_grad_norm_ rule
+        for (auto &p : params) p.mutable_grad().mul_(cfg.grad_clip / (norm + 1e-6));
+    } else if (cfg.grad_clip > 0) {
       // The total norm clipping computes says it: no second pass over the gradients.
       rep.grad_norm = torch::nn::utils::clip_grad_norm_(params, cfg.grad_clip);
       if (!std::isfinite(rep.grad_norm))
@@ -200,6 +210,7 @@ bool TrainerEngine::Impl::end_step() {
     // above throw before it. A throw from inside it leaves `updating` set.
     updating = true;
     opt->step();
+    if (shards) shards->after_update();
     if (ema) ema->update(steps_done + 1, params);
   }
   for (auto &p : params) p.mutable_grad() = at::Tensor();
@@ -232,6 +243,7 @@ void TrainerEngine::Impl::join_step() {
   // The collectives of step steps_done + 1 with zero gradients and no loss: the peers
   // average over the ranks that had samples, and every rank applies the same update.
   for (auto &p : params) p.mutable_grad() = at::Tensor();
+  if (shards) shards->drop_gradients();
   step_loss = at::Tensor();
   if (reducer) reducer->prepare(true, steps_done);
   joining = true;
@@ -338,6 +350,7 @@ ProcessResult TrainerEngine::Impl::process(const ModelInputs &in, const MicroBat
       // First micro-batch of a step (a partial step that never got its sync micro-batch
       // is discarded with its gradients).
       for (auto &p : im.params) p.mutable_grad() = at::Tensor();
+      if (im.shards) im.shards->drop_gradients();
       im.step_loss = at::Tensor();
       im.in_step = true;
       if (im.agreement) im.agreement->begin(im.steps_done + 1);  // before any collective of the step
@@ -349,6 +362,7 @@ ProcessResult TrainerEngine::Impl::process(const ModelInputs &in, const MicroBat
     im.next_clip = info.next_clip;
     const bool reduce = info.sync && im.reducer;
     if (im.reducer) im.reducer->prepare(reduce, im.steps_done);
+    if (im.shards) im.shards->begin_micro_batch(info.sync);
     ModelInputs x = in;
     x.latents = batch.to(im.device, torch::kFloat, /*non_blocking=*/true);
     x.sample_ids = info.sample_ids;
@@ -612,6 +626,9 @@ std::shared_ptr<const ParamSnapshot> TrainerEngine::snapshot_state() const { ret
 std::shared_ptr<const ParamSnapshot> TrainerEngine::Impl::snapshot(bool with_ema) const {
   std::lock_guard<std::mutex> lock(state_mu);
   if (!model || (with_ema && !ema)) return nullptr;
+  if (shards && shards->mode() == Sharding::full && !shards->materialized())
+    throw std::runtime_error("ddpvalsink and ddpsampler cannot follow a sharding=full run yet (each rank holds only "
+                             "a shard of every block's weights): use sharding=optimizer with them");
   auto s = std::make_shared<ParamSnapshot>();
   torch::NoGradGuard ng;
   s->step = steps_done;

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "sharding.h"
 #include "bus_message.h"
 #include "models/model_options.h"
 #include "optimizers/optimizer_settings.h"
@@ -66,6 +67,8 @@ struct TrainerConfig {
   std::string backend = "auto";   // auto | nccl | gloo
   double timeout_s = 600.0;
   double bucket_cap_mb = 25.0;
+  // none: DDP; optimizer: ZeRO-2 (optimizer state and gradients sharded); full: weights too (param_shards.h).
+  Sharding sharding = Sharding::none;
   // Checkpoints.
   std::string checkpoint_dir;
   uint64_t checkpoint_every = 0;  // steps; 0: only at the end

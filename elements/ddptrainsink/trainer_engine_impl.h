@@ -22,6 +22,7 @@
 #include "lr_schedule.h"
 #include "models/train_model.h"
 #include "optimizers/train_optimizer.h"
+#include "param_shards.h"
 #include "run_log.h"
 #include "step_agreement.h"
 #include "trainer_engine.h"
@@ -67,6 +68,10 @@ struct TrainerEngine::Impl {
   // RunContext's snapshots: the weights, or with_ema the trainable ones' EMA (null without one).
   std::shared_ptr<const ParamSnapshot> snapshot(bool with_ema) const;
   std::unique_ptr<BucketReducer> reducer;
+  // sharding=optimizer|full: the shards the optimizer steps (params and param_names are theirs then;
+  // the model's own parameters are in shards->param_names()).
+  std::unique_ptr<ParamShards> shards;
+  void shard_model();  // build_model(), after the broadcast: the shards, and the optimizer over them
 
   uint64_t steps_done = 0;
   // The step in progress.
@@ -163,6 +168,7 @@ struct TrainerEngine::Impl {
   // Loads `c` into the model (built as needed): "" when its weights and optimizer state
   // are finite, else why it cannot be used. Throws when a verified one does not load.
   std::string load_checkpoint(const FoundCheckpoint &c);
+  void load_sharded(const FoundCheckpoint &c);  // a sharding= checkpoint's shards, into the whole model
   std::string first_non_finite_optimizer();  // "exp_avg_sq of NAME" (any optimizer's state), or ""
   std::string first_non_finite_grad() const;  // parameter name, or ""
   void find_checkpoint();

@@ -18,6 +18,7 @@
 #include "models/flow_timesteps.h"
 #include "first_line.h"
 #include "models/layers.h"
+#include "models/native_model.h"
 #include "trainer_engine_impl.h"
 
 namespace fs = std::filesystem;
@@ -64,6 +65,14 @@ bool TrainerEngine::Impl::resolve() {
   optim.eps = cfg.eps;
   optim.x = cfg.optim;
   if (std::string why = resolve_optimizer_settings(&optim); !why.empty()) return fail(why);
+  if (cfg.sharding != Sharding::none) {
+    const std::string what = std::string("sharding=") + sharding_name(cfg.sharding);
+    if (optim.kind != "adamw" && optim.kind != "sgd")
+      return fail(what + " needs optimizer=adamw or sgd, whose state is per element (each rank owns a slice of "
+                  "it); optimizer=" + optim.kind + " keeps state over whole tensors (use sharding=none)");
+    if (cfg.ema_decay > 0) return fail(what + " with ema-decay is not built yet: set ema-decay=0 or sharding=none");
+    if (!cfg.native.model_2.empty()) return fail(what + " with model-2 (two experts in one run) is not built yet");
+  }
   if (cfg.nan_policy != "skip" && cfg.nan_policy != "fail")
     return fail("nan-policy '" + cfg.nan_policy + "' is not one of skip, fail");
   if (cfg.model.empty())
@@ -205,13 +214,47 @@ void TrainerEngine::Impl::build_model(const ModelDims &d) {
       std::lock_guard<std::mutex> lock(state_mu);
       ema->reset(params);
     }
-    reducer = std::make_unique<BucketReducer>(params, group.get(), cfg.bucket_cap_mb, 1.0);
+    if (cfg.sharding == Sharding::none) reducer = std::make_unique<BucketReducer>(params, group.get(), cfg.bucket_cap_mb, 1.0);
   }
+  if (cfg.sharding != Sharding::none && !shards) shard_model();
   // ddpvalsink's at-start needs these weights; builtin models only exist from here.
   StepReport built;
   built.step = steps_done;
   built.model_built = true;
   notify(built);
+}
+
+void TrainerEngine::Impl::shard_model() {
+  std::vector<int> block_of(params.size(), -1);
+  models::DitModel *dit = model->dit();
+  if (dit) {
+    const std::string prefix = dit->block_prefix();
+    for (size_t i = 0; i < params.size(); i++)
+      if (param_names[i].rfind(prefix, 0) == 0) block_of[i] = std::atoi(param_names[i].c_str() + prefix.size());
+    if (cfg.sharding == Sharding::full && dit->checkpointing() == Checkpointing::none) {
+      // Gathered weights are freed after each block's forward, so backward must recompute it.
+      dit->set_checkpointing(Checkpointing::full);
+      model_opts.gradient_checkpointing = Checkpointing::full;
+      warn("sharding=full recomputes each block in backward: gradient-checkpointing=true is used (set it, or "
+           "selective, to say so)");
+    }
+  }
+  std::lock_guard<std::mutex> lock(state_mu);
+  auto whole_opt = std::move(opt);
+  shards = std::make_unique<ParamShards>(cfg.sharding, params, param_names, block_of, group.get(), rank, world);
+  opt = make_optimizer(optim, shards->shards());
+  // The state a resume loaded into the whole model's optimizer, cut into this rank's shards.
+  std::map<std::string, ParamState> state;
+  for (size_t i = 0; i < params.size(); i++) {
+    ParamState ps;
+    for (auto &[n, t] : whole_opt->param_state(i, &ps.step)) ps.state[n] = t;
+    if (!ps.state.empty()) state[param_names[i]] = std::move(ps);
+  }
+  if (!state.empty()) shards->load(state, *opt);
+  whole_opt.reset();
+  params = shards->shards();
+  param_names = shards->shard_names();
+  if (dit) dit->set_block_hooks(shards.get());
 }
 
 bool TrainerEngine::start() {

@@ -293,8 +293,10 @@ at::Tensor CogVideoXTransformerImpl::forward(const at::Tensor &x, const at::Tens
     const auto video_turns = rotary_table(pos[0], pos[1]);
     rope = at::cat({at::ones({L, video_turns.size(1)}, video_turns.options()), video_turns}).unsqueeze(1);
   }
+  int index = 0;
   for (const auto &blk : *blocks) {
     auto block = blk->as<CogVideoXBlock>();
+    BlockScope scope(block_hooks, index++);  // sharded weights: gathered for this block (block_hooks.h)
     block->backend = attention_backend;
     if (checkpointing == Checkpointing::full && torch::GradMode::is_enabled()) {
       hs = checkpointed(

@@ -67,6 +67,7 @@ struct CogVideoXTransformerImpl : torch::nn::Module {
   at::Tensor sincos_table(int64_t frames, int64_t height, int64_t width) const;
   CogVideoXConfig cfg;
   Checkpointing checkpointing = Checkpointing::none;
+  BlockHooks *block_hooks = nullptr;  // sharded training's (block_hooks.h); not owned
   AttentionBackend attention_backend = AttentionBackend::automatic;
   torch::nn::Conv2d patch_conv{nullptr};  // patch_embed.proj (1.0)
   Linear patch_linear{nullptr};           // patch_embed.proj (1.5)

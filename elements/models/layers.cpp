@@ -394,9 +394,13 @@ struct CheckpointBackward : torch::autograd::Node {
   std::vector<at::Tensor> inputs;  // detached
   std::vector<bool> needs_grad;
   bool autocast = false, autocast_cuda = false;
+  BlockHooks *hooks = nullptr;  // of the block this segment belongs to (block_hooks.h)
+  int block = -1;
+  bool block_first = false;  // the block's first segment: its backward ends the block's
   WeightCasts weight_casts;  // the forward's, for the recompute
 
   torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
+    if (hooks) hooks->acquire(block);
     std::vector<at::Tensor> xs;
     for (size_t i = 0; i < inputs.size(); i++) {
       auto x = inputs[i].detach();
@@ -422,6 +426,7 @@ struct CheckpointBackward : torch::autograd::Node {
     if (!ys.empty()) torch::autograd::backward(ys, gs);
     torch::autograd::variable_list res;
     for (size_t i = 0; i < xs.size(); i++) res.push_back(needs_grad[i] ? xs[i].grad() : at::Tensor());
+    if (hooks && block_first) hooks->backward_done(block);
     return res;
   }
   void release_variables() override {
@@ -451,10 +456,17 @@ std::vector<at::Tensor> checkpointed_segment(SegmentFn fn, const std::vector<at:
   std::vector<at::Tensor> outs;
   {
     torch::NoGradGuard ng;
-    WeightCastScope record(g_keep_weight_casts ? &node->weight_casts : nullptr);
+    // Sharded weights (block hooks) are gathered per use: kept casts would hold them whole.
+    const BlockContext *b = current_block();
+    WeightCastScope record(b && b->hooks || !g_keep_weight_casts ? nullptr : &node->weight_casts);
     outs = fn(inputs);
   }
   node->fn = std::move(fn);
+  if (BlockContext *b = current_block(); b && b->hooks) {
+    node->hooks = b->hooks;
+    node->block = b->block;
+    node->block_first = b->segments++ == 0;
+  }
   for (const auto &x : inputs) {
     node->inputs.push_back(x.detach());
     node->needs_grad.push_back(x.requires_grad());
@@ -470,6 +482,24 @@ std::vector<at::Tensor> checkpointed_segment(SegmentFn fn, const std::vector<at:
     torch::autograd::set_history(y, node);  // output i is the node's input i
   }
   return outs;
+}
+
+namespace {
+thread_local BlockContext *t_block = nullptr;
+}  // namespace
+
+BlockContext *current_block() { return t_block; }
+
+BlockScope::BlockScope(BlockHooks *hooks, int block) : prev_(t_block) {
+  ctx_.hooks = hooks;
+  ctx_.block = block;
+  t_block = &ctx_;
+  if (hooks) hooks->acquire(block);
+}
+
+BlockScope::~BlockScope() {
+  t_block = prev_;
+  if (ctx_.hooks) ctx_.hooks->forward_done(ctx_.block);
 }
 
 void set_keep_weight_casts(bool keep) { g_keep_weight_casts = keep; }

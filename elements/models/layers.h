@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "attention_backend.h"
+#include "block_hooks.h"
 
 namespace videotrain::models {
 

@@ -61,6 +61,9 @@ class WanDit : public DitModel {
   bool image_to_video() const override { return net_->cfg.image_dim || net_->cfg.in_channels != net_->cfg.out_channels; }
   int64_t condition_channels() const override { return net_->cfg.in_channels - net_->cfg.out_channels; }
   void set_checkpointing(Checkpointing c) override { net_->checkpointing = c; }
+  Checkpointing checkpointing() const override { return net_->checkpointing; }
+  void set_block_hooks(BlockHooks *h) override { net_->block_hooks = h; }
+  std::string block_prefix() const override { return "blocks."; }
   void set_attention_backend(AttentionBackend b) override { net_->attention_backend = b; }
   std::string config_json() const override { return wan_transformer_config_json(net_->cfg); }
   int64_t latent_channels() const override { return net_->cfg.in_channels; }
@@ -79,10 +82,13 @@ class CogVideoXDit : public DitModel {
   at::Tensor forward(const at::Tensor &x, const at::Tensor &t, const at::Tensor &text) override {
     return net_->forward(x, t, text);
   }
+  int64_t temporal_patch() const override { return std::max<int64_t>(1, net_->cfg.patch_size_t); }
   void set_checkpointing(Checkpointing c) override { net_->checkpointing = c; }
+  Checkpointing checkpointing() const override { return net_->checkpointing; }
+  void set_block_hooks(BlockHooks *h) override { net_->block_hooks = h; }
+  std::string block_prefix() const override { return "transformer_blocks."; }
   void set_attention_backend(AttentionBackend b) override { net_->attention_backend = b; }
   std::string config_json() const override { return cogvideox_transformer_config_json(net_->cfg); }
-  int64_t temporal_patch() const override { return std::max<int64_t>(1, net_->cfg.patch_size_t); }
   int64_t latent_channels() const override { return net_->cfg.in_channels; }
   int64_t text_dim() const override { return net_->cfg.text_embed_dim; }
 
@@ -508,12 +514,12 @@ class NativeTrainModel : public TrainModel {
       t.copy_(models::tensor_of(*e));
     }
   }
+  bool vpred() const { return dit_->descriptor().objective == models::Objective::kVPrediction; }
   c10::Device device_of() { return dit_->module().parameters().front().device(); }
   std::string dir_;
   std::unique_ptr<models::DitModel> dit_;
   ModelOptions opt_;
   at::Tensor alphas_cumprod_;  // CogVideoX's schedule (float64); undefined for flow-matching families
-  bool vpred() const { return dit_->descriptor().objective == models::Objective::kVPrediction; }
 };
 
 }  // namespace

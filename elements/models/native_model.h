@@ -10,9 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "block_hooks.h"
 #include "flow_timesteps.h"
-#include "model_options.h"
 #include "model_family.h"
+#include "model_options.h"
 #include "train_model.h"
 
 namespace videotrain::models {
@@ -22,12 +23,12 @@ class DitModel {
  public:
   virtual ~DitModel() = default;
   virtual std::string class_name() const = 0;  // "WanTransformer3DModel"
-  virtual torch::nn::Module &module() = 0;
   // What the code knows of the class's family (model_family.h), and its name ("wan").
   const ModelFamily &descriptor() const;
   std::string family() const { return descriptor().name; }
   // The config's patch_size_t: latent frames per token (1 where the family patches frames one by one).
   virtual int64_t temporal_patch() const { return 1; }
+  virtual torch::nn::Module &module() = 0;
   // The class's own call in diffusers' layout (Wan: hidden_states [B, C, T, H, W], timestep [B] or
   // [B, tokens], encoder_hidden_states [B, L, D]). Throws std::invalid_argument on shapes.
   virtual at::Tensor forward(const at::Tensor &hidden_states, const at::Tensor &timestep,
@@ -51,6 +52,11 @@ class DitModel {
   // none, full (each block recomputed in backward) or selective (attention kept, the rest recomputed).
   virtual void set_checkpointing(Checkpointing c) = 0;
   void set_gradient_checkpointing(bool on) { set_checkpointing(on ? Checkpointing::full : Checkpointing::none); }
+  virtual Checkpointing checkpointing() const = 0;
+  // Hooks around each block's use of its weights (sharded training, block_hooks.h); null: none.
+  virtual void set_block_hooks(BlockHooks *hooks) = 0;
+  // What the names of block i's parameters start with, before "i." ("blocks.").
+  virtual std::string block_prefix() const = 0;
   // The attention kernel of every block (attention_backend.h), from the next forward on.
   virtual void set_attention_backend(AttentionBackend b) = 0;
   virtual std::string config_json() const = 0;

@@ -262,8 +262,10 @@ at::Tensor WanTransformerImpl::forward(const at::Tensor &x, const at::Tensor &ti
     i = image_norm2(image_2(at::gelu(image_1(image_norm1(i).to(i.scalar_type()))))).to(i.scalar_type());
     context = at::cat({i, context}, 1);
   }
+  int index = 0;
   for (const auto &blk : *blocks) {
     auto block = blk->as<WanBlock>();
+    BlockScope scope(block_hooks, index++);  // sharded weights: gathered for this block (block_hooks.h)
     block->attn1->backend = block->attn2->backend = attention_backend;
     if (checkpointing == Checkpointing::full && torch::GradMode::is_enabled()) {
       hs = checkpointed(

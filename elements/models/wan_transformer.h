@@ -65,6 +65,7 @@ struct WanTransformerImpl : torch::nn::Module {
                      const at::Tensor &encoder_hidden_states, const at::Tensor &encoder_hidden_states_image = {});
   WanConfig cfg;
   Checkpointing checkpointing = Checkpointing::none;
+  BlockHooks *block_hooks = nullptr;  // sharded training's (block_hooks.h); not owned
   AttentionBackend attention_backend = AttentionBackend::automatic;
   torch::nn::Conv3d patch_embedding{nullptr};
   torch::nn::ModuleList blocks;

@@ -51,6 +51,40 @@ class TorchOptimizer : public TrainOptimizer {
     }
     return out;
   }
+  bool elementwise() const override { return true; }
+  NamedTensors param_state(size_t i, int64_t *step) override {
+    using Key = typename std::decay_t<decltype(opt_.state())>::key_type;
+    *step = 0;
+    auto &state = opt_.state();
+    auto it = state.find(state_key<Key>(params_.at(i)));
+    if (it == state.end()) return {};
+    auto *s = dynamic_cast<ParamState *>(it->second.get());
+    if (!s) return {};
+    if constexpr (std::is_same_v<ParamState, torch::optim::AdamWParamState>) {
+      *step = s->step();
+      return {{"exp_avg", s->exp_avg()}, {"exp_avg_sq", s->exp_avg_sq()}};
+    } else {
+      if (!s->momentum_buffer().defined()) return {};
+      return {{"momentum_buffer", s->momentum_buffer()}};
+    }
+  }
+  void set_param_state(size_t i, const NamedTensors &named, int64_t step) override {
+    using Key = typename std::decay_t<decltype(opt_.state())>::key_type;
+    if (named.empty()) return;
+    auto s = std::make_unique<ParamState>();
+    for (const auto &[n, t] : named) {
+      if constexpr (std::is_same_v<ParamState, torch::optim::AdamWParamState>) {
+        if (n == "exp_avg") s->exp_avg(t);
+        else if (n == "exp_avg_sq") s->exp_avg_sq(t);
+        else throw std::runtime_error("adamw has no state '" + n + "'");
+      } else {
+        if (n == "momentum_buffer") s->momentum_buffer(t);
+        else throw std::runtime_error("sgd has no state '" + n + "'");
+      }
+    }
+    if constexpr (std::is_same_v<ParamState, torch::optim::AdamWParamState>) s->step(step);
+    opt_.state()[state_key<Key>(params_.at(i))] = std::move(s);
+  }
 
  private:
   void save_state(torch::serialize::OutputArchive &a) override { opt_.save(a); }

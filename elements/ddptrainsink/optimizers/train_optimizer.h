@@ -31,6 +31,18 @@ class TrainOptimizer {
   void load(torch::serialize::InputArchive &a);
   // Every state tensor, named "<state> of <parameter name>" (non-finite checks, memory).
   virtual NamedTensors state(const std::vector<std::string> &param_names) = 0;
+  // Optimizers whose state is elementwise (tensors of the parameter's shape and a step count:
+  // adamw, sgd) can have it read and set per parameter, which sharded training needs to move it
+  // between layouts; the others say false.
+  virtual bool elementwise() const { return false; }
+  // Parameter i's state by name (empty before its first update) and its step count.
+  virtual NamedTensors param_state(size_t i, int64_t *step) {
+    (void)i;
+    *step = 0;
+    return {};
+  }
+  // Sets parameter i's state: the names param_state() gives, tensors of the parameter's shape.
+  virtual void set_param_state(size_t i, const NamedTensors &state, int64_t step) { (void)i, (void)state, (void)step; }
 
  protected:
   explicit TrainOptimizer(std::string kind) : kind_(std::move(kind)) {}

@@ -1,0 +1,123 @@
+/* Sharded data parallel over the run's c10d group (ddptrainsink sharding=optimizer|full).
+ *
+ * The trainable parameters fall into units: one per transformer block, and one for the rest (the
+ * root: embeddings, head). A unit's parameters are one flat vector, padded to a multiple of the
+ * world size; rank r owns the r-th equal slice of it (its shard). The optimizer steps the shards
+ * only, so every rank holds 1/world of the optimizer state (ZeRO-2).
+ *
+ * optimizer: every rank keeps the whole weights, as views of each unit's flat vector; after backward
+ *   each unit's gradients are summed over the ranks and this rank keeps its shard of them (the full
+ *   gradients are freed unit by unit: at the end of each block's backward when the model
+ *   checkpoints its blocks, else after the whole backward); after the update the shards are
+ *   all-gathered back into the flat vectors.
+ * full: block units keep only their shard between uses (ZeRO-3 / FSDP): the model's BlockHooks
+ *   gather a block's weights before its forward and before its recompute in backward and free them
+ *   after; the block's gradients are reduced and freed as soon as its backward is done (so blocks
+ *   are checkpointed: gradient-checkpointing=false is raised to true). The root unit is kept whole,
+ *   as with optimizer.
+ *
+ * Reductions are all-reduces of the unit's flat gradients, in one order on every rank (blocks from
+ * the last to the first, then the root), so a rank with no samples in a step (its data ended) joins
+ * them with zeros. Torch TUs only. */
+#pragma once
+
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/block_hooks.h"
+#include "sharding.h"
+
+namespace videotrain {
+
+class DistGroup;
+class TrainOptimizer;
+
+
+// One parameter's whole state as a checkpoint of any layout holds it: weight, optimizer state
+// tensors by name (the parameter's shape) and the optimizer's step count.
+struct ParamState {
+  at::Tensor weight;
+  std::map<std::string, at::Tensor> state;
+  int64_t step = 0;
+};
+
+class ParamShards : public models::BlockHooks {
+ public:
+  // params/names: the trainable parameters (whole on every rank, the same values); block_of[i] the
+  // block of parameter i, -1 for the root unit. group null: a world of one.
+  ParamShards(Sharding mode, std::vector<at::Tensor> params, std::vector<std::string> names,
+              const std::vector<int> &block_of, DistGroup *group, int rank, int world);
+  ~ParamShards() override;
+
+  Sharding mode() const { return mode_; }
+  // The tensors the optimizer updates: this rank's shard of each unit, and their names.
+  const std::vector<at::Tensor> &shards() const { return shards_; }
+  std::vector<std::string> shard_names() const;
+  // Bytes of the weights this rank holds between uses (shards of sharded units, whole units).
+  int64_t resident_weight_bytes() const;
+
+  // Whether this micro-batch's backward ends the step (optimizer mode reduces only then).
+  void begin_micro_batch(bool sync);
+  // The step's gradients complete: reduces what the backward has not (in the one order), and sets
+  // each shard's grad to its part of the mean over ranks. Collective.
+  void finish_gradients();
+  // Drops every gradient (parameters', shards', the step's accumulators): a step starts.
+  void drop_gradients();
+  // The global L2 norm of the shards' gradients and the number of non-finite entries over every
+  // rank. Collective.
+  std::pair<double, int64_t> gradient_norm();
+  // After the optimizer updated the shards: whole units all-gather them back. Collective.
+  void after_update();
+  // sharding=full: every block's weights gathered and kept on rank `root` (the run's export; its
+  // shards() become views of them: take them again), one block at a time on the others. Collective.
+  void materialize_on(int root);
+  bool materialized() const { return materialized_; }
+
+  // models::BlockHooks (block indices as the model counts them).
+  void acquire(int block) override;
+  void forward_done(int block) override;
+  void backward_done(int block) override;
+
+  // Checkpoints. This rank's file: its shard of every unit's weights and of the optimizer's state
+  // (`opt` steps shards(); elementwise()). The layout (for trainer.json) says which parameters
+  // each unit holds, their shapes, the mode and the world size, which is all a reader of another
+  // world size or sharding needs.
+  void save(torch::serialize::OutputArchive &a, TrainOptimizer &opt) const;
+  nlohmann::json layout(const std::string &optimizer_kind) const;
+  // Sets the weights and the shard optimizer's state from whole per-parameter states (any
+  // parameter missing there keeps its weights and starts its state fresh).
+  void load(const std::map<std::string, ParamState> &whole, TrainOptimizer &opt);
+
+ private:
+  struct Unit;
+  // This rank's shard of unit k cut from whole per-parameter tensors (undefined ones: base's values,
+  // or zeros without one).
+  at::Tensor cut(size_t k, const std::vector<at::Tensor> &whole, const at::Tensor &base = at::Tensor()) const;
+  void reduce(size_t k);  // unit k's parameters' gradients into its shard's accumulator
+  void gather(size_t k);
+  void release(size_t k);
+  Sharding mode_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<std::vector<int64_t>> shapes_;
+  std::vector<Unit> units_;
+  std::map<int, size_t> unit_of_block_;
+  std::vector<at::Tensor> shards_;
+  DistGroup *group_;
+  int rank_, world_;
+  bool sync_ = true;
+  bool materialized_ = false;
+};
+
+// Every parameter's whole state from a checkpoint written by ParamShards::save on each rank of its
+// run (files shard-RRRRR.pt in `dir`, `layout` from its trainer.json), read one file at a time.
+// Throws naming the file or the parameter that does not fit.
+std::map<std::string, ParamState> read_sharded_checkpoint(const std::string &dir, const nlohmann::json &layout);
+std::string shard_file_name(int rank);
+
+}  // namespace videotrain

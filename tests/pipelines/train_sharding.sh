@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# ddptrainsink sharding=optimizer|full (ZeRO-2 / FSDP over the run's c10d group) on a tiny native Wan
+# through pipelines/train-wan.pipeline, as train_wan.sh runs it. Checks that
+#  - 2 ranks with sharding=optimizer and with sharding=full (gradient accumulation, grad-clip; no, full
+#    and selective checkpointing) train
+#    to the weights of 1 rank without sharding (the exported float32 folders, within float rounding),
+#  - their checkpoints hold one shard per rank, sealed by one manifest,
+#  - sharding=full's step-2 checkpoint resumes on 1 rank without sharding, and a 2-rank optimizer run
+#    from a 1-rank checkpoint, reaching the same weights,
+#  - an optimizer whose state is not per element is refused at start, naming the choice.
+set -euo pipefail
+build=${VIDEOTRAIN_BUILD_DIR:?}
+src=${VIDEOTRAIN_SOURCE_DIR:?}
+ref=${VIDEOTRAIN_REFERENCE_DIR:?}
+work=$(mktemp -d "${TMPDIR:-/tmp}/videotrain-shard-XXXXXX")
+[ -n "${KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
+export GST_PLUGIN_PATH="$build/plugins/videotrain"
+export OMP_NUM_THREADS=1
+bash "$src/scripts/make_dataset.sh" "$work/data" 8 >/dev/null
+bash "$src/scripts/make_tiny_wan.sh" "$work/dit" --latent-channels 4 --text-dim 32 --seed 3 --build "$build" >/dev/null
+run() {  # run NAME RANKS BATCH MICRO STEPS RESUME CKPT [EXTRA ddptrainsink properties]
+  timeout 300 "$build/tools/videotrain-launch" -n "$2" -q -f "$src/pipelines/train-wan.pipeline" \
+    -D DATA="$work/data" -D VAE="$ref/wan_vae/tiny_wan21" -D TOKENIZER="$ref/text_encoder/umt5_tiny" \
+    -D TEXT_ENCODER="$ref/text_encoder/umt5_tiny" -D MAX_LENGTH=16 -D BUCKETS=32x32 -D FRAME_BUCKETS=5 -D FPS=0 \
+    -D FRAMES=5 -D WIDTH=32 -D HEIGHT=32 -D PREFETCH=1 -D BATCH="$3" -D MICRO="$4" -D STEPS="$5" -D RESUME="$6" \
+    -D MODEL="$work/dit" -D CKPT="$work/$7" -D CKPT_EVERY=2 -D LR=1e-3 -D SEED=1 -D LATENT=mode \
+    -D CAPTION_DROPOUT=0 -D METRICS="$work/$1.jsonl" -D TIMEOUT=120 -D CHECKPOINTING="${CK:-true}" \
+    -D EXTRA="save-dtype=fp32 grad-clip=0.05 ${8:-}" > "$work/$1.log" 2>&1
+}
+fail() { cat "$work/$1.log"; echo "FAIL: $2"; exit 1; }
+run one 1 4 2 4 false ck-one || fail one "the 1-rank run without sharding did not end"
+# optimizer without checkpointing (its gradients reduced after the whole backward), full with none
+# (raised to true, said so) and with selective (a block's weights gathered for each recomputed segment).
+CK=false run opt 2 2 1 4 false ck-opt "sharding=optimizer" || fail opt "the 2-rank sharding=optimizer run did not end"
+CK=false run full 2 2 1 4 false ck-full "sharding=full" || fail full "the 2-rank sharding=full run did not end"
+CK=selective run fsel 2 2 1 4 false ck-fsel "sharding=full" || fail fsel "the 2-rank sharding=full selective run did not end"
+grep -q "gradient-checkpointing=true is used" "$work/full.log" || fail full "sharding=full did not say it recomputes blocks"
+for r in opt full; do
+  for f in shard-00000.pt shard-00001.pt manifest.json trainer.json; do
+    [ -s "$work/ck-$r/step-00000002/$f" ] || { ls -l "$work/ck-$r/step-00000002"; echo "FAIL: $r's checkpoint has no $f"; exit 1; }
+  done
+  grep -q "shard-00001.pt" "$work/ck-$r/step-00000002/manifest.json" || { echo "FAIL: the manifest does not seal rank 1's shard"; exit 1; }
+done
+# sharding=full's step 2 on 1 rank without sharding; a 1-rank step 2 on 2 ranks with sharding=optimizer.
+mkdir -p "$work/ck-r1" "$work/ck-r2"
+cp -r "$work/ck-full/step-00000002" "$work/ck-r1/"
+cp -r "$work/ck-one/step-00000002" "$work/ck-r2/"
+run r1 1 4 2 4 true ck-r1 || fail r1 "the 1-rank resume of a sharding=full checkpoint did not end"
+grep -q "resum" "$work/r1.log" || fail r1 "the run did not resume"
+run r2 2 2 1 4 true ck-r2 "sharding=optimizer" || fail r2 "the 2-rank sharding=optimizer resume of a 1-rank checkpoint did not end"
+/usr/bin/python3 - "$work" <<'PY'
+import json, struct, sys
+import torch
+w = sys.argv[1]
+def weights(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n)); data = f.read()
+    return {k: torch.frombuffer(bytearray(data[v["data_offsets"][0]:v["data_offsets"][1]]), dtype=torch.float32).reshape(v["shape"])
+            for k, v in h.items() if k != "__metadata__"}
+base = weights(f"{w}/dit/diffusion_pytorch_model.safetensors")
+got = {r: weights(f"{w}/ck-{r}/transformer/diffusion_pytorch_model.safetensors") for r in ("one", "opt", "full", "fsel", "r1", "r2")}
+one = got["one"]
+moved = max((one[k] - base[k]).abs().max().item() for k in base)
+assert moved > 1e-4, f"training did not change the weights (max change {moved})"
+flat = lambda ws: torch.cat([ws[k].flatten() for k in sorted(ws)])
+out = []
+for r in ("opt", "full", "fsel", "r1", "r2"):
+    assert sorted(got[r]) == sorted(one), f"{r} exports other tensors"
+    d = ((flat(got[r]) - flat(one)).norm() / flat(one).norm()).item()
+    worst = max((got[r][k] - one[k]).abs().max().item() for k in one)
+    assert d < 1e-6 and worst < 1e-5, f"{r}: rel L2 {d}, worst {worst} against 1 rank without sharding"
+    out.append(f"{r} rel L2 {d:.2g} (max {worst:.2g})")
+print(f"sharding: weights moved {moved:.3g}; " + "; ".join(out))
+PY
+if run bad 2 2 1 1 false ck-bad "sharding=full optimizer=adafactor"; then echo "FAIL: adafactor was sharded"; exit 1; fi
+grep -q "sharding=full needs optimizer=adamw or sgd" "$work/bad.log" || fail bad "the refusal does not say why"
+echo "sharding: optimizer=adafactor is refused, naming adamw and sgd"
