@@ -14,6 +14,7 @@
 
 #include "ddptrainsink/checkpoint_store.h"
 #include "ddptrainsink/ema_weights.h"
+#include "ddptrainsink/param_shards.h"
 #include "model_tool.h"
 #include "models/diffusers_folder.h"
 #include "models/expert_pair.h"
@@ -181,6 +182,33 @@ int export_command(std::vector<std::string> args) {
   if (ema) avg = ema_of(step);
   const bool has_state = fs::exists(step + "/trainer.json", ec);
   const auto state = has_state ? trainer_state(step) : nlohmann::json::object();
+  if (has_state && state.contains("sharding")) {
+    // A sharded run's checkpoint (ddptrainsink sharding=optimizer|full): one shard-RRRRR.pt per rank,
+    // gathered into the folder the run trained from.
+    if (ema) throw std::runtime_error("--ema: a sharded run holds no EMA (sharding with ema-decay is not built yet)");
+    auto whole = read_sharded_checkpoint(step, state["sharding"]);
+    const std::string base = state.value("model", std::string());
+    auto m = open_dit(base, torch::kCPU);
+    size_t n = 0;
+    for (auto &p : m->module().named_parameters(true)) {
+      const auto it = whole.find(p.key());
+      if (it == whole.end()) continue;
+      if (it->second.weight.sizes() != p.value().sizes())
+        throw std::runtime_error("'" + step + "' holds '" + p.key() + "' in another shape than " + base + "'s");
+      p.value().copy_(it->second.weight);
+      whole.erase(it);
+      n++;
+    }
+    if (!whole.empty())
+      throw std::runtime_error("'" + step + "' holds '" + whole.begin()->first + "', which " + base +
+                               " lacks (a LoRA run's shards: its run's own export writes the LoRA)");
+    const std::string file = m->save(args[1], t, shard);
+    std::printf("exported %s (%zu tensors from the shards of %d ranks, sharding=%s, over %s, %s) to %s/%s\n",
+                step.c_str(), n, state["sharding"].value("world", 0),
+                state["sharding"].value("mode", std::string()).c_str(), base.c_str(), dtype.c_str(), args[1].c_str(),
+                file.c_str());
+    return 0;
+  }
   export_one(step, step, state.value("model", std::string()), args[1], t, dtype, shard, format, ema ? &avg : nullptr,
              [](const std::string &n) { return n; });
   // A two-expert run (ddptrainsink model-2): the second expert from transformer_2/ to OUT_2, as

@@ -73,6 +73,13 @@ for r in ("opt", "full", "fsel", "r1", "r2"):
     out.append(f"{r} rel L2 {d:.2g} (max {worst:.2g})")
 print(f"sharding: weights moved {moved:.3g}; " + "; ".join(out))
 PY
+# videotrain-model export of a sharded checkpoint-dir writes the run's own export.
+"$build/tools/videotrain-model" export "$work/ck-full" "$work/exp-full" --dtype fp32 > "$work/export.log" 2>&1 \
+  || { cat "$work/export.log"; echo "FAIL: export of a sharded checkpoint-dir"; exit 1; }
+grep -q "from the shards of 2 ranks, sharding=full" "$work/export.log" || { cat "$work/export.log"; echo "FAIL: export did not read the shards"; exit 1; }
+cmp "$work/exp-full/diffusion_pytorch_model.safetensors" "$work/ck-full/transformer/diffusion_pytorch_model.safetensors" \
+  || { echo "FAIL: export of the sharded checkpoint-dir differs from the run's export"; exit 1; }
+echo "sharding: export of the sharded checkpoint-dir equals the run's export"
 if run bad 2 2 1 1 false ck-bad "sharding=full optimizer=adafactor"; then echo "FAIL: adafactor was sharded"; exit 1; fi
 grep -q "sharding=full needs optimizer=adamw or sgd" "$work/bad.log" || fail bad "the refusal does not say why"
 echo "sharding: optimizer=adafactor is refused, naming adamw and sgd"
