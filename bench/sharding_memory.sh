@@ -46,36 +46,21 @@ run() {  # run NAME SHARDING: both ranks under GNU time, peak RSS in KiB into NA
   wait || { cat "$work/$1.log.0" "$work/$1.log.1"; echo "FAIL: sharding=$2"; exit 1; }
 }
 for s in none optimizer full; do run "$s" "$s"; done
-/usr/bin/python3 - "$work" "$frames" "$size" "$ck" <<'PY'
-import json, struct, sys
-import torch
+PYTHONPATH="$src/tests/pipelines" /usr/bin/python3 - "$work" "$frames" "$size" "$ck" <<'PY'
+import sys
+from st_weights import folder_weights, flat
 w, frames, size, ck = sys.argv[1:]
-def weights(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        h = json.loads(f.read(n)); data = f.read()
-    return {k: torch.frombuffer(bytearray(data[v["data_offsets"][0]:v["data_offsets"][1]]), dtype=torch.float32).reshape(v["shape"])
-            for k, v in h.items() if k != "__metadata__"}
-def export(s):
-    import glob
-    out = {}
-    for f in sorted(glob.glob(f"{w}/ck-{s}/transformer/*.safetensors")):
-        out.update(weights(f))
-    return out
+export = lambda s: folder_weights(f"{w}/ck-{s}/transformer")
 rss = {s: [int(open(f"{w}/{s}.rss.{r}").read().split()[-1]) / 1024 for r in (0, 1)] for s in ("none", "optimizer", "full")}
 ref = export("none")
 n = sum(t.numel() for t in ref.values())
-base = {}
-import glob
-for f in sorted(glob.glob(f"{w}/dit/*.safetensors")):
-    base.update(weights(f))
+base = folder_weights(f"{w}/dit")
 moved = max((ref[k] - base[k]).abs().max().item() for k in ref)
 assert moved > 0, "training did not change the weights"
 print(f"Wan 1.3B widths x 4 layers ({n / 1e6:.1f} M parameters), 2 CPU ranks, {frames} frames {size}x{size}, "
       f"gradient-checkpointing={ck}, 4 AdamW steps (weights moved up to {moved:.2g})")
 for s in ("none", "optimizer", "full"):
     e = export(s)
-    flat = lambda ws: torch.cat([ws[k].flatten() for k in sorted(ws)])
     d = ((flat(e) - flat(ref)).norm() / flat(ref).norm()).item()
     ratio = [a / b for a, b in zip(rss[s], rss["none"])]
     print(f"  sharding={s:9s} peak RSS rank 0 {rss[s][0]:7.0f} MiB, rank 1 {rss[s][1]:7.0f} MiB; "

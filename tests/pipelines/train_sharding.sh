@@ -48,22 +48,15 @@ cp -r "$work/ck-one/step-00000002" "$work/ck-r2/"
 run r1 1 4 2 4 true ck-r1 || fail r1 "the 1-rank resume of a sharding=full checkpoint did not end"
 grep -q "resum" "$work/r1.log" || fail r1 "the run did not resume"
 run r2 2 2 1 4 true ck-r2 "sharding=optimizer" || fail r2 "the 2-rank sharding=optimizer resume of a 1-rank checkpoint did not end"
-/usr/bin/python3 - "$work" <<'PY'
-import json, struct, sys
-import torch
+PYTHONPATH="$src/tests/pipelines" /usr/bin/python3 - "$work" <<'PY'
+import sys
+from st_weights import weights, flat
 w = sys.argv[1]
-def weights(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        h = json.loads(f.read(n)); data = f.read()
-    return {k: torch.frombuffer(bytearray(data[v["data_offsets"][0]:v["data_offsets"][1]]), dtype=torch.float32).reshape(v["shape"])
-            for k, v in h.items() if k != "__metadata__"}
 base = weights(f"{w}/dit/diffusion_pytorch_model.safetensors")
 got = {r: weights(f"{w}/ck-{r}/transformer/diffusion_pytorch_model.safetensors") for r in ("one", "opt", "full", "fsel", "r1", "r2")}
 one = got["one"]
 moved = max((one[k] - base[k]).abs().max().item() for k in base)
 assert moved > 1e-4, f"training did not change the weights (max change {moved})"
-flat = lambda ws: torch.cat([ws[k].flatten() for k in sorted(ws)])
 out = []
 for r in ("opt", "full", "fsel", "r1", "r2"):
     assert sorted(got[r]) == sorted(one), f"{r} exports other tensors"
