@@ -146,6 +146,7 @@ TEST(DdpWorker, Rank) {
   }
   if (std::string(mode) != "equivalence") c.timeout_s = std::atof(vttest::env_or("VT_DDP_TIMEOUT", "5").c_str());
   if (std::string(mode) == "uneven") c.checkpoint_dir = out.substr(0, out.find_last_of('/')) + "/ckpt";
+  if (vttest::env_or("VT_DDP_SHARDING", "") == "optimizer") c.sharding = Sharding::optimizer;
   TrainerEngine e(c);
   ASSERT_TRUE(e.start()) << e.error();
   ASSERT_EQ(e.world_size(), 2);
@@ -245,10 +246,12 @@ TEST(Ddp, TwoRanksWithAccumulationMatchOneRankWithTheWholeBatch) {
   EXPECT_NE(fresh.parameters_cpu(), want);
 }
 
-TEST(Ddp, RanksWhoseDataEndsEarlyJoinTheStepsOfThoseWithMore) {
+// Rank 0's data ends in step 3, rank 1's after step 4 (see the file comment), with `sharding`.
+static void expect_uneven_ends(const std::string &sharding) {
   vttest::TempDir dir;
   const int port = vttest::free_port();
-  std::vector<pid_t> pids{spawn("uneven", 0, port, dir.file("r0")), spawn("uneven", 1, port, dir.file("r1"))};
+  std::vector<pid_t> pids{spawn("uneven", 0, port, dir.file("r0"), {{"VT_DDP_SHARDING", sharding}}),
+                          spawn("uneven", 1, port, dir.file("r1"), {{"VT_DDP_SHARDING", sharding}})};
   // One rank: steps 1-2 on both ranks' 8 samples, steps 3-4 on rank 1's 4 only.
   auto c = config();
   c.rank = 0;
@@ -276,6 +279,12 @@ TEST(Ddp, RanksWhoseDataEndsEarlyJoinTheStepsOfThoseWithMore) {
   EXPECT_EQ(state["positions"][0]["clip"], 8) << state["positions"].dump();
   EXPECT_EQ(state["positions"][1]["clip"], 16) << state["positions"].dump();
 }
+
+TEST(Ddp, RanksWhoseDataEndsEarlyJoinTheStepsOfThoseWithMore) { expect_uneven_ends("none"); }
+
+// sharding=optimizer: the rank whose data ended joins the per-unit reductions with zeros, in the
+// same order, and the sharded checkpoint keeps both positions.
+TEST(Ddp, UnderShardingOptimizerRanksWhoseDataEndsEarlyJoinToo) { expect_uneven_ends("optimizer"); }
 
 TEST(Ddp, AtEndOfStreamAPeerThatStoppedIsReportedAtOnce) {
   vttest::TempDir dir;
