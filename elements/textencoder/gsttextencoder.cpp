@@ -79,7 +79,7 @@ static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
     GST_STATIC_CAPS(VIDEOTRAIN_TENSOR_MEDIA_TYPE ", content=(string){ latents, prompts }"));
 static GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
     "src", GST_PAD_SRC, GST_PAD_ALWAYS,
-    GST_STATIC_CAPS(VIDEOTRAIN_TENSOR_MEDIA_TYPE ", content=(string){ latents, prompts }, tensors=(string)\"text_embeds,text_mask\""));
+    GST_STATIC_CAPS(VIDEOTRAIN_TENSOR_MEDIA_TYPE ", content=(string){ latents, prompts }"));  // tensors: upstream's, then text_embeds,text_mask
 
 // Encodes and pushes the held buffers.
 static GstFlowReturn push_held(GstTextEncoder *self) {
@@ -156,7 +156,10 @@ static gboolean gst_text_encoder_sink_event(GstPad *pad, GstObject *parent, GstE
       GstCaps *caps;
       gst_event_parse_caps(event, &caps);
       GstCaps *out = gst_caps_copy(caps);
-      gst_caps_set_simple(out, "tensors", G_TYPE_STRING, "text_embeds,text_mask", nullptr);
+      // After the tensors the buffers already carry (vaeencoder's condition), in buffer order.
+      const char *up = gst_structure_get_string(gst_caps_get_structure(out, 0), "tensors");
+      const std::string tensors = std::string(up && *up ? std::string(up) + "," : "") + "text_embeds,text_mask";
+      gst_caps_set_simple(out, "tensors", G_TYPE_STRING, tensors.c_str(), nullptr);
       gst_event_unref(event);
       gboolean ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(out));
       gst_caps_unref(out);

@@ -32,6 +32,7 @@ GST_DEBUG_CATEGORY_STATIC(vaeencoder_debug);
 
 using namespace videotrain;
 using videotrain::vae::CacheMode;
+using videotrain::vae::Condition;
 using videotrain::vae::DroppedClip;
 using videotrain::vae::FrameInfo;
 using videotrain::vae::FrameOutcome;
@@ -48,7 +49,7 @@ struct _GstVaeEncoder {
   gboolean per_frame, tune_malloc;
   guint micro_batch_size, chunk_frames, tile_height, tile_width;
   gdouble tile_overlap_height, tile_overlap_width;
-  gint latent, norm_scope, cache_mode;
+  gint latent, norm_scope, cache_mode, condition;
   guint64 seed;
   gchar *cache_dir;
   // Streaming state (stream lock).
@@ -87,6 +88,7 @@ enum {
   PROP_CACHE_MODE,
   PROP_CACHE_HITS,
   PROP_CACHE_MISSES,
+  PROP_CONDITION,
 };
 
 static GstStaticPadTemplate sink_template = GST_STATIC_PAD_TEMPLATE(
@@ -107,6 +109,11 @@ VIDEOTRAIN_DEFINE_ENUM(gst_vae_encoder_norm_scope_get_type, "GstVaeEncoderNormSc
                         "GroupNorm statistics per temporal chunk, as diffusers' chunked encode", "chunk"},
                        {(gint)NormScope::Clip,
                         "GroupNorm statistics over the whole clip (and frame), as a single pass", "clip"})
+VIDEOTRAIN_DEFINE_ENUM(gst_vae_encoder_condition_get_type, "GstVaeEncoderCondition",
+                       {(gint)Condition::None, "No image condition (text-to-video)", "none"},
+                       {(gint)Condition::First, "The clip's first frame, then zeros (Wan I2V)", "first-frame"},
+                       {(gint)Condition::FirstLast, "The clip's first and last frames, zeros between (Wan FLF2V)",
+                        "first-last-frame"})
 VIDEOTRAIN_DEFINE_ENUM(gst_vae_encoder_cache_mode_get_type, "GstVaeEncoderCacheMode",
                        {(gint)CacheMode::ReadWrite, "Use cached clips and store the ones encoded", "readwrite"},
                        {(gint)CacheMode::Read, "Use cached clips, store nothing (a read-only cache)", "read"},
@@ -286,7 +293,8 @@ static gboolean set_sink_caps(GstVaeEncoder *self, GstCaps *caps) {
   self->vinfo = info;
   self->have_info = TRUE;
   // The latent caps do not depend on the frame size (each buffer carries its shape): sent once.
-  GstCaps *out = tensor_caps_new({"latents", eng->dtype_name(), eng->device_name(), ""});
+  GstCaps *out = tensor_caps_new({"latents", eng->dtype_name(), eng->device_name(),
+                                  eng->options().condition != Condition::None ? "condition" : ""});
   GstCaps *cur = gst_pad_get_current_caps(self->srcpad);
   gboolean ok = TRUE;
   if (!cur || !gst_caps_is_equal(cur, out)) ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(out));
@@ -476,6 +484,7 @@ static gboolean load_engine(GstVaeEncoder *self) {
   o.tile_overlap_width = self->tile_overlap_width;
   o.latent = latent_kind(self->latent);
   o.norm_scope = static_cast<NormScope>(self->norm_scope);
+  o.condition = static_cast<Condition>(self->condition);
   o.seed = self->seed;
   o.device = self->device ? self->device : "";
   o.dtype = self->dtype ? self->dtype : "";
@@ -566,6 +575,7 @@ static void gst_vae_encoder_set_property(GObject *object, guint id, const GValue
     case PROP_TILE_OVERLAP_WIDTH: self->tile_overlap_width = g_value_get_double(value); break;
     case PROP_LATENT: self->latent = g_value_get_enum(value); break;
     case PROP_NORM_SCOPE: self->norm_scope = g_value_get_enum(value); break;
+    case PROP_CONDITION: self->condition = g_value_get_enum(value); break;
     case PROP_SEED: self->seed = g_value_get_uint64(value); break;
     case PROP_DEVICE: g_free(self->device); self->device = g_value_dup_string(value); break;
     case PROP_DTYPE: g_free(self->dtype); self->dtype = g_value_dup_string(value); break;
@@ -591,6 +601,7 @@ static void gst_vae_encoder_get_property(GObject *object, guint id, GValue *valu
     case PROP_TILE_OVERLAP_WIDTH: g_value_set_double(value, self->tile_overlap_width); break;
     case PROP_LATENT: g_value_set_enum(value, self->latent); break;
     case PROP_NORM_SCOPE: g_value_set_enum(value, self->norm_scope); break;
+    case PROP_CONDITION: g_value_set_enum(value, self->condition); break;
     case PROP_SEED: g_value_set_uint64(value, self->seed); break;
     case PROP_DEVICE: g_value_set_string(value, self->device); break;
     case PROP_DTYPE: g_value_set_string(value, self->dtype); break;
@@ -692,6 +703,15 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
           "encode on CPU. CogVideoX VAE folders only",
           gst_vae_encoder_norm_scope_get_type(), (gint)NormScope::Chunk, rw));
   g_object_class_install_property(
+      gobject_class, PROP_CONDITION,
+      g_param_spec_enum(
+          "condition", "Condition",
+          "Image-to-video condition beside each latent, the named tensor condition [tc + C, t, h, w]: the VAE's "
+          "temporal compression tc mask channels (1 for a given frame), then the posterior's mode (normalised) of "
+          "the clip's given frame(s) followed by zeros, as diffusers' WanImageToVideoPipeline builds it; encoded "
+          "through the clip's chunks and tiles and cached with it. VAE folders only",
+          gst_vae_encoder_condition_get_type(), (gint)Condition::None, rw));
+  g_object_class_install_property(
       gobject_class, PROP_SEED,
       g_param_spec_uint64("seed", "Seed", "Seed of the posterior noise (mixed with each clip's sample id and epoch)", 0,
                           G_MAXUINT64, 0, rw));
@@ -751,6 +771,7 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
   gst_caps_unref(src_caps);
   gst_type_mark_as_plugin_api(gst_vae_encoder_latent_get_type(), GstPluginAPIFlags(0));
   gst_type_mark_as_plugin_api(gst_vae_encoder_norm_scope_get_type(), GstPluginAPIFlags(0));
+  gst_type_mark_as_plugin_api(gst_vae_encoder_condition_get_type(), GstPluginAPIFlags(0));
   gst_type_mark_as_plugin_api(gst_vae_encoder_cache_mode_get_type(), GstPluginAPIFlags(0));
 }
 
@@ -773,6 +794,7 @@ static void gst_vae_encoder_init(GstVaeEncoder *self) {
   self->tile_overlap_width = 1.0 / 5;
   self->latent = (gint)LatentKind::Sample;
   self->norm_scope = (gint)NormScope::Chunk;
+  self->condition = (gint)Condition::None;
   self->engine = new std::unique_ptr<VaeEngine>();
   self->cache = new std::unique_ptr<LatentCache>();
   self->cache_mode = (gint)CacheMode::ReadWrite;

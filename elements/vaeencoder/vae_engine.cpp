@@ -20,6 +20,7 @@
 #include "first_line.h"
 #include "latent_store.h"
 #include "metas.h"
+#include "models/image_condition.h"
 #include "models/vae/vae_encoder.h"
 #include "out_of_memory.h"
 #include "script_encoder.h"
@@ -83,6 +84,11 @@ struct Clip {
   int held = 0;
   std::vector<at::Tensor> frames;  // uint8 [H, W, 3] each; undefined once released
   at::Tensor video;                // whole-clip float input (tensor API)
+  // A condition video (image-to-video): its given frames as float [1, 3, 1, H, W] on the device,
+  // zeros elsewhere, made chunk by chunk (no frames vector).
+  at::Tensor cond_first, cond_last;
+  bool condition_video() const { return cond_first.defined(); }
+  at::Tensor first_u8, last_u8;    // the clip's first and last frames, kept for its condition
   TilePlan plan;
   std::vector<StreamCache> caches;             // one per tile
   std::vector<std::vector<at::Tensor>> outs;  // per tile, per chunk
@@ -100,6 +106,7 @@ struct VaeEngine::Impl {
   c10::ScalarType dtype = at::kFloat;
   std::unique_ptr<VaeEncoder> enc;
   at::Tensor last_raw;    // moments of the last finished clip (latent cache)
+  at::Tensor last_condition;  // its condition (float32, CPU), when options ask for one
   std::string cache_key;  // the encoder's part of latent cache keys, once computed
   bool retain = false;
   std::function<void(const std::string &)> warn;
@@ -131,9 +138,19 @@ struct VaeEngine::Impl {
            std::to_string(c.W) + "x" + std::to_string(c.H) + ")";
   }
 
+  // Frames [s, e) of a condition video: the given frames where they fall, zeros elsewhere.
+  at::Tensor condition_chunk(const Clip &c, int s, int e) const {
+    at::Tensor x = at::zeros({1, 3, e - s, c.H, c.W}, c.cond_first.options());
+    if (s == 0) x.narrow(2, 0, 1).copy_(c.cond_first);
+    if (c.cond_last.defined() && e == c.T) x.narrow(2, e - s - 1, 1).copy_(c.cond_last);
+    return x;
+  }
+
   at::Tensor chunk_input(Clip &c, int s, int e) {
     at::Tensor x;
-    if (c.video.defined()) {
+    if (c.condition_video()) {
+      x = condition_chunk(c, s, e);
+    } else if (c.video.defined()) {
       x = c.video.narrow(2, s, e - s);
     } else {
       std::vector<at::Tensor> fr(c.frames.begin() + s, c.frames.begin() + e);
@@ -172,7 +189,9 @@ struct VaeEngine::Impl {
   at::Tensor tile_input(Clip &c, int s, int e, size_t t) {
     const auto b = c.plan.bounds(t, c.H, c.W);
     at::Tensor x;
-    if (c.video.defined()) {
+    if (c.condition_video()) {
+      x = condition_chunk(c, s, e).slice(3, b[0], b[1]).slice(4, b[2], b[3]);
+    } else if (c.video.defined()) {
       x = c.video.narrow(2, s, e - s).slice(3, b[0], b[1]).slice(4, b[2], b[3]);
     } else {
       std::vector<at::Tensor> fr;
@@ -216,7 +235,7 @@ struct VaeEngine::Impl {
 #ifdef VIDEOTRAIN_HAVE_CUDA
     if (device.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
-    bool frames_there = c.video.defined();
+    bool frames_there = c.video.defined() || c.condition_video();
     if (!frames_there) {
       frames_there = true;
       for (int f = 0; f < c.received; f++) frames_there = frames_there && c.frames[f].defined();
@@ -280,7 +299,7 @@ struct VaeEngine::Impl {
         continue;
       }
       chunks_encoded++;
-      if (!retain && !c.video.defined())
+      if (!retain && !c.video.defined() && !c.condition_video())
         for (int f = s; f < e; f++)
           if (c.frames[f].defined()) {
             c.frames[f] = at::Tensor();
@@ -304,6 +323,24 @@ struct VaeEngine::Impl {
     c.chunks = enc->chunks(T, chunk_frames);
     c.plan = enc->plan_tiles(H, W, tile_request());
     c.reset_tiles();
+  }
+
+  // The condition of clip c (all its frames in): its condition video through the same chunks,
+  // tiles and out-of-memory retry as the clip, the posterior's mode normalised, after the mask.
+  // [tc + C, t, h, w] float32 on the device.
+  at::Tensor condition_of(const Clip &c) {
+    Clip v;
+    start(v, c.sample_id, c.T, c.H, c.W, opts.chunk_frames);
+    v.plan = c.plan;  // the tiles the clip ended with (after any retry)
+    v.reset_tiles();
+    v.cond_first = dequantize_frames(c.first_u8.unsqueeze(0)).to(device, dtype);
+    if (opts.condition == Condition::FirstLast) v.cond_last = dequantize_frames(c.last_u8.unsqueeze(0)).to(device, dtype);
+    advance(v, c.T);
+    if (clip_scope()) encode_clip_scope(v);
+    const at::Tensor z = enc->latent(assemble(v).to(at::kFloat));
+    const auto mask = models::condition_mask(1, c.T, enc->temporal_compression(), z.size(3), z.size(4),
+                                             static_cast<models::ConditionFrames>(opts.condition), z.device());
+    return at::cat({mask, z}, 1).select(0, 0);
   }
 
   // The posterior noise of a clip: drawn on the CPU from the seed, the sample id and the epoch
@@ -409,6 +446,9 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
   if (!folder && opts.norm_scope == NormScope::Clip)
     return fail("norm-scope=clip sets the statistics of a VAE's GroupNorms, but model '" + opts.model +
                 "' is a TorchScript file whose normalisation the encoder cannot reach: use norm-scope=chunk");
+  if (!folder && opts.condition != Condition::None)
+    return fail("condition= encodes the clip's first frame with a VAE's posterior, but model '" + opts.model +
+                "' is a TorchScript file: use a diffusers VAE folder, or condition=none");
   if (!folder && (opts.tile_height > 0 || opts.tile_width > 0))
     return fail("tile-height/tile-width apply to a VAE folder; model '" + opts.model + "' is a TorchScript file");
   try {
@@ -456,6 +496,8 @@ std::string VaeEngine::check_clip(int T, int W, int H) const {
     return "clips of " + std::to_string(T) + " frames are longer than the " +
            std::to_string(GST_VIDEOTRAIN_MAX_CLIP_FRAMES) + " the encoder takes";
   if (W < 1 || H < 1) return "frames are empty";
+  if (im.opts.condition == Condition::FirstLast && T < 2)
+    return "condition=first-last-frame needs clips of at least 2 frames (a first and a last); num-frames is 1";
   const VaeEncoder &enc = *im.enc;
   const int g = enc.frame_group(), sc = enc.spatial_compression();
   if (!im.opts.allow_any_length && (T - 1) % g != 0) {
@@ -481,6 +523,7 @@ bool VaeEngine::begin_clip(uint64_t sample_id, int T, int W, int H, std::string 
   Impl &im = *impl_;
   abort_clip();
   im.last_raw = at::Tensor();
+  im.last_condition = at::Tensor();
   std::string bad = check_clip(T, W, H);
   im.settings_failure = !bad.empty();  // the clip's geometry comes from the source's settings
   if (!bad.empty()) {
@@ -514,6 +557,10 @@ bool VaeEngine::push_frame(const uint8_t *rgb, size_t stride, std::string *why) 
     at::Tensor view = at::from_blob(const_cast<uint8_t *>(rgb), {c.H, c.W, 3},
                                     {static_cast<int64_t>(stride), 3, 1}, at::TensorOptions().dtype(at::kByte));
     c.frames[c.received++] = view.clone(at::MemoryFormat::Contiguous);
+    if (im.opts.condition != Condition::None) {
+      if (c.received == 1) c.first_u8 = c.frames[0];
+      if (c.received == c.T) c.last_u8 = c.frames[c.T - 1];
+    }
     c.held++;
     im.peak_frames = std::max<int64_t>(im.peak_frames, c.held);
     im.advance(c, c.received);
@@ -541,16 +588,21 @@ GstBuffer *VaeEngine::finish_clip(std::string *why) {
   }
   GstBuffer *buf = nullptr;
   try {
-    at::Tensor raw;
+    at::Tensor raw, cond;
     {
       c10::InferenceMode guard;
       if (im.clip_scope()) im.encode_clip_scope(c);
       raw = im.assemble(c);
+      if (im.opts.condition != Condition::None) cond = im.condition_of(c);
     }
     // Outside inference mode so that downstream autograd may use the latent as an input.
     at::NoGradGuard ng;
     at::Tensor lat = im.latent(raw, Impl::noise_id(c.sample_id, c.epoch), at::Tensor()).to(im.dtype).contiguous();
     buf = buffer_from_tensor(lat);
+    if (cond.defined()) {
+      im.last_condition = cond.to(at::kCPU, at::kFloat).clone();
+      buffer_append_tensor(buf, "condition", cond.to(im.dtype).contiguous().clone());
+    }
     im.last_raw = raw;
     im.clips_done++;
   } catch (const OutOfMemoryFatal &e) {
@@ -595,6 +647,9 @@ std::string VaeEngine::cache_key(std::string *why) {
     << "\nchunk-frames " << (im.enc->native() && im.enc->uses_chunk_frames() ? o.chunk_frames : 0) << " per-frame " << o.per_frame
     << "\ntiles " << o.tile_height << "x" << o.tile_width << " overlap " << o.tile_overlap_height << " "
     << o.tile_overlap_width << "\nnorm-scope " << (o.norm_scope == NormScope::Clip ? "clip" : "chunk") << "\n";
+  // Only with a condition, so that the entries written without one keep their keys.
+  if (o.condition != Condition::None)
+    k << "condition " << (o.condition == Condition::First ? "first-frame" : "first-last-frame") << " encode-1\n";
   im.cache_key = k.str();
   return im.cache_key;
 }
@@ -616,6 +671,7 @@ bool VaeEngine::last_moments(CacheEntry *out) const {
   const Impl &im = *impl_;
   if (!im.last_raw.defined()) return false;
   out->tensors = {cached_tensor_of("moments", im.last_raw.to(at::kCPU, at::kFloat))};
+  if (im.last_condition.defined()) out->tensors.push_back(cached_tensor_of("condition", im.last_condition));
   return true;
 }
 
@@ -633,12 +689,28 @@ GstBuffer *VaeEngine::latent_from_moments(const CacheEntry &entry, uint64_t samp
     *why = "the entry's moments are not a float32 [1, C, t, h, w] tensor";
     return nullptr;
   }
+  std::optional<at::Tensor> cond;
+  if (im.opts.condition != Condition::None) {
+    const CachedTensor *ct = entry.find("condition");
+    if (!ct) {
+      *why = "the entry holds no condition (condition=) beside its moments";
+      return nullptr;
+    }
+    cond = tensor_of_cached(*ct, why);
+    if (!cond) return nullptr;
+    if (cond->dim() != 4 || cond->sizes().slice(1) != raw->sizes().slice(2) || cond->scalar_type() != at::kFloat) {
+      *why = "the entry's condition is not a float32 [tc + C, t, h, w] tensor beside its moments";
+      return nullptr;
+    }
+  }
   try {
     at::NoGradGuard ng;
     // On the device the encoder would have left them on, so that the latent is bit for bit the same.
     at::Tensor lat =
         im.latent(raw->to(im.device), Impl::noise_id(sample_id, epoch), at::Tensor()).to(im.dtype).contiguous();
-    return buffer_from_tensor(lat);
+    GstBuffer *buf = buffer_from_tensor(lat);
+    if (cond) buffer_append_tensor(buf, "condition", cond->to(im.device, im.dtype).contiguous().clone());
+    return buf;
   } catch (const std::exception &e) {
     *why = first_line(e.what());
     return nullptr;

@@ -33,6 +33,11 @@ enum class NormScope { Chunk, Clip };
 // bounded). Memory: host memory (faster on CPU while the clip's activations fit in RAM).
 enum class ClipSpill { Auto, Memory, File };
 
+// Image-to-video condition (models/image_condition.h, same values as models::ConditionFrames): the
+// clip's first frame (and last) followed by zeros, encoded beside the latents as the named tensor
+// `condition` [tc + C, t, h, w] (mask channels, then the posterior's mode, normalised).
+enum class Condition { None = 0, First = 1, FirstLast = 2 };
+
 struct EngineOptions {
   std::string model;            // a diffusers VAE folder, or a TorchScript file with an `encode` method
   bool per_frame = false;       // TorchScript image encoder: [N,3,H,W] -> [N,C,h,w]
@@ -42,6 +47,7 @@ struct EngineOptions {
   double tile_overlap_height = 1.0 / 6, tile_overlap_width = 1.0 / 5;  // fractions of a tile
   LatentKind latent = LatentKind::Sample;
   NormScope norm_scope = NormScope::Chunk;
+  Condition condition = Condition::None;
   ClipSpill clip_spill = ClipSpill::Auto;
   uint64_t seed = 0;
   std::string device;           // "" = auto: see device_rule.h (cuda:LOCAL_RANK % count, else cpu)
@@ -135,7 +141,8 @@ class VaeEngine {
   // `epoch` with the seed and sample id draws latent=sample's noise.
   bool begin_clip(uint64_t sample_id, int num_frames, int width, int height, std::string *why, uint32_t epoch = 0);
   bool push_frame(const uint8_t *rgb, size_t stride, std::string *why);
-  // The latent tensor [C, t, h, w] as a tensor buffer (no sample meta, no timestamps).
+  // The latent tensor [C, t, h, w] as a tensor buffer (no sample meta, no timestamps), with the
+  // named tensor `condition` when options().condition asks for one.
   GstBuffer *finish_clip(std::string *why);
   void abort_clip();
   // After a false push_frame(): the device ran out of memory even with the smallest tiles
@@ -159,10 +166,11 @@ class VaeEngine {
   // What last_moments() holds for a clip of T frames of W x H (0: size unknown): float32
   // [1, 2C, t, h, w], with -1 where the encoder cannot tell in advance (TorchScript models).
   TensorSpec moments_spec(int num_frames, int width, int height) const;
-  // The moments (float32) of the clip that finish_clip() last returned, as a cache entry.
+  // The moments (float32) of the clip that finish_clip() last returned, as a cache entry (with its
+  // `condition` when the engine makes one).
   bool last_moments(CacheEntry *out) const;
-  // The latent that finish_clip() gives for these moments: the same bytes for the same seed,
-  // sample id and epoch. Null with *why when the entry does not fit.
+  // The latent that finish_clip() gives for these moments (and its cached condition): the same
+  // bytes for the same seed, sample id and epoch. Null with *why when the entry does not fit.
   GstBuffer *latent_from_moments(const CacheEntry &entry, uint64_t sample_id, uint32_t epoch, std::string *why);
 
   // Called (in the streaming thread) with a human-readable warning, e.g. an OOM retry.

@@ -10,6 +10,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "models/image_condition.h"
 #include "tensor_buffer.h"
 #include "vae_test_util.h"
 
@@ -230,4 +231,95 @@ TEST(WanEngineClips, OutOfMemoryRetriesWithSmallerTilesThenGivesUp) {
     EXPECT_TRUE(tiny->failure_is_fatal()) << why;
     EXPECT_NE(why.find("smallest tiles"), std::string::npos) << why;
   }
+}
+
+// condition=first-frame|first-last-frame: the engine's condition (its condition video made chunk by
+// chunk through the clip's tiles) equals models::image_condition on the same frames with the same
+// VAE (the whole condition video encoded at once), and the cache entry gives it back unchanged.
+TEST(WanEngineCondition, EqualsImageConditionOfTheFramesAndComesBackFromTheCacheEntry) {
+  for (const char *name : {"tiny_wan21", "tiny_wan22"}) {
+    vaetest::WanCases cases(name);
+    ASSERT_TRUE(cases.ok());
+    const at::Tensor u8 = vaetest::quantize(cases.get("input.T5"));
+    const int T = u8.size(0), H = u8.size(1), W = u8.size(2);
+    for (Condition which : {Condition::First, Condition::FirstLast}) {
+      // Untiled, and in the smaller tiles of the out-of-memory retry (a whole frame "does not fit"),
+      // the reference encoding the whole condition video with the same retry.
+      for (int tile : {0, 1}) {
+        SCOPED_TRACE(std::string(name) + " condition " + std::to_string(int(which)) + " tile " + std::to_string(tile));
+        EngineOptions o = wan_options(name, LatentKind::Sample);
+        o.condition = which;
+        if (tile) o.fake_oom_pixels = 64 * 96 - 1;
+        EngineOptions ro = o;
+        ro.latent = LatentKind::Mode;
+        ro.condition = Condition::None;
+        auto ref = vaetest::make_engine(ro);
+        ASSERT_TRUE(ref);
+        const models::LatentEncode encode = [&](const at::Tensor &video) {
+          return latent_from_raw(*ref, encode_raw(*ref, video), 0).unsqueeze(0);
+        };
+        auto e = vaetest::make_engine(o);
+        ASSERT_TRUE(e);
+        std::string w;
+        ASSERT_TRUE(e->begin_clip(7, T, W, H, &w, 1)) << w;
+        for (int t = 0; t < T; t++) {
+          at::Tensor f = u8[t].contiguous();
+          ASSERT_TRUE(e->push_frame(f.data_ptr<uint8_t>(), W * 3, &w)) << w;
+        }
+        GstBuffer *buf = e->finish_clip(&w);
+        ASSERT_NE(buf, nullptr) << w;
+        auto cond = named_tensor_from_buffer(buf, "condition", &w);
+        auto lat = tensor_from_buffer(buf, &w);
+        ASSERT_TRUE(cond && lat) << w;
+        const at::Tensor got = cond->clone(), latent = lat->clone();
+        gst_buffer_unref(buf);
+        {
+          const at::Tensor want = models::image_condition(dequantize_frames(u8), static_cast<models::ConditionFrames>(which),
+                                                          e->temporal_compression(), encode)
+                                      .select(0, 0);
+          ASSERT_EQ(got.sizes(), want.sizes());
+          EXPECT_EQ(got.size(0), e->temporal_compression() + latent.size(0));
+          EXPECT_LT(rel_l2(got, want), kTol);
+          // The mask marks the given frames; the condition latents are not the clip's own.
+          EXPECT_EQ(got.select(0, 0).select(0, 0).min().item<float>(), 1.0f);
+          EXPECT_GT(rel_l2(got.narrow(0, e->temporal_compression(), latent.size(0)), latent), 1e-2);
+          EXPECT_EQ(e->oom_retries(), tile ? ref->oom_retries() : 0);
+          if (tile) {
+            EXPECT_GE(e->oom_retries(), 1);
+          }
+        }
+        // The cache entry: moments and condition; a second epoch from it gives the same condition.
+        CacheEntry entry;
+        ASSERT_TRUE(e->last_moments(&entry));
+        ASSERT_NE(entry.find("condition"), nullptr);
+        GstBuffer *again = e->latent_from_moments(entry, 7, 1, &w);
+        ASSERT_NE(again, nullptr) << w;
+        auto cached = named_tensor_from_buffer(again, "condition", &w);
+        auto cached_lat = tensor_from_buffer(again, &w);
+        ASSERT_TRUE(cached && cached_lat) << w;
+        EXPECT_TRUE(at::equal(*cached, got));
+        EXPECT_TRUE(at::equal(*cached_lat, latent));
+        gst_buffer_unref(again);
+        // An entry written without a condition does not serve a condition engine.
+        entry.tensors.resize(1);
+        EXPECT_EQ(e->latent_from_moments(entry, 7, 1, &w), nullptr);
+        EXPECT_NE(w.find("no condition"), std::string::npos) << w;
+      }
+    }
+  }
+}
+
+TEST(WanEngineCondition, FirstLastNeedsTwoFramesAndTheKeyNamesTheMode) {
+  EngineOptions o = wan_options("tiny_wan21", LatentKind::Mode);
+  auto none = vaetest::make_engine(o);
+  o.condition = Condition::FirstLast;
+  auto flf = vaetest::make_engine(o);
+  ASSERT_TRUE(none && flf);
+  std::string why;
+  EXPECT_FALSE(flf->begin_clip(0, 1, 96, 64, &why));
+  EXPECT_TRUE(flf->failure_is_settings());
+  EXPECT_NE(why.find("first-last-frame"), std::string::npos) << why;
+  const std::string k0 = none->cache_key(&why), k2 = flf->cache_key(&why);
+  EXPECT_EQ(k0.find("condition"), std::string::npos);
+  EXPECT_NE(k2.find("condition first-last-frame"), std::string::npos) << k2;
 }
