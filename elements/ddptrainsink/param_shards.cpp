@@ -156,6 +156,22 @@ void ParamShards::reduce(size_t k) {
   u.reduced = true;
 }
 
+void ParamShards::join_micro_batch() {
+  // A peer's micro-batch under sharding=full: every block gathered for its forward (first to last),
+  // then again for its recompute, reduced and freed (last to first), as the BlockHooks make them.
+  begin_micro_batch(true);
+  if (mode_ != Sharding::full) return;
+  for (auto it = unit_of_block_.begin(); it != unit_of_block_.end(); ++it) {
+    gather(it->second);
+    release(it->second);
+  }
+  for (auto it = unit_of_block_.rbegin(); it != unit_of_block_.rend(); ++it) {
+    gather(it->second);
+    reduce(it->second);
+    release(it->second);
+  }
+}
+
 void ParamShards::finish_gradients() {
   for (size_t k = 0; k < units_.size(); k++)
     if (!units_[k].reduced) reduce(k);

@@ -63,6 +63,9 @@ class ParamShards : public models::BlockHooks {
 
   // Whether this micro-batch's backward ends the step (optimizer mode reduces only then).
   void begin_micro_batch(bool sync);
+  // A rank with no samples in a step its peers train (its data ended): the collectives one of their
+  // micro-batches makes (sharding=full: each block's gathers and reduction), with zero gradients.
+  void join_micro_batch();
   // The step's gradients complete: reduces what the backward has not (in the one order), and sets
   // each shard's grad to its part of the mean over ranks. Collective.
   void finish_gradients();

@@ -215,6 +215,7 @@ bool TrainerEngine::Impl::end_step() {
   }
   for (auto &p : params) p.mutable_grad() = at::Tensor();
   in_step = false;
+  join_micro_done = 0;
   positions = std::move(step_positions);
   steps_done++;
   updating = false;
@@ -243,7 +244,15 @@ void TrainerEngine::Impl::join_step() {
   // The collectives of step steps_done + 1 with zero gradients and no loss: the peers
   // average over the ranks that had samples, and every rank applies the same update.
   for (auto &p : params) p.mutable_grad() = at::Tensor();
-  if (shards) shards->drop_gradients();
+  if (shards) {
+    // sharding=full: the peers' micro-batches gather and reduce block by block, so this rank takes
+    // part in as many as they run (the step's count, as this rank's own steps had; those of them it
+    // already ran before its data ended have been reduced with the peers).
+    // Under full, what this rank ran of the step is already summed into every rank's slices: kept.
+    if (join_micro_done == 0 || shards->mode() != Sharding::full) shards->drop_gradients();
+    for (unsigned i = join_micro_done; i < micro_count; i++) shards->join_micro_batch();
+    join_micro_done = 0;
+  }
   step_loss = at::Tensor();
   if (reducer) reducer->prepare(true, steps_done);
   joining = true;
@@ -358,6 +367,8 @@ ProcessResult TrainerEngine::Impl::process(const ModelInputs &in, const MicroBat
       torch::manual_seed(step_seed(im.cfg.seed, im.rank, im.steps_done));
     }
     im.step_samples = S;
+    im.micro_count = std::max(1u, info.micro_count);
+    im.join_micro_done = info.micro_index + 1;  // a step left after this one joins only the rest
     im.epoch = info.epoch;
     im.next_clip = info.next_clip;
     const bool reduce = info.sync && im.reducer;

@@ -156,6 +156,9 @@ struct TrainerEngine::Impl {
   // After this rank's end of stream, with peers (step_agreement.h): step steps_done + 1
   // with no samples.
   void join_step();
+  // Micro-batches per step (the last step's), and how many of the step in progress this rank ran:
+  // join_step() under sharding=full takes part in the rest of the peers'.
+  unsigned micro_count = 1, join_micro_done = 0;
   void write_checkpoint();
   // Rank 0's files, commit, local prune and messages of a checkpoint of steps_done.
   std::string save_checkpoint(bool rescue);

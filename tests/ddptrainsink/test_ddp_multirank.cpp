@@ -38,6 +38,7 @@
 #include "c10d_setup.h"
 
 #include "ddptrainsink/trainer_engine.h"
+#include "models/train_model.h"
 #include "ddp_ranks.h"
 #include "multirank.h"
 #include "test_util.h"
@@ -118,6 +119,34 @@ void buckets_rank(const std::string &out) {
   e.stop();
 }
 
+// uneven-wan: the tiny native Wan of tests/reference (2 blocks, so sharding=full gathers and reduces
+// block by block), micro-batches of one sample (step, k): latents [4, 1, 4, 4] and 5 rows of text.
+TrainerConfig wan_config() {
+  auto c = config();
+  c.model = vttest::reference_dir() + "/dit/wan_t2v_tiny";
+  c.native.gradient_checkpointing = Checkpointing::full;  // as sharding=full raises it to
+  c.lr = 1e-3;
+  return c;
+}
+
+void feed_wan(TrainerEngine &e, int step, int k, unsigned idx, unsigned count, unsigned step_samples) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(1000 * step + k);
+  ModelInputs in;
+  in.latents = at::randn({1, 4, 1, 4, 4}, g);
+  in.text_embeds = at::randn({1, 5, 32}, g);
+  in.text_mask = at::ones({1, 5}, at::kLong);
+  in.sample_ids = {static_cast<uint64_t>(1000 * step + k)};
+  MicroBatchInfo info;
+  info.step = step;
+  info.micro_index = idx;
+  info.micro_count = count;
+  info.step_samples = step_samples;
+  info.sync = idx + 1 == count;
+  info.next_clip = (step + 1) * step_samples;
+  info.sample_ids = in.sample_ids;
+  ASSERT_EQ(e.process_inputs(in, info), ProcessResult::kOk) << e.error();
+}
+
 pid_t spawn(const std::string &mode, int rank, int port, const std::string &out,
             std::vector<std::pair<std::string, std::string>> env = {}) {
   return ddptest::spawn_worker("DdpWorker.Rank", mode, rank, port, out, std::move(env));
@@ -141,6 +170,22 @@ TEST(DdpWorker, Rank) {
     const bool ok = e.start();
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::ofstream(out) << (ok ? "ok" : "error") << "\n" << took << "\n" << e.error() << "\n";
+    e.stop();
+    return;
+  }
+  if (std::string(mode) == "uneven-wan") {
+    // Rank 0's data ends after step 2, rank 1's after step 3; each step 2 micro-batches of 1.
+    c = wan_config();
+    if (vttest::env_or("VT_DDP_SHARDING", "") == "full") c.sharding = Sharding::full;
+    c.timeout_s = 60;
+    TrainerEngine e(c);
+    ASSERT_TRUE(e.start()) << e.error();
+    const int r = e.rank();
+    for (int s = 0; s < (r == 0 ? 2 : 3); s++)
+      for (unsigned i = 0; i < 2; i++) feed_wan(e, s, 2 * r + int(i), i, 2, 2);
+    const bool ok = e.finish();
+    write_params(out, e.parameters_cpu());
+    std::ofstream(out + ".steps") << (ok ? "ok " : "error ") << e.steps_done() << " " << e.error() << "\n";
     e.stop();
     return;
   }
@@ -281,6 +326,36 @@ static void expect_uneven_ends(const std::string &sharding) {
 }
 
 TEST(Ddp, RanksWhoseDataEndsEarlyJoinTheStepsOfThoseWithMore) { expect_uneven_ends("none"); }
+
+// sharding=full: a rank whose data ended takes part in the peers' block gathers and reductions
+// (ParamShards::join_micro_batch), so the run goes on to step 3 as with DDP, with the weights of one
+// rank that trained steps 1-2 on all 4 samples and step 3 on rank 1's 2. Rank 0 holds the exported
+// (gathered) weights at the end.
+TEST(Ddp, UnderShardingFullARankWhoseDataEndedJoinsTheGathers) {
+  vttest::TempDir dir;
+  const int port = vttest::free_port();
+  std::vector<pid_t> pids{spawn("uneven-wan", 0, port, dir.file("r0"), {{"VT_DDP_SHARDING", "full"}}),
+                          spawn("uneven-wan", 1, port, dir.file("r1"), {{"VT_DDP_SHARDING", "full"}})};
+  auto c = wan_config();
+  c.rank = 0;
+  c.world_size = 1;
+  TrainerEngine single(c);
+  ASSERT_TRUE(single.start()) << single.error();
+  for (int s = 0; s < 2; s++)
+    for (unsigned i = 0; i < 4; i++) feed_wan(single, s, int(i), i, 4, 4);
+  for (unsigned i = 0; i < 2; i++) feed_wan(single, 2, 2 + int(i), i, 2, 2);
+  std::vector<int> st;
+  ASSERT_TRUE(vttest::wait_all(pids, &st, 120)) << "a rank hung at its end of stream";
+  for (const char *f : {"r0", "r1"}) {
+    std::istringstream in(vttest::read_file(dir.file(std::string(f) + ".steps")));
+    std::string verdict;
+    uint64_t steps = 0;
+    in >> verdict >> steps;
+    EXPECT_EQ(verdict, "ok") << f << ": " << in.str();
+    EXPECT_EQ(steps, 3u) << f;
+  }
+  expect_params_near(read_params(dir.file("r0")), single.parameters_cpu(), "r0");
+}
 
 // sharding=optimizer: the rank whose data ended joins the per-unit reductions with zeros, in the
 // same order, and the sharded checkpoint keeps both positions.
