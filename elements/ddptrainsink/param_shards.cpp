@@ -78,13 +78,6 @@ std::vector<std::string> ParamShards::shard_names() const {
   return out;
 }
 
-int64_t ParamShards::resident_weight_bytes() const {
-  int64_t n = 0;
-  for (size_t k = 0; k < units_.size(); k++)
-    n += (units_[k].sharded_weights ? units_[k].shard : units_[k].padded) * shards_[k].element_size();
-  return n;
-}
-
 void ParamShards::gather(size_t k) {
   auto &u = units_[k];
   if (!u.sharded_weights || u.flat.defined()) return;
@@ -273,35 +266,29 @@ void ParamShards::load(const std::map<std::string, ParamState> &whole, TrainOpti
   torch::NoGradGuard ng;
   for (size_t k = 0; k < units_.size(); k++) {
     auto &u = units_[k];
-    std::vector<at::Tensor> w;
-    std::map<std::string, std::vector<at::Tensor>> st;
+    std::vector<at::Tensor> w(u.params.size());
+    std::map<std::string, std::vector<at::Tensor>> st;  // state name -> per parameter of the unit
     int64_t step = 0;
-    bool any_state = false;
-    for (size_t i : u.params) {
-      const auto it = whole.find(names_[i]);
-      w.push_back(it == whole.end() ? at::Tensor() : it->second.weight);
-      if (it == whole.end()) continue;
-      for (const auto &[n, t] : it->second.state) {
-        auto &v = st[n];
-        v.resize(u.params.size());
-        any_state = true;
-      }
-      step = std::max(step, it->second.step);
-    }
     for (size_t j = 0; j < u.params.size(); j++) {
       const auto it = whole.find(names_[u.params[j]]);
       if (it == whole.end()) continue;
-      for (const auto &[n, t] : it->second.state) st[n][j] = t;
+      w[j] = it->second.weight;
+      for (const auto &[n, t] : it->second.state) {
+        auto &v = st[n];
+        v.resize(u.params.size());
+        v[j] = t;
+      }
+      step = std::max(step, it->second.step);
     }
-    // Weights: a missing parameter keeps its own.
-    auto mine = cut(k, w, shards_[k]);
-    shards_[k].copy_(mine);
-    if (!u.sharded_weights) {
-      // Whole units: every rank's slice too (all ranks read the same checkpoint).
+    // Weights (a missing parameter keeps its own): a sharded unit's slice, or a whole unit's
+    // parameters, whose flat vector this rank's slice is a view of.
+    if (u.sharded_weights) {
+      shards_[k].copy_(cut(k, w, shards_[k]));
+    } else {
       for (size_t j = 0; j < u.params.size(); j++)
         if (w[j].defined()) params_[u.params[j]].detach().copy_(w[j].reshape(params_[u.params[j]].sizes()));
     }
-    if (!any_state) continue;
+    if (st.empty()) continue;
     NamedTensors named;
     for (auto &[n, parts] : st) named.emplace_back(n, cut(k, parts));
     opt.set_param_state(k, named, step);

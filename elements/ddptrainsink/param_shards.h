@@ -58,8 +58,6 @@ class ParamShards : public models::BlockHooks {
   // The tensors the optimizer updates: this rank's shard of each unit, and their names.
   const std::vector<at::Tensor> &shards() const { return shards_; }
   std::vector<std::string> shard_names() const;
-  // Bytes of the weights this rank holds between uses (shards of sharded units, whole units).
-  int64_t resident_weight_bytes() const;
 
   // Whether this micro-batch's backward ends the step (optimizer mode reduces only then).
   void begin_micro_batch(bool sync);
