@@ -21,9 +21,7 @@ at::Tensor sample(int step, int k) {
 
 std::string caption(int k) { return k % 3 == 0 ? "waves on a beach" : (k % 3 == 1 ? "a dog runs" : ""); }
 
-ProcessResult feed_result(TrainerEngine &e, int step, int first, int m, unsigned idx, unsigned count,
-                          unsigned step_samples, bool nan) {
-  std::vector<at::Tensor> xs;
+MicroBatchInfo micro_info(int step, unsigned idx, unsigned count, unsigned step_samples) {
   MicroBatchInfo info;
   info.step = step;
   info.micro_index = idx;
@@ -31,6 +29,13 @@ ProcessResult feed_result(TrainerEngine &e, int step, int first, int m, unsigned
   info.step_samples = step_samples;
   info.sync = idx + 1 == count;
   info.next_clip = (step + 1) * step_samples;
+  return info;
+}
+
+ProcessResult feed_result(TrainerEngine &e, int step, int first, int m, unsigned idx, unsigned count,
+                          unsigned step_samples, bool nan) {
+  std::vector<at::Tensor> xs;
+  MicroBatchInfo info = micro_info(step, idx, count, step_samples);
   for (int k = first; k < first + m; k++) {
     xs.push_back(sample(step, k));
     info.captions.push_back(caption(k));

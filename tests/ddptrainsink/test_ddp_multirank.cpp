@@ -136,13 +136,7 @@ ProcessResult feed_wan(TrainerEngine &e, int step, int k, unsigned idx, unsigned
   in.text_embeds = at::randn({1, 5, 32}, g);
   in.text_mask = at::ones({1, 5}, at::kLong);
   in.sample_ids = {static_cast<uint64_t>(1000 * step + k)};
-  MicroBatchInfo info;
-  info.step = step;
-  info.micro_index = idx;
-  info.micro_count = count;
-  info.step_samples = step_samples;
-  info.sync = idx + 1 == count;
-  info.next_clip = (step + 1) * step_samples;
+  MicroBatchInfo info = micro_info(step, idx, count, step_samples);
   info.sample_ids = in.sample_ids;
   return e.process_inputs(in, info);
 }
