@@ -12,21 +12,12 @@
 #include "models/clip_image_processor.h"
 #include "models/clip_vision.h"
 #include "models/diffusers_folder.h"
+#include "models/i2v_inputs.h"
 #include "models/weights_io.h"
 
 using namespace videotrain::models;
 
 namespace videotrain::model_tool {
-
-namespace {
-
-// The processor a pipeline keeps beside its image encoder (image_encoder/ + image_processor/), if any.
-std::string sibling_processor(const std::string &dir) {
-  const auto p = std::filesystem::path(dir).lexically_normal().parent_path() / "image_processor";
-  return std::filesystem::exists(p / "preprocessor_config.json") ? p.string() : "";
-}
-
-}  // namespace
 
 int image_info(const std::string &dir) {
   const ClipVisionConfig c = ClipVisionEncoder::read_config(dir);  // throws naming the key this port does not take
@@ -54,9 +45,10 @@ int image_info(const std::string &dir) {
               "hidden_states.0..%lld, last_hidden_state [B, %lld, %lld]; Wan 2.1 I2V / FLF2V take hidden_states.%lld\n",
               (long long)c.num_channels, (long long)c.image_size, (long long)c.image_size, (long long)c.num_hidden_layers,
               (long long)c.num_positions(), (long long)c.hidden_size, (long long)c.num_hidden_layers - 1);
-  const std::string proc = sibling_processor(dir);
+  const std::string proc = sibling_image_processor(dir);
   if (!proc.empty()) {
-    const auto &pc = ClipImageProcessor::open(proc).config();
+    const ClipImageProcessor processor = ClipImageProcessor::open(proc);  // kept: config() is a reference into it
+    const auto &pc = processor.config();
     std::printf("image processor: %s: ", proc.c_str());
     if (!pc.do_resize) std::printf("no resize");
     else if (pc.shortest_edge) std::printf("shortest edge to %lld", (long long)pc.shortest_edge);
@@ -88,7 +80,7 @@ int image_forward(std::vector<std::string> args) {
     if (images.scalar_type() != at::kByte || images.dim() != 4 || images.size(3) != 3)
       throw std::runtime_error("'" + args[1] + "': images must be U8 [N, H, W, 3] (RGB), not " +
                                std::string(c10::toString(images.scalar_type())) + " " + c10::str(images.sizes()));
-    if (proc_dir.empty()) proc_dir = sibling_processor(args[0]);
+    if (proc_dir.empty()) proc_dir = sibling_image_processor(args[0]);
     if (proc_dir.empty())
       throw std::runtime_error("images need an image processor: give --processor DIR (a folder with "
                                "preprocessor_config.json, a pipeline's image_processor/)");

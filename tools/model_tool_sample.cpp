@@ -1,5 +1,7 @@
 /* videotrain-model sample: ddpsampler's loop on a transformer folder (or Wan 2.2 A14B's two experts)
- * from given prompt embeddings and the pipelines' seeded noise, for checks against WanPipeline. */
+ * from given prompt embeddings and the pipelines' seeded noise, for checks against WanPipeline; for an
+ * image-to-video folder with --vae (and --image-encoder where it takes image embeddings) the condition
+ * is built from IN's image (and last_image) as ddpsampler builds it, for WanImageToVideoPipeline. */
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -7,9 +9,13 @@
 #include <sstream>
 
 #include "model_tool.h"
+#include "models/clip_image_processor.h"
+#include "models/clip_vision.h"
 #include "models/expert_pair.h"
+#include "models/i2v_inputs.h"
 #include "models/native_model.h"
 #include "models/samplers.h"
+#include "models/vae/vae_encoder.h"
 
 using namespace videotrain::models;
 
@@ -26,6 +32,8 @@ int sample_command(std::vector<std::string> args) {
   double boundary = std::stod(opt(args, "--boundary-ratio", "0"));
   const uint64_t seed = std::stoull(opt(args, "--seed", "42"));
   const std::string latent = opt(args, "--latent", "");
+  const std::string vae_dir = opt(args, "--vae", ""), encoder_dir = opt(args, "--image-encoder", "");
+  std::string processor_dir = opt(args, "--processor", "");
   if (args.size() != 3 || latent.empty()) return usage();
   if (std::string(sampler_family(so.kind)) != "wan") throw std::invalid_argument("sample takes Wan's samplers: euler, unipc");
   std::vector<int64_t> shape{1};
@@ -46,6 +54,32 @@ int sample_command(std::vector<std::string> args) {
   auto high = open_dit(args[0], torch::kCPU);
   std::unique_ptr<DitModel> low;
   if (!dir2.empty()) low = open_dit(dir2, torch::kCPU);
+  // Image-to-video: the condition from IN's image(s) through the VAE, the image embeddings through the encoder.
+  ImageInputs image;
+  if (high->condition_channels() > 0 || high->image_dim() > 0) {
+    const std::string give_image = "image (and last_image for FLF2V) U8 [H, W, 3] for an image-to-video model";
+    const at::Tensor first = input_tensor(*in, "image", true, give_image);
+    const at::Tensor last = input_tensor(*in, "last_image", false, give_image);
+    if (high->condition_channels() > 0) {
+      if (vae_dir.empty()) throw std::runtime_error(args[0] + " takes a condition: give --vae DIR (its VAE)");
+      auto vae = vae::VaeEncoder::load(vae_dir, torch::kCPU, torch::kFloat);
+      const int64_t sc = vae->spatial_compression(), tc = vae->temporal_compression();
+      const int64_t H = shape[3] * sc, W = shape[4] * sc, F = (shape[2] - 1) * tc + 1;
+      const LatentEncode encode = [&](const at::Tensor &v) { return vae->latent(vae->encode(v)); };
+      image.condition = i2v_condition(preprocess_image(first, H, W),
+                                      last.defined() ? preprocess_image(last, H, W) : at::Tensor(), F, tc, encode);
+    }
+    if (high->image_dim() > 0) {
+      if (encoder_dir.empty()) throw std::runtime_error(args[0] + " takes image embeddings: give --image-encoder DIR");
+      if (processor_dir.empty()) processor_dir = sibling_image_processor(encoder_dir);
+      if (processor_dir.empty()) throw std::runtime_error("no image_processor/ beside " + encoder_dir + ": give --processor DIR");
+      auto enc = ClipVisionEncoder::open(encoder_dir, torch::kCPU, torch::kFloat);
+      const auto proc = ClipImageProcessor::open(processor_dir);
+      std::vector<at::Tensor> imgs{first};
+      if (last.defined()) imgs.push_back(last);
+      image.image_embeds = i2v_image_embeds(*enc, proc, imgs, torch::kCPU);
+    }
+  }
   auto s = Sampler::make(so);
   // The pipelines' noise: torch.randn(shape) from a CPU generator seeded with the seed.
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -53,8 +87,8 @@ int sample_command(std::vector<std::string> args) {
   std::vector<at::Tensor> steps;
   auto keep = [&](int, const at::Tensor &x) { steps.push_back(x.clone()); };
   const at::Tensor out = low ? sample_latents_2(*high, *low, boundary, *s, noise, pe, ne, guidance,
-                                                g2.empty() ? guidance : std::stod(g2), gen, keep)
-                             : sample_latents(*high, *s, noise, pe, ne, guidance, gen, keep);
+                                                g2.empty() ? guidance : std::stod(g2), gen, keep, image)
+                             : sample_latents(*high, *s, noise, pe, ne, guidance, gen, keep, image);
   write_outputs(args[2],
                 {output_tensor("initial_noise", noise), output_tensor("latents_after_step", torch::stack(steps)),
                  output_tensor("latents", out)},

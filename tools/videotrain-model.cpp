@@ -16,6 +16,7 @@
  *   videotrain-model sample DIR IN OUT --latent CxTxHxW [--model-2 DIR2 [--boundary-ratio B]] [--sampler euler|unipc]
  *                    [--steps N] [--shift S] [--guidance G] [--guidance-2 G2] [--seed N]   (ddpsampler's loop; IN holds
  *                    prompt_embeds, negative_prompt_embeds; OUT initial_noise, latents_after_step, latents)
+ *                    [--vae DIR] [--image-encoder DIR [--processor DIR]]   (image-to-video: IN's image, last_image)
  *   videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype ...]
  *   videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya
  *   videotrain-model lora merge BASE_DIR LORA OUT_DIR [--dtype bf16|fp16|fp32]
@@ -83,7 +84,8 @@ int usage() {
                "       videotrain-model export STEP_DIR|CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N] "
                "[--format diffusers|comfyui|kohya] [--ema]\n"
                "       videotrain-model sample DIR IN OUT --latent CxTxHxW [--model-2 DIR2 [--boundary-ratio B]] "
-               "[--sampler euler|unipc] [--steps N] [--shift S] [--guidance G] [--guidance-2 G2] [--seed N]\n"
+               "[--sampler euler|unipc] [--steps N] [--shift S] [--guidance G] [--guidance-2 G2] [--seed N] "
+               "[--vae DIR] [--image-encoder DIR [--processor DIR]]\n"
                "       videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype bf16|fp16|fp32]\n"
                "       videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya\n"
                "       videotrain-model lora merge BASE_DIR LORA OUT_DIR [--dtype bf16|fp16|fp32]\n");

@@ -211,15 +211,18 @@ namespace {
 at::Tensor guided_loop(Sampler &sampler, at::Tensor latents, const at::Tensor &prompt_embeds,
                        const at::Tensor &negative_embeds, bool cfg,
                        const std::function<std::pair<DitModel *, double>(int)> &pick, at::Generator &gen,
-                       const std::function<void(int, const at::Tensor &)> &after_step) {
+                       const std::function<void(int, const at::Tensor &)> &after_step, const ImageInputs &image) {
   torch::NoGradGuard no_grad;
   const auto device = latents.device();
+  const at::Tensor condition =
+      image.condition.defined() ? image.condition.to(device, latents.scalar_type()) : image.condition;
   for (int k = 0; k < sampler.steps(); ++k) {
     const at::Tensor t = sampler.timestep(k, latents.size(0)).to(device);
     const auto [model, guidance] = pick(k);
-    at::Tensor pred = model->forward(latents, t, prompt_embeds);
+    const at::Tensor input = condition.defined() ? at::cat({latents, condition}, 1) : latents;
+    at::Tensor pred = model->forward_image(input, t, prompt_embeds, image.image_embeds);
     if (cfg) {
-      const at::Tensor uncond = model->forward(latents, t, negative_embeds);
+      const at::Tensor uncond = model->forward_image(input, t, negative_embeds, image.image_embeds);
       pred = uncond + guidance * (pred - uncond);
     }
     latents = sampler.step(k, pred, latents, gen);
@@ -232,23 +235,24 @@ at::Tensor guided_loop(Sampler &sampler, at::Tensor latents, const at::Tensor &p
 
 at::Tensor sample_latents(DitModel &model, Sampler &sampler, at::Tensor latents, const at::Tensor &prompt_embeds,
                           const at::Tensor &negative_embeds, double guidance, at::Generator &gen,
-                          const std::function<void(int, const at::Tensor &)> &after_step) {
+                          const std::function<void(int, const at::Tensor &)> &after_step, const ImageInputs &image) {
   return guided_loop(
       sampler, std::move(latents), prompt_embeds, negative_embeds, guidance > 1.0,
-      [&](int) { return std::make_pair(&model, guidance); }, gen, after_step);
+      [&](int) { return std::make_pair(&model, guidance); }, gen, after_step, image);
 }
 
 at::Tensor sample_latents_2(DitModel &high, DitModel &low, double boundary_ratio, Sampler &sampler, at::Tensor latents,
                             const at::Tensor &prompt_embeds, const at::Tensor &negative_embeds, double guidance,
                             double guidance_2, at::Generator &gen,
-                            const std::function<void(int, const at::Tensor &)> &after_step) {
+                            const std::function<void(int, const at::Tensor &)> &after_step,
+                            const ImageInputs &image) {
   return guided_loop(
       sampler, std::move(latents), prompt_embeds, negative_embeds, guidance > 1.0,
       [&](int k) {
         return high_noise_timestep(sampler.schedule().timesteps.at(k), boundary_ratio) ? std::make_pair(&high, guidance)
                                                                                       : std::make_pair(&low, guidance_2);
       },
-      gen, after_step);
+      gen, after_step, image);
 }
 
 }  // namespace videotrain::models

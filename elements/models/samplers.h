@@ -47,18 +47,28 @@ class Sampler {
   StepSchedule schedule_;
 };
 
+// Image-to-video inputs passed unchanged at every step, to both guidance branches (as
+// WanImageToVideoPipeline does): `condition` [B, condition_channels, t, h, w] (image_condition.h)
+// concatenated after the latents on channels, `image_embeds` the image encoder's states for
+// forward_image. Both undefined: text-to-video.
+struct ImageInputs {
+  at::Tensor condition, image_embeds;
+};
+
 // The pipelines' loop: at each step the model's prediction for the prompt and, when guidance > 1,
 // for the negative prompt, combined as uncond + guidance (cond - uncond), then the sampler's step.
 // `latents` is the initial noise in the model's layout. after_step(k, latents) is called after each step.
 at::Tensor sample_latents(DitModel &model, Sampler &sampler, at::Tensor latents, const at::Tensor &prompt_embeds,
                           const at::Tensor &negative_embeds, double guidance, at::Generator &gen,
-                          const std::function<void(int, const at::Tensor &)> &after_step = {});
+                          const std::function<void(int, const at::Tensor &)> &after_step = {},
+                          const ImageInputs &image = {});
 // Wan 2.2 A14B, as WanPipeline with transformer_2 and boundary_ratio: step k runs `high` with `guidance`
 // when its timestep >= boundary_ratio * 1000, else `low` with `guidance_2`; classifier-free guidance
 // when guidance > 1 (the pipeline's test, on the first scale).
 at::Tensor sample_latents_2(DitModel &high, DitModel &low, double boundary_ratio, Sampler &sampler, at::Tensor latents,
                             const at::Tensor &prompt_embeds, const at::Tensor &negative_embeds, double guidance,
                             double guidance_2, at::Generator &gen,
-                            const std::function<void(int, const at::Tensor &)> &after_step = {});
+                            const std::function<void(int, const at::Tensor &)> &after_step = {},
+                            const ImageInputs &image = {});
 
 }  // namespace videotrain::models
