@@ -33,8 +33,9 @@
  * timestep [B] or [B, tokens], encoder_hidden_states [B,L,D], optionally encoder_attention_mask
  * [B,L] whose zeros zero those rows, as Wan's pipelines pass text; for Wan 2.1 I2V / FLF2V folders
  * (image_dim) also encoder_hidden_states_image [B,N,image_dim], FLF2V [2B,N,image_dim]; CogVideoX: hidden_states
- * [B,F,C,H,W], frames before channels, timestep [B], encoder_hidden_states [B,226,D]: T5's output
- * with no mask, rotary tables computed from the shape). OUT gets `output`; with
+ * [B,F,C,H,W], frames before channels (I2V: the image latents after the noisy ones on C), timestep [B],
+ * encoder_hidden_states [B,226,D]: T5's output with no mask, rotary tables computed from the shape;
+ * CogVideoX1.5-I2V also optionally ofs [1], 2.0 when absent as the pipeline passes it). OUT gets `output`; with
  * --backward, IN also holds `cotangent` and OUT gets grad.hidden_states, grad.encoder_hidden_states
  * (grad.encoder_hidden_states_image with an image input)
  * and grad.<parameter> of d(sum(output * cotangent)); with --lora FILE (diffusers, ComfyUI or kohya
@@ -55,6 +56,7 @@
 #include "autocast_guard.h"
 #include "first_line.h"
 #include "model_tool.h"
+#include "models/cogvideox_transformer.h"
 #include "models/diffusers_folder.h"
 #include "models/layers.h"
 #include "models/lora.h"
@@ -237,6 +239,12 @@ int info(const std::string &dir) {
     std::printf("image-to-video (I2V%s): image_dim %lld, forward takes encoder_hidden_states_image; training needs "
                 "image embeddings (an image encoder, issue 43 item 2), not built yet\n",
                 flf2v ? ", FLF2V: each sample's first and last frame" : "", (long long)m->image_dim());
+  } else if (m->image_to_video() && m->family() == "cogvideox") {
+    const auto cfg = nlohmann::json::parse(m->config_json());
+    std::printf("image-to-video (CogVideoX%s I2V: %lld channels of the image latents beside the noisy latents%s); "
+                "trains on vaeencoder condition=first-frame\n",
+                cfg["patch_size_t"].is_number() ? "1.5" : "", (long long)m->condition_channels(),
+                cfg["ofs_embed_dim"].is_number() ? "; forward takes ofs [1], 2.0 when not given, as the pipeline" : "");
   } else if (m->image_to_video()) {
     std::printf("image-to-video (%lld condition channels beside the noisy latents: mask and condition latents, no "
                 "image encoder input: Wan 2.2 I2V); trains on vaeencoder condition=first-frame\n",
@@ -330,11 +338,19 @@ int forward(std::vector<std::string> args) {
   if (mask.defined()) text = zero_text_padding(text, mask.to(device));
   auto image = entry_tensor(*in, "encoder_hidden_states_image", false);
   if (image.defined()) image = image.to(device, torch::kFloat);
+  // CogVideoX1.5-I2V's ofs [1] (or [B]); without it the model takes the pipeline's 2.0.
+  const auto ofs = entry_tensor(*in, "ofs", false);
+  auto *cog = dynamic_cast<CogVideoXTransformerImpl *>(&m->module());
+  if (ofs.defined() && !(cog && cog->cfg.ofs_embed_dim))
+    throw std::runtime_error("IN holds ofs, an input of CogVideoX1.5-I2V folders (ofs_embed_dim) only");
+  auto run = [&] {
+    return ofs.defined() ? cog->forward(x, t, text, ofs.to(device, torch::kFloat)) : m->forward_image(x, t, text, image);
+  };
   std::vector<SafetensorsOutTensor> out;
   if (!backward) {
     torch::NoGradGuard ng;
     AutocastGuard cast(dtype == "bfloat16", device.is_cuda());
-    add_out(&out, "output", m->forward_image(x, t, text, image));
+    add_out(&out, "output", run());
   } else {
     x.requires_grad_(true);
     text.requires_grad_(true);
@@ -342,7 +358,7 @@ int forward(std::vector<std::string> args) {
     at::Tensor y;
     {
       AutocastGuard cast(dtype == "bfloat16", device.is_cuda());
-      y = m->forward_image(x, t, text, image);
+      y = run();
     }
     const auto cot = entry_tensor(*in, "cotangent", true).to(device, torch::kFloat);
     if (cot.sizes() != y.sizes()) throw std::runtime_error("cotangent's shape differs from the output's");

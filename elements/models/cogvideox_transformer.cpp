@@ -164,9 +164,21 @@ CogVideoXTransformerImpl::CogVideoXTransformerImpl(const CogVideoXConfig &c) : c
   else  // 1.5: a Linear over p_t x p x p x C inputs (diffusers gives it a bias whatever patch_bias says)
     patch_linear = pe->register_module("proj", Linear(c.in_channels * p * p * c.patch_size_t, dim));
   text_proj = pe->register_module("text_proj", Linear(c.text_embed_dim, dim));
+  if (c.use_learned_positional_embeddings) {
+    // diffusers' initial value (what `videotrain-model init` writes): no text rows, the sincos table.
+    const int64_t f = (c.sample_frames - 1) / c.temporal_compression_ratio + 1;
+    pos_embedding = pe->register_buffer(
+        "pos_embedding", at::constant_pad_nd(sincos_table(f, c.sample_height, c.sample_width), {0, 0, c.max_text_seq_length, 0})
+                             .unsqueeze(0));
+  }
   auto te = register_module("time_embedding", std::make_shared<torch::nn::Module>());
   time_1 = te->register_module("linear_1", Linear(dim, c.time_embed_dim));
   time_2 = te->register_module("linear_2", Linear(c.time_embed_dim, c.time_embed_dim));
+  if (c.ofs_embed_dim) {
+    auto oe = register_module("ofs_embedding", std::make_shared<torch::nn::Module>());
+    ofs_1 = oe->register_module("linear_1", Linear(c.ofs_embed_dim, c.ofs_embed_dim));
+    ofs_2 = oe->register_module("linear_2", Linear(c.ofs_embed_dim, c.ofs_embed_dim));
+  }
   blocks = register_module("transformer_blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_layers; i++) blocks->push_back(CogVideoXBlock(c));
   norm_final = register_module("norm_final", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(c.norm_eps)));
@@ -241,6 +253,10 @@ std::vector<at::Tensor> CogVideoXTransformerImpl::positions(int64_t frames, int6
   if (cfg.use_rotary_positional_embeddings) {
     const auto cs = rotary_tables(frames, height, width);
     v = {cs.first.to(device), cs.second.to(device)};
+    // Learned positions at another length than sample_frames: diffusers adds the sincos table instead.
+    if (cfg.use_learned_positional_embeddings &&
+        (frames - 1) * cfg.temporal_compression_ratio + 1 != cfg.sample_frames)
+      v.push_back(sincos_table(frames, height, width).to(device));
   } else {
     v = {sincos_table(frames, height, width).to(device)};
   }
@@ -249,7 +265,8 @@ std::vector<at::Tensor> CogVideoXTransformerImpl::positions(int64_t frames, int6
   return v;
 }
 
-at::Tensor CogVideoXTransformerImpl::forward(const at::Tensor &x, const at::Tensor &timestep, const at::Tensor &text) {
+at::Tensor CogVideoXTransformerImpl::forward(const at::Tensor &x, const at::Tensor &timestep, const at::Tensor &text,
+                                             const at::Tensor &ofs_in) {
   const int64_t p = cfg.patch_size, pt = cfg.patch_size_t ? cfg.patch_size_t : 1;
   if (x.dim() != 5 || x.size(2) != cfg.in_channels || x.size(1) % pt || x.size(3) % p || x.size(4) % p)
     throw std::invalid_argument(
@@ -260,18 +277,34 @@ at::Tensor CogVideoXTransformerImpl::forward(const at::Tensor &x, const at::Tens
   const int64_t h = H / p, w = W / p, S = (F / pt) * h * w, dim = cfg.dim();
   if (timestep.dim() != 1 || timestep.size(0) != B)
     throw std::invalid_argument("timestep has shape " + shape_of(timestep) + "; expected [" + std::to_string(B) + "]");
+  // The sincos and learned tables start with max_text_seq_length text rows.
+  const bool any_text_length = cfg.use_rotary_positional_embeddings && !cfg.use_learned_positional_embeddings;
   if (text.dim() != 3 || text.size(0) != B || text.size(2) != cfg.text_embed_dim ||
-      (!cfg.use_rotary_positional_embeddings && text.size(1) != cfg.max_text_seq_length))
+      (!any_text_length && text.size(1) != cfg.max_text_seq_length))
     throw std::invalid_argument(
         "encoder_hidden_states has shape " + shape_of(text) + "; expected [" + std::to_string(B) + ", " +
-        (cfg.use_rotary_positional_embeddings ? std::string("L") : std::to_string(cfg.max_text_seq_length)) + ", " +
+        (any_text_length ? std::string("L") : std::to_string(cfg.max_text_seq_length)) + ", " +
         std::to_string(cfg.text_embed_dim) + "]" +
-        (cfg.use_rotary_positional_embeddings ? "" : " (this layout's position table starts with max_text_seq_length "
-                                                     "text rows: the text encoder's max-length)"));
+        (any_text_length ? "" : " (this layout's position table starts with max_text_seq_length "
+                                "text rows: the text encoder's max-length)"));
+  if (cfg.use_learned_positional_embeddings && (H != cfg.sample_height || W != cfg.sample_width))
+    throw std::invalid_argument("hidden_states has shape " + shape_of(x) + "; this CogVideoX (learned positional "
+                                "embeddings, 5b-I2V) takes only its sample size, latents of " +
+                                std::to_string(cfg.sample_height) + " x " + std::to_string(cfg.sample_width) +
+                                " (as diffusers, which refuses other sizes)");
+  if (!cfg.ofs_embed_dim && ofs_in.defined())
+    throw std::invalid_argument("ofs was given, but this CogVideoX has no ofs embedding (ofs_embed_dim is null)");
+  if (ofs_in.defined() && (ofs_in.dim() != 1 || (ofs_in.size(0) != 1 && ofs_in.size(0) != B)))
+    throw std::invalid_argument("ofs has shape " + shape_of(ofs_in) + "; expected [1] or [" + std::to_string(B) + "]");
   const auto pos = positions(F, H, W, x.device());
 
-  const auto temb = time_2(torch::silu(time_1(
+  auto temb = time_2(torch::silu(time_1(
       timestep_embedding(timestep, dim, cfg.flip_sin_to_cos, cfg.freq_shift).to(time_1->dtype()))));
+  if (cfg.ofs_embed_dim) {  // 1.5-I2V: the ofs embedding (same form as the time one) added to it
+    const auto ofs = ofs_in.defined() ? ofs_in.to(x.device()) : at::full({1}, 2.0, x.options().dtype(at::kFloat));
+    temb = temb + ofs_2(torch::silu(ofs_1(
+                      timestep_embedding(ofs, cfg.ofs_embed_dim, cfg.flip_sin_to_cos, cfg.freq_shift).to(ofs_1->dtype()))));
+  }
   at::Tensor video;
   if (patch_conv) {
     video = patch_conv(x.reshape({B * F, C, H, W}).to(patch_conv->weight.scalar_type()));  // [B F, dim, h, w]
@@ -288,6 +321,9 @@ at::Tensor CogVideoXTransformerImpl::forward(const at::Tensor &x, const at::Tens
   if (!cfg.use_rotary_positional_embeddings) video = video + pos[0];
   const int64_t L = text.size(1);
   auto hs = at::cat({text_proj(text).to(at::kFloat), video}, 1);  // text rows' positions are zero
+  if (cfg.use_learned_positional_embeddings)  // the stored table at the sample length, else diffusers' sincos
+    hs = hs + (pos.size() < 3 ? pos_embedding.to(at::kFloat)
+                              : at::constant_pad_nd(pos[2], {0, 0, L, 0}).unsqueeze(0));
   at::Tensor rope;  // [L + S, 1, head_dim / 2]: the text rows unturned (1), as diffusers rotates the video rows only
   if (cfg.use_rotary_positional_embeddings) {
     const auto video_turns = rotary_table(pos[0], pos[1]);

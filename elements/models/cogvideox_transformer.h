@@ -1,5 +1,5 @@
-/* CogVideoX text-to-video transformer (diffusers' CogVideoXTransformer3DModel: CogVideoX-2b, -5b and
- * 1.5-5B layouts) in LibTorch with diffusers' parameter names, so that a diffusers folder loads by name
+/* CogVideoX transformer (diffusers' CogVideoXTransformer3DModel: CogVideoX-2b, -5b and 1.5-5B layouts
+ * and their image-to-video ones, 5b-I2V and 1.5-5B-I2V) in LibTorch with diffusers' parameter names, so that a diffusers folder loads by name
  * and shape. Text and video tokens go through the blocks as one sequence (text first), each half
  * modulated by its own AdaLN-Zero terms. Positions are computed from each input's shape the way
  * diffusers does: the sincos table of CogVideoXPatchEmbed (2b), or the 3D rotary tables
@@ -54,12 +54,14 @@ TORCH_MODULE(CogVideoXBlock);
 
 struct CogVideoXTransformerImpl : torch::nn::Module {
   explicit CogVideoXTransformerImpl(const CogVideoXConfig &c);
-  // hidden_states [B, F, C, H, W] (frames before channels; for 1.5 F a multiple of patch_size_t),
-  // timestep [B] (any numeric dtype), encoder_hidden_states [B, L, text_embed_dim] (L =
-  // max_text_seq_length for the sincos layout). Returns [B, F, C_out, H, W]. Throws
-  // std::invalid_argument naming the input whose shape does not fit.
+  // hidden_states [B, F, C, H, W] (frames before channels; for 1.5 F a multiple of patch_size_t; for
+  // I2V C = 2 C_out: the noisy latents, then the image latents), timestep [B] (any numeric dtype),
+  // encoder_hidden_states [B, L, text_embed_dim] (L = max_text_seq_length for the sincos and learned
+  // layouts), ofs [1] or [B] for an ofs_embed_dim model (undefined: 2.0, the value CogVideoX1.5-I2V's
+  // pipeline and its authors' fine-tuning pass); a model without ofs takes none. Returns [B, F, C_out,
+  // H, W]. Throws std::invalid_argument naming the input whose shape does not fit.
   at::Tensor forward(const at::Tensor &hidden_states, const at::Tensor &timestep,
-                     const at::Tensor &encoder_hidden_states);
+                     const at::Tensor &encoder_hidden_states, const at::Tensor &ofs = {});
   // The rotary tables (cos, sin) [F' h w, head_dim] the pipeline computes for latents of F frames and
   // H x W (F' = F, or ceil(F / patch_size_t) for 1.5); float32 on the CPU.
   std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t frames, int64_t height, int64_t width) const;
@@ -72,6 +74,10 @@ struct CogVideoXTransformerImpl : torch::nn::Module {
   torch::nn::Conv2d patch_conv{nullptr};  // patch_embed.proj (1.0)
   Linear patch_linear{nullptr};           // patch_embed.proj (1.5)
   Linear text_proj{nullptr}, time_1{nullptr}, time_2{nullptr}, out_mod{nullptr}, proj_out{nullptr};
+  Linear ofs_1{nullptr}, ofs_2{nullptr};  // ofs_embedding.linear_1/2 (1.5-I2V)
+  // patch_embed.pos_embedding [1, max_text_seq_length + F h w, dim] at the sample size (5b-I2V; a
+  // persistent buffer: loaded and saved, not trained, as in diffusers).
+  at::Tensor pos_embedding;
   torch::nn::ModuleList blocks;
   torch::nn::LayerNorm norm_final{nullptr}, out_norm{nullptr};
 

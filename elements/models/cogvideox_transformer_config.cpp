@@ -25,12 +25,6 @@ bool parse_cogvideox_transformer_config(const std::string &text, CogVideoXConfig
       "use_learned_positional_embeddings", "patch_bias"};
   if (const std::string bad = check_diffusers_keys(j, "CogVideoXTransformer3DModel", known, "CogVideoX"); !bad.empty())
     return fail(bad);
-  const std::string i2v = ": an image-to-video CogVideoX (I2V), not supported yet; use a text-to-video folder";
-  if (j.contains("ofs_embed_dim") && !j["ofs_embed_dim"].is_null())
-    return fail("config.json key 'ofs_embed_dim' is " + j["ofs_embed_dim"].dump() + i2v);
-  if (j.contains("use_learned_positional_embeddings") && j["use_learned_positional_embeddings"] != false)
-    return fail("config.json key 'use_learned_positional_embeddings' is " +
-                j["use_learned_positional_embeddings"].dump() + i2v);
   CogVideoXConfig c;
   std::string e;
   if (!get_count(j, "num_attention_heads", 1, 1024, &c.num_attention_heads, &e) ||
@@ -66,9 +60,23 @@ bool parse_cogvideox_transformer_config(const std::string &text, CogVideoXConfig
   if (j.contains("norm_elementwise_affine") && j["norm_elementwise_affine"] != true)
     return fail("config.json 'norm_elementwise_affine' is " + j["norm_elementwise_affine"].dump() +
                 "; only true is supported");
-  if (c.in_channels != c.out_channels)
+  if (j.contains("ofs_embed_dim") && !j["ofs_embed_dim"].is_null()) {
+    if (!get_count(j, "ofs_embed_dim", 1, 65536, &c.ofs_embed_dim, &e)) return fail("config.json " + e);
+    if (c.ofs_embed_dim != c.time_embed_dim)  // diffusers adds the two embeddings
+      return fail("config.json key 'ofs_embed_dim' is " + std::to_string(c.ofs_embed_dim) + " and time_embed_dim " +
+                  std::to_string(c.time_embed_dim) + "; diffusers adds the two embeddings, so they must be equal");
+  }
+  if (j.contains("use_learned_positional_embeddings") &&
+      !get_bool(j, "use_learned_positional_embeddings", &c.use_learned_positional_embeddings, &e))
+    return fail("config.json " + e);
+  if (c.use_learned_positional_embeddings && (!c.use_rotary_positional_embeddings || c.patch_size_t))
+    return fail("config.json key 'use_learned_positional_embeddings' is true with " +
+                std::string(c.patch_size_t ? "'patch_size_t'" : "'use_rotary_positional_embeddings' false") +
+                "; only CogVideoX-5b-I2V's layout (rotary, no temporal patches) has learned positions");
+  if (c.in_channels != c.out_channels && c.in_channels != 2 * c.out_channels)
     return fail("config.json key 'in_channels' is " + std::to_string(c.in_channels) + " and out_channels " +
-                std::to_string(c.out_channels) + " (image latents concatenated to the input)" + i2v);
+                std::to_string(c.out_channels) + "; CogVideoX takes out_channels (text-to-video) or twice as many "
+                "(image-to-video: the image latents after the noisy ones)");
   if (c.dim() > 65536) return fail("config.json: num_attention_heads x attention_head_dim is over 65536");
   if (c.use_rotary_positional_embeddings ? c.attention_head_dim % 8 : c.dim() % 4)
     return fail(c.use_rotary_positional_embeddings
@@ -96,7 +104,7 @@ std::string cogvideox_transformer_config_json(const CogVideoXConfig &c) {
   j["norm_eps"] = c.norm_eps;
   j["num_attention_heads"] = c.num_attention_heads;
   j["num_layers"] = c.num_layers;
-  j["ofs_embed_dim"] = nullptr;
+  j["ofs_embed_dim"] = c.ofs_embed_dim ? json(c.ofs_embed_dim) : json(nullptr);
   j["out_channels"] = c.out_channels;
   j["patch_bias"] = c.patch_bias;
   j["patch_size"] = c.patch_size;
@@ -110,7 +118,7 @@ std::string cogvideox_transformer_config_json(const CogVideoXConfig &c) {
   j["text_embed_dim"] = c.text_embed_dim;
   j["time_embed_dim"] = c.time_embed_dim;
   j["timestep_activation_fn"] = "silu";
-  j["use_learned_positional_embeddings"] = false;
+  j["use_learned_positional_embeddings"] = c.use_learned_positional_embeddings;
   j["use_rotary_positional_embeddings"] = c.use_rotary_positional_embeddings;
   return j.dump(2) + "\n";
 }

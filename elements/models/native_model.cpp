@@ -83,6 +83,9 @@ class CogVideoXDit : public DitModel {
     return net_->forward(x, t, text);
   }
   int64_t temporal_patch() const override { return std::max<int64_t>(1, net_->cfg.patch_size_t); }
+  // I2V (5b-I2V, 1.5-I2V): the image latents after the noisy ones on channels.
+  bool image_to_video() const override { return net_->cfg.in_channels != net_->cfg.out_channels; }
+  int64_t condition_channels() const override { return net_->cfg.in_channels - net_->cfg.out_channels; }
   void set_checkpointing(Checkpointing c) override { net_->checkpointing = c; }
   Checkpointing checkpointing() const override { return net_->checkpointing; }
   void set_block_hooks(BlockHooks *h) override { net_->block_hooks = h; }

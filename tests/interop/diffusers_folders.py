@@ -1,5 +1,5 @@
 """Folders written by `videotrain-model init` (our writer, the one export uses) load with diffusers'
-from_pretrained (WanTransformer3DModel, CogVideoXTransformer3DModel in the 2b and 1.5 layouts) with
+from_pretrained (WanTransformer3DModel, CogVideoXTransformer3DModel in the 2b, 1.5, 5b-I2V and 1.5-I2V layouts) with
 no missing, unexpected or mismatched tensor, and diffusers' forward on them equals ours
 (`videotrain-model forward --backward`): the output and the inputs' gradients in float32."""
 import os
@@ -30,7 +30,10 @@ def inputs(kind, cfg):
         frames = 4 if cfg.get("patch_size_t") else 3
         x = torch.randn(2, frames, c, 8, 12, generator=g)
         text = torch.randn(2, cfg["max_text_seq_length"], cfg["text_embed_dim"], generator=g)
-    return {"hidden_states": x, "timestep": torch.tensor([500.0, 125.0]), "encoder_hidden_states": text}
+    t = {"hidden_states": x, "timestep": torch.tensor([500.0, 125.0]), "encoder_hidden_states": text}
+    if cfg.get("ofs_embed_dim"):  # CogVideoX1.5-I2V: an ofs other than the pipeline's 2.0 (our default)
+        t["ofs"] = torch.tensor([1.5])
+    return t
 
 
 def diffusers_forward(kind, model, t):
@@ -43,7 +46,7 @@ def diffusers_forward(kind, model, t):
         if model.config.use_rotary_positional_embeddings:
             rot = cogvideox_rotary(model, x.shape[1], x.shape[3], x.shape[4])
         y = model(hidden_states=x, encoder_hidden_states=e, timestep=t["timestep"], image_rotary_emb=rot,
-                  return_dict=False)[0]
+                  ofs=t.get("ofs"), return_dict=False)[0]
     (y * t["cotangent"]).sum().backward()
     return y.detach(), x.grad, e.grad
 
@@ -52,7 +55,9 @@ def main():
     tmp = u.tempdir()
     cases = [("wan", "wan_t2v_tiny", diffusers.WanTransformer3DModel),
              ("cogvideox", "cogvideox_2b_tiny", diffusers.CogVideoXTransformer3DModel),
-             ("cogvideox", "cogvideox15_tiny", diffusers.CogVideoXTransformer3DModel)]
+             ("cogvideox", "cogvideox15_tiny", diffusers.CogVideoXTransformer3DModel),
+             ("cogvideox", "cogvideox_5b_i2v_tiny", diffusers.CogVideoXTransformer3DModel),
+             ("cogvideox", "cogvideox15_i2v_tiny", diffusers.CogVideoXTransformer3DModel)]
     for kind, name, cls in cases:
         folder = os.path.join(tmp.name, name)
         u.run(u.tool("videotrain-model"), "init", u.reference_dir("dit", name, "config.json"), folder, "--seed", "7")
@@ -108,7 +113,7 @@ def diffusers_forward_shape(kind, model, t):
     x = t["hidden_states"]
     rot = cogvideox_rotary(model, x.shape[1], x.shape[3], x.shape[4]) if model.config.use_rotary_positional_embeddings else None
     return model(hidden_states=x, encoder_hidden_states=t["encoder_hidden_states"], timestep=t["timestep"],
-                 image_rotary_emb=rot, return_dict=False)[0].shape
+                 image_rotary_emb=rot, ofs=t.get("ofs"), return_dict=False)[0].shape
 
 
 if __name__ == "__main__":

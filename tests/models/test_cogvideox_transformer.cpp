@@ -1,5 +1,6 @@
 /* The native CogVideoX transformer against diffusers' CogVideoXTransformer3DModel (tests/reference/dit:
- * cogvideox_2b_tiny, cogvideox_5b_tiny, cogvideox15_tiny): outputs, input gradients and every
+ * cogvideox_2b_tiny, cogvideox_5b_tiny, cogvideox15_tiny and the image-to-video cogvideox_5b_i2v_tiny,
+ * cogvideox15_i2v_tiny of tests/reference/cogvideox_i2v/generate.py): outputs, input gradients and every
  * parameter's gradient, with and without gradient checkpointing; the rotary tables against the
  * pipeline's; folders that must not load; CogVideoX's v-prediction objective against diffusers'
  * training script numbers and its DDPM schedule. */
@@ -54,7 +55,10 @@ void check_family(const std::string &name, Checkpointing checkpointing) {
       EXPECT_LT(rel_l2(cos, cases.get("input." + c + ".rotary_cos")), 1e-7);
       EXPECT_LT(rel_l2(sin, cases.get("input." + c + ".rotary_sin")), 1e-7);
     }
-    auto out = m->forward(x, cases.get("input." + c + ".timestep"), text);
+    // ofs (1.5-I2V) as the reference passed it; the default (undefined) is the pipeline's 2.0.
+    const auto ofs = cases.has("input." + c + ".ofs") ? cases.get("input." + c + ".ofs") : at::Tensor();
+    auto out = ofs.defined() ? net.forward(x, cases.get("input." + c + ".timestep"), text, ofs)
+                             : m->forward(x, cases.get("input." + c + ".timestep"), text);
     (out * cases.get("cotangent." + c)).sum().backward();
     const double eo = rel_l2(out.detach(), cases.get("output." + c));
     const double ex = rel_l2(x.grad(), cases.get("grad_input." + c + ".hidden_states"));
@@ -75,7 +79,7 @@ void check_family(const std::string &name, Checkpointing checkpointing) {
         const double e = rel_l2(p.value().grad(), ref);
         if (e > worst) worst = e, worst_name = p.key();
       }
-      EXPECT_EQ(n, 2 * 24 + 16);
+      EXPECT_EQ(n, 2 * 24 + 16 + (net.cfg.ofs_embed_dim ? 4 : 0));
       EXPECT_LT(worst, 1e-4) << worst_name;
     }
     std::printf("%s/%s%s: output %.2g, grad hidden_states %.2g%s\n", name.c_str(), c.c_str(), mode.c_str(), eo, ex,
@@ -104,12 +108,55 @@ std::string open_error(const std::string &dir) {
 TEST(CogVideoXTransformer, MatchesDiffusers2b) { check_family("cogvideox_2b_tiny", Checkpointing::none); }
 TEST(CogVideoXTransformer, MatchesDiffusers5b) { check_family("cogvideox_5b_tiny", Checkpointing::none); }
 TEST(CogVideoXTransformer, MatchesDiffusers15) { check_family("cogvideox15_tiny", Checkpointing::none); }
+// Image-to-video: 5b-I2V (32 input channels at full size, learned positions: the stored table at the
+// sample length, the sincos one at 5 frames), 1.5-I2V (ofs 2.0 as the pipeline passes it, and 0.5).
+TEST(CogVideoXTransformer, MatchesDiffusers5bI2V) { check_family("cogvideox_5b_i2v_tiny", Checkpointing::none); }
+TEST(CogVideoXTransformer, MatchesDiffusers15I2V) { check_family("cogvideox15_i2v_tiny", Checkpointing::none); }
 TEST(CogVideoXTransformer, GradientCheckpointingGivesTheSameGradients) {
   for (const auto ck : {Checkpointing::full, Checkpointing::selective}) {
     check_family("cogvideox_2b_tiny", ck);
     check_family("cogvideox_5b_tiny", ck);
     check_family("cogvideox15_tiny", ck);
+    check_family("cogvideox_5b_i2v_tiny", ck);
+    check_family("cogvideox15_i2v_tiny", ck);
   }
+}
+
+// The I2V layouts: ofs defaults to the pipeline's 2.0, is refused by a model without it; learned
+// positions refuse another latent size (diffusers does too); the written config reads back.
+TEST(CogVideoXTransformer, ImageToVideoInputs) {
+  auto m15 = open_dit(dit_dir("cogvideox15_i2v_tiny"), torch::kCPU);
+  auto &net15 = dynamic_cast<CogVideoXTransformerImpl &>(m15->module());
+  torch::NoGradGuard ng;
+  const auto x = torch::randn({1, 2, 8, 8, 12}), text = torch::randn({1, 224, 32});
+  const auto t = torch::tensor({300}, torch::kLong);
+  EXPECT_TRUE(torch::equal(m15->forward(x, t, text), net15.forward(x, t, text, torch::tensor({2.0}))));
+  EXPECT_FALSE(torch::allclose(m15->forward(x, t, text), net15.forward(x, t, text, torch::tensor({1.0}))));
+  EXPECT_THROW(net15.forward(x, t, text, torch::ones({3})), std::invalid_argument);
+  auto m5 = open_dit(dit_dir("cogvideox_5b_i2v_tiny"), torch::kCPU);
+  auto &net5 = dynamic_cast<CogVideoXTransformerImpl &>(m5->module());
+  try {
+    net5.forward(torch::zeros({1, 3, 8, 4, 6}), t, torch::zeros({1, 226, 32}));
+    ADD_FAILURE() << "another latent size than the learned table's was taken";
+  } catch (const std::invalid_argument &e) {
+    EXPECT_NE(std::string(e.what()).find("8 x 12"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(net5.forward(torch::zeros({1, 3, 8, 8, 12}), t, torch::zeros({1, 226, 32}), torch::ones({1})),
+               std::invalid_argument);
+  EXPECT_THROW(net5.forward(torch::zeros({1, 3, 8, 8, 12}), t, torch::zeros({1, 20, 32})), std::invalid_argument);
+  for (auto *m : {m15.get(), m5.get()}) {
+    SCOPED_TRACE(m->config_json());
+    CogVideoXConfig a, b;
+    std::string e;
+    const auto &cfg = dynamic_cast<CogVideoXTransformerImpl &>(m->module()).cfg;
+    ASSERT_TRUE(parse_cogvideox_transformer_config(m->config_json(), &a, &e)) << e;
+    EXPECT_EQ(a.in_channels, 8);
+    EXPECT_EQ(a.ofs_embed_dim, cfg.ofs_embed_dim);
+    EXPECT_EQ(a.use_learned_positional_embeddings, cfg.use_learned_positional_embeddings);
+    (void)b;
+  }
+  EXPECT_EQ(net15.cfg.ofs_embed_dim, 32);
+  EXPECT_TRUE(net5.cfg.use_learned_positional_embeddings);
 }
 
 // Each layout's cases in none, full and selective: selective == full bit for bit (the same ops, the
@@ -192,13 +239,22 @@ TEST(CogVideoXTransformer, BadFoldersAreErrorsNamingTheKey) {
     std::ofstream(d + "/config.json") << j.dump(2);
     return open_error(d);
   };
-  std::string e = fresh("i2v", [](nlohmann::json &j) { j["in_channels"] = 8; });
+  std::string e = fresh("channels", [](nlohmann::json &j) { j["in_channels"] = 12; });
   EXPECT_NE(e.find("'in_channels'"), std::string::npos) << e;
   EXPECT_NE(e.find("image-to-video"), std::string::npos) << e;
-  e = fresh("ofs", [](nlohmann::json &j) { j["ofs_embed_dim"] = 512; });
+  e = fresh("i2v", [](nlohmann::json &j) { j["in_channels"] = 8; });  // 5b-I2V's layout, T2V weights
+  EXPECT_NE(e.find("patch_embed.proj.weight"), std::string::npos) << e;
+  e = fresh("ofs", [](nlohmann::json &j) { j["ofs_embed_dim"] = 512; });  // not time_embed_dim
   EXPECT_NE(e.find("'ofs_embed_dim'"), std::string::npos) << e;
-  e = fresh("learned", [](nlohmann::json &j) { j["use_learned_positional_embeddings"] = true; });
+  e = fresh("ofs_weights", [](nlohmann::json &j) { j["ofs_embed_dim"] = 32; });  // no ofs_embedding tensors
+  EXPECT_NE(e.find("ofs_embedding."), std::string::npos) << e;
+  e = fresh("learned", [](nlohmann::json &j) {
+    j["use_learned_positional_embeddings"] = true;
+    j["use_rotary_positional_embeddings"] = false;
+  });
   EXPECT_NE(e.find("'use_learned_positional_embeddings'"), std::string::npos) << e;
+  e = fresh("learned_table", [](nlohmann::json &j) { j["use_learned_positional_embeddings"] = true; });
+  EXPECT_NE(e.find("patch_embed.pos_embedding"), std::string::npos) << e;
   e = fresh("unknown", [](nlohmann::json &j) { j["sliding_window"] = 4; });
   EXPECT_NE(e.find("'sliding_window'"), std::string::npos) << e;
   e = fresh("act", [](nlohmann::json &j) { j["activation_fn"] = "relu"; });
