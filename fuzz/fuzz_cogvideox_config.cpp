@@ -18,7 +18,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fuzzin::check(!error.empty());
     return 0;
   }
-  fuzzin::check(c.dim() >= 1 && c.dim() <= 65536 && c.in_channels == c.out_channels);
+  // Text-to-video, or image-to-video with the image latents after the noisy ones (twice the channels).
+  fuzzin::check(c.dim() >= 1 && c.dim() <= 65536 &&
+                (c.in_channels == c.out_channels || c.in_channels == 2 * c.out_channels));
+  fuzzin::check(c.ofs_embed_dim == 0 || c.ofs_embed_dim == c.time_embed_dim);
+  fuzzin::check(!c.use_learned_positional_embeddings || (c.use_rotary_positional_embeddings && !c.patch_size_t));
   fuzzin::check(c.use_rotary_positional_embeddings ? c.attention_head_dim % 8 == 0 : c.dim() % 4 == 0);
   fuzzin::check(c.patch_size >= 1 && c.patch_size <= 64 && c.patch_size_t >= 0 && c.patch_size_t <= 64);
   CogVideoXConfig again;
