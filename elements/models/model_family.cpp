@@ -50,6 +50,9 @@ std::vector<ModelFamily> make_families() {
   cog.default_sampler = "dpm";
   cog.samplers = "ddim or dpm";
   cog.lora_names = &cogvideox_lora_names();
+  // pipeline_cogvideox_image2video (5b-I2V, 1.5-5B-I2V): the first frame's latents, zero-padded over the
+  // latent frames, after the noisy ones (16 + 16 = 32); no mask, no image encoder.
+  cog.image_layouts = {{"CogVideoX I2V", 0, true, false, 1}};
   return {wan, cog};
 }
 

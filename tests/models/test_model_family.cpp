@@ -101,7 +101,8 @@ TEST(ModelFamily, Lookups) {
 // patch is its patch_size_t, the tiny Wan 2.1 I2V (4 latent channels, in_channels 12) is the table's layout.
 TEST(ModelFamily, TransformersAnswerTheirDescriptor) {
   const std::string dir = vttest::reference_dir() + "/dit/";
-  for (const char *name : {"wan_t2v_tiny", "wan22_ti2v_tiny", "wan21_i2v_tiny", "cogvideox_2b_tiny", "cogvideox15_tiny"}) {
+  for (const char *name : {"wan_t2v_tiny", "wan22_ti2v_tiny", "wan21_i2v_tiny", "cogvideox_2b_tiny", "cogvideox15_tiny",
+                           "cogvideox_5b_i2v_tiny", "cogvideox15_i2v_tiny"}) {
     SCOPED_TRACE(name);
     auto m = open_dit(dir + name, torch::kCPU);
     EXPECT_EQ(&m->descriptor(), family_of_class(m->class_name()));
@@ -115,6 +116,10 @@ TEST(ModelFamily, TransformersAnswerTheirDescriptor) {
     if (std::string(name) == "wan21_i2v_tiny") {
       ASSERT_NE(l, nullptr);
       EXPECT_STREQ(l->name, "Wan 2.1 I2V");
+    } else if (std::string(name).find("_i2v_") != std::string::npos) {
+      ASSERT_NE(l, nullptr);
+      EXPECT_STREQ(l->name, "CogVideoX I2V");
+      EXPECT_EQ(m->condition_channels(), 4);
     } else {
       EXPECT_EQ(l, nullptr);  // text-to-video layouts take no image condition
     }

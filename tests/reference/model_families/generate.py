@@ -13,7 +13,8 @@ Read from diffusers (its classes, defaults and the pipelines' own functions run 
 - schedule, default_shift: the pipeline's scheduler class (flow matching or CogVideoX's DDPM) and its
   shift (CogVideoX: the scheduler's snr_shift_scale default; Wan: the 480p flow_shift its example sets);
 - image_layouts: WanImageToVideoPipeline.prepare_latents on a stub VAE (the condition's channels, with
-  one or two images) and whether __call__ encodes images (for a transformer with image_dim: Wan 2.1's)."""
+  one or two images) and whether __call__ encodes images (for a transformer with image_dim: Wan 2.1's);
+  CogVideoX's from CogVideoXImageToVideoPipeline.prepare_latents on a stub VAE (image latents, no mask)."""
 import inspect
 import json
 import re
@@ -22,8 +23,8 @@ import types
 
 import torch
 import diffusers
-from diffusers import (AutoencoderKLCogVideoX, AutoencoderKLWan, CogVideoXDDIMScheduler, CogVideoXPipeline,
-                       CogVideoXTransformer3DModel, WanImageToVideoPipeline, WanPipeline)
+from diffusers import (AutoencoderKLCogVideoX, AutoencoderKLWan, CogVideoXDDIMScheduler, CogVideoXImageToVideoPipeline,
+                       CogVideoXPipeline, CogVideoXTransformer3DModel, WanImageToVideoPipeline, WanPipeline)
 
 
 def last_name(annotation):
@@ -135,6 +136,26 @@ def wan_image_layouts():
     return out
 
 
+def cog_image_layouts():
+    """CogVideoXImageToVideoPipeline.prepare_latents on a stub VAE: the image latents (frames-first) it puts after
+    the noisy ones, their channels for a VAE of 8 and of 16 latents; no mask; no image encoder in the pipeline."""
+    def condition_channels(channels):
+        vae = StubVae(channels)
+        vae.config = types.SimpleNamespace(invert_scale_latents=False)
+        vae.encode = lambda v: types.SimpleNamespace(latent_dist=types.SimpleNamespace(
+            sample=lambda generator=None: torch.zeros(v.shape[0], channels, 1, v.shape[3] // 8, v.shape[4] // 8)))
+        stub = types.SimpleNamespace(vae_scale_factor_temporal=4, vae_scale_factor_spatial=8, vae=vae,
+                                     vae_scaling_factor_image=0.7, scheduler=types.SimpleNamespace(init_noise_sigma=1.0),
+                                     transformer=types.SimpleNamespace(config=types.SimpleNamespace(patch_size_t=None)))
+        _, image_latents = CogVideoXImageToVideoPipeline.prepare_latents(
+            stub, torch.zeros(1, 3, 32, 48), 1, channels, 9, 32, 48, torch.float32, torch.device("cpu"), None, None)
+        return image_latents.shape[2]
+    mask = condition_channels(16) - 16
+    encoder = "image_encoder" in inspect.signature(CogVideoXImageToVideoPipeline.__init__).parameters
+    return [{"name": "CogVideoX I2V", "mask_channels": mask, "condition_latents": condition_channels(8) == mask + 8,
+             "in_channels_z16": 16 + condition_channels(16), "image_embeddings": encoder, "images": 1}]
+
+
 def facts():
     wan_doc = inspect.getsource(diffusers.pipelines.wan.pipeline_wan)
     wan_call = inspect.signature(WanPipeline.__call__).parameters
@@ -154,7 +175,7 @@ def facts():
            "height": t["sample_height"].default * spatial, "layout": layout(CogVideoXPipeline, True),
            "temporal_padding": "patch_size_t" in inspect.getsource(CogVideoXPipeline.__call__),
            "schedule": "flow" if init_class(CogVideoXPipeline, "scheduler").startswith("FlowMatch") else "ddpm",
-           "default_shift": CogVideoXDDIMScheduler().config.snr_shift_scale, "image_layouts": []}
+           "default_shift": CogVideoXDDIMScheduler().config.snr_shift_scale, "image_layouts": cog_image_layouts()}
     cog.update(text_facts(CogVideoXPipeline))
     return {"diffusers": diffusers.__version__, "families": {"wan": wan, "cogvideox": cog}}
 
