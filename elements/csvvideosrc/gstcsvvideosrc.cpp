@@ -20,7 +20,9 @@
 #include "row_facts.h"
 #include "row_facts_query.h"
 #include "shapes_query.h"
+#include "csvvideosrc_settings.h"
 #include "source_engine.h"
+#include "string_property.h"
 
 GST_DEBUG_CATEGORY_STATIC(csvvideosrc_debug);
 #define GST_CAT_DEFAULT csvvideosrc_debug
@@ -29,20 +31,7 @@ using namespace videotrain;
 
 struct _GstCsvVideoSrc {
   GstPushSrc parent;
-  // Properties (guarded by the object lock).
-  gchar *location, *root, *path_column, *caption_column, *split, *buckets, *frame_buckets;
-  gint num_frames, frame_stride, width, height, rank, world_size, prefetch, decode_threads, video_stream, clip_windows;
-  gdouble fps;
-  ClipStart clip_start;
-  ResizeMode resize_mode;
-  ShortClips short_clips;
-  OnError on_error;
-  gboolean shuffle;
-  guint64 seed, start_clip;
-  guint num_epochs, start_epoch;
-  gdouble decode_timeout;
-  guint max_caption_bytes;
-  gint fps_n, fps_d;
+  CsvVideoSrcSettings *settings;  // the properties (object lock)
   // Streaming state.
   std::unique_ptr<SourceEngine> *engine;
   guint64 frames_out;
@@ -119,56 +108,48 @@ VIDEOTRAIN_DEFINE_ENUM(on_error_get_type, "GstCsvVideoSrcOnError",
 static SourceEngine *engine_of(GstCsvVideoSrc *self) { return self->engine ? self->engine->get() : nullptr; }
 
 static GstClockTime frame_duration(GstCsvVideoSrc *self) {
-  return self->fps_n > 0 ? gst_util_uint64_scale(GST_SECOND, self->fps_d, self->fps_n) : GST_CLOCK_TIME_NONE;
-}
-
-static void set_string(gchar **field, const GValue *v) {
-  g_free(*field);
-  *field = g_value_dup_string(v);
+  const CsvVideoSrcSettings &s = *self->settings;
+  return s.fps_n > 0 ? gst_util_uint64_scale(GST_SECOND, s.fps_d, s.fps_n) : GST_CLOCK_TIME_NONE;
 }
 
 static void gst_csv_video_src_set_property(GObject *object, guint id, const GValue *v, GParamSpec *pspec) {
   auto *self = GST_CSV_VIDEO_SRC(object);
   GST_OBJECT_LOCK(self);
+  CsvVideoSrcSettings &s = *self->settings;
+  SourceConfig &c = s.source;
   switch (id) {
-    case PROP_LOCATION: set_string(&self->location, v); break;
-    case PROP_ROOT: set_string(&self->root, v); break;
-    case PROP_PATH_COLUMN: set_string(&self->path_column, v); break;
-    case PROP_CAPTION_COLUMN: set_string(&self->caption_column, v); break;
-    case PROP_SPLIT: set_string(&self->split, v); break;
-    case PROP_NUM_FRAMES: self->num_frames = g_value_get_int(v); break;
-    case PROP_FRAME_STRIDE: self->frame_stride = g_value_get_int(v); break;
-    case PROP_FPS: self->fps = g_value_get_double(v); break;
-    case PROP_VIDEO_STREAM: self->video_stream = g_value_get_int(v); break;
-    case PROP_CLIP_START: self->clip_start = (ClipStart)g_value_get_enum(v); break;
-    case PROP_CLIP_WINDOWS: self->clip_windows = g_value_get_int(v); break;
-    case PROP_WIDTH: self->width = g_value_get_int(v); break;
-    case PROP_HEIGHT: self->height = g_value_get_int(v); break;
-    case PROP_BUCKETS:
-      g_free(self->buckets);
-      self->buckets = g_value_dup_string(v);
-      break;
-    case PROP_FRAME_BUCKETS:
-      g_free(self->frame_buckets);
-      self->frame_buckets = g_value_dup_string(v);
-      break;
-    case PROP_RESIZE_MODE: self->resize_mode = (ResizeMode)g_value_get_enum(v); break;
-    case PROP_SHORT_CLIPS: self->short_clips = (ShortClips)g_value_get_enum(v); break;
-    case PROP_ON_ERROR: self->on_error = (OnError)g_value_get_enum(v); break;
-    case PROP_RANK: self->rank = g_value_get_int(v); break;
-    case PROP_WORLD_SIZE: self->world_size = g_value_get_int(v); break;
-    case PROP_SHUFFLE: self->shuffle = g_value_get_boolean(v); break;
-    case PROP_SEED: self->seed = g_value_get_uint64(v); break;
-    case PROP_NUM_EPOCHS: self->num_epochs = g_value_get_uint(v); break;
-    case PROP_START_EPOCH: self->start_epoch = g_value_get_uint(v); break;
-    case PROP_START_CLIP: self->start_clip = g_value_get_uint64(v); break;
-    case PROP_PREFETCH: self->prefetch = g_value_get_int(v); break;
-    case PROP_DECODE_THREADS: self->decode_threads = g_value_get_int(v); break;
-    case PROP_DECODE_TIMEOUT: self->decode_timeout = g_value_get_double(v); break;
-    case PROP_MAX_CAPTION_BYTES: self->max_caption_bytes = g_value_get_uint(v); break;
+    case PROP_LOCATION: c.manifest.location = string_property(v); break;
+    case PROP_ROOT: c.manifest.root = string_property(v); break;
+    case PROP_PATH_COLUMN: c.manifest.path_column = string_property(v); break;
+    case PROP_CAPTION_COLUMN: c.manifest.caption_column = string_property(v); break;
+    case PROP_SPLIT: c.manifest.split = string_property(v); break;
+    case PROP_NUM_FRAMES: c.num_frames = g_value_get_int(v); break;
+    case PROP_FRAME_STRIDE: c.frame_stride = g_value_get_int(v); break;
+    case PROP_FPS: c.fps = g_value_get_double(v); break;
+    case PROP_VIDEO_STREAM: c.video_stream = g_value_get_int(v); break;
+    case PROP_CLIP_START: c.clip_start = (ClipStart)g_value_get_enum(v); break;
+    case PROP_CLIP_WINDOWS: c.clip_windows = g_value_get_int(v); break;
+    case PROP_WIDTH: c.width = g_value_get_int(v); break;
+    case PROP_HEIGHT: c.height = g_value_get_int(v); break;
+    case PROP_BUCKETS: c.buckets = string_property(v); break;
+    case PROP_FRAME_BUCKETS: c.frame_buckets = string_property(v); break;
+    case PROP_RESIZE_MODE: c.resize = (ResizeMode)g_value_get_enum(v); break;
+    case PROP_SHORT_CLIPS: c.short_clips = (ShortClips)g_value_get_enum(v); break;
+    case PROP_ON_ERROR: c.on_error = (OnError)g_value_get_enum(v); break;
+    case PROP_RANK: s.rank = g_value_get_int(v); break;
+    case PROP_WORLD_SIZE: s.world_size = g_value_get_int(v); break;
+    case PROP_SHUFFLE: c.shuffle = g_value_get_boolean(v); break;
+    case PROP_SEED: c.seed = g_value_get_uint64(v); break;
+    case PROP_NUM_EPOCHS: c.num_epochs = g_value_get_uint(v); break;
+    case PROP_START_EPOCH: c.start_epoch = g_value_get_uint(v); break;
+    case PROP_START_CLIP: c.start_clip = g_value_get_uint64(v); break;
+    case PROP_PREFETCH: c.prefetch = g_value_get_int(v); break;
+    case PROP_DECODE_THREADS: c.decode_threads = g_value_get_int(v); break;
+    case PROP_DECODE_TIMEOUT: c.decode_timeout_s = g_value_get_double(v); break;
+    case PROP_MAX_CAPTION_BYTES: c.manifest.max_caption_bytes = g_value_get_uint(v); break;
     case PROP_FRAMERATE:
-      self->fps_n = gst_value_get_fraction_numerator(v);
-      self->fps_d = gst_value_get_fraction_denominator(v);
+      s.fps_n = gst_value_get_fraction_numerator(v);
+      s.fps_d = gst_value_get_fraction_denominator(v);
       break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
@@ -178,37 +159,39 @@ static void gst_csv_video_src_set_property(GObject *object, guint id, const GVal
 static void gst_csv_video_src_get_property(GObject *object, guint id, GValue *v, GParamSpec *pspec) {
   auto *self = GST_CSV_VIDEO_SRC(object);
   GST_OBJECT_LOCK(self);
+  const CsvVideoSrcSettings &s = *self->settings;
+  const SourceConfig &c = s.source;
   switch (id) {
-    case PROP_LOCATION: g_value_set_string(v, self->location); break;
-    case PROP_ROOT: g_value_set_string(v, self->root); break;
-    case PROP_PATH_COLUMN: g_value_set_string(v, self->path_column); break;
-    case PROP_CAPTION_COLUMN: g_value_set_string(v, self->caption_column); break;
-    case PROP_SPLIT: g_value_set_string(v, self->split); break;
-    case PROP_NUM_FRAMES: g_value_set_int(v, self->num_frames); break;
-    case PROP_FRAME_STRIDE: g_value_set_int(v, self->frame_stride); break;
-    case PROP_FPS: g_value_set_double(v, self->fps); break;
-    case PROP_VIDEO_STREAM: g_value_set_int(v, self->video_stream); break;
-    case PROP_CLIP_START: g_value_set_enum(v, (gint)self->clip_start); break;
-    case PROP_CLIP_WINDOWS: g_value_set_int(v, self->clip_windows); break;
-    case PROP_WIDTH: g_value_set_int(v, self->width); break;
-    case PROP_HEIGHT: g_value_set_int(v, self->height); break;
-    case PROP_BUCKETS: g_value_set_string(v, self->buckets); break;
-    case PROP_FRAME_BUCKETS: g_value_set_string(v, self->frame_buckets); break;
-    case PROP_RESIZE_MODE: g_value_set_enum(v, (gint)self->resize_mode); break;
-    case PROP_SHORT_CLIPS: g_value_set_enum(v, (gint)self->short_clips); break;
-    case PROP_ON_ERROR: g_value_set_enum(v, (gint)self->on_error); break;
-    case PROP_RANK: g_value_set_int(v, self->rank); break;
-    case PROP_WORLD_SIZE: g_value_set_int(v, self->world_size); break;
-    case PROP_SHUFFLE: g_value_set_boolean(v, self->shuffle); break;
-    case PROP_SEED: g_value_set_uint64(v, self->seed); break;
-    case PROP_NUM_EPOCHS: g_value_set_uint(v, self->num_epochs); break;
-    case PROP_START_EPOCH: g_value_set_uint(v, self->start_epoch); break;
-    case PROP_START_CLIP: g_value_set_uint64(v, self->start_clip); break;
-    case PROP_PREFETCH: g_value_set_int(v, self->prefetch); break;
-    case PROP_DECODE_THREADS: g_value_set_int(v, self->decode_threads); break;
-    case PROP_DECODE_TIMEOUT: g_value_set_double(v, self->decode_timeout); break;
-    case PROP_MAX_CAPTION_BYTES: g_value_set_uint(v, self->max_caption_bytes); break;
-    case PROP_FRAMERATE: gst_value_set_fraction(v, self->fps_n, self->fps_d); break;
+    case PROP_LOCATION: set_string_property(v, c.manifest.location); break;
+    case PROP_ROOT: set_string_property(v, c.manifest.root); break;
+    case PROP_PATH_COLUMN: set_string_property(v, c.manifest.path_column); break;
+    case PROP_CAPTION_COLUMN: set_string_property(v, c.manifest.caption_column); break;
+    case PROP_SPLIT: set_string_property(v, c.manifest.split); break;
+    case PROP_NUM_FRAMES: g_value_set_int(v, c.num_frames); break;
+    case PROP_FRAME_STRIDE: g_value_set_int(v, c.frame_stride); break;
+    case PROP_FPS: g_value_set_double(v, c.fps); break;
+    case PROP_VIDEO_STREAM: g_value_set_int(v, c.video_stream); break;
+    case PROP_CLIP_START: g_value_set_enum(v, (gint)c.clip_start); break;
+    case PROP_CLIP_WINDOWS: g_value_set_int(v, c.clip_windows); break;
+    case PROP_WIDTH: g_value_set_int(v, c.width); break;
+    case PROP_HEIGHT: g_value_set_int(v, c.height); break;
+    case PROP_BUCKETS: set_string_property(v, c.buckets); break;
+    case PROP_FRAME_BUCKETS: set_string_property(v, c.frame_buckets); break;
+    case PROP_RESIZE_MODE: g_value_set_enum(v, (gint)c.resize); break;
+    case PROP_SHORT_CLIPS: g_value_set_enum(v, (gint)c.short_clips); break;
+    case PROP_ON_ERROR: g_value_set_enum(v, (gint)c.on_error); break;
+    case PROP_RANK: g_value_set_int(v, s.rank); break;
+    case PROP_WORLD_SIZE: g_value_set_int(v, s.world_size); break;
+    case PROP_SHUFFLE: g_value_set_boolean(v, c.shuffle); break;
+    case PROP_SEED: g_value_set_uint64(v, c.seed); break;
+    case PROP_NUM_EPOCHS: g_value_set_uint(v, c.num_epochs); break;
+    case PROP_START_EPOCH: g_value_set_uint(v, c.start_epoch); break;
+    case PROP_START_CLIP: g_value_set_uint64(v, c.start_clip); break;
+    case PROP_PREFETCH: g_value_set_int(v, c.prefetch); break;
+    case PROP_DECODE_THREADS: g_value_set_int(v, c.decode_threads); break;
+    case PROP_DECODE_TIMEOUT: g_value_set_double(v, c.decode_timeout_s); break;
+    case PROP_MAX_CAPTION_BYTES: g_value_set_uint(v, guint(c.manifest.max_caption_bytes)); break;
+    case PROP_FRAMERATE: gst_value_set_fraction(v, s.fps_n, s.fps_d); break;
     case PROP_REPLACED: {
       SourceEngine *e = engine_of(self);
       g_value_set_uint64(v, e ? e->stats().replaced : 0);
@@ -231,40 +214,14 @@ static void gst_csv_video_src_get_property(GObject *object, guint id, GValue *v,
 
 // Configuration from the properties, with rank/world from the environment when unset.
 static SourceConfig config_from_properties(GstCsvVideoSrc *self) {
-  SourceConfig c;
   DistEnv env = dist_env_from_environment();
   GST_OBJECT_LOCK(self);
-  c.manifest.location = self->location ? self->location : "";
-  c.manifest.root = self->root ? self->root : "";
-  c.manifest.path_column = self->path_column ? self->path_column : "";
-  c.manifest.caption_column = self->caption_column ? self->caption_column : "";
-  c.manifest.split = self->split ? self->split : "";
-  c.manifest.max_caption_bytes = self->max_caption_bytes;
-  c.num_frames = self->num_frames;
-  c.frame_stride = self->frame_stride;
-  c.fps = self->fps;
-  c.video_stream = self->video_stream;
-  c.clip_start = self->clip_start;
-  c.clip_windows = self->clip_windows;
-  c.width = self->width;
-  c.height = self->height;
-  c.buckets = self->buckets ? self->buckets : "";
-  c.frame_buckets = self->frame_buckets ? self->frame_buckets : "";
-  c.probe_threads = int(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
-  c.resize = self->resize_mode;
-  c.short_clips = self->short_clips;
-  c.on_error = self->on_error;
-  c.world_size = self->world_size > 0 ? self->world_size : env.world_size;
-  c.rank = self->rank >= 0 ? self->rank : (self->world_size > 0 ? 0 : env.rank);
-  c.shuffle = self->shuffle;
-  c.seed = self->seed;
-  c.num_epochs = self->num_epochs;
-  c.start_epoch = self->start_epoch;
-  c.start_clip = self->start_clip;
-  c.prefetch = self->prefetch;
-  c.decode_threads = self->decode_threads;
-  c.decode_timeout_s = self->decode_timeout;
+  const CsvVideoSrcSettings s = *self->settings;
   GST_OBJECT_UNLOCK(self);
+  SourceConfig c = s.source;
+  c.probe_threads = int(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
+  c.world_size = s.world_size > 0 ? s.world_size : env.world_size;
+  c.rank = s.rank >= 0 ? s.rank : (s.world_size > 0 ? 0 : env.rank);
   return c;
 }
 
@@ -457,13 +414,14 @@ static GstCaps *gst_csv_video_src_get_caps(GstBaseSrc *src, GstCaps *filter) {
   // With buckets, every bucket size (the first negotiated; each clip sets its own).
   std::vector<FrameSize> sizes;
   std::string why;
-  if (!self->buckets || !parse_size_buckets(self->buckets, &sizes, &why) || sizes.empty())
-    sizes = {FrameSize{self->width, self->height}};
+  const CsvVideoSrcSettings &s = *self->settings;
+  if (!parse_size_buckets(s.source.buckets, &sizes, &why) || sizes.empty())
+    sizes = {FrameSize{s.source.width, s.source.height}};
   GstCaps *caps = gst_caps_new_empty();
   for (const FrameSize &fs : sizes)
     gst_caps_append_structure(caps, gst_structure_new("video/x-raw", "format", G_TYPE_STRING, "RGB", "width",
                                                       G_TYPE_INT, fs.width, "height", G_TYPE_INT, fs.height,
-                                                      "framerate", GST_TYPE_FRACTION, self->fps_n, self->fps_d,
+                                                      "framerate", GST_TYPE_FRACTION, s.fps_n, s.fps_d,
                                                       "pixel-aspect-ratio", GST_TYPE_FRACTION, 1, 1, NULL));
   GST_OBJECT_UNLOCK(self);
   if (filter) {
@@ -489,8 +447,9 @@ static gboolean gst_csv_video_src_do_seek(GstBaseSrc *src, GstSegment *segment) 
     return FALSE;
   }
   guint64 frame = segment->start / dur;
-  guint64 clip = frame / (guint64)self->num_frames;
-  guint64 target = clip * (guint64)self->num_frames;
+  const guint64 clip_frames = (guint64)self->settings->source.num_frames;
+  guint64 clip = frame / clip_frames;
+  guint64 target = clip * clip_frames;
   if (target != self->frames_out) {
     GST_DEBUG_OBJECT(self, "seek to clip %" G_GUINT64_FORMAT, clip);
     e->restart_at(clip);
@@ -508,7 +467,7 @@ static gboolean gst_csv_video_src_query(GstBaseSrc *src, GstQuery *query) {
     gst_query_parse_duration(query, &fmt, nullptr);
     SourceEngine *e = engine_of(self);
     if (e && e->total_clips() != G_MAXUINT64 && (fmt == GST_FORMAT_TIME || fmt == GST_FORMAT_DEFAULT)) {
-      guint64 frames = e->total_clips() * (guint64)self->num_frames;
+      guint64 frames = e->total_clips() * (guint64)self->settings->source.num_frames;
       GstClockTime d = frame_duration(self);
       gst_query_set_duration(query, fmt, fmt == GST_FORMAT_TIME ? (gint64)(frames * d) : (gint64)frames);
       return TRUE;
@@ -584,7 +543,7 @@ static GstFlowReturn gst_csv_video_src_create(GstPushSrc *src, GstBuffer **buf) 
       GST_OBJECT_LOCK(self);
       GstCaps *caps = gst_caps_new_simple("video/x-raw", "format", G_TYPE_STRING, "RGB", "width", G_TYPE_INT,
                                           shape.width, "height", G_TYPE_INT, shape.height, "framerate",
-                                          GST_TYPE_FRACTION, self->fps_n, self->fps_d, "pixel-aspect-ratio",
+                                          GST_TYPE_FRACTION, self->settings->fps_n, self->settings->fps_d, "pixel-aspect-ratio",
                                           GST_TYPE_FRACTION, 1, 1, NULL);
       GST_OBJECT_UNLOCK(self);
       const gboolean ok = gst_base_src_set_caps(GST_BASE_SRC(self), caps);
@@ -612,43 +571,12 @@ static GstFlowReturn gst_csv_video_src_create(GstPushSrc *src, GstBuffer **buf) 
 static void gst_csv_video_src_finalize(GObject *object) {
   auto *self = GST_CSV_VIDEO_SRC(object);
   delete self->engine;
-  g_free(self->location);
-  g_free(self->root);
-  g_free(self->path_column);
-  g_free(self->caption_column);
-  g_free(self->split);
-  g_free(self->buckets);
-  g_free(self->frame_buckets);
+  delete self->settings;
   G_OBJECT_CLASS(gst_csv_video_src_parent_class)->finalize(object);
 }
 
 static void gst_csv_video_src_init(GstCsvVideoSrc *self) {
-  self->location = self->root = self->path_column = self->caption_column = self->split = nullptr;
-  self->buckets = self->frame_buckets = nullptr;
-  self->num_frames = 49;
-  self->frame_stride = 1;
-  self->fps = 0;
-  self->video_stream = 0;
-  self->clip_start = ClipStart::Random;
-  self->clip_windows = 0;
-  self->width = 720;
-  self->height = 480;
-  self->resize_mode = ResizeMode::Crop;
-  self->short_clips = ShortClips::Replace;
-  self->on_error = OnError::Replace;
-  self->rank = -1;
-  self->world_size = 0;
-  self->shuffle = TRUE;
-  self->seed = 0;
-  self->num_epochs = 1;
-  self->start_epoch = 0;
-  self->start_clip = 0;
-  self->prefetch = 4;
-  self->decode_threads = 1;
-  self->decode_timeout = 60.0;
-  self->max_caption_bytes = 16384;
-  self->fps_n = 8;
-  self->fps_d = 1;
+  self->settings = new CsvVideoSrcSettings();
   self->engine = nullptr;
   self->frames_out = 0;
   self->epoch_event = nullptr;
@@ -665,6 +593,8 @@ static void gst_csv_video_src_class_init(GstCsvVideoSrcClass *klass) {
   oc->get_property = gst_csv_video_src_get_property;
   oc->finalize = gst_csv_video_src_finalize;
 
+  const CsvVideoSrcSettings ds;  // the defaults
+  const SourceConfig &d = ds.source;
   const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   const auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
   g_object_class_install_property(
@@ -692,39 +622,39 @@ static void gst_csv_video_src_class_init(GstCsvVideoSrcClass *klass) {
                           rw));
   g_object_class_install_property(
       oc, PROP_NUM_FRAMES,
-      g_param_spec_int("num-frames", "Frames per clip", "Frames in each emitted clip", 1, GST_VIDEOTRAIN_MAX_CLIP_FRAMES, 49, rw));
+      g_param_spec_int("num-frames", "Frames per clip", "Frames in each emitted clip", 1, GST_VIDEOTRAIN_MAX_CLIP_FRAMES, d.num_frames, rw));
   g_object_class_install_property(
       oc, PROP_FRAME_STRIDE,
       g_param_spec_int("frame-stride", "Frame stride", "Take every n-th decoded frame (1: consecutive frames)", 1,
-                       1000, 1, rw));
+                       1000, d.frame_stride, rw));
   g_object_class_install_property(
       oc, PROP_FPS,
       g_param_spec_double("fps", "Sampling rate",
                           "Take clips at this many frames per second of source time, each the frame shown at its "
                           "time by the timestamps (safe for variable frame rate); 0: every frame-stride-th decoded "
                           "frame",
-                          0.0, 1000.0, 0.0, rw));
+                          0.0, 1000.0, d.fps, rw));
   g_object_class_install_property(
       oc, PROP_VIDEO_STREAM,
       g_param_spec_int("video-stream", "Video stream",
                        "Which of a file's video streams to decode, counted from 0 in the file's order (ffmpeg "
                        "picks the largest by default; this picks the first)",
-                       0, 255, 0, rw));
+                       0, 255, d.video_stream, rw));
   g_object_class_install_property(
       oc, PROP_CLIP_START,
       g_param_spec_enum("clip-start", "Clip start", "Where in the video a clip starts", clip_start_get_type(),
-                        (gint)ClipStart::Random, rw));
+                        (gint)d.clip_start, rw));
   g_object_class_install_property(
       oc, PROP_CLIP_WINDOWS,
       g_param_spec_int("clip-windows", "Clip windows",
                        "With clip-start=random: each video has this many clip windows, fixed by seed and row, and "
                        "each epoch uses one of them, so that vaeencoder's latent cache fills within about as many "
                        "epochs while windows still vary; 0: a fresh window every epoch",
-                       0, 1000000, 0, rw));
+                       0, 1000000, d.clip_windows, rw));
   g_object_class_install_property(
-      oc, PROP_WIDTH, g_param_spec_int("width", "Width", "Output frame width in pixels", 1, 16384, 720, rw));
+      oc, PROP_WIDTH, g_param_spec_int("width", "Width", "Output frame width in pixels", 1, 16384, d.width, rw));
   g_object_class_install_property(
-      oc, PROP_HEIGHT, g_param_spec_int("height", "Height", "Output frame height in pixels", 1, 16384, 480, rw));
+      oc, PROP_HEIGHT, g_param_spec_int("height", "Height", "Output frame height in pixels", 1, 16384, d.height, rw));
   g_object_class_install_property(
       oc, PROP_BUCKETS,
       g_param_spec_string(
@@ -747,68 +677,68 @@ static void gst_csv_video_src_class_init(GstCsvVideoSrcClass *klass) {
   g_object_class_install_property(
       oc, PROP_RESIZE_MODE,
       g_param_spec_enum("resize-mode", "Resize mode", "How frames of another aspect ratio are fitted",
-                        resize_mode_get_type(), (gint)ResizeMode::Crop, rw));
+                        resize_mode_get_type(), (gint)d.resize, rw));
   g_object_class_install_property(
       oc, PROP_SHORT_CLIPS,
       g_param_spec_enum("short-clips", "Short clips", "What to do with a video that has too few frames",
-                        short_clips_get_type(), (gint)ShortClips::Replace, rw));
+                        short_clips_get_type(), (gint)d.short_clips, rw));
   g_object_class_install_property(
       oc, PROP_ON_ERROR,
       g_param_spec_enum("on-error", "On error",
                         "What to do with a missing, unreadable, corrupt or too slow video (decode-timeout)",
-                        on_error_get_type(), (gint)OnError::Replace, rw));
+                        on_error_get_type(), (gint)d.on_error, rw));
   g_object_class_install_property(
       oc, PROP_RANK,
       g_param_spec_int("rank", "Rank",
                        "This process's rank (-1: from RANK, SLURM_PROCID or OMPI_COMM_WORLD_RANK, else 0)", -1,
-                       1 << 20, -1, rw));
+                       1 << 20, ds.rank, rw));
   g_object_class_install_property(
       oc, PROP_WORLD_SIZE,
       g_param_spec_int("world-size", "World size",
                        "Number of ranks sharing the manifest (0: from WORLD_SIZE, SLURM_NTASKS or "
                        "OMPI_COMM_WORLD_SIZE, else 1)",
-                       0, 1 << 20, 0, rw));
+                       0, 1 << 20, ds.world_size, rw));
   g_object_class_install_property(
       oc, PROP_SHUFFLE,
-      g_param_spec_boolean("shuffle", "Shuffle", "Visit rows in a permutation that depends on seed and epoch", TRUE,
-                           rw));
+      g_param_spec_boolean("shuffle", "Shuffle", "Visit rows in a permutation that depends on seed and epoch",
+                           d.shuffle, rw));
   g_object_class_install_property(
       oc, PROP_SEED,
       g_param_spec_uint64("seed", "Seed", "Seed of the permutations, random clip starts and replacements", 0,
-                          G_MAXUINT64, 0, rw));
+                          G_MAXUINT64, d.seed, rw));
   g_object_class_install_property(
       oc, PROP_NUM_EPOCHS,
-      g_param_spec_uint("num-epochs", "Epochs", "Epochs to emit (0: forever)", 0, G_MAXUINT, 1, rw));
+      g_param_spec_uint("num-epochs", "Epochs", "Epochs to emit (0: forever)", 0, G_MAXUINT, d.num_epochs, rw));
   g_object_class_install_property(
       oc, PROP_START_EPOCH,
-      g_param_spec_uint("start-epoch", "Start epoch", "Epoch to resume at", 0, G_MAXUINT, 0, rw));
+      g_param_spec_uint("start-epoch", "Start epoch", "Epoch to resume at", 0, G_MAXUINT, d.start_epoch, rw));
   g_object_class_install_property(
       oc, PROP_START_CLIP,
       g_param_spec_uint64("start-clip", "Start clip", "Clip index within start-epoch to resume at", 0, G_MAXUINT64,
-                          0, rw));
+                          d.start_clip, rw));
   g_object_class_install_property(
       oc, PROP_PREFETCH,
       g_param_spec_int("prefetch", "Prefetch",
-                       "Videos decoded at once on worker threads; also the most decoded clips held", 1, 256, 4, rw));
+                       "Videos decoded at once on worker threads; also the most decoded clips held", 1, 256, d.prefetch, rw));
   g_object_class_install_property(
       oc, PROP_DECODE_THREADS,
       g_param_spec_int("decode-threads", "Decode threads", "Threads per decoder (0: decoder's automatic choice)", 0,
-                       256, 1, rw));
+                       256, d.decode_threads, rw));
   g_object_class_install_property(
       oc, PROP_DECODE_TIMEOUT,
       g_param_spec_double("decode-timeout", "Decode timeout",
-                          "Seconds one clip may take to decode before the video counts as bad", 0.1, 86400.0, 60.0,
+                          "Seconds one clip may take to decode before the video counts as bad", 0.1, 86400.0, d.decode_timeout_s,
                           rw));
   g_object_class_install_property(
       oc, PROP_MAX_CAPTION_BYTES,
       g_param_spec_uint("max-caption-bytes", "Max caption bytes",
                         "Longest caption kept, in bytes: a longer one is cut at a UTF-8 character boundary, with one "
                         "warning per row (a caption is copied into every clip's metadata)",
-                        1, 1 << 30, 16384, rw));
+                        1, 1 << 30, guint(d.manifest.max_caption_bytes), rw));
   g_object_class_install_property(
       oc, PROP_FRAMERATE,
       gst_param_spec_fraction("framerate", "Frame rate", "Frame rate of the output timestamps and caps", 1, 1, 1000,
-                              1, 8, 1, rw));
+                              1, ds.fps_n, ds.fps_d, rw));
   g_object_class_install_property(
       oc, PROP_REPLACED,
       g_param_spec_uint64("replaced", "Replaced", "Samples replaced so far because they could not be used", 0,

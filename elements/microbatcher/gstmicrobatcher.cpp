@@ -60,10 +60,7 @@ struct State {
 struct _GstMicroBatcher {
   GstElement parent;
   GstPad *sinkpad, *srcpad;
-  // Properties (object lock).
-  guint batch_size, micro_batch_size;
-  gboolean bucket, drop_last, epoch_boundary;
-  guint64 start_step;
+  MicroBatcherConfig *settings;  // the properties (object lock)
   State *state;
 };
 
@@ -319,7 +316,7 @@ static gboolean gst_micro_batcher_sink_event(GstPad *pad, GstObject *parent, Gst
     case GST_EVENT_CUSTOM_DOWNSTREAM: {
       const GstStructure *s = gst_event_get_structure(event);
       GST_OBJECT_LOCK(self);
-      const bool boundary = self->epoch_boundary;
+      const bool boundary = self->settings->epoch_boundary;
       GST_OBJECT_UNLOCK(self);
       if (boundary && s && gst_structure_has_name(s, GST_VIDEOTRAIN_EPOCH_EVENT))
         close_step(self, "epoch end event");
@@ -357,7 +354,7 @@ static gboolean gst_micro_batcher_sink_query(GstPad *pad, GstObject *parent, Gst
   if (parse_shapes_query(query, &shapes)) {
     // csvvideosrc with buckets groups its clips into steps of this many samples.
     GST_OBJECT_LOCK(self);
-    const guint batch = self->batch_size;
+    const guint batch = self->settings->batch_size;
     GST_OBJECT_UNLOCK(self);
     shapes_query_set_step_samples(query, batch);
     return TRUE;
@@ -386,7 +383,7 @@ static gboolean gst_micro_batcher_src_query(GstPad *pad, GstObject *parent, GstQ
       GstClockTime min, max;
       gst_query_parse_latency(query, &live, &min, &max);
       GST_OBJECT_LOCK(self);
-      const guint held = self->batch_size > 0 ? self->batch_size - 1 : 0;
+      const guint held = self->settings->batch_size > 0 ? self->settings->batch_size - 1 : 0;
       GST_OBJECT_UNLOCK(self);
       const gint64 dur = self->state->sample_duration.load();
       if (dur > 0) {
@@ -411,13 +408,8 @@ static gboolean gst_micro_batcher_src_query(GstPad *pad, GstObject *parent, GstQ
 static GstStateChangeReturn gst_micro_batcher_change_state(GstElement *element, GstStateChange transition) {
   auto *self = GST_MICRO_BATCHER(element);
   if (transition == GST_STATE_CHANGE_READY_TO_PAUSED) {
-    MicroBatcherConfig cfg;
     GST_OBJECT_LOCK(self);
-    cfg.batch_size = self->batch_size;
-    cfg.micro_batch_size = self->micro_batch_size;
-    cfg.bucket = self->bucket;
-    cfg.drop_last = self->drop_last;
-    cfg.start_step = self->start_step;
+    const MicroBatcherConfig cfg = *self->settings;
     GST_OBJECT_UNLOCK(self);
     std::string why;
     if (!MicroBatcherEngine::validate(cfg, &why)) {
@@ -446,13 +438,14 @@ static GstStateChangeReturn gst_micro_batcher_change_state(GstElement *element, 
 static void gst_micro_batcher_set_property(GObject *object, guint id, const GValue *v, GParamSpec *pspec) {
   auto *self = GST_MICRO_BATCHER(object);
   GST_OBJECT_LOCK(self);
+  MicroBatcherConfig &c = *self->settings;
   switch (id) {
-    case PROP_BATCH_SIZE: self->batch_size = g_value_get_uint(v); break;
-    case PROP_MICRO_BATCH_SIZE: self->micro_batch_size = g_value_get_uint(v); break;
-    case PROP_BUCKET: self->bucket = g_value_get_boolean(v); break;
-    case PROP_DROP_LAST: self->drop_last = g_value_get_boolean(v); break;
-    case PROP_EPOCH_BOUNDARY: self->epoch_boundary = g_value_get_boolean(v); break;
-    case PROP_START_STEP: self->start_step = g_value_get_uint64(v); break;
+    case PROP_BATCH_SIZE: c.batch_size = g_value_get_uint(v); break;
+    case PROP_MICRO_BATCH_SIZE: c.micro_batch_size = g_value_get_uint(v); break;
+    case PROP_BUCKET: c.bucket = g_value_get_boolean(v); break;
+    case PROP_DROP_LAST: c.drop_last = g_value_get_boolean(v); break;
+    case PROP_EPOCH_BOUNDARY: c.epoch_boundary = g_value_get_boolean(v); break;
+    case PROP_START_STEP: c.start_step = g_value_get_uint64(v); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -461,13 +454,14 @@ static void gst_micro_batcher_set_property(GObject *object, guint id, const GVal
 static void gst_micro_batcher_get_property(GObject *object, guint id, GValue *v, GParamSpec *pspec) {
   auto *self = GST_MICRO_BATCHER(object);
   GST_OBJECT_LOCK(self);
+  const MicroBatcherConfig &c = *self->settings;
   switch (id) {
-    case PROP_BATCH_SIZE: g_value_set_uint(v, self->batch_size); break;
-    case PROP_MICRO_BATCH_SIZE: g_value_set_uint(v, self->micro_batch_size); break;
-    case PROP_BUCKET: g_value_set_boolean(v, self->bucket); break;
-    case PROP_DROP_LAST: g_value_set_boolean(v, self->drop_last); break;
-    case PROP_EPOCH_BOUNDARY: g_value_set_boolean(v, self->epoch_boundary); break;
-    case PROP_START_STEP: g_value_set_uint64(v, self->start_step); break;
+    case PROP_BATCH_SIZE: g_value_set_uint(v, c.batch_size); break;
+    case PROP_MICRO_BATCH_SIZE: g_value_set_uint(v, c.micro_batch_size); break;
+    case PROP_BUCKET: g_value_set_boolean(v, c.bucket); break;
+    case PROP_DROP_LAST: g_value_set_boolean(v, c.drop_last); break;
+    case PROP_EPOCH_BOUNDARY: g_value_set_boolean(v, c.epoch_boundary); break;
+    case PROP_START_STEP: g_value_set_uint64(v, c.start_step); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -477,16 +471,12 @@ static void gst_micro_batcher_finalize(GObject *object) {
   auto *self = GST_MICRO_BATCHER(object);
   delete self->state;
   self->state = nullptr;
+  delete self->settings;
   G_OBJECT_CLASS(gst_micro_batcher_parent_class)->finalize(object);
 }
 
 static void gst_micro_batcher_init(GstMicroBatcher *self) {
-  self->batch_size = 1;
-  self->micro_batch_size = 0;
-  self->bucket = TRUE;
-  self->drop_last = FALSE;
-  self->epoch_boundary = TRUE;
-  self->start_step = 0;
+  self->settings = new MicroBatcherConfig();
   self->state = new State();
 
   self->sinkpad = gst_pad_new_from_static_template(sink_template(), "sink");
@@ -510,38 +500,40 @@ static void gst_micro_batcher_class_init(GstMicroBatcherClass *klass) {
   oc->finalize = gst_micro_batcher_finalize;
   ec->change_state = GST_DEBUG_FUNCPTR(gst_micro_batcher_change_state);
 
+  const MicroBatcherConfig d;  // the defaults
   const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   g_object_class_install_property(
       oc, PROP_BATCH_SIZE,
-      g_param_spec_uint("batch-size", "Batch size", "Samples per rank per optimizer step", 1, G_MAXINT, 1, rw));
+      g_param_spec_uint("batch-size", "Batch size", "Samples per rank per optimizer step", 1, G_MAXINT,
+                        d.batch_size, rw));
   g_object_class_install_property(
       oc, PROP_MICRO_BATCH_SIZE,
       g_param_spec_uint("micro-batch-size", "Micro-batch size",
                         "Samples per forward/backward pass (gradients accumulate over a step's micro-batches); "
                         "must divide batch-size; 0: equal to batch-size",
-                        0, G_MAXINT, 0, rw));
+                        0, G_MAXINT, d.micro_batch_size, rw));
   g_object_class_install_property(
       oc, PROP_BUCKET,
       g_param_spec_boolean("bucket", "Bucket by shape",
                            "Group a step's samples by latent shape so that a micro-batch never mixes shapes; "
                            "when false, samples stay in arrival order and a shape mismatch in a micro-batch is an "
                            "error",
-                           TRUE, rw));
+                           d.bucket, rw));
   g_object_class_install_property(
       oc, PROP_DROP_LAST,
       g_param_spec_boolean("drop-last", "Drop last",
                            "Drop a partial step at an epoch end or EOS instead of emitting it (never a csvvideosrc "
                            "bucket group: every rank runs each of its groups as a step)",
-                           FALSE, rw));
+                           d.drop_last, rw));
   g_object_class_install_property(
       oc, PROP_EPOCH_BOUNDARY,
       g_param_spec_boolean("epoch-boundary", "Epoch boundary",
-                           "End the step in progress at csvvideosrc's epoch-end event (csvvideosrc-epoch), so that steps never span two epochs", TRUE,
-                           rw));
+                           "End the step in progress at csvvideosrc's epoch-end event (csvvideosrc-epoch), so that steps never span two epochs",
+                           d.epoch_boundary, rw));
   g_object_class_install_property(
       oc, PROP_START_STEP,
       g_param_spec_uint64("start-step", "Start step", "Number of the first optimizer step (to resume a run)", 0,
-                          G_MAXUINT64, 0, rw));
+                          G_MAXUINT64, d.start_step, rw));
 
   gst_element_class_add_static_pad_template(ec, sink_template());
   gst_element_class_add_static_pad_template(ec, src_template());

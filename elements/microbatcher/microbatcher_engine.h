@@ -18,6 +18,8 @@ struct MicroBatcherConfig {
   bool bucket = true;             // group a step's samples by shape
   bool drop_last = false;         // drop a partial step at epoch end / EOS instead of emitting it
   uint64_t start_step = 0;        // number of the first step (resumed runs)
+  // The element's (epoch-boundary): its face calls finish() at csvvideosrc's epoch-end event.
+  bool epoch_boundary = true;
 
   uint32_t effective_micro_batch_size() const { return micro_batch_size ? micro_batch_size : batch_size; }
 };

@@ -19,24 +19,17 @@
 #include "bus_messages_doc.h"
 #include "run_context_gst.h"
 #include "sample_names.h"
+#include "samplesink_settings.h"
+#include "string_property.h"
 
 GST_DEBUG_CATEGORY_STATIC(samplesink_debug);
 #define GST_CAT_DEFAULT samplesink_debug
 
 using namespace videotrain;
 
-static const char *kDefaultLocation = "samples/step-%08d/prompt-%02d.mp4";
-// MPEG-4 part 2 at a fixed quantiser: libopenh264 prints an error line (cmInitParaError) at every
-// end-of-stream flush, one per sample file, which hid real messages; H.264 stays one property away
-// (README: samplesink).
-static const char *kDefaultEncoder =
-    "videoconvert ! video/x-raw,format=I420 ! avenc_mpeg4 pass=quant quantizer=2 max-bframes=0 ! mp4mux";
-
 struct _GstSampleSink {
   GstBaseSink parent;
-  gchar *location, *encoder;  // object lock
-  gchar *trainer_name;        // object lock
-  guint tb_frames;            // object lock
+  SampleSinkSettings *settings;  // the properties (object lock)
   guint64 files_written;      // object lock
   std::shared_ptr<RunContext> *run;  // object lock: the trainer's run (TensorBoard images)
   guint sample_frames;        // the sampler's num-frames for the open sample (0: unknown)
@@ -54,7 +47,6 @@ struct _GstSampleSink {
   std::string *partial;   // what is written until the file is complete (renamed to path then)
   guint64 frames;
   bool skipping;          // the open sample failed: its remaining frames are dropped
-  gboolean fail_on_error; // object lock: a failed sample stops the branch instead of a warning
 };
 
 G_DEFINE_TYPE(GstSampleSink, gst_sample_sink, GST_TYPE_BASE_SINK);
@@ -78,8 +70,8 @@ static bool picked(guint64 i, guint n, guint k) {
 // tensorboard-dir: rank 0's events file, other ranks' <tensorboard-dir>/samples-rank<R>).
 static void tensorboard_frame(GstSampleSink *self, GstBuffer *buf) {
   GST_OBJECT_LOCK(self);
-  const std::string trainer = self->trainer_name ? self->trainer_name : "";
-  const guint k = self->tb_frames;
+  const std::string trainer = self->settings->trainer;
+  const guint k = self->settings->tensorboard_frames;
   GST_OBJECT_UNLOCK(self);
   if (trainer.empty() || !self->have_info || !picked(self->frames, self->sample_frames, k)) return;
   auto run = run_context_find(GST_ELEMENT(self), trainer, self->run);
@@ -135,7 +127,7 @@ static GstFlowReturn sample_failed(GstSampleSink *self, const std::string &what,
   discard_file(self);
   self->skipping = true;
   GST_OBJECT_LOCK(self);
-  const bool fatal = self->fail_on_error;
+  const bool fatal = self->settings->fail_on_error;
   GST_OBJECT_UNLOCK(self);
   if (fatal) {
     GST_ELEMENT_ERROR(self, RESOURCE, WRITE, ("%s", what.c_str()), ("%s", detail.c_str()));
@@ -195,7 +187,7 @@ static std::string finish_file(GstSampleSink *self) {
 // posted (a bad encoder description), or *why set (the file cannot be written).
 static gboolean open_file(GstSampleSink *self, std::string *why) {
   GST_OBJECT_LOCK(self);
-  const std::string location = self->location, encoder = self->encoder;
+  const std::string location = self->settings->location, encoder = self->settings->encoder;
   GST_OBJECT_UNLOCK(self);
   *self->path = sample_file_name(location, self->step, self->prompt);
   gchar *dir = g_path_get_dirname(self->path->c_str());
@@ -315,7 +307,7 @@ static gboolean set_caps(GstBaseSink *sink, GstCaps *caps) {
 static gboolean start(GstBaseSink *sink) {
   auto *self = GST_SAMPLE_SINK(sink);
   GST_OBJECT_LOCK(self);
-  const std::string location = self->location ? self->location : "";
+  const std::string location = self->settings->location;
   GST_OBJECT_UNLOCK(self);
   const std::string why = check_sample_pattern(location);
   if (!why.empty()) {
@@ -325,7 +317,7 @@ static gboolean start(GstBaseSink *sink) {
   }
   // The encoder description is built once here so that a missing element is an error before data flows.
   GST_OBJECT_LOCK(self);
-  const std::string encoder = self->encoder ? self->encoder : "";
+  const std::string encoder = self->settings->encoder;
   GST_OBJECT_UNLOCK(self);
   GError *err = nullptr;
   GstElement *probe = gst_parse_bin_from_description(encoder.c_str(), TRUE, &err);
@@ -346,7 +338,7 @@ static gboolean start(GstBaseSink *sink) {
 static void set_context(GstElement *element, GstContext *context) {
   auto *self = GST_SAMPLE_SINK(element);
   GST_OBJECT_LOCK(self);
-  const std::string name = self->trainer_name ? self->trainer_name : "";
+  const std::string name = self->settings->trainer;
   GST_OBJECT_UNLOCK(self);
   run_context_take(element, context, name, self->run);
   GST_ELEMENT_CLASS(gst_sample_sink_parent_class)->set_context(element, context);
@@ -366,21 +358,13 @@ static gboolean stop(GstBaseSink *sink) {
 static void set_property(GObject *object, guint id, const GValue *value, GParamSpec *pspec) {
   auto *self = GST_SAMPLE_SINK(object);
   GST_OBJECT_LOCK(self);
+  SampleSinkSettings &c = *self->settings;
   switch (id) {
-    case PROP_LOCATION:
-      g_free(self->location);
-      self->location = g_value_dup_string(value);
-      break;
-    case PROP_ENCODER:
-      g_free(self->encoder);
-      self->encoder = g_value_dup_string(value);
-      break;
-    case PROP_TRAINER:
-      g_free(self->trainer_name);
-      self->trainer_name = g_value_dup_string(value);
-      break;
-    case PROP_TENSORBOARD_FRAMES: self->tb_frames = g_value_get_uint(value); break;
-    case PROP_FAIL_ON_ERROR: self->fail_on_error = g_value_get_boolean(value); break;
+    case PROP_LOCATION: c.location = string_property(value); break;
+    case PROP_ENCODER: c.encoder = string_property(value); break;
+    case PROP_TRAINER: c.trainer = string_property(value); break;
+    case PROP_TENSORBOARD_FRAMES: c.tensorboard_frames = g_value_get_uint(value); break;
+    case PROP_FAIL_ON_ERROR: c.fail_on_error = g_value_get_boolean(value); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
   GST_OBJECT_UNLOCK(self);
@@ -389,13 +373,14 @@ static void set_property(GObject *object, guint id, const GValue *value, GParamS
 static void get_property(GObject *object, guint id, GValue *value, GParamSpec *pspec) {
   auto *self = GST_SAMPLE_SINK(object);
   GST_OBJECT_LOCK(self);
+  const SampleSinkSettings &c = *self->settings;
   switch (id) {
-    case PROP_LOCATION: g_value_set_string(value, self->location); break;
-    case PROP_ENCODER: g_value_set_string(value, self->encoder); break;
-    case PROP_TRAINER: g_value_set_string(value, self->trainer_name); break;
-    case PROP_TENSORBOARD_FRAMES: g_value_set_uint(value, self->tb_frames); break;
+    case PROP_LOCATION: set_string_property(value, c.location); break;
+    case PROP_ENCODER: set_string_property(value, c.encoder); break;
+    case PROP_TRAINER: set_string_property(value, c.trainer); break;
+    case PROP_TENSORBOARD_FRAMES: g_value_set_uint(value, c.tensorboard_frames); break;
     case PROP_FILES_WRITTEN: g_value_set_uint64(value, self->files_written); break;
-    case PROP_FAIL_ON_ERROR: g_value_set_boolean(value, self->fail_on_error); break;
+    case PROP_FAIL_ON_ERROR: g_value_set_boolean(value, c.fail_on_error); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
   GST_OBJECT_UNLOCK(self);
@@ -403,9 +388,7 @@ static void get_property(GObject *object, guint id, GValue *value, GParamSpec *p
 
 static void finalize(GObject *object) {
   auto *self = GST_SAMPLE_SINK(object);
-  g_free(self->location);
-  g_free(self->encoder);
-  g_free(self->trainer_name);
+  delete self->settings;
   delete self->run;
   delete self->path;
   delete self->partial;
@@ -414,11 +397,8 @@ static void finalize(GObject *object) {
 }
 
 static void gst_sample_sink_init(GstSampleSink *self) {
-  self->location = g_strdup(kDefaultLocation);
-  self->encoder = g_strdup(kDefaultEncoder);
+  self->settings = new SampleSinkSettings();
   self->files_written = 0;
-  self->trainer_name = nullptr;
-  self->tb_frames = 3;
   self->run = new std::shared_ptr<RunContext>();
   self->sample_frames = 0;
   self->warned_no_run = false;
@@ -440,17 +420,18 @@ static void gst_sample_sink_class_init(GstSampleSinkClass *klass) {
   gobject_class->set_property = set_property;
   gobject_class->get_property = get_property;
   gobject_class->finalize = finalize;
+  const SampleSinkSettings d;  // the defaults
   const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   g_object_class_install_property(gobject_class, PROP_LOCATION,
       g_param_spec_string("location", "Location",
                           "File name pattern: the first %d (e.g. %08d) is the step, the second the prompt index; "
                           "folders are created",
-                          kDefaultLocation, rw));
+                          d.location.c_str(), rw));
   g_object_class_install_property(gobject_class, PROP_ENCODER,
       g_param_spec_string("encoder", "Encoder",
                           "gst-launch description from raw video to a muxed stream, e.g. \"videoconvert ! x264enc ! "
                           "mp4mux\" or \"videoconvert ! vp8enc ! webmmux\"",
-                          kDefaultEncoder, rw));
+                          d.encoder.c_str(), rw));
   g_object_class_install_property(gobject_class, PROP_TRAINER,
       g_param_spec_string("trainer", "Trainer",
                           "Name of the ddptrainsink whose TensorBoard events (its tensorboard-dir; ranks other than 0 "
@@ -459,13 +440,13 @@ static void gst_sample_sink_class_init(GstSampleSinkClass *klass) {
   g_object_class_install_property(gobject_class, PROP_TENSORBOARD_FRAMES,
       g_param_spec_uint("tensorboard-frames", "TensorBoard frames",
                         "Frames per sample sent to TensorBoard, spread from the first to the last (with trainer)", 0, 64,
-                        3, rw));
+                        d.tensorboard_frames, rw));
   g_object_class_install_property(gobject_class, PROP_FAIL_ON_ERROR,
       g_param_spec_boolean("fail-on-error", "Fail on error",
                            "A sample that cannot be written (a full disk, a folder that cannot be made) stops the "
                            "branch with an error; by default it is a warning, its file is removed and the next "
                            "sample is tried, so that training goes on",
-                           FALSE, GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY)));
+                           d.fail_on_error, rw));
   g_object_class_install_property(gobject_class, PROP_FILES_WRITTEN,
       g_param_spec_uint64("files-written", "Files written", "Sample files completed", 0, G_MAXUINT64, 0,
                           GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS)));

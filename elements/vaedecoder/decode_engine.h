@@ -24,6 +24,7 @@ struct DecodeOptions {
   std::string dtype;   // "" = bfloat16 on CUDA, float32 on CPU
   bool moments = false;  // the input is vaeencoder's latent=moments (mean and log-variance)
   bool tune_malloc = true;  // on CPU: retain_large_cpu_blocks() (process-wide), as vaeencoder
+  int fps_n = 8, fps_d = 1;  // the element's framerate (its frames' timestamps and caps); not the engine's
   // Test hook (VIDEOTRAIN_VAEDECODER_FAKE_OOM_PIXELS in the element): a decode whose tile (or frame,
   // untiled) is over this many pixels runs "out of memory" after its first new frame. 0 = off.
   int64_t fake_oom_pixels = 0;

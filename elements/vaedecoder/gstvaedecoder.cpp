@@ -21,6 +21,7 @@
 #include "first_line.h"
 #include "metas.h"
 #include "prompt_record.h"
+#include "string_property.h"
 #include "tensor_caps.h"
 
 GST_DEBUG_CATEGORY_STATIC(vaedecoder_debug);
@@ -32,11 +33,7 @@ using videotrain::vae::DecodeEngine;
 struct _GstVaeDecoder {
   GstElement parent;
   GstPad *sinkpad, *srcpad;
-  // Properties (object lock).
-  gchar *model, *device, *dtype;
-  gboolean moments, tune_malloc;
-  guint tile_height, tile_width, tile_stride_height, tile_stride_width;
-  gint fps_n, fps_d;
+  vae::DecodeOptions *settings;  // the properties (object lock)
   // Streaming state (stream lock).
   std::unique_ptr<DecodeEngine> *engine;
   int out_width, out_height;  // caps sent downstream (0: none yet)
@@ -68,17 +65,8 @@ static GstStaticPadTemplate src_template =
     GST_STATIC_PAD_TEMPLATE("src", GST_PAD_SRC, GST_PAD_ALWAYS, GST_STATIC_CAPS(GST_VIDEO_CAPS_MAKE("RGB")));
 
 static gboolean load_engine(GstVaeDecoder *self) {
-  vae::DecodeOptions o;
   GST_OBJECT_LOCK(self);
-  o.model = self->model ? self->model : "";
-  o.device = self->device ? self->device : "";
-  o.dtype = self->dtype ? self->dtype : "";
-  o.moments = self->moments;
-  o.tune_malloc = self->tune_malloc;
-  o.tile_height = static_cast<int>(self->tile_height);
-  o.tile_width = static_cast<int>(self->tile_width);
-  o.tile_stride_height = static_cast<int>(self->tile_stride_height);
-  o.tile_stride_width = static_cast<int>(self->tile_stride_width);
+  const vae::DecodeOptions o = *self->settings;
   GST_OBJECT_UNLOCK(self);
   std::string error;
   std::unique_ptr<DecodeEngine> eng;
@@ -119,7 +107,7 @@ static gboolean gst_vae_decoder_sink_query(GstPad *pad, GstObject *parent, GstQu
 static gboolean send_caps(GstVaeDecoder *self, int width, int height) {
   if (width == self->out_width && height == self->out_height) return TRUE;
   GST_OBJECT_LOCK(self);
-  const gint n = self->fps_n, d = self->fps_d;
+  const gint n = self->settings->fps_n, d = self->settings->fps_d;
   GST_OBJECT_UNLOCK(self);
   GstCaps *caps = gst_caps_new_simple("video/x-raw", "format", G_TYPE_STRING, "RGB", "width", G_TYPE_INT, width,
                                       "height", G_TYPE_INT, height, "framerate", GST_TYPE_FRACTION, n, d,
@@ -166,7 +154,7 @@ static GstFlowReturn gst_vae_decoder_chain(GstPad *, GstObject *parent, GstBuffe
     self->segment_sent = gst_pad_push_event(self->srcpad, gst_event_new_segment(&seg));
   }
   GST_OBJECT_LOCK(self);
-  const gint fps_n = self->fps_n, fps_d = self->fps_d;
+  const gint fps_n = self->settings->fps_n, fps_d = self->settings->fps_d;
   GST_OBJECT_UNLOCK(self);
   const guint num_frames = static_cast<guint>(eng->frames_for(shape[1]));
   guint frame_index = 0;
@@ -266,20 +254,23 @@ static GstStateChangeReturn gst_vae_decoder_change_state(GstElement *element, Gs
 static void gst_vae_decoder_set_property(GObject *object, guint id, const GValue *value, GParamSpec *pspec) {
   auto *self = GST_VAE_DECODER(object);
   GST_OBJECT_LOCK(self);
+  vae::DecodeOptions &c = *self->settings;
+  // Tile sizes are at most 16384 (the specs' range): they fit the engine's ints.
+  auto pixels = [value]() { return static_cast<int>(g_value_get_uint(value)); };
   switch (id) {
-    case PROP_MODEL: g_free(self->model); self->model = g_value_dup_string(value); break;
-    case PROP_TILE_HEIGHT: self->tile_height = g_value_get_uint(value); break;
-    case PROP_TILE_WIDTH: self->tile_width = g_value_get_uint(value); break;
-    case PROP_TILE_STRIDE_HEIGHT: self->tile_stride_height = g_value_get_uint(value); break;
-    case PROP_TILE_STRIDE_WIDTH: self->tile_stride_width = g_value_get_uint(value); break;
+    case PROP_MODEL: c.model = string_property(value); break;
+    case PROP_TILE_HEIGHT: c.tile_height = pixels(); break;
+    case PROP_TILE_WIDTH: c.tile_width = pixels(); break;
+    case PROP_TILE_STRIDE_HEIGHT: c.tile_stride_height = pixels(); break;
+    case PROP_TILE_STRIDE_WIDTH: c.tile_stride_width = pixels(); break;
     case PROP_FRAMERATE:
-      self->fps_n = gst_value_get_fraction_numerator(value);
-      self->fps_d = gst_value_get_fraction_denominator(value);
+      c.fps_n = gst_value_get_fraction_numerator(value);
+      c.fps_d = gst_value_get_fraction_denominator(value);
       break;
-    case PROP_DEVICE: g_free(self->device); self->device = g_value_dup_string(value); break;
-    case PROP_DTYPE: g_free(self->dtype); self->dtype = g_value_dup_string(value); break;
-    case PROP_MOMENTS: self->moments = g_value_get_boolean(value); break;
-    case PROP_TUNE_MALLOC: self->tune_malloc = g_value_get_boolean(value); break;
+    case PROP_DEVICE: c.device = string_property(value); break;
+    case PROP_DTYPE: c.dtype = string_property(value); break;
+    case PROP_MOMENTS: c.moments = g_value_get_boolean(value); break;
+    case PROP_TUNE_MALLOC: c.tune_malloc = g_value_get_boolean(value); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -288,17 +279,18 @@ static void gst_vae_decoder_set_property(GObject *object, guint id, const GValue
 static void gst_vae_decoder_get_property(GObject *object, guint id, GValue *value, GParamSpec *pspec) {
   auto *self = GST_VAE_DECODER(object);
   GST_OBJECT_LOCK(self);
+  const vae::DecodeOptions &c = *self->settings;
   switch (id) {
-    case PROP_MODEL: g_value_set_string(value, self->model); break;
-    case PROP_TILE_HEIGHT: g_value_set_uint(value, self->tile_height); break;
-    case PROP_TILE_WIDTH: g_value_set_uint(value, self->tile_width); break;
-    case PROP_TILE_STRIDE_HEIGHT: g_value_set_uint(value, self->tile_stride_height); break;
-    case PROP_TILE_STRIDE_WIDTH: g_value_set_uint(value, self->tile_stride_width); break;
-    case PROP_FRAMERATE: gst_value_set_fraction(value, self->fps_n, self->fps_d); break;
-    case PROP_DEVICE: g_value_set_string(value, self->device); break;
-    case PROP_DTYPE: g_value_set_string(value, self->dtype); break;
-    case PROP_MOMENTS: g_value_set_boolean(value, self->moments); break;
-    case PROP_TUNE_MALLOC: g_value_set_boolean(value, self->tune_malloc); break;
+    case PROP_MODEL: set_string_property(value, c.model); break;
+    case PROP_TILE_HEIGHT: g_value_set_uint(value, guint(c.tile_height)); break;
+    case PROP_TILE_WIDTH: g_value_set_uint(value, guint(c.tile_width)); break;
+    case PROP_TILE_STRIDE_HEIGHT: g_value_set_uint(value, guint(c.tile_stride_height)); break;
+    case PROP_TILE_STRIDE_WIDTH: g_value_set_uint(value, guint(c.tile_stride_width)); break;
+    case PROP_FRAMERATE: gst_value_set_fraction(value, c.fps_n, c.fps_d); break;
+    case PROP_DEVICE: set_string_property(value, c.device); break;
+    case PROP_DTYPE: set_string_property(value, c.dtype); break;
+    case PROP_MOMENTS: g_value_set_boolean(value, c.moments); break;
+    case PROP_TUNE_MALLOC: g_value_set_boolean(value, c.tune_malloc); break;
     case PROP_CLIPS_DECODED: g_value_set_uint64(value, self->clips_decoded); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
@@ -308,9 +300,7 @@ static void gst_vae_decoder_get_property(GObject *object, guint id, GValue *valu
 static void gst_vae_decoder_finalize(GObject *object) {
   auto *self = GST_VAE_DECODER(object);
   delete self->engine;
-  g_free(self->model);
-  g_free(self->device);
-  g_free(self->dtype);
+  delete self->settings;
   G_OBJECT_CLASS(gst_vae_decoder_parent_class)->finalize(object);
 }
 
@@ -323,6 +313,7 @@ static void gst_vae_decoder_class_init(GstVaeDecoderClass *klass) {
   gobject_class->finalize = gst_vae_decoder_finalize;
   element_class->change_state = gst_vae_decoder_change_state;
 
+  const vae::DecodeOptions d;  // the defaults
   const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   const auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
   g_object_class_install_property(
@@ -338,26 +329,27 @@ static void gst_vae_decoder_class_init(GstVaeDecoderClass *klass) {
                         "Spatial tile height in output pixels (0: no tiles), a multiple of the VAE's spatial "
                         "compression; latents larger than a tile are decoded tile by tile (diffusers' "
                         "enable_tiling: tile_sample_min_height)",
-                        0, 16384, 0, rw));
+                        0, 16384, guint(d.tile_height), rw));
   g_object_class_install_property(
       gobject_class, PROP_TILE_WIDTH,
-      g_param_spec_uint("tile-width", "Tile width", "Spatial tile width in output pixels (0: no tiles)", 0, 16384, 0,
-                        rw));
+      g_param_spec_uint("tile-width", "Tile width", "Spatial tile width in output pixels (0: no tiles)", 0, 16384,
+                        guint(d.tile_width), rw));
   g_object_class_install_property(
       gobject_class, PROP_TILE_STRIDE_HEIGHT,
       g_param_spec_uint("tile-stride-height", "Tile stride height",
                         "Output pixels from one tile row to the next (0: 3/4 of tile-height); tiles blend "
                         "linearly over tile-height - stride rows (CogVideoX's overlap factor f: stride = tile - "
                         "int(tile * f))",
-                        0, 16384, 0, rw));
+                        0, 16384, guint(d.tile_stride_height), rw));
   g_object_class_install_property(
       gobject_class, PROP_TILE_STRIDE_WIDTH,
       g_param_spec_uint("tile-stride-width", "Tile stride width",
-                        "Output pixels from one tile column to the next (0: 3/4 of tile-width)", 0, 16384, 0, rw));
+                        "Output pixels from one tile column to the next (0: 3/4 of tile-width)", 0, 16384,
+                        guint(d.tile_stride_width), rw));
   g_object_class_install_property(
       gobject_class, PROP_FRAMERATE,
       gst_param_spec_fraction("framerate", "Framerate", "Frame rate of the decoded video (latents carry none)", 1, 1,
-                              1000, 1, 8, 1, rw));
+                              1000, 1, d.fps_n, d.fps_d, rw));
   g_object_class_install_property(
       gobject_class, PROP_DEVICE,
       g_param_spec_string("device", "Device",
@@ -374,9 +366,9 @@ static void gst_vae_decoder_class_init(GstVaeDecoderClass *klass) {
                            "The latents are vaeencoder's latent=moments (mean and log-variance, 2x the channels): the "
                            "mean is decoded as it is. Off: the latents are the model's (latent=mode or sample, a "
                            "sampler's output), whose normalisation is undone first",
-                           FALSE, rw));
+                           d.moments, rw));
   g_object_class_install_property(gobject_class, PROP_TUNE_MALLOC,
-                                  g_param_spec_boolean("tune-malloc", "Tune malloc", kTuneMallocBlurb, TRUE, rw));
+                                  g_param_spec_boolean("tune-malloc", "Tune malloc", kTuneMallocBlurb, d.tune_malloc, rw));
   g_object_class_install_property(
       gobject_class, PROP_CLIPS_DECODED,
       g_param_spec_uint64("clips-decoded", "Clips decoded", "Latents decoded so far", 0, G_MAXUINT64, 0, ro));
@@ -405,8 +397,6 @@ static void gst_vae_decoder_init(GstVaeDecoder *self) {
   self->srcpad = gst_pad_new_from_static_template(&src_template, "src");
   gst_pad_use_fixed_caps(self->srcpad);
   gst_element_add_pad(GST_ELEMENT(self), self->srcpad);
-  self->tune_malloc = TRUE;
-  self->fps_n = 8;
-  self->fps_d = 1;
+  self->settings = new vae::DecodeOptions();
   self->engine = new std::unique_ptr<DecodeEngine>();
 }
