@@ -60,7 +60,8 @@ std::unique_ptr<DecodeEngine> DecodeEngine::create(const DecodeOptions &opts, st
     if (error) *error = why;
     return nullptr;
   };
-  if (opts.model.empty()) return fail("no model: set model to a CogVideoX or Wan VAE folder");
+  if (opts.model.empty())
+    return fail("no model: set model to a diffusers VAE folder (" + VaeDecoder::family_names(", ") + ")");
   std::unique_ptr<DecodeEngine> eng(new DecodeEngine());
   Impl &im = *eng->impl_;
   im.opts = opts;
@@ -126,8 +127,8 @@ std::string DecodeEngine::check_latent(const std::vector<int64_t> &shape) const 
                        std::to_string(want) + (impl_->opts.moments ? " (moments: mean and log-variance)" : "");
     if (!impl_->opts.moments && shape[0] == 2 * c)
       return what + ": for vaeencoder's latent=moments set moments=true, else set model to the VAE that encoded them";
-    return what + ": set model to the VAE that encoded them (a CogVideoX latent needs a CogVideoX VAE, a Wan " +
-           "latent the Wan VAE of its version)";
+    return what + ": set model to the VAE that encoded them (latents need the VAE of their own family and " +
+           "version: " + VaeDecoder::family_names(", ") + ")";
   }
   if (shape[1] < 1 || shape[2] < 1 || shape[3] < 1) return "an empty latent (no frames or no pixels)";
   return "";

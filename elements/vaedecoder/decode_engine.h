@@ -17,7 +17,7 @@
 namespace videotrain::vae {
 
 struct DecodeOptions {
-  std::string model;   // CogVideoX or Wan VAE folder (with its decoder tensors)
+  std::string model;   // a diffusers VAE folder with its decoder tensors (models/vae/vae_decoder.h)
   int tile_height = 0, tile_width = 0;                // output pixels; 0 = no tiles
   int tile_stride_height = 0, tile_stride_width = 0;  // output pixels; 0 = 3/4 of the tile
   std::string device;  // "" = auto (device_rule.h)
@@ -36,7 +36,7 @@ class DecodeEngine {
   static std::unique_ptr<DecodeEngine> create(const DecodeOptions &opts, std::string *error);
   ~DecodeEngine();
 
-  std::string family_name() const;  // "CogVideoX", "Wan 2.1", "Wan 2.2"
+  std::string family_name() const;  // VaeDecoder::family_name() of the loaded VAE
   int latent_channels() const;
   int spatial_compression() const;
   std::string device_name() const;

@@ -39,6 +39,12 @@ const char *VaeDecoder::family_name(Family f) {
   return "?";
 }
 
+std::string VaeDecoder::family_names(const std::string &sep) {
+  std::string out;
+  for (Family f : {Family::CogVideoX, Family::Wan21, Family::Wan22}) out += (out.empty() ? "" : sep) + family_name(f);
+  return out;
+}
+
 std::unique_ptr<VaeDecoder> VaeDecoder::load(const std::string &dir, c10::Device device, c10::ScalarType dtype) {
   const std::string cfg_path = dir + "/config.json";
   std::string text, err;

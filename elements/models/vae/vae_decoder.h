@@ -45,6 +45,7 @@ class VaeDecoder {
 
   Family family() const { return family_; }
   static const char *family_name(Family f);  // "CogVideoX", "Wan 2.1", "Wan 2.2"
+  static std::string family_names(const std::string &sep);  // every family's, joined (messages)
   int latent_channels() const { return latent_channels_; }
   int spatial_compression() const { return spatial_; }  // output pixels per latent pixel
   // Frames decode() gives for this many latent frames (1 + 4 (T - 1) for 4x temporal compression
