@@ -53,6 +53,7 @@ size_t element_size(const std::string &dtype) {
   if (dtype == "float32") return 4;
   if (dtype == "bfloat16" || dtype == "float16") return 2;
   if (dtype == "int64" || dtype == "float64") return 8;
+  if (dtype == "uint8") return 1;  // vaeencoder's condition_frames
   return 0;
 }
 

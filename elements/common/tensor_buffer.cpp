@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -114,6 +115,7 @@ const char *dtype_name(c10::ScalarType t) {
     case at::kFloat: return "float32";
     case at::kBFloat16: return "bfloat16";
     case at::kHalf: return "float16";
+    case at::kByte: return "uint8";
     default: return c10::toString(t);
   }
 }
@@ -159,6 +161,7 @@ std::optional<at::Tensor> tensor_at(GstBuffer *buf, const GstVideoTrainTensorMet
   }
   auto dt = dtype_from_name(meta->dtype);
   if (!dt && std::string(meta->dtype) == "int64") dt = at::kLong;
+  if (!dt && std::string(meta->dtype) == "uint8") dt = at::kByte;
   if (!dt) {
     if (why) *why = std::string("unknown dtype '") + meta->dtype + "' in tensor meta";
     return std::nullopt;
@@ -194,6 +197,45 @@ void buffer_append_tensor(GstBuffer *buf, const std::string &name, const at::Ten
   gst_buffer_append_memory(buf, wrap_tensor(c));
   add_tensor_meta(buf, c.scalar_type() == at::kLong ? "int64" : dtype_name(c.scalar_type()), device_name(c.device()),
                   c.sizes().vec(), name, offset);
+}
+
+bool buffer_remove_tensor(GstBuffer *buf, const std::string &name) {
+  GstVideoTrainTensorMeta *meta = name.empty() ? nullptr : find_tensor_meta(buf, name);
+  if (!meta) return false;
+  const gsize start = meta->offset, size = gst_videotrain_tensor_meta_get_nbytes(meta);
+  // The memories that hold exactly its bytes (one, as buffer_append_tensor made it) go; when a copy
+  // merged memories, the buffer's bytes are rebuilt without them.
+  guint first = 0, count = 0;
+  gsize at = 0, covered = 0;
+  bool found = false;
+  for (guint i = 0, n = gst_buffer_n_memory(buf); i < n; i++) {
+    const gsize ms = gst_buffer_peek_memory(buf, i)->size;
+    if (at == start) found = true, first = i;
+    if (found && covered < size) count++, covered += ms;
+    at += ms;
+  }
+  if (found && covered == size) {
+    if (count > 0) gst_buffer_remove_memory_range(buf, first, count);
+  } else {
+    GstMapInfo m;
+    if (!gst_buffer_map(buf, &m, GST_MAP_READ)) return false;
+    const gsize total = m.size, end = std::min(total, start + size);
+    GstMemory *mem = gst_allocator_alloc(nullptr, total - (end - start), nullptr);
+    GstMapInfo w;
+    gst_memory_map(mem, &w, GST_MAP_WRITE);
+    std::memcpy(w.data, m.data, start);
+    std::memcpy(w.data + start, m.data + end, total - end);
+    gst_memory_unmap(mem, &w);
+    gst_buffer_unmap(buf, &m);
+    gst_buffer_replace_all_memory(buf, mem);
+  }
+  gst_buffer_remove_meta(buf, &meta->meta);
+  gpointer state = nullptr;
+  while (GstMeta *mm = gst_buffer_iterate_meta_filtered(buf, &state, GST_VIDEOTRAIN_TENSOR_META_API_TYPE)) {
+    auto *tm = reinterpret_cast<GstVideoTrainTensorMeta *>(mm);
+    if (tm->offset > start) tm->offset -= size;
+  }
+  return true;
 }
 
 std::optional<at::Tensor> tensor_from_buffer(GstBuffer *buf, std::string *why) {
@@ -246,7 +288,9 @@ CachedTensor cached_tensor_of(const std::string &name, const at::Tensor &t) {
 }
 
 std::optional<at::Tensor> tensor_of_cached(const CachedTensor &c, std::string *why) {
-  const auto type = c.dtype == "int64" ? std::optional<c10::ScalarType>(at::kLong) : dtype_from_name(c.dtype);
+  const auto type = c.dtype == "int64"   ? std::optional<c10::ScalarType>(at::kLong)
+                    : c.dtype == "uint8" ? std::optional<c10::ScalarType>(at::kByte)
+                                         : dtype_from_name(c.dtype);
   if (!type) {
     *why = "tensor " + c.name + " has dtype '" + c.dtype + "'";
     return std::nullopt;

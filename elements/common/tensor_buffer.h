@@ -22,8 +22,12 @@ std::string device_name(const c10::Device &d);                   // "cpu", "cuda
 GstBuffer *buffer_from_tensor(const at::Tensor &t);
 
 // Appends a named tensor (text_embeds, text_mask) after the buffer's tensors: one more memory
-// and a tensor meta with its name and byte offset. int64 tensors are named "int64" in the meta.
+// and a tensor meta with its name and byte offset. int64 tensors are named "int64" in the meta,
+// uint8 ones "uint8".
 void buffer_append_tensor(GstBuffer *buf, const std::string &name, const at::Tensor &t);
+// Removes a named tensor (its bytes and its meta; later tensors' offsets move down) from a
+// writable buffer. False when the buffer has no tensor of that name (or name is "").
+bool buffer_remove_tensor(GstBuffer *buf, const std::string &name);
 
 // The main tensor a buffer holds: the wrapped tensor itself when the memory is ours,
 // else a CPU tensor rebuilt from the mapped bytes and the tensor meta.

@@ -294,7 +294,7 @@ static gboolean set_sink_caps(GstVaeEncoder *self, GstCaps *caps) {
   self->have_info = TRUE;
   // The latent caps do not depend on the frame size (each buffer carries its shape): sent once.
   GstCaps *out = tensor_caps_new({"latents", eng->dtype_name(), eng->device_name(),
-                                  eng->options().condition != Condition::None ? "condition" : ""});
+                                  eng->options().condition != Condition::None ? "condition,condition_frames" : ""});
   GstCaps *cur = gst_pad_get_current_caps(self->srcpad);
   gboolean ok = TRUE;
   if (!cur || !gst_caps_is_equal(cur, out)) ok = gst_pad_push_event(self->srcpad, gst_event_new_caps(out));
@@ -709,7 +709,9 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
           "Image-to-video condition beside each latent, the named tensor condition [tc + C, t, h, w]: the VAE's "
           "temporal compression tc mask channels (1 for a given frame), then the posterior's mode (normalised) of "
           "the clip's given frame(s) followed by zeros, as diffusers' WanImageToVideoPipeline builds it; encoded "
-          "through the clip's chunks and tiles and cached with it. VAE folders only",
+          "through the clip's chunks and tiles and cached with it. The given frame(s) go along as the named "
+          "tensor condition_frames, uint8 [n, H, W, 3] RGB (n = 1 or 2; imageencoder's input, cached too). VAE "
+          "folders only",
           gst_vae_encoder_condition_get_type(), (gint)Condition::None, rw));
   g_object_class_install_property(
       gobject_class, PROP_SEED,

@@ -107,6 +107,7 @@ struct VaeEngine::Impl {
   std::unique_ptr<VaeEncoder> enc;
   at::Tensor last_raw;    // moments of the last finished clip (latent cache)
   at::Tensor last_condition;  // its condition (float32, CPU), when options ask for one
+  at::Tensor last_condition_frames;  // and the frames it was made from, uint8 [n, H, W, 3] (CPU)
   std::string cache_key;  // the encoder's part of latent cache keys, once computed
   bool retain = false;
   std::function<void(const std::string &)> warn;
@@ -343,6 +344,12 @@ struct VaeEngine::Impl {
     return at::cat({mask, z}, 1).select(0, 0);
   }
 
+  // The frames a condition is made from, uint8 [n, H, W, 3] as decoded (n = 1 first-frame,
+  // 2 first-last-frame): imageencoder's input, so that it needs no pixels of its own.
+  at::Tensor condition_frames_of(const Clip &c) const {
+    return opts.condition == Condition::FirstLast ? at::stack({c.first_u8, c.last_u8}) : c.first_u8.unsqueeze(0).clone();
+  }
+
   // The posterior noise of a clip: drawn on the CPU from the seed, the sample id and the epoch
   // (epoch 0 draws what the sample id alone drew before epochs counted), so a clip gets the same
   // latent on any device, in any run and from the latent cache, and a new draw each epoch.
@@ -496,8 +503,6 @@ std::string VaeEngine::check_clip(int T, int W, int H) const {
     return "clips of " + std::to_string(T) + " frames are longer than the " +
            std::to_string(GST_VIDEOTRAIN_MAX_CLIP_FRAMES) + " the encoder takes";
   if (W < 1 || H < 1) return "frames are empty";
-  if (im.opts.condition == Condition::FirstLast && T < 2)
-    return "condition=first-last-frame needs clips of at least 2 frames (a first and a last); num-frames is 1";
   const VaeEncoder &enc = *im.enc;
   const int g = enc.frame_group(), sc = enc.spatial_compression();
   if (!im.opts.allow_any_length && (T - 1) % g != 0) {
@@ -524,7 +529,11 @@ bool VaeEngine::begin_clip(uint64_t sample_id, int T, int W, int H, std::string 
   abort_clip();
   im.last_raw = at::Tensor();
   im.last_condition = at::Tensor();
+  im.last_condition_frames = at::Tensor();
   std::string bad = check_clip(T, W, H);
+  // Here, not in check_clip: the face checks a frame size with a 1-frame clip when caps arrive.
+  if (bad.empty() && im.opts.condition == Condition::FirstLast && T < 2)
+    bad = "condition=first-last-frame needs clips of at least 2 frames (a first and a last); num-frames is 1";
   im.settings_failure = !bad.empty();  // the clip's geometry comes from the source's settings
   if (!bad.empty()) {
     if (why) *why = bad;
@@ -588,12 +597,15 @@ GstBuffer *VaeEngine::finish_clip(std::string *why) {
   }
   GstBuffer *buf = nullptr;
   try {
-    at::Tensor raw, cond;
+    at::Tensor raw, cond, cond_frames;
     {
       c10::InferenceMode guard;
       if (im.clip_scope()) im.encode_clip_scope(c);
       raw = im.assemble(c);
-      if (im.opts.condition != Condition::None) cond = im.condition_of(c);
+      if (im.opts.condition != Condition::None) {
+        cond = im.condition_of(c);
+        cond_frames = im.condition_frames_of(c);
+      }
     }
     // Outside inference mode so that downstream autograd may use the latent as an input.
     at::NoGradGuard ng;
@@ -602,6 +614,8 @@ GstBuffer *VaeEngine::finish_clip(std::string *why) {
     if (cond.defined()) {
       im.last_condition = cond.to(at::kCPU, at::kFloat).clone();
       buffer_append_tensor(buf, "condition", cond.to(im.dtype).contiguous().clone());
+      im.last_condition_frames = cond_frames;
+      buffer_append_tensor(buf, "condition_frames", cond_frames);
     }
     im.last_raw = raw;
     im.clips_done++;
@@ -649,7 +663,7 @@ std::string VaeEngine::cache_key(std::string *why) {
     << o.tile_overlap_width << "\nnorm-scope " << (o.norm_scope == NormScope::Clip ? "clip" : "chunk") << "\n";
   // Only with a condition, so that the entries written without one keep their keys.
   if (o.condition != Condition::None)
-    k << "condition " << (o.condition == Condition::First ? "first-frame" : "first-last-frame") << " encode-1\n";
+    k << "condition " << (o.condition == Condition::First ? "first-frame" : "first-last-frame") << " encode-2\n";
   im.cache_key = k.str();
   return im.cache_key;
 }
@@ -672,6 +686,8 @@ bool VaeEngine::last_moments(CacheEntry *out) const {
   if (!im.last_raw.defined()) return false;
   out->tensors = {cached_tensor_of("moments", im.last_raw.to(at::kCPU, at::kFloat))};
   if (im.last_condition.defined()) out->tensors.push_back(cached_tensor_of("condition", im.last_condition));
+  if (im.last_condition_frames.defined())
+    out->tensors.push_back(cached_tensor_of("condition_frames", im.last_condition_frames));
   return true;
 }
 
@@ -689,7 +705,7 @@ GstBuffer *VaeEngine::latent_from_moments(const CacheEntry &entry, uint64_t samp
     *why = "the entry's moments are not a float32 [1, C, t, h, w] tensor";
     return nullptr;
   }
-  std::optional<at::Tensor> cond;
+  std::optional<at::Tensor> cond, cond_frames;
   if (im.opts.condition != Condition::None) {
     const CachedTensor *ct = entry.find("condition");
     if (!ct) {
@@ -702,6 +718,19 @@ GstBuffer *VaeEngine::latent_from_moments(const CacheEntry &entry, uint64_t samp
       *why = "the entry's condition is not a float32 [tc + C, t, h, w] tensor beside its moments";
       return nullptr;
     }
+    const CachedTensor *cf = entry.find("condition_frames");
+    if (!cf) {
+      *why = "the entry holds no condition_frames (condition=) beside its moments";
+      return nullptr;
+    }
+    cond_frames = tensor_of_cached(*cf, why);
+    if (!cond_frames) return nullptr;
+    const int64_t n = im.opts.condition == Condition::FirstLast ? 2 : 1;
+    if (cond_frames->dim() != 4 || cond_frames->size(0) != n || cond_frames->size(3) != 3 ||
+        cond_frames->scalar_type() != at::kByte) {
+      *why = "the entry's condition_frames are not uint8 [" + std::to_string(n) + ", H, W, 3]";
+      return nullptr;
+    }
   }
   try {
     at::NoGradGuard ng;
@@ -709,7 +738,10 @@ GstBuffer *VaeEngine::latent_from_moments(const CacheEntry &entry, uint64_t samp
     at::Tensor lat =
         im.latent(raw->to(im.device), Impl::noise_id(sample_id, epoch), at::Tensor()).to(im.dtype).contiguous();
     GstBuffer *buf = buffer_from_tensor(lat);
-    if (cond) buffer_append_tensor(buf, "condition", cond->to(im.device, im.dtype).contiguous().clone());
+    if (cond) {
+      buffer_append_tensor(buf, "condition", cond->to(im.device, im.dtype).contiguous().clone());
+      buffer_append_tensor(buf, "condition_frames", *cond_frames);
+    }
     return buf;
   } catch (const std::exception &e) {
     *why = first_line(e.what());

@@ -35,7 +35,8 @@ enum class ClipSpill { Auto, Memory, File };
 
 // Image-to-video condition (models/image_condition.h, same values as models::ConditionFrames): the
 // clip's first frame (and last) followed by zeros, encoded beside the latents as the named tensor
-// `condition` [tc + C, t, h, w] (mask channels, then the posterior's mode, normalised).
+// `condition` [tc + C, t, h, w] (mask channels, then the posterior's mode, normalised), and those
+// frames themselves as `condition_frames` uint8 [n, H, W, 3] (imageencoder's input).
 enum class Condition { None = 0, First = 1, FirstLast = 2 };
 
 struct EngineOptions {
@@ -142,7 +143,7 @@ class VaeEngine {
   bool begin_clip(uint64_t sample_id, int num_frames, int width, int height, std::string *why, uint32_t epoch = 0);
   bool push_frame(const uint8_t *rgb, size_t stride, std::string *why);
   // The latent tensor [C, t, h, w] as a tensor buffer (no sample meta, no timestamps), with the
-  // named tensor `condition` when options().condition asks for one.
+  // named tensors `condition` and `condition_frames` when options().condition asks for one.
   GstBuffer *finish_clip(std::string *why);
   void abort_clip();
   // After a false push_frame(): the device ran out of memory even with the smallest tiles
@@ -167,7 +168,7 @@ class VaeEngine {
   // [1, 2C, t, h, w], with -1 where the encoder cannot tell in advance (TorchScript models).
   TensorSpec moments_spec(int num_frames, int width, int height) const;
   // The moments (float32) of the clip that finish_clip() last returned, as a cache entry (with its
-  // `condition` when the engine makes one).
+  // `condition` and `condition_frames` when the engine makes one).
   bool last_moments(CacheEntry *out) const;
   // The latent that finish_clip() gives for these moments (and its cached condition): the same
   // bytes for the same seed, sample id and epoch. Null with *why when the entry does not fit.

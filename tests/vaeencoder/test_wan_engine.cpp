@@ -12,6 +12,7 @@
 
 #include "models/image_condition.h"
 #include "tensor_buffer.h"
+#include "tensor_caps.h"
 #include "vae_test_util.h"
 
 using namespace videotrain;
@@ -270,8 +271,13 @@ TEST(WanEngineCondition, EqualsImageConditionOfTheFramesAndComesBackFromTheCache
         ASSERT_NE(buf, nullptr) << w;
         auto cond = named_tensor_from_buffer(buf, "condition", &w);
         auto lat = tensor_from_buffer(buf, &w);
-        ASSERT_TRUE(cond && lat) << w;
-        const at::Tensor got = cond->clone(), latent = lat->clone();
+        auto frames = named_tensor_from_buffer(buf, "condition_frames", &w);
+        ASSERT_TRUE(cond && lat && frames) << w;
+        const at::Tensor got = cond->clone(), latent = lat->clone(), got_frames = frames->clone();
+        // imageencoder's input: the given frames as decoded, uint8 [n, H, W, 3].
+        EXPECT_EQ(tensor_names(buf), (std::vector<std::string>{"condition", "condition_frames"}));
+        EXPECT_TRUE(at::equal(got_frames, which == Condition::First ? u8.narrow(0, 0, 1)
+                                                                    : at::stack({u8[0], u8[T - 1]})));
         gst_buffer_unref(buf);
         {
           const at::Tensor want = models::image_condition(dequantize_frames(u8), static_cast<models::ConditionFrames>(which),
@@ -292,14 +298,21 @@ TEST(WanEngineCondition, EqualsImageConditionOfTheFramesAndComesBackFromTheCache
         CacheEntry entry;
         ASSERT_TRUE(e->last_moments(&entry));
         ASSERT_NE(entry.find("condition"), nullptr);
+        ASSERT_NE(entry.find("condition_frames"), nullptr);
         GstBuffer *again = e->latent_from_moments(entry, 7, 1, &w);
         ASSERT_NE(again, nullptr) << w;
         auto cached = named_tensor_from_buffer(again, "condition", &w);
         auto cached_lat = tensor_from_buffer(again, &w);
-        ASSERT_TRUE(cached && cached_lat) << w;
+        auto cached_frames = named_tensor_from_buffer(again, "condition_frames", &w);
+        ASSERT_TRUE(cached && cached_lat && cached_frames) << w;
         EXPECT_TRUE(at::equal(*cached, got));
         EXPECT_TRUE(at::equal(*cached_lat, latent));
+        EXPECT_TRUE(at::equal(*cached_frames, got_frames));
         gst_buffer_unref(again);
+        // An entry of a condition without its frames (written before they were cached) is refused.
+        entry.tensors.resize(2);
+        EXPECT_EQ(e->latent_from_moments(entry, 7, 1, &w), nullptr);
+        EXPECT_NE(w.find("condition_frames"), std::string::npos) << w;
         // An entry written without a condition does not serve a condition engine.
         entry.tensors.resize(1);
         EXPECT_EQ(e->latent_from_moments(entry, 7, 1, &w), nullptr);
@@ -321,5 +334,5 @@ TEST(WanEngineCondition, FirstLastNeedsTwoFramesAndTheKeyNamesTheMode) {
   EXPECT_NE(why.find("first-last-frame"), std::string::npos) << why;
   const std::string k0 = none->cache_key(&why), k2 = flf->cache_key(&why);
   EXPECT_EQ(k0.find("condition"), std::string::npos);
-  EXPECT_NE(k2.find("condition first-last-frame"), std::string::npos) << k2;
+  EXPECT_NE(k2.find("condition first-last-frame encode-2"), std::string::npos) << k2;  // with condition_frames
 }

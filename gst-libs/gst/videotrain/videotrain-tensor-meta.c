@@ -156,6 +156,7 @@ gsize gst_videotrain_tensor_meta_get_nbytes(const GstVideoTrainTensorMeta *meta)
   if (!g_strcmp0(meta->dtype, "float32")) elem = 4;
   else if (!g_strcmp0(meta->dtype, "bfloat16") || !g_strcmp0(meta->dtype, "float16")) elem = 2;
   else if (!g_strcmp0(meta->dtype, "int64")) elem = 8;
+  else if (!g_strcmp0(meta->dtype, "uint8")) elem = 1;
   for (i = 0; i < meta->ndim && i < GST_VIDEOTRAIN_TENSOR_MAX_DIMS; i++) n *= (gsize)MAX(meta->dims[i], 0);
   return n * elem;
 }

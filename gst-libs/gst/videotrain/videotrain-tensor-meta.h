@@ -14,7 +14,7 @@ typedef struct _GstVideoTrainTensorMeta GstVideoTrainTensorMeta;
 /**
  * GstVideoTrainTensorMeta:
  * @meta: parent #GstMeta
- * @dtype: element type: float32, bfloat16, float16 (int64 for text masks)
+ * @dtype: element type: float32, bfloat16, float16 (int64 for text masks, uint8 for condition frames)
  * @device: where the memory lives: cpu or cuda:N
  * @ndim: number of dimensions
  * @dims: the first @ndim entries are the tensor's sizes, outermost first (row-major, contiguous)
