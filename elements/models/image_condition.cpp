@@ -58,6 +58,26 @@ at::Tensor image_condition(const at::Tensor &frames, ConditionFrames which, int6
   return at::cat({mask.to(z.scalar_type()), z}, 1);
 }
 
+at::Tensor cogvideox_image_latents(const at::Tensor &z, int64_t latent_frames, double scale) {
+  if (z.dim() != 5 || z.size(2) != 1 || latent_frames < 1) {
+    std::ostringstream s;
+    s << "CogVideoX image latents: the first frame's latents have shape " << z.sizes() << " for " << latent_frames
+      << " latent frames; expected [B, C, 1, h, w] (the frame encoded alone) and at least 1 frame";
+    throw std::invalid_argument(s.str());
+  }
+  return at::constant_pad_nd(z * scale, {0, 0, 0, 0, 0, latent_frames - 1});
+}
+
+at::Tensor cogvideox_condition_frames(const at::Tensor &condition, int64_t patch_t) {
+  if (condition.dim() != 5 || patch_t < 1) {
+    std::ostringstream s;
+    s << "a CogVideoX condition has shape " << condition.sizes() << "; expected [m, C, t, h, w]";
+    throw std::invalid_argument(s.str());
+  }
+  const int64_t t = condition.size(2), pad = (patch_t - t % patch_t) % patch_t;
+  return at::constant_pad_nd(condition, {0, 0, 0, 0, 0, pad}).transpose(1, 2).contiguous();
+}
+
 at::Tensor with_condition(const at::Tensor &x_t, const at::Tensor &condition, int64_t channels, const std::string &model) {
   if (channels == 0 && !condition.defined()) return x_t;
   if (channels == 0)

@@ -8,9 +8,7 @@
 #include <stdexcept>
 
 #include "cpu_heap.h"
-#include "cuda_devices.h"
-#include "device_rule.h"
-#include "dist_env.h"
+#include "device_dtype.h"
 #include "out_of_memory.h"
 #include "models/vae/vae_decoder.h"
 #include "tensor_buffer.h"
@@ -69,21 +67,14 @@ std::unique_ptr<DecodeEngine> DecodeEngine::create(const DecodeOptions &opts, st
   if (im.opts.fake_oom_pixels == 0)
     if (const char *fake = std::getenv("VIDEOTRAIN_VAEDECODER_FAKE_OOM_PIXELS"))
       im.opts.fake_oom_pixels = std::strtoll(fake, nullptr, 10);
-  std::string device_error;
-  const std::string dev =
-      resolve_device(opts.device, dist_env_from_environment().local_rank, visible_cuda_devices(), &device_error);
-  if (dev.empty()) return fail(device_error);
-  im.device = c10::Device(dev);
+  DeviceDtype target;
+  std::string target_error;
+  if (!resolve_device_dtype(opts.device, opts.dtype, &target, &target_error)) return fail(target_error);
+  im.device = target.device;
+  im.dtype = target.dtype;
   // Freed chunk activations stay in the heap for the next chunk: without it glibc's heap grows with
   // the clip (+24% peak from 17 to 97 frames in vae-decode-bench; +3% with it).
   if (im.device.is_cpu() && opts.tune_malloc) retain_large_cpu_blocks();
-  if (opts.dtype.empty()) {
-    im.dtype = im.device.is_cuda() ? at::kBFloat16 : at::kFloat;
-  } else {
-    auto d = dtype_from_name(opts.dtype);
-    if (!d) return fail("dtype '" + opts.dtype + "' is not float32, bfloat16 or float16");
-    im.dtype = *d;
-  }
   try {
     c10::InferenceMode guard;
     im.dec = VaeDecoder::load(opts.model, im.device, im.dtype);

@@ -21,6 +21,7 @@
 #include "latent_store.h"
 #include "metas.h"
 #include "models/image_condition.h"
+#include "models/vae/cogvideox_encoder.h"
 #include "models/vae/vae_encoder.h"
 #include "out_of_memory.h"
 #include "script_encoder.h"
@@ -328,16 +329,26 @@ struct VaeEngine::Impl {
 
   // The condition of clip c (all its frames in): its condition video through the same chunks,
   // tiles and out-of-memory retry as the clip, the posterior's mode normalised, after the mask.
-  // [tc + C, t, h, w] float32 on the device.
+  // [tc + C, t, h, w] float32 on the device. CogVideoX (I2V): the first frame encoded alone, its
+  // mode scaled and zero-padded to t frames, [C, t, h, w] (models::cogvideox_image_latents).
   at::Tensor condition_of(const Clip &c) {
+    const auto *cog = dynamic_cast<const CogVideoXEncoder *>(enc.get());
+    const int frames = cog ? 1 : c.T;
     Clip v;
-    start(v, c.sample_id, c.T, c.H, c.W, opts.chunk_frames);
+    start(v, c.sample_id, frames, c.H, c.W, opts.chunk_frames);
     v.plan = c.plan;  // the tiles the clip ended with (after any retry)
     v.reset_tiles();
     v.cond_first = dequantize_frames(c.first_u8.unsqueeze(0)).to(device, dtype);
     if (opts.condition == Condition::FirstLast) v.cond_last = dequantize_frames(c.last_u8.unsqueeze(0)).to(device, dtype);
-    advance(v, c.T);
+    advance(v, frames);
     if (clip_scope()) encode_clip_scope(v);
+    if (cog) {
+      const at::Tensor m = assemble(v).to(at::kFloat);
+      const double scale = models::cogvideox_image_scale(cog->config().scaling_factor, cog->config().invert_scale_latents);
+      return models::cogvideox_image_latents(m.narrow(1, 0, m.size(1) / 2), (c.T - 1) / enc->temporal_compression() + 1,
+                                             scale)
+          .select(0, 0);
+    }
     const at::Tensor z = enc->latent(assemble(v).to(at::kFloat));
     const auto mask = models::condition_mask(1, c.T, enc->temporal_compression(), z.size(3), z.size(4),
                                              static_cast<models::ConditionFrames>(opts.condition), z.device());
@@ -466,6 +477,9 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
     return fail(e.what());
   }
   const VaeEncoder &enc = *im.enc;
+  if (opts.condition == Condition::FirstLast && dynamic_cast<const CogVideoXEncoder *>(&enc))
+    return fail("condition=first-last-frame is Wan FLF2V's; CogVideoX I2V takes the first frame only: use "
+                "condition=first-frame");
   if (opts.norm_scope == NormScope::Clip && !enc.clip_scope_unsupported().empty())
     return fail("norm-scope=clip sets whole-clip statistics of a VAE's normalisations, but model '" + opts.model +
                 "' is a " + enc.name() + " VAE: " + enc.clip_scope_unsupported() + ": use norm-scope=chunk");

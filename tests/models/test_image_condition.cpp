@@ -5,7 +5,9 @@
  * - A native training step of a Wan 2.2 I2V-style folder (in_channels = noisy + mask + condition, no
  *   image_dim) against diffusers' forward on cat([x_t, condition]) with the loss on the noisy channels
  *   (training_step.safetensors): loss and every parameter gradient.
- * - The errors (a missing, unexpected or misshapen condition; Wan 2.1 I2V still refused), Wan 2.2 A14B's
+ * - CogVideoX I2V's image latents against CogVideoXImageToVideoPipeline.prepare_latents on the tiny CogVideoX VAE
+ *   (tests/reference/cogvideox_i2v/condition.safetensors), 1.0 and 1.5 (patch_size_t, invert_scale_latents).
+ * - The errors (a missing, unexpected or misshapen condition; Wan 2.1 I2V without image embeddings), Wan 2.2 A14B's
  *   expert pair on the same inputs, and a few engine steps that train.
  * VIDEOTRAIN_I2V_CONDITION_REFERENCE names another folder of the same files (the interop test's live
  * ones, tests/interop/diffusers_wan_i2v_condition.py). */
@@ -14,6 +16,7 @@
 
 #include <cstdlib>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "../models/ref_cases.h"
@@ -21,6 +24,7 @@
 #include "models/image_condition.h"
 #include "models/native_model.h"
 #include "models/train_model.h"
+#include "models/vae/cogvideox_encoder.h"
 #include "models/vae/wan_encoder.h"
 #include "test_util.h"
 
@@ -96,6 +100,36 @@ TEST(ImageCondition, MatchesDiffusersPrepareLatents) {
   std::printf("FIGURE the whole clip's latent frames 1-2 are %.3g from the condition's\n", whole);
 }
 
+// CogVideoX I2V: CogVideoXImageToVideoPipeline.prepare_latents as __call__ runs it on the tiny CogVideoX VAE
+// (tests/reference/cogvideox_i2v/condition.safetensors): the first frame encoded alone, the posterior drawn with
+// the pipeline's noise, scaled (1.5: by 1 / scaling_factor, invert_scale_latents), zero-padded over the latent
+// frames, frames first; for 1.5 the latent frames padded to patch_size_t with the image at frame 0.
+TEST(ImageCondition, CogVideoXMatchesDiffusersPrepareLatents) {
+  const RefFile r("cogvideox_i2v/condition.safetensors");
+  ASSERT_TRUE(r.ok());
+  auto vae = vae::CogVideoXEncoder::load(vttest::reference_dir() + "/cogvideox_vae/tiny_a", torch::kCPU, torch::kFloat);
+  const auto frames = r.get("frames");
+  const auto moments = vae->encode(frames.narrow(2, 0, 1));
+  const auto cases = nlohmann::json::parse(r.meta("cases"));
+  for (const auto &[c, info] : cases.items()) {
+    SCOPED_TRACE(c);
+    EXPECT_LT(rel_l2(moments, r.get("moments." + c)), 1e-5);
+    const int64_t C = moments.size(1) / 2, t = (frames.size(2) - 1) / vae->temporal_compression() + 1;
+    const auto z = moments.narrow(1, 0, C) + at::exp(0.5 * moments.narrow(1, C, C).clamp(-30, 20)) * r.get("noise." + c);
+    const double scale = cogvideox_image_scale(vae->config().scaling_factor, info["invert_scale_latents"].get<bool>());
+    const int64_t pt = info["patch_size_t"].is_number() ? info["patch_size_t"].get<int64_t>() : 1;
+    const auto cond = cogvideox_image_latents(z, t, scale);  // [1, C, t, h, w] as vaeencoder gives it
+    ASSERT_EQ(cond.size(2), t);
+    const auto got = cogvideox_condition_frames(cond, pt), want = r.get("image_latents." + c);
+    ASSERT_EQ(got.sizes(), want.sizes());
+    EXPECT_LT(rel_l2(got, want), 1e-5);
+    EXPECT_EQ(got.narrow(1, 1, got.size(1) - 1).abs().max().item<double>(), 0.0);  // zeros after the image
+    std::printf("%s: moments %.2g, image latents %.2g (%lld frames)\n", c.c_str(), rel_l2(moments, r.get("moments." + c)),
+                rel_l2(got, want), (long long)got.size(1));
+  }
+  expect_error([&] { cogvideox_image_latents(torch::zeros({1, 4, 2, 4, 6}), 3, 1.0); }, "encoded alone");
+}
+
 TEST(ImageCondition, MaskFramesAndErrors) {
   // FLF2V over 13 frames: latent frame 0 all given, the last latent frame's last pixel frame given.
   const auto m = condition_mask(2, 13, 4, 2, 3, ConditionFrames::first_last, torch::kCPU);
@@ -160,7 +194,55 @@ TEST(ImageConditionTraining, StepMatchesDiffusersForwardOnConcatenatedInput) {
   EXPECT_EQ(model->validation_step(in, {1, 2}).sizes(), (std::vector<int64_t>{2}));
 }
 
-TEST(ImageConditionTraining, ErrorsAndWan21Refusal) {
+// CogVideoX1.5-I2V: a native v-prediction step on its condition (tests/reference/cogvideox_i2v/training_step:
+// diffusers' forward in float64 on the noisy latents with the image latents after them, frames first, the
+// 1.5 padding, ofs 2.0) — loss and every parameter gradient; its errors; the condition reaches the loss.
+TEST(ImageConditionTraining, CogVideoXI2VStepMatchesDiffusers) {
+  const RefFile r("cogvideox_i2v/training_step.safetensors");
+  ASSERT_TRUE(r.ok());
+  ModelOptions o;
+  o.seed = std::stoull(r.meta("seed"));
+  auto model = make_model(vttest::reference_dir() + "/dit/cogvideox15_i2v_tiny", ModelDims{}, torch::kCPU, o);
+  ASSERT_EQ(model->dit()->condition_channels(), 4);
+  ModelInputs in;
+  in.latents = r.get("x0");
+  in.condition = r.get("condition");
+  in.text_embeds = r.get("text_embeds");
+  const auto ids = r.get("sample_ids");
+  for (int64_t i = 0; i < ids.numel(); i++) in.sample_ids.push_back(static_cast<uint64_t>(ids[i].item<int64_t>()));
+  in.epoch = static_cast<unsigned>(std::stoul(r.meta("epoch")));
+  const auto loss = model->training_step(in);
+  const double le = rel_l2(loss.reshape({1}), r.get("loss"));
+  EXPECT_LT(le, 1e-5) << loss.item<double>() << " vs " << r.get("loss");
+  loss.backward();
+  double worst = 0;
+  std::string worst_name;
+  size_t n = 0;
+  for (auto &[name, p] : model->named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name;
+    const double e = rel_l2(p.grad(), r.get("grad." + name));
+    if (e > worst) worst = e, worst_name = name;
+    n++;
+  }
+  EXPECT_EQ(n, 2u * 24 + 16 + 4);
+  EXPECT_LT(worst, 1e-4) << worst_name;
+  std::printf("FIGURE CogVideoX I2V training step vs diffusers: loss rel %.3g, worst parameter gradient %.3g (%s)\n", le,
+              worst, worst_name.c_str());
+  ModelInputs other = in;
+  other.condition = in.condition.flip(0);
+  EXPECT_GT(std::abs(model->training_step(other).item<double>() - loss.item<double>()), 1e-6);
+  EXPECT_EQ(model->validation_step(in, {1, 2}).sizes(), (std::vector<int64_t>{2}));
+  ModelInputs none = in;
+  none.condition = at::Tensor();
+  expect_error([&] { model->training_step(none); }, "set vaeencoder condition=first-frame");
+  ModelInputs wan_style = in;
+  wan_style.condition = torch::zeros({2, 8, 3, 8, 12});  // a Wan condition (mask + latents)
+  expect_error([&] { model->training_step(wan_style); }, "condition=first-frame with the CogVideoX VAE");
+  auto t2v = make_model(vttest::reference_dir() + "/dit/cogvideox15_tiny", ModelDims{}, torch::kCPU, o);
+  expect_error([&] { t2v->training_step(in); }, "set vaeencoder condition=none");
+}
+
+TEST(ImageConditionTraining, ErrorsAndWan21WithoutImageEmbeds) {
   const RefFile r = ref_file("training_step.safetensors");
   ASSERT_TRUE(r.ok());
   auto model = make_model(ref_folder() + "/transformer", ModelDims{}, torch::kCPU, step_options(r));

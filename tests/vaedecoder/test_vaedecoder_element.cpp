@@ -254,6 +254,30 @@ TEST(DecoderElementErrors, BadSettingsFailAtStartNamingThem) {
   }
 }
 
+// device and dtype through common/device_dtype.h: "" picks the device's dtype, a bad name is refused naming it.
+TEST(DecoderElementErrors, DeviceAndDtypeResolveOnce) {
+  vae::DecodeOptions o;
+  o.model = vae_dir("wan_vae/tiny_wan21");
+  std::string why;
+  auto eng = vae::DecodeEngine::create(o, &why);
+  ASSERT_NE(eng, nullptr) << why;
+  const bool cuda = eng->device_name().rfind("cuda", 0) == 0;
+  EXPECT_EQ(eng->dtype_name(), cuda ? "bfloat16" : "float32") << eng->device_name();
+  o.device = "cpu";
+  o.dtype = "float16";
+  eng = vae::DecodeEngine::create(o, &why);
+  ASSERT_NE(eng, nullptr) << why;
+  EXPECT_EQ(eng->device_name(), "cpu");
+  EXPECT_EQ(eng->dtype_name(), "float16");
+  o.dtype = "float64";
+  EXPECT_EQ(vae::DecodeEngine::create(o, &why), nullptr);
+  EXPECT_NE(why.find("dtype 'float64' is not float32, bfloat16 or float16"), std::string::npos) << why;
+  o.dtype = "";
+  o.device = "tpu";
+  EXPECT_EQ(vae::DecodeEngine::create(o, &why), nullptr);
+  EXPECT_NE(why.find("device 'tpu' is not a device name"), std::string::npos) << why;
+}
+
 TEST(DecoderElementErrors, Registered) {
   GstElementFactory *f = gst_element_factory_find("vaedecoder");
   ASSERT_NE(f, nullptr);

@@ -5,9 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/image_condition.h"
+#include "models/vae/vae_config.h"
 #include "tensor_buffer.h"
 #include "vae_test_util.h"
-#include "models/vae/vae_config.h"
 
 using namespace videotrain;
 using namespace videotrain::vae;
@@ -133,6 +134,47 @@ TEST(VaeReference, StreamingQuantizedFramesMatchesEngine) {
     EXPECT_LT(rel_l2(streamed, cases.get("latent_mode" + s)[0]), 0.05) << "8-bit input stays close" << s;
     EXPECT_LE(eng->peak_frames_held(), T) << "frames are released chunk by chunk";
   }
+}
+
+// condition=first-frame with a CogVideoX VAE (CogVideoX I2V): the named tensor condition [C, t, h, w] is the
+// first frame encoded alone (its mode) scaled and zero-padded, models::cogvideox_image_latents of the same
+// VAE's encode (checked against diffusers' prepare_latents in test image-condition), beside the clip's own
+// latent; first-last-frame (Wan FLF2V's) is refused.
+TEST(VaeEngineCondition, CogVideoXFirstFrameIsTheImageLatents) {
+  vaetest::Cases cases;
+  ASSERT_TRUE(cases.ok());
+  const at::Tensor u8 = vaetest::quantize(cases.get("input.T9"));
+  auto o = tiny_a_options();
+  o.latent = LatentKind::Mode;
+  auto ref = vaetest::make_engine(o);
+  o.condition = Condition::First;
+  auto e = vaetest::make_engine(o);
+  ASSERT_TRUE(e && ref);
+  std::string w;
+  ASSERT_TRUE(e->begin_clip(3, 9, 96, 64, &w)) << w;
+  for (int t = 0; t < 9; t++) {
+    at::Tensor f = u8[t].contiguous();
+    ASSERT_TRUE(e->push_frame(f.data_ptr<uint8_t>(), 96 * 3, &w)) << w;
+  }
+  GstBuffer *buf = e->finish_clip(&w);
+  ASSERT_NE(buf, nullptr) << w;
+  auto cond = named_tensor_from_buffer(buf, "condition", &w);
+  auto lat = tensor_from_buffer(buf, &w);
+  ASSERT_TRUE(cond && lat) << w;
+  const at::Tensor got = cond->clone(), latent = lat->clone();
+  gst_buffer_unref(buf);
+  const at::Tensor m = encode_raw(*ref, dequantize_frames(u8.narrow(0, 0, 1)));  // [1, 2C, 1, h, w]
+  const at::Tensor want =
+      models::cogvideox_image_latents(m.narrow(1, 0, m.size(1) / 2), latent.size(1), 1.15258426).select(0, 0);
+  ASSERT_EQ(got.sizes(), latent.sizes());  // [C, t, h, w]: no mask channels
+  EXPECT_LT(rel_l2(got, want), kTol);
+  EXPECT_EQ(got.narrow(1, 1, got.size(1) - 1).abs().max().item<float>(), 0.0f);
+  // Encoded alone, not the clip's first latent frame (GroupNorm statistics span the clip's chunk).
+  EXPECT_GT(rel_l2(got.narrow(1, 0, 1), latent.narrow(1, 0, 1)), 1e-3);
+  o.condition = Condition::FirstLast;
+  std::string err;
+  EXPECT_FALSE(VaeEngine::create(o, &err));
+  EXPECT_NE(err.find("CogVideoX I2V takes the first frame only"), std::string::npos) << err;
 }
 
 // ---------------------------------------------------------------- weights

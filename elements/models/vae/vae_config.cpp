@@ -79,6 +79,7 @@ bool parse_vae_config(const std::string &text, VaeConfig *out, std::string *erro
     get("act_fn", c.act_fn);
     get("norm_eps", c.norm_eps);
     get("scaling_factor", c.scaling_factor);
+    get("invert_scale_latents", c.invert_scale_latents);
     get("use_quant_conv", c.use_quant_conv);
     get("use_post_quant_conv", c.use_post_quant_conv);
     for (auto [key, dst] : {std::pair{"in_channels", &c.in_channels}, std::pair{"latent_channels", &c.latent_channels},
@@ -138,7 +139,7 @@ std::string vae_config_to_json(const VaeConfig &c) {
             {"force_upcast", true},
             {"use_quant_conv", c.use_quant_conv},
             {"use_post_quant_conv", c.use_post_quant_conv},
-            {"invert_scale_latents", false}};
+            {"invert_scale_latents", c.invert_scale_latents}};
   return j.dump(2);
 }
 

@@ -21,6 +21,8 @@ struct VaeConfig {
   int norm_num_groups = 32;
   int temporal_compression_ratio = 4;
   double scaling_factor = 1.15258426;
+  // CogVideoX1.5's VAE: the I2V pipeline scales the image latents by 1 / scaling_factor (image_condition.h).
+  bool invert_scale_latents = false;
   bool use_quant_conv = false;
   bool use_post_quant_conv = false;
 
