@@ -1,6 +1,8 @@
 /* See trainer_buffers.h. */
 #include "trainer_buffers.h"
 
+#include <utility>
+
 #include "metas.h"
 #include "models/train_model.h"
 #include "tensor_buffer.h"
@@ -21,13 +23,16 @@ ProcessResult train_on_buffer(TrainerEngine &engine, GstBuffer *buf, std::string
     *error = "micro-batch: " + why;
     return ProcessResult::kError;
   }
-  if (find_tensor_meta(buf, "condition")) {  // image-to-video: vaeencoder condition=, stacked by microbatcher
-    auto c = named_tensor_from_buffer(buf, "condition", &why);
+  // Image-to-video: vaeencoder condition= and imageencoder's image_embeds, stacked by microbatcher.
+  for (const auto &[name, out] : {std::pair<const char *, at::Tensor *>{"condition", &in.condition},
+                                  {"image_embeds", &in.image_embeds}}) {
+    if (!find_tensor_meta(buf, name)) continue;
+    auto c = named_tensor_from_buffer(buf, name, &why);
     if (!c) {
-      *error = "micro-batch: tensor 'condition' cannot be read: " + why;
+      *error = std::string("micro-batch: tensor '") + name + "' cannot be read: " + why;
       return ProcessResult::kError;
     }
-    in.condition = *c;
+    *out = *c;
   }
   MicroBatchInfo info;
   BatchInfo meta;

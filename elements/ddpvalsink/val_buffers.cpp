@@ -2,9 +2,11 @@
 #include "val_buffers.h"
 
 #include <optional>
+#include <utility>
 
 #include "metas.h"
 #include "tensor_buffer.h"
+#include "tensor_caps.h"
 
 namespace videotrain {
 
@@ -48,7 +50,19 @@ ValidationEngine::Result validate_buffer(ValidationEngine &engine, GstBuffer *bu
     *error = "validation buffer: " + why;
     return R::kError;
   }
-  R r = engine.push(*t, samples, embeds.defined() ? &embeds : nullptr, mask.defined() ? &mask : nullptr);
+  at::Tensor condition, image;  // image-to-video: vaeencoder condition=, imageencoder's image_embeds
+  for (const auto &[name, out] : {std::pair<const char *, at::Tensor *>{"condition", &condition},
+                                  {"image_embeds", &image}}) {
+    if (!find_tensor_meta(buf, name)) continue;
+    auto c = named_tensor_from_buffer(buf, name, &why);
+    if (!c) {
+      *error = std::string("validation buffer: tensor '") + name + "' cannot be read: " + why;
+      return R::kError;
+    }
+    *out = *c;
+  }
+  R r = engine.push(*t, samples, embeds.defined() ? &embeds : nullptr, mask.defined() ? &mask : nullptr,
+                    condition.defined() ? &condition : nullptr, image.defined() ? &image : nullptr);
   if (r == R::kError) *error = engine.error();
   return r;
 }

@@ -16,6 +16,7 @@
 #include <limits>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 
 #include "c10d_setup.h"
 #include "cuda_devices.h"
@@ -398,6 +399,7 @@ struct ValidationEngine::Impl {
   uint64_t pass_count = 0;
   std::vector<at::Tensor> batch;
   std::vector<at::Tensor> batch_embeds, batch_masks;  // with a textencoder, per sample
+  std::vector<at::Tensor> batch_conditions, batch_images;  // image-to-video, per sample
   std::vector<ValSample> batch_samples;
 
   uint64_t passes = 0, evaluated = 0;
@@ -477,6 +479,8 @@ struct ValidationEngine::Impl {
       in.text_embeds = torch::stack(batch_embeds).to(device, torch::kFloat);
       in.text_mask = torch::stack(batch_masks).to(device, torch::kLong);
     }
+    if (!batch_conditions.empty()) in.condition = torch::stack(batch_conditions).to(device, torch::kFloat);
+    if (!batch_images.empty()) in.image_embeds = torch::stack(batch_images).to(device, torch::kFloat);
     if (std::string m = check_model_inputs(*model, in.has_text()); !m.empty()) throw std::runtime_error(m);
     const auto &x = in.latents;
     std::vector<int64_t> seeds;
@@ -517,11 +521,15 @@ struct ValidationEngine::Impl {
     batch.clear();
     batch_embeds.clear();
     batch_masks.clear();
+    batch_conditions.clear();
+    batch_images.clear();
     batch_samples.clear();
   }
 
   Result finish_pass();
-  Result take(const at::Tensor &x, const at::Tensor &embeds, const at::Tensor &mask, const ValSample &s);
+  // One sample's latents and, where the stream has them, its text, condition and image tensors.
+  Result take(const at::Tensor &x, const at::Tensor &embeds, const at::Tensor &mask, const at::Tensor &condition,
+              const at::Tensor &image, const ValSample &s);
 };
 
 ValidationEngine::Result ValidationEngine::Impl::finish_pass() {
@@ -599,7 +607,8 @@ ValidationEngine::Result ValidationEngine::Impl::finish_pass() {
 }
 
 ValidationEngine::Result ValidationEngine::Impl::take(const at::Tensor &x, const at::Tensor &embeds,
-                                                     const at::Tensor &mask, const ValSample &s) {
+                                                     const at::Tensor &mask, const at::Tensor &condition,
+                                                     const at::Tensor &image, const ValSample &s) {
   for (;;) {
     if (!active) {
       Result r = start_pass(s.epoch);
@@ -612,14 +621,20 @@ ValidationEngine::Result ValidationEngine::Impl::take(const at::Tensor &x, const
   }
   if (s.padding || s.clip_index % cfg.num_shards != cfg.shard_index) return Result::kOk;
   try {
-    if (!batch.empty() && (batch.front().sizes() != x.sizes() || batch_embeds.empty() != !embeds.defined() ||
-                           (embeds.defined() && batch_embeds.front().sizes() != embeds.sizes())))
+    // A sample stacks onto the batch when every tensor it has is there, of the same shape.
+    const auto differs = [](const std::vector<at::Tensor> &b, const at::Tensor &t) {
+      return b.empty() != !t.defined() || (t.defined() && b.front().sizes() != t.sizes());
+    };
+    if (!batch.empty() && (batch.front().sizes() != x.sizes() || differs(batch_embeds, embeds) ||
+                           differs(batch_conditions, condition) || differs(batch_images, image)))
       evaluate_batch();
     batch.push_back(x);
     if (embeds.defined()) {
       batch_embeds.push_back(embeds);
       batch_masks.push_back(mask);
     }
+    if (condition.defined()) batch_conditions.push_back(condition);
+    if (image.defined()) batch_images.push_back(image);
     batch_samples.push_back(s);
     if (batch.size() >= std::max(1u, cfg.batch_size)) evaluate_batch();
   } catch (const std::exception &e) {
@@ -751,11 +766,14 @@ void ValidationEngine::detach() {
   im.batch.clear();
   im.batch_embeds.clear();
   im.batch_masks.clear();
+  im.batch_conditions.clear();
+  im.batch_images.clear();
   im.batch_samples.clear();
 }
 
 ValidationEngine::Result ValidationEngine::push(const at::Tensor &tensor, const std::vector<ValSample> &samples,
-                                                const at::Tensor *text_embeds, const at::Tensor *text_mask) {
+                                                const at::Tensor *text_embeds, const at::Tensor *text_mask,
+                                                const at::Tensor *condition, const at::Tensor *image_embeds) {
   auto &im = *impl_;
   if (!im.hub) return im.fail("not attached to a trainer");
   at::Tensor t = tensor;
@@ -778,6 +796,20 @@ ValidationEngine::Result ValidationEngine::push(const at::Tensor &tensor, const 
       return im.fail(s.str());
     }
   }
+  // Image-to-video tensors: one sample's, or the micro-batch's with a leading sample dimension.
+  at::Tensor c, img;
+  for (const auto &[name, in, out, dims] :
+       {std::tuple<const char *, const at::Tensor *, at::Tensor *, int64_t>{"condition", condition, &c, 4},
+        {"image_embeds", image_embeds, &img, 3}}) {
+    if (!in) continue;
+    *out = one ? in->unsqueeze(0) : *in;
+    if (out->dim() != dims + 1 || out->size(0) != t.size(0)) {
+      std::ostringstream s;
+      s << "validation buffer's " << name << " has shape " << in->sizes() << " for " << samples.size()
+        << " sample(s); expected " << dims << " dimensions per sample";
+      return im.fail(s.str());
+    }
+  }
   try {
     if (im.hub->world == 1) im.hub->maybe_at_start();
   } catch (const std::exception &e) {
@@ -785,7 +817,8 @@ ValidationEngine::Result ValidationEngine::push(const at::Tensor &tensor, const 
   }
   for (size_t i = 0; i < samples.size(); i++) {
     const auto k = static_cast<int64_t>(i);
-    Result r = im.take(t[k], e.defined() ? e[k] : at::Tensor(), m.defined() ? m[k] : at::Tensor(), samples[i]);
+    Result r = im.take(t[k], e.defined() ? e[k] : at::Tensor(), m.defined() ? m[k] : at::Tensor(),
+                       c.defined() ? c[k] : at::Tensor(), img.defined() ? img[k] : at::Tensor(), samples[i]);
     if (r != Result::kOk) return r;
   }
   return Result::kOk;

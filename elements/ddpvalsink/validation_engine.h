@@ -72,9 +72,12 @@ class ValidationEngine {
 
   enum class Result { kOk, kFlushing, kEos /* trainer done, everything validated */, kError };
   // latents [C, t, h, w] with one sample, or [m, C, t, h, w] with samples.size() == m; with a
-  // textencoder also their text embeddings ([L, D] or [m, L, D]) and masks ([L] or [m, L]).
+  // textencoder also their text embeddings ([L, D] or [m, L, D]) and masks ([L] or [m, L]); image-to-
+  // video also their condition (vaeencoder condition=, [c, t, h, w] or [m, ...]) and image encoder
+  // states (imageencoder's image_embeds, [n, N, D] or [m, ...]), as the trainer takes them.
   Result push(const at::Tensor &tensor, const std::vector<ValSample> &samples,
-              const at::Tensor *text_embeds = nullptr, const at::Tensor *text_mask = nullptr);
+              const at::Tensor *text_embeds = nullptr, const at::Tensor *text_mask = nullptr,
+              const at::Tensor *condition = nullptr, const at::Tensor *image_embeds = nullptr);
   // csvvideosrc-epoch (a serialized event after an epoch's last clip): completes the pass
   // over that epoch. Once the source has marked an epoch end, EOS in the middle of an
   // epoch drops the pass (a ddpvalsink-skipped message) instead of reporting a short one.

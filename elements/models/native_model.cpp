@@ -58,6 +58,8 @@ class WanDit : public DitModel {
     return net_->forward(x, t, text, image);
   }
   int64_t image_dim() const override { return net_->cfg.image_dim; }
+  int64_t images_per_sample() const override { return net_->cfg.image_dim ? (net_->cfg.pos_embed_seq_len ? 2 : 1) : 0; }
+  std::vector<int64_t> patch_size() const override { return {net_->cfg.patch_size[0], net_->cfg.patch_size[1], net_->cfg.patch_size[2]}; }
   bool image_to_video() const override { return net_->cfg.image_dim || net_->cfg.in_channels != net_->cfg.out_channels; }
   int64_t condition_channels() const override { return net_->cfg.in_channels - net_->cfg.out_channels; }
   void set_checkpointing(Checkpointing c) override { net_->checkpointing = c; }
@@ -197,6 +199,14 @@ at::Tensor zero_text_padding(const at::Tensor &text_embeds, const at::Tensor &te
 }
 
 
+bool pipeline_expand_timesteps(const std::string &dir) {
+  std::ifstream f(std::filesystem::path(dir) / ".." / "model_index.json");
+  if (!f) return false;
+  const auto j = nlohmann::json::parse(f, nullptr, false);
+  return j.is_object() && j.contains("expand_timesteps") && j["expand_timesteps"].is_boolean() &&
+         j["expand_timesteps"].get<bool>();
+}
+
 double cogvideox_snr_shift_scale(const std::string &dir, bool rotary) {
   const auto path = std::filesystem::path(dir) / ".." / "scheduler" / "scheduler_config.json";
   std::ifstream f(path);
@@ -265,8 +275,8 @@ namespace {
 // A diffusers folder's transformer as ddptrainsink's model: its family's objective, per-sample noise.
 class NativeTrainModel : public TrainModel {
  public:
-  NativeTrainModel(std::string dir, std::unique_ptr<models::DitModel> dit, const ModelOptions &o)
-      : dir_(std::move(dir)), dit_(std::move(dit)), opt_(o) {
+  NativeTrainModel(std::string dir, std::unique_ptr<models::DitModel> dit, const ModelOptions &o, bool expand_timesteps)
+      : dir_(std::move(dir)), dit_(std::move(dit)), opt_(o), expand_timesteps_(expand_timesteps) {
     dit_->set_checkpointing(o.gradient_checkpointing);
     dit_->set_attention_backend(o.attention_backend);
     if (std::string why = models::check_family_timestep_options(dit_->class_name(), o); !why.empty())
@@ -330,13 +340,17 @@ class NativeTrainModel : public TrainModel {
       at::Tensor t, noise, x_t, w;
       models::draw_ddpm(x, ids, epoch, opt_, &t, &noise);
       models::vpred_terms(x, noise, t, alphas_cumprod_, &x_t, &w);
-      const auto v = dit_->forward(vpred_input(x_t, in), t, in.text_embeds);
+      const auto v = dit_->forward(x_t, t, in.text_embeds);
       return models::vpred_loss(models::vpred_x0(x_t, v, t, alphas_cumprod_), x, w).mean();
     }
     at::Tensor sigma, noise, x_t, t, target;
     models::draw_flow(x0, ids, epoch, opt_, &sigma, &noise);
     models::flow_terms(x0, noise, sigma, &x_t, &t, &target);
-    const auto pred = dit_->forward(model_input(x_t, in), t, models::zero_text_padding(in.text_embeds, in.text_mask));
+    auto pred = predict(x_t, t, models::zero_text_padding(in.text_embeds, in.text_mask), in);
+    if (first_frame_clean(in)) {  // TI2V: the given first frame is no target
+      pred = pred.narrow(2, 1, pred.size(2) - 1);
+      target = target.narrow(2, 1, target.size(2) - 1);
+    }
     if (opt_.loss_weighting == "none") return torch::mse_loss(pred.to(torch::kFloat), target.to(torch::kFloat));
     return models::flow_loss(pred, target, models::flow_loss_weights(sigma, opt_.loss_weighting));
   }
@@ -359,7 +373,7 @@ class NativeTrainModel : public TrainModel {
                                    x0.options().dtype(torch::kLong));
         at::Tensor x_t, w;
         models::vpred_terms(x, nx, t, alphas_cumprod_, &x_t, &w);
-        const auto v = dit_->forward(vpred_input(x_t, in), t, in.text_embeds);
+        const auto v = dit_->forward(x_t, t, in.text_embeds);
         const auto l = models::vpred_loss(models::vpred_x0(x_t, v, t, alphas_cumprod_), x, w);
         total = total.defined() ? total + l : l;
       }
@@ -369,7 +383,11 @@ class NativeTrainModel : public TrainModel {
     for (double s : opt_.val_sigmas) {
       at::Tensor x_t, t, target;
       models::flow_terms(x0, noise, torch::full({m}, s, x0.options().dtype(torch::kFloat)), &x_t, &t, &target);
-      const auto pred = dit_->forward(model_input(x_t, in), t, text);
+      auto pred = predict(x_t, t, text, in);
+      if (first_frame_clean(in)) {
+        pred = pred.narrow(2, 1, pred.size(2) - 1);
+        target = target.narrow(2, 1, target.size(2) - 1);
+      }
       const auto l = (pred.to(torch::kFloat) - target.to(torch::kFloat)).pow(2).flatten(1).mean(1);
       total = total.defined() ? total + l : l;
     }
@@ -415,35 +433,72 @@ class NativeTrainModel : public TrainModel {
   }
 
  private:
-  // x_t with the sample's condition after it for an image-to-video layout (image_condition.h).
-  at::Tensor model_input(const at::Tensor &x_t, const ModelInputs &in) const {
-    return models::with_condition(x_t, in.condition, dit_->condition_channels(), dir_);
+  // Wan 2.2 TI2V 5B (expand_timesteps) trained image-to-video: the micro-batches carry a condition.
+  bool first_frame_clean(const ModelInputs &in) const { return expand_timesteps_ && in.condition.defined(); }
+
+  // The flow model's prediction at x_t [m, C, t, h, w], timestep t [m]: with the sample's condition after
+  // x_t for a layout with condition channels (image_condition.h), the image states for Wan 2.1 I2V /
+  // FLF2V, and for TI2V (as WanImageToVideoPipeline with expand_timesteps) the clean first latent frame
+  // in x_t, its tokens at timestep 0.
+  at::Tensor predict(const at::Tensor &x_t, const at::Tensor &t, const at::Tensor &text, const ModelInputs &in) {
+    if (first_frame_clean(in)) {
+      // The sample's own first latent frame: the causal VAE encodes the clip's first frame alone into it.
+      const auto x = torch::cat({in.latents.narrow(2, 0, 1).to(x_t.device(), x_t.scalar_type()),
+                                 x_t.narrow(2, 1, x_t.size(2) - 1)}, 2);
+      const auto p = dit_->patch_size();
+      const int64_t per_frame = (x.size(3) / p[1]) * (x.size(4) / p[2]), tokens = per_frame * (x.size(2) / p[0]);
+      auto tt = t.to(torch::kFloat).unsqueeze(1).repeat({1, tokens});
+      tt.narrow(1, 0, per_frame).zero_();
+      return dit_->forward(x, tt, text);
+    }
+    const auto x = models::with_condition(x_t, in.condition, dit_->condition_channels(), dir_);
+    if (dit_->image_dim() == 0) return dit_->forward(x, t, text);
+    // [m, n, N, D] -> [m n, N, D]: each sample's images in turn (FLF2V: first, last), as diffusers'
+    // pipelines repeat them over the batch.
+    const auto &e = in.image_embeds;
+    return dit_->forward_image(x, t, text, e.reshape({-1, e.size(2), e.size(3)}).to(x.device(), torch::kFloat));
   }
-  // CogVideoX I2V: x_t [m, F, C, h, w] with the image latents after it on channels, frames first and padded
-  // as the pipeline pads them (image_condition.h). Noise goes to x_t only: the pipeline's and its authors'
-  // fine-tuning take the image latents clean (their pixel-space image noise is not applied here).
-  at::Tensor vpred_input(const at::Tensor &x_t, const ModelInputs &in) const {
-    if (dit_->condition_channels() == 0) return x_t;
-    const auto c = models::cogvideox_condition_frames(in.condition, dit_->temporal_patch());
-    return torch::cat({x_t, c.to(x_t.device(), x_t.scalar_type())}, 2);
-  }
-  void check_cogvideox_condition(const ModelInputs &in) const {
+  void check_image_inputs(const ModelInputs &in) const {
+    const int64_t dim = dit_->image_dim(), n = dit_->images_per_sample();
     const std::string what = dir_ + " (" + dit_->class_name() + ")";
-    if (dit_->condition_channels() == 0 && in.condition.defined())
-      throw std::runtime_error("the micro-batches carry an image condition (vaeencoder condition=) but " + what +
-                               " is a text-to-video transformer: set vaeencoder condition=none, or train an "
-                               "image-to-video folder (CogVideoX-5b-I2V, CogVideoX1.5-5B-I2V)");
-    if (dit_->condition_channels() > 0 && !in.condition.defined())
-      throw std::runtime_error(what + " is a CogVideoX image-to-video transformer (the first frame's " +
-                               std::to_string(dit_->condition_channels()) + " latent channels beside the noisy ones): "
-                               "set vaeencoder condition=first-frame so that each sample carries them");
-    if (in.condition.defined() && in.condition.sizes() != in.latents.sizes()) {
+    if (dim == 0) {
+      if (in.image_embeds.defined())
+        throw std::runtime_error("the micro-batches carry image_embeds (imageencoder) but " + what +
+                                 " has no image path (no image_dim in its config.json: Wan 2.2 I2V / TI2V and "
+                                 "text-to-video models take none): remove the imageencoder");
+      return;
+    }
+    if (!in.image_embeds.defined())
+      throw std::runtime_error(what + " is a Wan 2.1 " + (n == 2 ? "FLF2V" : "I2V") +
+                               " transformer: its image path takes each sample's image encoder states; put an "
+                               "imageencoder (the checkpoint's image_encoder/ folder" +
+                               (n == 2 ? ", first and last frame" : "") +
+                               ") before microbatcher so that the micro-batches carry image_embeds");
+    const auto &e = in.image_embeds;
+    if (e.dim() != 4 || e.size(0) != in.latents.size(0) || e.size(1) != n || e.size(3) != dim) {
       std::ostringstream s;
-      s << "the micro-batch's condition has shape " << in.condition.sizes() << " beside latents " << in.latents.sizes()
-        << "; " << what << " takes the first frame's latents of the same VAE, zero-padded, [m, C, t, h, w] "
-        << "(vaeencoder condition=first-frame with the CogVideoX VAE)";
+      s << "the micro-batch's image_embeds have shape " << e.sizes() << " beside " << in.latents.size(0)
+        << " samples; " << what << " takes [" << in.latents.size(0) << ", " << n << ", N, " << dim << "] ("
+        << (n == 2 ? "FLF2V: first and last frame per sample" : "one image per sample") << ", image_dim " << dim
+        << ": the image encoder of the same checkpoint)";
       throw std::runtime_error(s.str());
     }
+  }
+  // TI2V's condition says "train image-to-video"; its first latent frame must be the only one given.
+  void check_first_frame_condition(const ModelInputs &in) const {
+    const auto &c = in.condition;
+    const int64_t C = in.latents.size(1);
+    if (c.dim() != 5 || c.size(0) != in.latents.size(0) || c.size(1) <= C || c.sizes().slice(2) != in.latents.sizes().slice(2)) {
+      std::ostringstream s;
+      s << "the micro-batch's condition has shape " << c.sizes() << " beside latents " << in.latents.sizes()
+        << "; vaeencoder condition=first-frame with the same VAE gives [m, tc + " << C << ", t, h, w]";
+      throw std::runtime_error(s.str());
+    }
+    const auto mask = c.narrow(1, 0, c.size(1) - C);
+    if (c.size(2) > 1 && mask.narrow(2, 1, c.size(2) - 1).ne(0).any().item<bool>())
+      throw std::runtime_error(dir_ + " is Wan 2.2 TI2V (expand_timesteps): it takes the first frame only; the "
+                               "micro-batches' condition gives later frames too (condition=first-last-frame): set "
+                               "vaeencoder condition=first-frame");
   }
   at::Tensor checked_latents(const ModelInputs &in) const {
     const int64_t noisy = dit_->latent_channels() - dit_->condition_channels();
@@ -451,7 +506,16 @@ class NativeTrainModel : public TrainModel {
       throw std::runtime_error("micro-batch has " + std::to_string(in.latents.size(1)) + " latent channels; " + dir_ +
                                " (" + dit_->class_name() + ") takes " + std::to_string(noisy) +
                                ": use the VAE of the same model family");
-    if (vpred()) check_cogvideox_condition(in);
+    if (in.condition.defined() && dit_->family() != "wan")
+      throw std::runtime_error("the micro-batches carry an image condition (vaeencoder condition=); " + dir_ + " (" +
+                               dit_->class_name() + ") does not take it: set condition=none");
+    if (in.condition.defined() && dit_->condition_channels() == 0 && !expand_timesteps_)
+      throw std::runtime_error("the micro-batches carry an image condition (vaeencoder condition=) but " + dir_ +
+                               " is a text-to-video transformer: set vaeencoder condition=none, or train an "
+                               "image-to-video folder (Wan 2.2 TI2V 5B: the folder's ../model_index.json says "
+                               "\"expand_timesteps\": true, as the published one does)");
+    if (first_frame_clean(in)) check_first_frame_condition(in);
+    check_image_inputs(in);
     if (!in.has_text())
       throw std::runtime_error(dir_ + " (" + dit_->class_name() + ") needs text embeddings: put a textencoder after vaeencoder");
     if (in.text_embeds.size(2) != dit_->text_dim())
@@ -546,6 +610,7 @@ class NativeTrainModel : public TrainModel {
   std::string dir_;
   std::unique_ptr<models::DitModel> dit_;
   ModelOptions opt_;
+  bool expand_timesteps_;  // Wan 2.2 TI2V 5B (the pipeline's config): a condition means the clean first frame
   at::Tensor alphas_cumprod_;  // CogVideoX's schedule (float64); undefined for flow-matching families
 };
 
@@ -566,17 +631,14 @@ std::string model_folder_class(const std::string &dir) {
 std::unique_ptr<TrainModel> make_native_model(const std::string &dir, const c10::Device &device,
                                               const ModelOptions &options) {
   auto dit = models::open_dit(dir, device);
-  // Wan 2.2 I2V's layout (condition channels, no image path) trains; Wan 2.1 I2V / FLF2V also take the
-  // image encoder's states, which no element gives yet.
-  if (dit->image_dim() > 0)
-    throw std::runtime_error(dir + " is a Wan 2.1 I2V / FLF2V transformer (" + dit->class_name() +
-                             " with image_dim): it loads and runs forward (videotrain-model forward), but training "
-                             "it needs image embeddings (a CLIP image encoder, issue 43 item 2), not built yet; "
-                             "Wan 2.2 I2V folders (condition channels, no image_dim) train");
   if (dit->condition_channels() < 0)
     throw std::runtime_error(dir + ": in_channels is less than out_channels; a transformer's input holds the noisy "
                              "latents (out_channels) and any condition channels");
-  return std::make_unique<NativeTrainModel>(dir, std::move(dit), options);
+  const bool expand = models::pipeline_expand_timesteps(dir);
+  if (expand && (dit->condition_channels() != 0 || dit->image_dim() > 0 || dit->family() != "wan"))
+    throw std::runtime_error(dir + "/../model_index.json says expand_timesteps (Wan 2.2 TI2V 5B), but " + dir +
+                             " is not that layout (it has condition channels or an image path, or is no Wan model)");
+  return std::make_unique<NativeTrainModel>(dir, std::move(dit), options, expand);
 }
 
 }  // namespace videotrain

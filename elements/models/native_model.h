@@ -45,6 +45,10 @@ class DitModel {
   // Image-to-video layouts: image_dim the image states' width (0: none); image_to_video also when the
   // input holds condition channels beside the latents (in_channels != out_channels).
   virtual int64_t image_dim() const { return 0; }
+  // Images whose states each sample gives the image path: 1 (I2V), 2 (FLF2V: first, last), 0 without one.
+  virtual int64_t images_per_sample() const { return 0; }
+  // The config's patch_size (t, h, w): a token's latent frames, rows and columns.
+  virtual std::vector<int64_t> patch_size() const { return {temporal_patch(), 2, 2}; }
   virtual bool image_to_video() const { return image_dim() > 0; }
   // Input channels beside the noisy latents (Wan I2V: the mask and condition latents of
   // image_condition.h, in_channels - out_channels); 0 for text-to-video.
@@ -91,6 +95,10 @@ void flow_terms(const at::Tensor &x0, const at::Tensor &noise, const at::Tensor 
 // Text embeddings with the positions the mask marks as padding zeroed (Wan's pipelines pass the
 // encoder's output trimmed to the tokens and zero-padded).
 at::Tensor zero_text_padding(const at::Tensor &text_embeds, const at::Tensor &text_mask);
+
+// Whether a transformer folder's pipeline (its ../model_index.json) sets expand_timesteps: Wan 2.2 TI2V
+// 5B, which takes per-token timesteps and, image-to-video, its first latent frame clean at timestep 0.
+bool pipeline_expand_timesteps(const std::string &transformer_dir);
 
 // snr_shift_scale of a CogVideoX transformer folder: its ../scheduler/scheduler_config.json's when
 // there is one, else 3.0 (sincos layout, CogVideoX-2b) or 1.0 (rotary: 5b, 1.5).

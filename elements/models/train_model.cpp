@@ -40,6 +40,7 @@ ModelInputs ModelInputs::narrow(int64_t start, int64_t n) const {
   if (text_embeds.defined()) out.text_embeds = text_embeds.narrow(0, start, n);
   if (text_mask.defined()) out.text_mask = text_mask.narrow(0, start, n);
   if (condition.defined()) out.condition = condition.narrow(0, start, n);
+  if (image_embeds.defined()) out.image_embeds = image_embeds.narrow(0, start, n);
   return out;
 }
 

@@ -30,6 +30,9 @@ struct ModelInputs {
   // Image-to-video: each sample's mask and condition latents [m, tc + z, t, h, w] (vaeencoder
   // condition=, models/image_condition.h), which the model takes beside the noisy latents.
   at::Tensor condition;
+  // Wan 2.1 I2V / FLF2V: each sample's image encoder states [m, n, N, D] (imageencoder; n = 1, FLF2V 2:
+  // first then last frame), which the transformer's image path takes.
+  at::Tensor image_embeds;
   // Each sample's manifest row and the epoch (the batch meta's), for noise drawn per sample; empty
   // when the caller has none (models then draw from the step's default generator).
   std::vector<uint64_t> sample_ids;
