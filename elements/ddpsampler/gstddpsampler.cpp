@@ -63,6 +63,9 @@ enum {
   PROP_TEMPORAL_COMPRESSION,
   PROP_SPATIAL_COMPRESSION,
   PROP_DEVICE,
+  PROP_VAE,
+  PROP_IMAGE_ENCODER,
+  PROP_IMAGE_PROCESSOR,
   PROP_SAMPLES_DONE,
 };
 
@@ -185,7 +188,11 @@ static gboolean sink_event(GstPad *pad, GstObject *parent, GstEvent *event) {
     case GST_EVENT_EOS: {
       gst_event_unref(event);
       if (!self->engine) return FALSE;
-      self->engine->prompts_done();
+      if (!self->engine->prompts_done()) {
+        post_messages(self);
+        GST_ELEMENT_ERROR(self, STREAM, FORMAT, ("%s", self->engine->error().c_str()), (nullptr));
+        return FALSE;
+      }
       post_messages(self);
       GST_INFO_OBJECT(self, "%zu prompts for this rank", self->engine->prompts_kept());
       return gst_pad_start_task(self->srcpad, (GstTaskFunction)src_loop, self->srcpad, nullptr);
@@ -279,6 +286,9 @@ static void set_property(GObject *object, guint id, const GValue *value, GParamS
     case PROP_TEMPORAL_COMPRESSION: c.temporal_compression = g_value_get_uint(value); break;
     case PROP_SPATIAL_COMPRESSION: c.spatial_compression = g_value_get_uint(value); break;
     case PROP_DEVICE: c.device = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_VAE: c.vae = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_IMAGE_ENCODER: c.image_encoder = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_IMAGE_PROCESSOR: c.image_processor = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
   GST_OBJECT_UNLOCK(self);
@@ -307,6 +317,9 @@ static void get_property(GObject *object, guint id, GValue *value, GParamSpec *p
     case PROP_TEMPORAL_COMPRESSION: g_value_set_uint(value, c.temporal_compression); break;
     case PROP_SPATIAL_COMPRESSION: g_value_set_uint(value, c.spatial_compression); break;
     case PROP_DEVICE: g_value_set_string(value, c.device.c_str()); break;
+    case PROP_VAE: g_value_set_string(value, c.vae.c_str()); break;
+    case PROP_IMAGE_ENCODER: g_value_set_string(value, c.image_encoder.c_str()); break;
+    case PROP_IMAGE_PROCESSOR: g_value_set_string(value, c.image_processor.c_str()); break;
     case PROP_SAMPLES_DONE: g_value_set_uint64(value, self->samples_done); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
@@ -432,6 +445,21 @@ static void gst_ddp_sampler_class_init(GstDdpSamplerClass *klass) {
   g_object_class_install_property(gobject_class, PROP_DEVICE,
       g_param_spec_string("device", "Device", "Where the sampler's copy of the model runs (\"\": the trainer's)", "",
                           rw));
+  g_object_class_install_property(gobject_class, PROP_VAE,
+      g_param_spec_string("vae", "VAE",
+                          "Image-to-video trainers (Wan 2.1 / 2.2 I2V, FLF2V): the diffusers VAE folder that encodes "
+                          "each prompt's image (promptsrc's image column) into the condition latents, as "
+                          "WanImageToVideoPipeline does (the VAE the model was trained with)",
+                          "", rw));
+  g_object_class_install_property(gobject_class, PROP_IMAGE_ENCODER,
+      g_param_spec_string("image-encoder", "Image encoder",
+                          "Image-to-video trainers with image embeddings (Wan 2.1 I2V / FLF2V, image_dim): the CLIP "
+                          "image_encoder/ folder whose hidden_states[-2] the model takes",
+                          "", rw));
+  g_object_class_install_property(gobject_class, PROP_IMAGE_PROCESSOR,
+      g_param_spec_string("image-processor", "Image processor",
+                          "The image encoder's preprocessor folder (\"\": the image_processor/ beside image-encoder)",
+                          "", rw));
   g_object_class_install_property(gobject_class, PROP_SAMPLES_DONE,
       g_param_spec_uint64("samples-done", "Samples done", "Samples this rank has generated", 0, G_MAXUINT64, 0,
                           GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS)));

@@ -15,10 +15,14 @@
 #include "regular_file.h"
 #include "metas.h"
 #include "models/native_model.h"
+#include "models/clip_image_processor.h"
+#include "models/clip_vision.h"
+#include "models/i2v_inputs.h"
 #include "models/layers.h"
 #include "models/model_family.h"
 #include "models/param_snapshot.h"
 #include "models/samplers.h"
+#include "models/vae/vae_encoder.h"
 #include "run_context.h"
 #include "tensor_buffer.h"
 #include "prompt_record.h"
@@ -38,10 +42,19 @@ struct PromptEntry {
   int64_t seed = -1, frames = 0, width = 0, height = 0;
   Embedded prompt, negative;
   bool has_prompt = false, has_negative = false;
+  at::Tensor image, last_image;  // uint8 [H, W, 3] from promptsrc's image columns (undefined: none)
+};
+
+// What an image-to-video folder's config.json asks of the sampler.
+struct FolderLayout {
+  int64_t in_channels = 0, out_channels = 0;
+  bool image_embeds = false;  // image_dim: the CLIP image encoder's states
+  bool condition() const { return out_channels > 0 && in_channels != out_channels; }
+  bool image_to_video() const { return condition() || image_embeds; }
 };
 
 // The family of a diffusers transformer folder from its config.json (null with *why when it is not one).
-const models::ModelFamily *folder_family(const std::string &spec, int64_t *in_channels, std::string *why) {
+const models::ModelFamily *folder_family(const std::string &spec, FolderLayout *layout, std::string *why) {
   if (!is_model_folder(spec)) {
     *why = "ddpsampler samples native transformers (ddptrainsink model=DIR, a diffusers folder); the trainer's "
            "model '" + spec + "' is not one";
@@ -53,8 +66,12 @@ const models::ModelFamily *folder_family(const std::string &spec, int64_t *in_ch
   const std::string cls = j.is_object() && j.contains("_class_name") && j["_class_name"].is_string()
                               ? j["_class_name"].get<std::string>()
                               : "";
-  if (j.is_object() && j.contains("in_channels") && j["in_channels"].is_number_integer())
-    *in_channels = j["in_channels"].get<int64_t>();
+  if (j.is_object()) {
+    if (j.contains("in_channels") && j["in_channels"].is_number_integer()) layout->in_channels = j["in_channels"].get<int64_t>();
+    if (j.contains("out_channels") && j["out_channels"].is_number_integer())
+      layout->out_channels = j["out_channels"].get<int64_t>();
+    layout->image_embeds = j.contains("image_dim") && j["image_dim"].is_number_integer();
+  }
   if (const auto *f = models::family_of_class(cls)) return f;
   *why = "the trainer's model " + spec + " is a " + (cls.empty() ? "folder without _class_name" : cls) +
          ", which ddpsampler has no sampler for (" + models::family_titles(", ") + ")";
@@ -80,13 +97,69 @@ struct SamplerEngine::Impl {
   std::vector<BusMessage> messages;
   std::string error;
   uint64_t samples = 0;
-  int64_t model_channels = 0;  // the trainer's model's in_channels (0: unknown)
+  int64_t model_channels = 0;  // the latent channels of the trainer's model (0: unknown)
+  FolderLayout layout;         // of the trainer's model (read at attach)
   bool warned_wait = false;
   int64_t vae_spatial = 0;     // the vaedecoder downstream's pixels per latent (0: none answered)
 
   // Sampling thread only.
   std::unique_ptr<TrainModel> model;
   std::string model_spec;
+  std::unique_ptr<vae::VaeEncoder> vae_encoder;  // image-to-video: loaded at the first sample
+  std::unique_ptr<models::ClipVisionEncoder> image_encoder;
+  std::unique_ptr<models::ClipImageProcessor> image_processor;
+
+  // WanImageToVideoPipeline's inputs for one prompt: the condition from its image(s) through the VAE,
+  // the image encoder's states where the model takes them; built once and passed at every step.
+  models::ImageInputs image_inputs(models::DitModel &dit, const PromptEntry &p, const std::string &where, int64_t frames,
+                                   int64_t width, int64_t height, const at::Tensor &noise, const c10::Device &dev) {
+    models::ImageInputs in;
+    if (dit.condition_channels() == 0 && dit.image_dim() == 0) return in;
+    if (dit.family() != "wan")
+      throw std::runtime_error("ddpsampler samples image-to-video for Wan folders only; the trainer's " + dit.class_name() +
+                               " is an image-to-video layout it has no sampler for yet");
+    if (!p.image.defined())
+      throw std::runtime_error(where + " has no image, but the trainer's model is image-to-video: give the prompt "
+                               "file an image column");
+    if (dit.condition_channels() > 0) {
+      if (cfg.vae.empty())
+        throw std::runtime_error("the trainer's model takes an image condition: set ddpsampler's vae to its VAE folder");
+      if (!vae_encoder) vae_encoder = vae::VaeEncoder::load(cfg.vae, dev, at::kFloat);
+      const auto &vae = *vae_encoder;
+      const int64_t tc = vae.temporal_compression(), sc = vae.spatial_compression();
+      if (tc + vae.latent_channels() != dit.condition_channels())
+        throw std::runtime_error("the VAE " + cfg.vae + " gives " + std::to_string(tc) + " mask + " +
+                                 std::to_string(vae.latent_channels()) + " latent channels but the model takes " +
+                                 std::to_string(dit.condition_channels()) +
+                                 " condition channels: set vae to the VAE the model was trained with");
+      const auto pre = [&](const at::Tensor &img) { return models::preprocess_image(img, height, width).to(dev); };
+      const models::LatentEncode encode = [&](const at::Tensor &v) { return vae.latent(vae.encode(v)); };
+      in.condition = models::i2v_condition(pre(p.image), p.last_image.defined() ? pre(p.last_image) : at::Tensor(),
+                                           frames, tc, encode);
+      if (in.condition.sizes().slice(2) != noise.sizes().slice(2))
+        throw std::runtime_error(where + ": the condition latents " + c10::str(in.condition.sizes()) + " do not fit the " +
+                                 "noise " + c10::str(noise.sizes()) + " (VAE " + std::to_string(sc) + "x spatial, " +
+                                 std::to_string(tc) + "x temporal: set spatial-compression and temporal-compression "
+                                 "to the VAE's)");
+    }
+    if (dit.image_dim() > 0) {
+      if (cfg.image_encoder.empty())
+        throw std::runtime_error("the trainer's model takes image embeddings (image_dim " + std::to_string(dit.image_dim()) +
+                                 "): set ddpsampler's image-encoder to its CLIP image_encoder/ folder");
+      if (!image_encoder) {
+        const std::string proc = cfg.image_processor.empty() ? models::sibling_image_processor(cfg.image_encoder)
+                                                             : cfg.image_processor;
+        if (proc.empty())
+          throw std::runtime_error("no image_processor/ beside " + cfg.image_encoder + ": set image-processor");
+        image_processor = std::make_unique<models::ClipImageProcessor>(models::ClipImageProcessor::open(proc));
+        image_encoder = models::ClipVisionEncoder::open(cfg.image_encoder, dev, at::kFloat);
+      }
+      std::vector<at::Tensor> imgs{p.image};
+      if (p.last_image.defined()) imgs.push_back(p.last_image);
+      in.image_embeds = models::i2v_image_embeds(*image_encoder, *image_processor, imgs, dev);
+    }
+    return in;
+  }
 
   void note(const std::string &name, uint64_t step, const std::string &text) {
     BusMessage m(name == "warning" ? BusMessage::kWarning : name);
@@ -206,7 +279,8 @@ struct SamplerEngine::Impl {
     const auto kind = kind_for(def);
     const auto dev = device();
     const bool frames_first = def.layout == models::LatentLayout::kFramesFirst;
-    const int64_t channels = dit.latent_channels();
+    // An image-to-video model's input holds its condition channels after the latents.
+    const int64_t channels = dit.latent_channels() - (frames_first ? 0 : dit.condition_channels());
     const int64_t spatial = cfg.spatial_compression ? cfg.spatial_compression
                             : vae_spatial           ? vae_spatial
                                                     : (channels == 48 ? 16 : 8);
@@ -273,11 +347,13 @@ struct SamplerEngine::Impl {
       // The pipelines' noise: torch.randn(shape) from a CPU generator seeded with the seed.
       at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
       const at::Tensor noise = at::randn(shape, gen, at::TensorOptions(at::kFloat)).to(dev);
+      const models::ImageInputs image = image_inputs(dit, p, where, frames, width, height, noise, dev);
       // Two experts (the trainer's model-2): each step's expert as WanPipeline picks it.
       at::Tensor lat = model->dit_2() ? models::sample_latents_2(dit, *model->dit_2(), model->boundary_ratio(), *sampler,
                                                                  noise, pe, ne, cfg.guidance,
-                                                                 cfg.guidance_2 < 0 ? cfg.guidance : cfg.guidance_2, gen)[0]
-                                      : models::sample_latents(dit, *sampler, noise, pe, ne, cfg.guidance, gen)[0];
+                                                                 cfg.guidance_2 < 0 ? cfg.guidance : cfg.guidance_2, gen,
+                                                                 {}, image)[0]
+                                      : models::sample_latents(dit, *sampler, noise, pe, ne, cfg.guidance, gen, {}, image)[0];
       if (frames_first) lat = lat.slice(0, extra).permute({1, 0, 2, 3});
       lat = lat.to(at::kCPU, at::kFloat).contiguous();
 
@@ -328,9 +404,22 @@ bool SamplerEngine::attach(std::shared_ptr<RunContext> run) {
   // The sampler must fit the trainer's model: said at start, not at the first sample.
   if (const std::string spec = run->model_spec(); !spec.empty()) {
     std::string why;
-    const models::ModelFamily *family = folder_family(spec, &d.model_channels, &why);
+    const models::ModelFamily *family = folder_family(spec, &d.layout, &why);
     if (!family) {
       d.error = why;
+      return false;
+    }
+    d.model_channels = d.layout.out_channels > 0 ? d.layout.out_channels : d.layout.in_channels;
+    // What an image-to-video model needs, said at start rather than at the first sample.
+    if (d.layout.condition() && d.cfg.vae.empty()) {
+      d.error = "the trainer's model " + spec + " is image-to-video (" + std::to_string(d.layout.in_channels) +
+                " input channels: latents, mask and condition latents): set ddpsampler's vae to the VAE folder that "
+                "encodes the prompts' images (and give promptsrc's prompt file an image column)";
+      return false;
+    }
+    if (d.layout.image_embeds && d.cfg.image_encoder.empty()) {
+      d.error = "the trainer's model " + spec + " takes image embeddings (image_dim): set ddpsampler's image-encoder "
+                "to its CLIP image_encoder/ folder";
       return false;
     }
     try {
@@ -400,6 +489,17 @@ bool SamplerEngine::add_prompt(GstBuffer *buffer) {
   e.frames = v[kPromptFrames];
   e.width = v[kPromptWidth];
   e.height = v[kPromptHeight];
+  if (v[kPromptRole] == kRolePrompt) {
+    for (const auto &[name, slot] : {std::pair<const char *, at::Tensor *>{"image", &e.image}, {"last_image", &e.last_image}}) {
+      auto img = named_tensor_from_buffer(buffer, name, nullptr);
+      if (!img) continue;
+      if (img->scalar_type() != at::kByte || img->dim() != 3 || img->size(2) != 3) {
+        d.error = std::string("prompt ") + std::to_string(index) + "'s " + name + " is not an 8-bit RGB image [H, W, 3]";
+        return false;
+      }
+      *slot = img->to(at::kCPU).clone();
+    }
+  }
   Embedded &slot = v[kPromptRole] == kRoleNegative ? e.negative : e.prompt;
   (v[kPromptRole] == kRoleNegative ? e.has_negative : e.has_prompt) = true;
   slot.text = info.caption;
@@ -418,6 +518,23 @@ bool SamplerEngine::prompts_done() {
       it = d.prompts.erase(it);
     } else {
       ++it;
+    }
+  }
+  // An image-to-video model samples each prompt from its image: a prompt without one is an error.
+  if (!d.layout.image_to_video() && d.layout.in_channels > 0) {
+    for (const auto &[index, e] : d.prompts) {
+      if (!e.image.defined()) continue;
+      d.note("warning", 0, "prompt " + std::to_string(index) + " has an image, but the trainer's model is text-to-video "
+                           "(Wan 2.2 TI2V's first-frame sampling is not built): sampled from its text alone");
+      break;
+    }
+  } else if (d.layout.image_to_video()) {
+    for (const auto &[index, e] : d.prompts) {
+      if (!e.image.defined()) {
+        d.error = "prompt " + std::to_string(index) + " has no image, but the trainer's model is image-to-video: give "
+                  "promptsrc's prompt file an image column (a path to each prompt's first frame)";
+        return false;
+      }
     }
   }
   d.prompts_complete = true;

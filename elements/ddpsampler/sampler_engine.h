@@ -42,6 +42,9 @@ struct SamplerConfig : FollowerSettings {
   unsigned temporal_compression = 4;
   unsigned spatial_compression = 0;  // 0: from the model (16 for Wan 2.2's 48 channels, else 8)
   std::string device;           // "" / "auto": the trainer's device
+  // Image-to-video trainers: the VAE folder for the condition latents, the CLIP image encoder folder
+  // (models with image embeddings) and its processor ("": image_processor/ beside it).
+  std::string vae, image_encoder, image_processor;
   AttentionBackend attention_backend = AttentionBackend::automatic;  // native models' kernel, on `device`
 };
 
@@ -72,10 +75,12 @@ class SamplerEngine {
   // are not the model's; its spatial compression sizes the latents (unless spatial-compression is set).
   bool check_vae(int channels, int spatial, const std::string &family);
 
-  // A textencoder-embedded promptsrc buffer (record, caption, text_embeds, text_mask). Prompts of
-  // other ranks are dropped. False with error() when the buffer is not one.
+  // A textencoder-embedded promptsrc buffer (record, caption, text_embeds, text_mask; a prompt's own
+  // buffer may also hold its images, uint8 [H, W, 3] "image" and "last_image"). Prompts of other
+  // ranks are dropped. False with error() when the buffer is not one.
   bool add_prompt(GstBuffer *buffer);
-  // The prompt stream ended. False with error() when this run has no prompt at all.
+  // The prompt stream ended. False with error() when a prompt lacks the image an image-to-video
+  // trainer's model needs.
   bool prompts_done();
 
   enum class Next { kSampled, kFinished, kFlushing, kError };

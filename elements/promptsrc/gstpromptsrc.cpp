@@ -1,18 +1,24 @@
 /* promptsrc: a prompt file (one prompt a line, or a CSV with prompt, negative_prompt, seed,
- * num_frames, width, height) as a stream for sampling branches. Each prompt becomes two buffers, the
- * prompt and its negative prompt (empty when the file has none), each with a sample meta whose
- * caption is the text, so that textencoder embeds both; the main tensor (int64 [6], see
- * prompt_record.h) says which prompt and role it is and what the file asks for it. */
+ * num_frames, width, height, image, last_image) as a stream for sampling branches. Each prompt becomes
+ * two buffers, the prompt and its negative prompt (empty when the file has none), each with a sample
+ * meta whose caption is the text, so that textencoder embeds both; the main tensor (int64 [6], see
+ * prompt_record.h) says which prompt and role it is and what the file asks for it. A prompt's images,
+ * decoded at start, ride on its prompt buffer as the named tensors image and last_image (uint8
+ * [H, W, 3], their own size: ddpsampler resizes them to the sample's). */
 #include "one_error.h"
 #include "gstpromptsrc.h"
 
 #include <cstring>
+#include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bus_messages_doc.h"
 #include "metas.h"
 #include "prompt_file.h"
+#include "prompt_images.h"
 #include "prompt_record.h"
 #include "tensor_caps.h"
 
@@ -26,6 +32,8 @@ struct _GstPromptSrc {
   gchar *location;             // object lock
   guint max_prompt_bytes;
   std::vector<Prompt> *prompts;  // read at start
+  // Each prompt's decoded image and last image (null: none), read at start.
+  std::vector<std::pair<std::shared_ptr<const PromptImage>, std::shared_ptr<const PromptImage>>> *images;
   size_t next;                   // buffers pushed (two per prompt)
 };
 
@@ -63,9 +71,35 @@ static gboolean prompt_src_start(GstBaseSrc *src) {
   }
   for (const auto &w : warnings)
     GST_ELEMENT_WARNING(self, STREAM, FORMAT, ("%s: %s", location.c_str(), w.c_str()), (nullptr));
+  // The images, each file once. One that cannot be read is an error: sampling that prompt without its
+  // image would make a video of something else, and an I2V model cannot sample it at all.
+  std::map<std::string, std::shared_ptr<const PromptImage>> decoded;
+  std::vector<std::pair<std::shared_ptr<const PromptImage>, std::shared_ptr<const PromptImage>>> images(prompts.size());
+  for (size_t i = 0; i < prompts.size(); i++) {
+    const Prompt &p = prompts[i];
+    for (const auto &[path, slot] : {std::make_pair(&p.image, &images[i].first), std::make_pair(&p.last_image, &images[i].second)}) {
+      if (path->empty()) continue;
+      auto &img = decoded[*path];
+      if (!img) {
+        auto out = std::make_shared<PromptImage>();
+        std::string why;
+        if (!decode_prompt_image(*path, out.get(), &why)) {
+          GST_ELEMENT_ERROR(self, RESOURCE, READ,
+                            ("Cannot read the image of prompt %u (line %zu of %s): %s: %s", p.index, p.line,
+                             location.c_str(), path->c_str(), why.c_str()),
+                            ("image paths are relative to the prompt file; PNG, JPEG or anything decodebin reads"));
+          return FALSE;
+        }
+        img = std::move(out);
+      }
+      *slot = img;
+    }
+  }
+  if (!decoded.empty()) GST_INFO_OBJECT(self, "%zu images decoded", decoded.size());
   GST_INFO_OBJECT(self, "%zu prompts from %s", prompts.size(), location.c_str());
   GST_OBJECT_LOCK(self);
   *self->prompts = std::move(prompts);
+  *self->images = std::move(images);
   self->next = 0;
   GST_OBJECT_UNLOCK(self);
   g_object_notify(G_OBJECT(self), "num-prompts");
@@ -76,6 +110,7 @@ static gboolean prompt_src_stop(GstBaseSrc *src) {
   auto *self = GST_PROMPT_SRC(src);
   GST_OBJECT_LOCK(self);
   self->prompts->clear();
+  self->images->clear();
   self->next = 0;
   GST_OBJECT_UNLOCK(self);
   return TRUE;
@@ -89,6 +124,7 @@ static GstFlowReturn prompt_src_create(GstBaseSrc *src, guint64, guint, GstBuffe
     return GST_FLOW_EOS;
   }
   const Prompt p = (*self->prompts)[self->next / 2];
+  const auto images = (*self->images)[self->next / 2];
   const bool negative = self->next % 2 == 1;
   self->next++;
   GST_OBJECT_UNLOCK(self);
@@ -98,6 +134,18 @@ static GstFlowReturn prompt_src_create(GstBaseSrc *src, guint64, guint, GstBuffe
   GstBuffer *buf = gst_buffer_new_allocate(nullptr, sizeof(record), nullptr);
   gst_buffer_fill(buf, 0, record, sizeof(record));
   add_tensor_meta(buf, "int64", "cpu", {kPromptFields});
+  if (!negative) {  // the images once per prompt, on its prompt buffer
+    for (const auto &[name, img] : {std::make_pair("image", images.first), std::make_pair("last_image", images.second)}) {
+      if (!img) continue;
+      const gsize offset = gst_buffer_get_size(buf);
+      gst_buffer_append_memory(buf, gst_memory_new_wrapped(GST_MEMORY_FLAG_READONLY, const_cast<uint8_t *>(img->rgb.data()),
+                                                           img->rgb.size(), 0, img->rgb.size(),
+                                                           new std::shared_ptr<const PromptImage>(img), [](gpointer d) {
+                                                             delete static_cast<std::shared_ptr<const PromptImage> *>(d);
+                                                           }));
+      add_tensor_meta(buf, "uint8", "cpu", {img->height, img->width, 3}, name, offset);
+    }
+  }
   const std::string &text = negative ? p.negative : p.text;
   auto *meta = gst_buffer_add_videotrain_sample_meta(buf, text.c_str(), "");
   meta->sample_id = p.index;
@@ -136,6 +184,7 @@ static void prompt_src_finalize(GObject *object) {
   auto *self = GST_PROMPT_SRC(object);
   g_free(self->location);
   delete self->prompts;
+  delete self->images;
   G_OBJECT_CLASS(gst_prompt_src_parent_class)->finalize(object);
 }
 
@@ -143,6 +192,7 @@ static void gst_prompt_src_init(GstPromptSrc *self) {
   self->location = nullptr;
   self->max_prompt_bytes = 16384;
   self->prompts = new std::vector<Prompt>();
+  self->images = new std::remove_pointer_t<decltype(self->images)>();
   self->next = 0;
   gst_base_src_set_format(GST_BASE_SRC(self), GST_FORMAT_BYTES);
 }
@@ -161,7 +211,8 @@ static void gst_prompt_src_class_init(GstPromptSrcClass *klass) {
       g_param_spec_string("location", "Location",
                           "Prompt file: one prompt a line (blank lines and lines starting with # are skipped), or a "
                           "CSV whose header names its columns: prompt (required), negative_prompt, seed, num_frames, "
-                          "width, height (empty cells take ddpsampler's properties)",
+                          "width, height (empty cells take ddpsampler's properties), image and last_image (image files "
+                          "relative to the prompt file, for image-to-video models; one that cannot be read is an error)",
                           nullptr, rw));
   g_object_class_install_property(
       gobject_class, PROP_MAX_PROMPT_BYTES,

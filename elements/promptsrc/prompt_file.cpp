@@ -16,7 +16,7 @@
 namespace videotrain {
 namespace {
 
-enum Column { kPrompt, kNegative, kSeed, kFrames, kWidth, kHeight, kColumns };
+enum Column { kPrompt, kNegative, kSeed, kFrames, kWidth, kHeight, kImage, kLastImage, kColumns };
 
 std::string lower_trim(const std::string &s) {
   size_t a = 0, b = s.size();
@@ -38,7 +38,8 @@ int column_of(const std::string &name) {
   static const std::map<std::string, int> names = {
       {"prompt", kPrompt}, {"caption", kPrompt}, {"negative_prompt", kNegative}, {"negative prompt", kNegative},
       {"negative", kNegative}, {"seed", kSeed}, {"num_frames", kFrames}, {"frames", kFrames},
-      {"width", kWidth}, {"height", kHeight}};
+      {"width", kWidth}, {"height", kHeight}, {"image", kImage}, {"image_path", kImage}, {"first_image", kImage},
+      {"last_image", kLastImage}};
   auto it = names.find(name);
   return it == names.end() ? -1 : it->second;
 }
@@ -100,7 +101,8 @@ namespace {
 // One prompt from a CSV record's values (in header order); false with *error on a bad value.
 bool prompt_of_record(const std::vector<int> &cols, const std::vector<std::string> &values, const std::string &where,
                       Prompt *p, std::string *error) {
-  static const char *names[] = {"prompt", "negative_prompt", "seed", "num_frames", "width", "height"};
+  static const char *names[] = {"prompt", "negative_prompt", "seed", "num_frames", "width", "height", "image",
+                                "last_image"};
   for (size_t i = 0; i < cols.size() && i < values.size(); i++) {
     const std::string &f = values[i];
     const auto bad = [&](const char *range) {
@@ -122,6 +124,8 @@ bool prompt_of_record(const std::vector<int> &cols, const std::vector<std::strin
       case kHeight:
         if (!is_blank(f) && !parse_int(f, 8, 16384, &p->height)) return bad("an integer in 8..16384");
         break;
+      case kImage: p->image = trim(f); break;
+      case kLastImage: p->last_image = trim(f); break;
     }
   }
   return true;
@@ -183,6 +187,7 @@ bool read_prompts(int fd, uint64_t size, const PromptFileLimits &limits, std::ve
       if (is_blank(l.text) || trim(l.text)[0] == '#') continue;
       Prompt p;
       p.text = trim(l.text);
+      p.line = l.n;
       if (!add(std::move(p), "line " + std::to_string(l.n))) return false;
     }
   } else {
@@ -201,7 +206,13 @@ bool read_prompts(int fd, uint64_t size, const PromptFileLimits &limits, std::ve
       for (const auto &v : values) blank &= is_blank(v);
       if (blank) return;
       Prompt p;
-      ok = prompt_of_record(cols, values, where, &p, error) && add(std::move(p), where);
+      p.line = line;
+      ok = prompt_of_record(cols, values, where, &p, error);
+      if (ok && !p.last_image.empty() && p.image.empty()) {
+        *error = where + ": last_image without image (a first-last-frame prompt gives both)";
+        ok = false;
+      }
+      ok = ok && add(std::move(p), where);
     });
     if (!read) {
       *error = "could not be read";
@@ -232,6 +243,17 @@ bool read_prompt_file(const std::string &path, const PromptFileLimits &limits, s
     *error = path + " " + why;
     return false;
   }
+  // Image paths are relative to the prompt file.
+  gchar *dir = g_path_get_dirname(path.c_str());
+  for (auto &p : *out) {
+    for (std::string *s : {&p.image, &p.last_image}) {
+      if (s->empty() || g_path_is_absolute(s->c_str())) continue;
+      gchar *full = g_build_filename(dir, s->c_str(), nullptr);
+      *s = full;
+      g_free(full);
+    }
+  }
+  g_free(dir);
   return true;
 }
 

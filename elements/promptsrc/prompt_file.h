@@ -1,5 +1,5 @@
 /* Prompt files for sampling branches (promptsrc): one prompt a line, or a CSV whose header names
- * its columns (prompt, negative_prompt, seed, num_frames, width, height). Read through the
+ * its columns (prompt, negative_prompt, seed, num_frames, width, height, image, last_image). Read through the
  * project's bounded open (a FIFO or device is refused) with a size cap. No torch, no GStreamer. */
 #pragma once
 
@@ -17,6 +17,10 @@ struct Prompt {
   int64_t frames = 0;     // 0: not given (the sampler's num-frames, width, height apply)
   int64_t width = 0;
   int64_t height = 0;
+  // Image-to-video: the first frame's image file (FLF2V: also the last's), relative paths resolved
+  // against the prompt file's folder; "" when not given.
+  std::string image, last_image;
+  size_t line = 0;        // the file's line the prompt starts on (messages)
 };
 
 struct PromptFileLimits {

@@ -2,6 +2,7 @@
  * patterns. */
 #include <gtest/gtest.h>
 
+#include <gst/app/gstappsink.h>
 #include <gst/gst.h>
 #include <sys/stat.h>
 
@@ -12,6 +13,7 @@
 
 #include "promptsrc/prompt_file.h"
 #include "samplesink/sample_names.h"
+#include "tensor_caps.h"
 #include "test_util.h"
 
 using namespace videotrain;
@@ -200,4 +202,81 @@ TEST(SampleSink, WritesUnderAPartialNameAndAFailedSampleIsAWarning) {
   BusResult fatal = run_collect(src + "samplesink fail-on-error=true location=" + dir.file("bad/step-%08d/prompt-%02d.mp4"));
   ASSERT_EQ(fatal.errors.size(), 1u);
   EXPECT_NE(fatal.errors[0].find("step-00000000"), std::string::npos) << fatal.errors[0];
+}
+
+namespace {
+
+// The frames a pipeline's appsink named s receives (pulled until EOS).
+std::vector<GstBuffer *> pull_all(const std::string &desc) {
+  std::vector<GstBuffer *> out;
+  GstElement *p = gst_parse_launch(desc.c_str(), nullptr);
+  if (!p) return out;
+  GstElement *sink = gst_bin_get_by_name(GST_BIN(p), "s");
+  gst_element_set_state(p, GST_STATE_PLAYING);
+  while (GstSample *s = gst_app_sink_try_pull_sample(GST_APP_SINK(sink), 30 * GST_SECOND)) {
+    out.push_back(gst_buffer_ref(gst_sample_get_buffer(s)));
+    gst_sample_unref(s);
+  }
+  gst_element_set_state(p, GST_STATE_NULL);
+  gst_object_unref(sink);
+  gst_object_unref(p);
+  return out;
+}
+
+// The named uint8 tensor's bytes and shape; empty when the buffer has none.
+std::vector<uint8_t> named_bytes(GstBuffer *b, const std::string &name, std::vector<int64_t> *shape) {
+  const GstVideoTrainTensorMeta *m = find_tensor_meta(b, name);
+  if (!m) return {};
+  *shape = tensor_meta_shape(m);
+  std::vector<uint8_t> out(gst_videotrain_tensor_meta_get_nbytes(m));
+  gst_buffer_extract(b, m->offset, out.data(), out.size());
+  EXPECT_STREQ(m->dtype, "uint8");
+  return out;
+}
+
+// videotestsrc's frame as packed RGB rows (GStreamer pads RGB rows to 4 bytes).
+std::vector<uint8_t> test_frame(const std::string &pattern, int w, int h) {
+  auto frames = pull_all("videotestsrc num-buffers=1 pattern=" + pattern + " ! video/x-raw,format=RGB,width=" +
+                         std::to_string(w) + ",height=" + std::to_string(h) + " ! appsink name=s sync=false");
+  std::vector<uint8_t> out;
+  if (frames.size() != 1) return out;
+  GstMapInfo m;
+  gst_buffer_map(frames[0], &m, GST_MAP_READ);
+  const size_t row = size_t(w) * 3, stride = m.size / size_t(h);
+  for (int y = 0; y < h; y++) out.insert(out.end(), m.data + y * stride, m.data + y * stride + row);
+  gst_buffer_unmap(frames[0], &m);
+  gst_buffer_unref(frames[0]);
+  return out;
+}
+
+}  // namespace
+
+// Image-to-video prompts (issue 43 item 4): the image and last_image columns name image files relative to
+// the prompt file; each is decoded at its own size (21x10: RGB rows padded in GStreamer) and rides on its
+// prompt's buffer, not the negative's, as uint8 [H, W, 3] with every pixel of the lossless PNG. An image
+// that cannot be read stops the element with an error naming the prompt's line and the file.
+TEST(PromptSrc, ImageColumnsRideOnThePromptBufferAndAMissingImageIsAnError) {
+  vttest::TempDir dir;
+  for (const auto &[name, pattern] : {std::pair<std::string, std::string>{"first.png", "smpte"}, {"last.png", "checkers-2"}}) {
+    const auto r = run_collect("videotestsrc num-buffers=1 pattern=" + pattern +
+                               " ! video/x-raw,format=RGB,width=21,height=10 ! pngenc ! filesink location=" + dir.file(name));
+    ASSERT_TRUE(r.errors.empty()) << r.errors[0];
+  }
+  vttest::write_file(dir.file("prompts.csv"), "prompt,image,last_image\na cat,first.png,last.png\na dog,,\n");
+  auto bufs = pull_all("promptsrc location=" + dir.file("prompts.csv") + " ! appsink name=s sync=false");
+  ASSERT_EQ(bufs.size(), 4u);
+  std::vector<int64_t> shape;
+  EXPECT_EQ(named_bytes(bufs[0], "image", &shape), test_frame("smpte", 21, 10));
+  EXPECT_EQ(shape, (std::vector<int64_t>{10, 21, 3}));
+  EXPECT_EQ(named_bytes(bufs[0], "last_image", &shape), test_frame("checkers-2", 21, 10));
+  EXPECT_TRUE(named_bytes(bufs[1], "image", &shape).empty()) << "the negative prompt's buffer carries no image";
+  EXPECT_TRUE(named_bytes(bufs[2], "image", &shape).empty()) << "a prompt with an empty image cell has none";
+  for (GstBuffer *b : bufs) gst_buffer_unref(b);
+
+  vttest::write_file(dir.file("missing.csv"), "prompt,image\na cat,first.png\n\"a dog\",nowhere.png\n");
+  const auto r = run_collect("promptsrc location=" + dir.file("missing.csv") + " ! fakesink");
+  ASSERT_EQ(r.errors.size(), 1u);
+  EXPECT_NE(r.errors[0].find("line 3"), std::string::npos) << r.errors[0];
+  EXPECT_NE(r.errors[0].find("nowhere.png"), std::string::npos) << r.errors[0];
+  EXPECT_FALSE(read_text("prompt,last_image\na,b.png\n").ok) << "last_image without image";
 }
