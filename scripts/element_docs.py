@@ -19,7 +19,7 @@ import re
 import subprocess
 import sys
 
-ELEMENTS = ["csvvideosrc", "vaeencoder", "vaedecoder", "textencoder", "microbatcher", "ddptrainsink",
+ELEMENTS = ["csvvideosrc", "vaeencoder", "vaedecoder", "textencoder", "imageencoder", "microbatcher", "ddptrainsink",
             "ddpvalsink", "promptsrc", "ddpsampler", "samplesink"]
 BEGIN = ("<!-- Begin gst-inspect: written by scripts/element_docs.py from gst-inspect-1.0; "
          "edit the element, not this block -->")

@@ -53,6 +53,13 @@
   "because cache-dir held every caption).\n"                                                                   \
   "Warnings: latents without a sample meta, cache-dir problems."
 
+#define VIDEOTRAIN_DOC_IMAGEENCODER_MESSAGES                                                                   \
+  "\n\nBus messages:\n"                                                                                         \
+  "  imageencoder-summary (element message, at EOS): clips (guint64: answered), encoded (guint64: run "       \
+  "through the encoder), cache-reads (guint64: from cache-dir), encoder-loaded (gboolean: false when "          \
+  "cache-dir held every clip's embeddings).\n"                                                                 \
+  "Warnings: cache-dir problems."
+
 #define VIDEOTRAIN_DOC_PROMPTSRC_MESSAGES                                                                      \
   "\n\nBus messages: none of its own (a warning per prompt cut at max-prompt-bytes; an error naming the "     \
   "file and line when the prompt file cannot be used)."

@@ -9,6 +9,7 @@ static gboolean plugin_init(GstPlugin *plugin) {
   ok &= GST_ELEMENT_REGISTER(vaeencoder, plugin);
   ok &= GST_ELEMENT_REGISTER(vaedecoder, plugin);
   ok &= GST_ELEMENT_REGISTER(textencoder, plugin);
+  ok &= GST_ELEMENT_REGISTER(imageencoder, plugin);
   ok &= GST_ELEMENT_REGISTER(microbatcher, plugin);
   ok &= GST_ELEMENT_REGISTER(ddptrainsink, plugin);
   ok &= GST_ELEMENT_REGISTER(ddpvalsink, plugin);

@@ -2,7 +2,10 @@
  * CLIPVisionModelWithProjection and CLIPImageProcessor (tests/reference/clip_vision, generate.py):
  * every hidden state, the pooled output and the projection; PIL's bicubic resize byte for byte and
  * pixel_values on non-square images (shrunk and grown); configs it refuses name the key; a folder
- * whose weights do not fit names the tensor. */
+ * whose weights do not fit names the tensor. imageencoder's engine: image_embeds of condition frames
+ * equal the encoder run on the processor's output (and transformers' hidden states), hidden-state
+ * picks the entry, cache-dir gives the same bytes without loading the encoder, bad folders name the
+ * property. */
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -10,6 +13,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "imageencoder/image_encoder_engine.h"
 #include "models/clip_image_processor.h"
 #include "models/clip_vision.h"
 #include "models/clip_vision_config.h"
@@ -200,4 +204,122 @@ TEST(ClipVision, BadFolderNamesTheTensor) {
     EXPECT_NE(std::string(e.what()).find("encoder.layers.0.mlp.fc1."), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
   }
+}
+
+namespace {
+
+videotrain::image::ImageEncoderOptions image_options(const std::string &cache_dir = "") {
+  videotrain::image::ImageEncoderOptions o;
+  o.model = ref("vit_tiny");  // processor: the sibling image_processor/ folder
+  o.device = "cpu";
+  o.cache_dir = cache_dir;
+  return o;
+}
+
+}  // namespace
+
+TEST(ImageEncoderEngine, ImageEmbedsAreTheEncodersHiddenStateOfTheProcessedFrames) {
+  using videotrain::image::ImageEncoderEngine;
+  RefFile cases("clip_vision/cases.safetensors");
+  std::string err;
+  auto e = ImageEncoderEngine::create(image_options(), &err);
+  ASSERT_TRUE(e) << err;
+  EXPECT_TRUE(fs::equivalent(e->processor_dir(), ref("image_processor"))) << e->processor_dir();
+  EXPECT_EQ(e->layer(), 2);  // -2 of 4 hidden states
+  // One frame at a time against transformers (the processor's pixel_values and hidden_states[-2]).
+  int i = 0;
+  for (const std::string name : {"down", "up"}) {
+    const auto frame = cases.get("image." + name).unsqueeze(0);
+    EXPECT_LT((e->pixel_values(frame)[0] - cases.get("pixel_values")[i]).abs().max().item<double>(), 1e-6) << name;
+    const auto y = e->encode(frame);
+    ASSERT_EQ(y.sizes().vec(), std::vector<int64_t>({1, 17, 32}));
+    EXPECT_LT(rel_l2(y[0], cases.get("hidden_states.vit_tiny.2")[i++]), 1e-5) << name;
+  }
+  // Two frames (first-last-frame): the encoder on the processor's two images, byte for byte.
+  const auto img = cases.get("image.down");
+  const auto two = torch::stack({img, img.flip(1)});
+  const auto processor = ClipImageProcessor::open(ref("image_processor"));
+  auto enc = ClipVisionEncoder::open(ref("vit_tiny"), torch::kCPU, torch::kFloat);
+  const auto want = enc->hidden_states(torch::stack({processor.process(two[0]), processor.process(two[1].contiguous())}))[2];
+  const auto got = e->encode(two);
+  EXPECT_TRUE(torch::equal(got, want));
+  EXPECT_GT(rel_l2(got[1], got[0]), 1e-3);  // the second frame is its own
+  EXPECT_EQ(e->stats().encoded, 3u);
+  // hidden-state picks the entry: -1 the last, 0 the embeddings; out of range is refused naming it.
+  for (int k : {-1, 0, 3}) {
+    auto o = image_options();
+    o.hidden_state = k;
+    auto ek = ImageEncoderEngine::create(o, &err);
+    ASSERT_TRUE(ek) << err;
+    const auto hk = ek->encode(img.unsqueeze(0));
+    EXPECT_LT(rel_l2(hk[0], cases.get("hidden_states.vit_tiny." + std::to_string(k < 0 ? 3 : k))[0]), 1e-5) << k;
+  }
+  for (int k : {4, -5}) {
+    auto o = image_options();
+    o.hidden_state = k;
+    EXPECT_FALSE(ImageEncoderEngine::create(o, &err));
+    EXPECT_NE(err.find("hidden-state=" + std::to_string(k)), std::string::npos) << err;
+  }
+  EXPECT_THROW(e->encode(torch::zeros({1, 28, 28, 3})), std::runtime_error);  // float, not uint8 frames
+  EXPECT_THROW(e->encode(torch::zeros({28, 28, 3}, torch::kByte)), std::runtime_error);  // no frame axis
+}
+
+TEST(ImageEncoderEngine, CacheDirGivesTheSameBytesWithoutLoadingTheEncoder) {
+  using videotrain::image::ImageEncoderEngine;
+  RefFile cases("clip_vision/cases.safetensors");
+  vttest::TempDir tmp;
+  const auto img = cases.get("image.up");
+  const auto frames = torch::stack({img, img.flip(0)});
+  std::string err;
+  auto miss = ImageEncoderEngine::create(image_options(tmp.path()), &err);
+  ASSERT_TRUE(miss) << err;
+  EXPECT_FALSE(miss->encoder_loaded());
+  const auto first = miss->encode(frames);
+  EXPECT_TRUE(miss->encoder_loaded());
+  EXPECT_EQ(miss->stats().cache_writes, 1u);
+  auto hit = ImageEncoderEngine::create(image_options(tmp.path()), &err);
+  ASSERT_TRUE(hit) << err;
+  EXPECT_TRUE(torch::equal(hit->encode(frames), first));
+  EXPECT_EQ(hit->stats().cache_reads, 1u);
+  EXPECT_EQ(hit->stats().encoded, 0u);
+  EXPECT_FALSE(hit->encoder_loaded());
+  EXPECT_EQ(hit->take_warning(), "");
+  // Other frames, or another hidden state, are other entries.
+  auto changed = frames.clone();
+  changed[1][0][0][0] += 1;  // one byte of the second frame
+  hit->encode(changed);
+  EXPECT_EQ(hit->stats().encoded, 1u);
+  auto o = image_options(tmp.path());
+  o.hidden_state = -1;
+  auto last = ImageEncoderEngine::create(o, &err);
+  ASSERT_TRUE(last) << err;
+  EXPECT_FALSE(torch::equal(last->encode(frames), first));
+  EXPECT_EQ(last->stats().cache_reads, 0u);
+}
+
+TEST(ImageEncoderEngine, BadFoldersNameTheProperty) {
+  using videotrain::image::ImageEncoderEngine;
+  vttest::TempDir tmp;
+  std::string err;
+  auto o = image_options();
+  o.model = tmp.file("missing");
+  EXPECT_FALSE(ImageEncoderEngine::create(o, &err));
+  EXPECT_NE(err.find(tmp.file("missing")), std::string::npos) << err;
+  // A folder without an image_processor/ beside it, and no processor property.
+  fs::copy(ref("vit_tiny"), tmp.file("enc"), fs::copy_options::recursive);
+  o.model = tmp.file("enc");
+  EXPECT_FALSE(ImageEncoderEngine::create(o, &err));
+  EXPECT_NE(err.find("processor property"), std::string::npos) << err;
+  o.processor = ref("image_processor");
+  EXPECT_TRUE(ImageEncoderEngine::create(o, &err)) << err;
+  // A processor cropping to another size than the encoder's image_size.
+  fs::create_directory(tmp.file("proc"));
+  vttest::write_file(tmp.file("proc/preprocessor_config.json"), R"({"size": {"shortest_edge": 32}, "crop_size": 32})");
+  o.processor = tmp.file("proc");
+  EXPECT_FALSE(ImageEncoderEngine::create(o, &err));
+  EXPECT_NE(err.find("image_size 28"), std::string::npos) << err;
+  o = image_options();
+  o.model = ref("image_processor");  // a folder, but no config.json
+  EXPECT_FALSE(ImageEncoderEngine::create(o, &err));
+  EXPECT_NE(err.find("property model"), std::string::npos) << err;
 }

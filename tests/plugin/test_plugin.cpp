@@ -6,7 +6,7 @@
 #include "test_util.h"
 
 namespace {
-const char *kElements[] = {"csvvideosrc", "vaeencoder", "vaedecoder", "textencoder", "microbatcher",
+const char *kElements[] = {"csvvideosrc", "vaeencoder", "vaedecoder", "textencoder", "imageencoder", "microbatcher",
                            "ddptrainsink", "ddpvalsink", "promptsrc",  "ddpsampler",  "samplesink"};
 }
 

@@ -1,7 +1,8 @@
 // vaeencoder with Wan 2.1/2.2 folders in pipelines: csvvideosrc reading a lossless video made of
 // the reference input frames (FFV1 in Matroska, written by ffmpeg) gives those exact frames, and
 // vaeencoder's latents equal the engine's on them; a foreign VAE class and unusable clip lengths
-// are element errors naming them.
+// are element errors naming them. imageencoder after vaeencoder condition=: image_embeds of the
+// clip's given frames in place of condition_frames, the same from both caches; its errors.
 #include <ATen/ATen.h>
 #include <gst/app/gstappsink.h>
 #include <gtest/gtest.h>
@@ -12,7 +13,10 @@
 #include <nlohmann/json.hpp>
 
 #include "metas.h"
+#include "models/clip_image_processor.h"
+#include "models/clip_vision.h"
 #include "tensor_buffer.h"
+#include "tensor_caps.h"
 #include "vae_test_util.h"
 
 using namespace videotrain;
@@ -25,8 +29,11 @@ namespace {
 struct Pulled {
   std::vector<GstBuffer *> buffers;
   std::string error;
+  std::string tensors;  // the last sample's caps field
+  GstStructure *summary = nullptr;  // imageencoder-summary, when posted
   ~Pulled() {
     for (GstBuffer *b : buffers) gst_buffer_unref(b);
+    if (summary) gst_structure_free(summary);
   }
 };
 
@@ -46,10 +53,19 @@ void pull(const std::string &desc, Pulled *out) {
   for (;;) {
     if (GstSample *s = gst_app_sink_try_pull_sample(GST_APP_SINK(sink), GST_SECOND / 10)) {
       out->buffers.push_back(gst_buffer_ref(gst_sample_get_buffer(s)));
+      const char *t = gst_structure_get_string(gst_caps_get_structure(gst_sample_get_caps(s), 0), "tensors");
+      out->tensors = t ? t : "";
       gst_sample_unref(s);
       continue;
     }
-    if (gst_app_sink_is_eos(GST_APP_SINK(sink))) break;
+    if (gst_app_sink_is_eos(GST_APP_SINK(sink))) {
+      while (GstMessage *m = gst_bus_pop_filtered(bus, GST_MESSAGE_ELEMENT)) {
+        const GstStructure *st = gst_message_get_structure(m);
+        if (st && gst_structure_has_name(st, "imageencoder-summary")) out->summary = gst_structure_copy(st);
+        gst_message_unref(m);
+      }
+      break;
+    }
     if (GstMessage *m = gst_bus_pop_filtered(bus, GST_MESSAGE_ERROR)) {
       GError *e = nullptr;
       gchar *dbg = nullptr;
@@ -237,4 +253,77 @@ TEST(WanElementErrors, AClipLengthTheWanVaeCannotUseIsAnErrorNamingNumFrames) {
                                          " device=cpu ! fakesink");
   EXPECT_NE(err.find("num-frames=6"), std::string::npos) << err;
   EXPECT_NE(err.find("1 + 4n"), std::string::npos) << err;
+}
+
+namespace {
+
+at::Tensor named(GstBuffer *b, const char *name) {
+  std::string why;
+  auto t = named_tensor_from_buffer(b, name, &why);
+  EXPECT_TRUE(t.has_value()) << name << ": " << why;
+  return t ? t->clone() : at::Tensor();
+}
+
+guint64 summary_field(const Pulled &p, const char *field) {
+  guint64 v = G_MAXUINT64;
+  EXPECT_NE(p.summary, nullptr);
+  if (p.summary) gst_structure_get_uint64(p.summary, field, &v);
+  return v;
+}
+
+}  // namespace
+
+TEST(WanElementImageEncoder, ImageEmbedsOfTheConditionFramesReplaceThemAndComeBackFromTheCaches) {
+  at::manual_seed(3);
+  const at::Tensor u8 = at::randint(0, 256, {5, 32, 48, 3}, at::TensorOptions().dtype(at::kByte));
+  vttest::TempDir d;
+  const std::string manifest = lossless_manifest(d, u8), cache = d.file("cache");
+  const std::string clip = vttest::reference_dir() + "/clip_vision/vit_tiny";
+  const std::string vae = source(manifest, 5, 48, 32) + "vaeencoder model=" + wan_dir("tiny_wan21") +
+                          " device=cpu dtype=float32 latent=mode condition=first-last-frame cache-dir=" + cache + " ! ";
+  // vaeencoder alone: the first and last frames as decoded, beside the condition.
+  Pulled plain;
+  pull(vae + "appsink name=sink sync=false", &plain);
+  ASSERT_EQ(plain.error, "");
+  ASSERT_EQ(plain.buffers.size(), 1u);
+  EXPECT_EQ(plain.tensors, "condition,condition_frames");
+  EXPECT_TRUE(at::equal(named(plain.buffers[0], "condition_frames"), at::stack({u8[0], u8[4]})));
+  const at::Tensor condition = named(plain.buffers[0], "condition");
+  // The encoder and processor run directly on those frames (hidden_states[-2]).
+  const auto processor = videotrain::models::ClipImageProcessor::open(vttest::reference_dir() + "/clip_vision/image_processor");
+  auto enc = videotrain::models::ClipVisionEncoder::open(clip, at::kCPU, at::kFloat);
+  const at::Tensor want = enc->penultimate_hidden_states(at::stack({processor.process(u8[0]), processor.process(u8[4])}));
+  // Then with imageencoder (vaeencoder now from its cache: the frames were cached too), twice: the
+  // second run's embeddings come from imageencoder's cache-dir.
+  for (int run = 0; run < 2; run++) {
+    SCOPED_TRACE(run);
+    Pulled p;
+    pull(vae + "imageencoder model=" + clip + " device=cpu cache-dir=" + cache + " ! appsink name=sink sync=false", &p);
+    ASSERT_EQ(p.error, "");
+    ASSERT_EQ(p.buffers.size(), 1u);
+    EXPECT_EQ(p.tensors, "condition,image_embeds");
+    EXPECT_EQ(tensor_names(p.buffers[0]), (std::vector<std::string>{"condition", "image_embeds"}));
+    const at::Tensor got = named(p.buffers[0], "image_embeds");
+    ASSERT_EQ(got.sizes().vec(), (std::vector<int64_t>{2, 17, 32}));  // [n, tokens, dim] of vit_tiny
+    EXPECT_TRUE(at::equal(got, want));
+    EXPECT_TRUE(at::equal(named(p.buffers[0], "condition"), condition));
+    EXPECT_NE(gst_buffer_get_videotrain_sample_meta(p.buffers[0]), nullptr);
+    EXPECT_EQ(summary_field(p, "encoded"), run == 0 ? 1u : 0u);
+    EXPECT_EQ(summary_field(p, "cache-reads"), run == 0 ? 0u : 1u);
+  }
+}
+
+TEST(WanElementImageEncoder, NoConditionFramesOrABadFolderIsAnElementErrorNamingTheFix) {
+  at::manual_seed(4);
+  const at::Tensor u8 = at::randint(0, 256, {1, 32, 48, 3}, at::TensorOptions().dtype(at::kByte));
+  vttest::TempDir d;
+  const std::string manifest = lossless_manifest(d, u8);
+  const std::string clip = vttest::reference_dir() + "/clip_vision/vit_tiny";
+  const std::string vae = source(manifest, 1, 48, 32) + "vaeencoder model=" + wan_dir("tiny_wan21") + " device=cpu";
+  std::string err = vttest::run_pipeline(vae + " ! imageencoder model=" + clip + " ! fakesink");
+  EXPECT_NE(err.find("condition_frames"), std::string::npos) << err;
+  EXPECT_NE(err.find("condition=first-frame"), std::string::npos) << err;
+  err = vttest::run_pipeline(vae + " condition=first-frame ! imageencoder model=" + d.file("nowhere") + " ! fakesink");
+  EXPECT_NE(err.find(d.file("nowhere")), std::string::npos) << err;
+  EXPECT_NE(err.find("model"), std::string::npos) << err;
 }
