@@ -4,7 +4,9 @@ runs now, with this diffusers, WanImageToVideoPipeline.prepare_latents on the ti
 frame; first and last frame) and a Wan 2.2 I2V-style training step (diffusers' WanTransformer3DModel on
 cat([x_t, mask, condition latents]), the loss on the noisy channels). The stored files must equal
 its output, and test-image-condition (argv[1]) must match the live files as it matches the stored ones
-(VIDEOTRAIN_I2V_CONDITION_REFERENCE names the live folder)."""
+(VIDEOTRAIN_I2V_CONDITION_REFERENCE names the live folder). Likewise the Wan 2.1 I2V, FLF2V and Wan 2.2
+TI2V training steps (training_{i2v,flf2v,ti2v}.safetensors) through test-wan-i2v-training (argv[2]),
+whose I2V run's export diffusers' WanTransformer3DModel.from_pretrained loads and runs to our forward."""
 import os
 import sys
 
@@ -15,10 +17,11 @@ torch, st, diffusers = u.need("torch", "safetensors.torch", "diffusers")
 sys.path.insert(0, os.path.join(u.source_dir(), "tests", "reference", "wan_i2v_condition"))
 import generate  # noqa: E402
 
-binary = sys.argv[1]
+binary, training_binary = sys.argv[1], sys.argv[2]
 tmp = u.tempdir()
 generate.write(tmp.name)
-for name in ("condition.safetensors", "training_step.safetensors"):
+for name in ("condition.safetensors", "training_step.safetensors", "training_i2v.safetensors",
+             "training_flf2v.safetensors", "training_ti2v.safetensors"):
     stored = st.load_file(u.reference_dir("wan_i2v_condition", name))
     live = st.load_file(os.path.join(tmp.name, name))
     u.check(sorted(stored) == sorted(live), f"{name}: the stored file holds the live one's tensors")
@@ -33,4 +36,20 @@ os.environ["VIDEOTRAIN_I2V_CONDITION_REFERENCE"] = tmp.name
 p = u.run(binary, check=False)
 u.check(p.returncode == 0, "test-image-condition matches the live prepare_latents and training step")
 u.check("[  PASSED  ] 6 tests" in p.stdout, "it ran all 6 cases")
+
+export = os.path.join(tmp.name, "export")
+os.makedirs(export)
+os.environ["VIDEOTRAIN_I2V_EXPORT_OUT"] = export
+p = u.run(training_binary, check=False)
+u.check(p.returncode == 0, "test-wan-i2v-training matches the live I2V, FLF2V and TI2V training steps")
+u.check("[  PASSED  ] 4 tests" in p.stdout, "it ran all 4 cases")
+model, info = diffusers.WanTransformer3DModel.from_pretrained(os.path.join(export, "transformer"),
+                                                              output_loading_info=True)
+bad = {k: v for k, v in info.items() if v}
+u.check(not bad, f"the I2V run's export loads in diffusers with nothing missing or unexpected {bad or ''}")
+f = st.load_file(os.path.join(export, "forward.safetensors"))
+with torch.no_grad():
+    y = model(f["hidden_states"], f["timestep"], f["encoder_hidden_states"],
+              encoder_hidden_states_image=f["encoder_hidden_states_image"], return_dict=False)[0]
+u.close(y, f["output"], 1e-5, "the exported trained I2V transformer: diffusers' forward vs ours")
 u.finish()
