@@ -185,7 +185,6 @@ int export_command(std::vector<std::string> args) {
   if (has_state && state.contains("sharding")) {
     // A sharded run's checkpoint (ddptrainsink sharding=optimizer|full): one shard-RRRRR.pt per rank,
     // gathered into the folder the run trained from.
-    if (ema) throw std::runtime_error("--ema: a sharded run holds no EMA (sharding with ema-decay is not built yet)");
     auto whole = read_sharded_checkpoint(step, state["sharding"]);
     const std::string base = state.value("model", std::string());
     auto m = open_dit(base, torch::kCPU);
@@ -196,9 +195,11 @@ int export_command(std::vector<std::string> args) {
       if (it->second.weight.sizes() != p.value().sizes())
         throw std::runtime_error("'" + step + "' holds '" + p.key() + "' in another shape than " + base + "'s");
       p.value().copy_(it->second.weight);
+      if (ema) avg.put(p.key(), p.value());  // rank 0 wrote the run's whole EMA (ema.safetensors)
       whole.erase(it);
       n++;
     }
+    if (ema) avg.all_used();
     if (!whole.empty())
       throw std::runtime_error("'" + step + "' holds '" + whole.begin()->first + "', which " + base +
                                " lacks (a LoRA run's shards: its run's own export writes the LoRA)");

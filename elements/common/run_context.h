@@ -83,6 +83,16 @@ class RunContext {
   using StepCallback = std::function<void(const StepReport &)>;
   virtual int add_step_callback(StepCallback cb) = 0;
   virtual void remove_step_callback(int id) = 0;
+  /* The snapshots the follower subscribed as callback `id` takes: at every `every`-th step (0:
+   * none), at step 0 with at_start (and the final one, which every follower may take); of the EMA
+   * with ema. A trainer whose ranks hold only slices of them (ddptrainsink sharding=full's
+   * weights, a sharded run's EMA) gathers them on every rank at the end of the steps that some
+   * rank's follower wants (a collective, agreed in the step's all-reduce) and keeps that copy
+   * until its next step; snapshot_state() / snapshot_ema() are null at any other step there. A
+   * callback without a schedule counts as wanting every step. */
+  virtual void set_snapshot_schedule(int id, uint64_t every, bool at_start, bool ema) {
+    (void)id, (void)every, (void)at_start, (void)ema;
+  }
   /* The report with `finished` set (and `failed`, for a failed run) once the step callbacks
    * have been handed it (recorded before they are called); false before. A run whose end
    * cannot be told says false. */
@@ -90,17 +100,18 @@ class RunContext {
     (void)report;
     return false;
   }
-  /* add_step_callback() for a follower (ddpvalsink, ddpsampler) that may join after the run
-   * ended: its final report went out before `cb` was added, so `cb` gets it now, on this
-   * thread. The end is looked at after subscribing (ended() is set before the callbacks are
+  /* add_step_callback() and set_snapshot_schedule() for a follower (ddpvalsink, ddpsampler)
+   * that may join after the run ended: its final report went out before `cb` was added, so `cb`
+   * gets it now, on this thread. The end is looked at after subscribing (ended() is set before the callbacks are
    * taken), so a run that ends in between is not missed; `cb` sees the final report once. */
-  int follow_steps(StepCallback cb) {
+  int follow_steps(StepCallback cb, uint64_t every, bool at_start, bool ema) {
     auto told = std::make_shared<std::atomic<bool>>(false);
     StepCallback once = [cb = std::move(cb), told](const StepReport &r) {
       if (r.finished && told->exchange(true)) return;
       cb(r);
     };
     const int id = add_step_callback(once);
+    set_snapshot_schedule(id, every, at_start, ema);
     StepReport end;
     if (ended(&end)) once(end);
     return id;

@@ -434,7 +434,7 @@ bool SamplerEngine::attach(std::shared_ptr<RunContext> run) {
   d.world = d.run->world_size();
   Impl *p = impl_.get();
   // A run that has already finished calls back at once (on_step: its last snapshot, then the end).
-  d.callback = d.run->follow_steps([p](const StepReport &r) { p->on_step(r); });
+  d.callback = d.run->follow_steps([p](const StepReport &r) { p->on_step(r); }, d.cfg.every, d.cfg.at_start, d.cfg.ema);
   // Subscribed after the model was built: at-start takes step 0 now.
   if (d.cfg.at_start && d.run->has_model() && d.run->steps_done() == 0) d.offer(0, false);
   return true;

@@ -229,6 +229,42 @@ void ParamShards::materialize_on(int root) {
   materialized_ = rank_ == root;
 }
 
+NamedTensors ParamShards::gather_whole(const std::vector<at::Tensor> &slices) {
+  torch::NoGradGuard ng;
+  NamedTensors out;
+  for (size_t k = 0; k < units_.size(); k++) {
+    const auto &u = units_[k];
+    const auto slice = slices.at(k).detach();
+    auto flat = at::empty({u.padded}, slice.options());
+    std::vector<at::Tensor> outs;
+    for (int r = 0; r < world_; r++) outs.push_back(flat.narrow(0, r * u.shard, u.shard));
+    if (group_)
+      group_->allgather(outs, slice.contiguous(), "gathering the whole weights of unit " + std::to_string(k));
+    else
+      outs[0].copy_(slice);
+    for (size_t j = 0; j < u.params.size(); j++) {
+      const size_t i = u.params[j];
+      out.emplace_back(names_[i], flat.narrow(0, u.offsets[j], c10::multiply_integers(shapes_[i])).view(shapes_[i]));
+    }
+  }
+  return out;
+}
+
+std::vector<at::Tensor> ParamShards::cut_named(const std::map<std::string, at::Tensor> &whole) const {
+  torch::NoGradGuard ng;
+  std::vector<at::Tensor> out;
+  for (size_t k = 0; k < units_.size(); k++) {
+    const auto &u = units_[k];
+    std::vector<at::Tensor> w(u.params.size());
+    for (size_t j = 0; j < u.params.size(); j++) {
+      const auto it = whole.find(names_[u.params[j]]);
+      if (it != whole.end()) w[j] = it->second.to(shards_[k].device(), shards_[k].scalar_type());
+    }
+    out.push_back(cut(k, w, shards_[k]));
+  }
+  return out;
+}
+
 at::Tensor ParamShards::cut(size_t k, const std::vector<at::Tensor> &whole, const at::Tensor &base) const {
   const auto &u = units_[k];
   auto out = base.defined() ? base.detach().clone() : at::zeros({u.shard}, shards_[k].options());

@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/block_hooks.h"
+#include "models/train_model.h"
 #include "sharding.h"
 
 namespace videotrain {
@@ -78,6 +79,13 @@ class ParamShards : public models::BlockHooks {
   // shards() become views of them: take them again), one block at a time on the others. Collective.
   void materialize_on(int root);
   bool materialized() const { return materialized_; }
+  // Whole tensors by the model's parameter names from one slice per unit shaped like shards() (the
+  // weights themselves, or an EMA kept of them): all-gathered unit by unit, every rank gets them
+  // (followers' snapshots, the EMA's checkpoint and export). Collective.
+  NamedTensors gather_whole(const std::vector<at::Tensor> &slices);
+  // This rank's slice of each unit from whole tensors by parameter name (an EMA read whole);
+  // a parameter missing there takes its slice of the weights.
+  std::vector<at::Tensor> cut_named(const std::map<std::string, at::Tensor> &whole) const;
 
   // models::BlockHooks (block indices as the model counts them).
   void acquire(int block) override;

@@ -264,6 +264,16 @@ std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
     }
     if (failed.item<double>() > 0)
       throw std::runtime_error(!err.empty() ? err : "another rank could not write its shard (its error says why)");
+    if (ema) {
+      // Each rank averages its slices: gathered (every rank takes part) into rank 0's ema file,
+      // the whole average an unsharded run writes, so that any run resumes it.
+      NamedTensors whole;
+      {
+        std::lock_guard<std::mutex> lock(state_mu);
+        whole = gathered_ema();
+      }
+      if (rank == 0) EmaWeights(ema->schedule(), whole).save(tmp + "/" + kEmaFile, steps_done);
+    }
     if (rank != 0) return "";
     model_file = shard_file_name(0);
   } else {
@@ -386,6 +396,7 @@ void TrainerEngine::Impl::export_model() {
     shards->materialize_on(0);
     params = shards->shards();
     opt = make_optimizer(optim, params);
+    if (cfg.export_ema && ema) whole_ema = std::make_unique<EmaWeights>(ema->schedule(), gathered_ema());
   }
   if (rank != 0 || exported_step == steps_done) return;
   std::string dir = cfg.export_dir;
@@ -417,9 +428,18 @@ void TrainerEngine::Impl::export_model() {
   const std::string ema_dir = dir + "_ema";
   {
     std::lock_guard<std::mutex> lock(state_mu);
-    EmaWeights::Applied applied(*ema, params);
+    // A sharded run's average, gathered above, goes into the model's parameters of its names.
+    std::vector<at::Tensor> into = params;
+    if (whole_ema) {
+      std::map<std::string, at::Tensor> by_name;
+      for (auto &[n, p] : model->named_parameters()) by_name[n] = p;
+      into.clear();
+      for (const auto &[n, t] : whole_ema->tensors()) into.push_back(by_name.at(n));
+    }
+    EmaWeights::Applied applied(whole_ema ? *whole_ema : *ema, into);
     model->export_folder(ema_dir, cfg.save_dtype);
   }
+  whole_ema.reset();
   report(ema_dir, true);
 }
 

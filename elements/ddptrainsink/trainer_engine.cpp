@@ -109,7 +109,9 @@ bool TrainerEngine::Impl::end_step() {
   // due on rank 0's clock, ranks with step callbacks]: checkpoint-interval is decided
   // once, so that every rank takes its checkpoint at the same step; the callbacks'
   // count, so that validators joining at different steps start at the same one.
-  auto stats = torch::zeros({5 + 2 * world}, stats_opts);
+  // [..., this rank's followers want the weights' / the EMA's snapshot of this step where only
+  // slices of them are held (set_snapshot_schedule): every rank gathers them then].
+  auto stats = torch::zeros({7 + 2 * world}, stats_opts);
   stats[0] = std::isfinite(l) ? l : 0.0;
   stats[1] = std::isfinite(l) ? 0.0 : 1.0;
   stats[2] = joining ? 0.0 : 1.0;
@@ -120,6 +122,11 @@ bool TrainerEngine::Impl::end_step() {
   {
     std::lock_guard<std::mutex> lock(cb_mu);
     stats[4 + 2 * world] = callbacks.empty() ? 0.0 : 1.0;
+  }
+  if (shards) {
+    const auto [raw, avg] = snapshots_wanted(steps_done + 1, false);
+    stats[5 + 2 * world] = raw ? 1.0 : 0.0;
+    stats[6 + 2 * world] = avg ? 1.0 : 0.0;
   }
   if (group) {
     std::vector<at::Tensor> t{backend == "nccl" ? stats.to(device) : stats};
@@ -221,6 +228,9 @@ bool TrainerEngine::Impl::end_step() {
   updating = false;
   steps_run++;
   rep.step = steps_done;
+  // Before the callbacks, on every rank alike (the flags are all-reduced): the whole copies the
+  // followers of some rank take at this step (and the previous step's copies go).
+  if (shards) gather_snapshots(acc[5 + 2 * world] > 0.5, acc[6 + 2 * world] > 0.5);
   last_loss = rep.loss;
   window_samples += static_cast<uint64_t>(step_samples) * world;
   if (group) group->mark_progress(steps_done);
@@ -487,6 +497,11 @@ bool TrainerEngine::finish() {
     }
     if (im.store && im.model && im.steps_done > 0) im.write_checkpoint();
     if (im.model && im.steps_done > 0) im.export_model();
+    if (im.shards && im.model) {
+      // The final snapshot the followers take once the run has ended (collective, agreed).
+      auto [raw, avg] = im.agree_snapshots_wanted(im.steps_done, true);
+      im.gather_snapshots(raw, avg);
+    }
   } catch (const std::exception &e) {
     im.fail(first_line(e.what()));
     im.step_failed = true;
@@ -637,24 +652,82 @@ std::shared_ptr<const ParamSnapshot> TrainerEngine::snapshot_state() const { ret
 std::shared_ptr<const ParamSnapshot> TrainerEngine::Impl::snapshot(bool with_ema) const {
   std::lock_guard<std::mutex> lock(state_mu);
   if (!model || (with_ema && !ema)) return nullptr;
-  if (shards && shards->mode() == Sharding::full && !shards->materialized())
-    throw std::runtime_error("ddpvalsink and ddpsampler cannot follow a sharding=full run yet (each rank holds only "
-                             "a shard of every block's weights): use sharding=optimizer with them");
+  if (with_ema ? sliced_ema() : sliced_weights()) {
+    // Only what a step's end gathered for the followers (set_snapshot_schedule); after the
+    // run's export rank 0 holds the whole weights itself.
+    const auto &g = gathered[with_ema ? 1 : 0];
+    if (g && g->step == steps_done) return g;
+    if (with_ema || !shards->materialized()) return nullptr;
+  }
+  std::map<std::string, at::Tensor> avg;  // the trainable parameters' EMA, in their own dtype
+  if (with_ema)
+    for (const auto &[n, t] : ema->tensors()) avg[n] = t;
+  return copy_state(avg, false);
+}
+
+std::shared_ptr<ParamSnapshot> TrainerEngine::Impl::copy_state(const std::map<std::string, at::Tensor> &trainable,
+                                                                bool fresh) const {
   auto s = std::make_shared<ParamSnapshot>();
   torch::NoGradGuard ng;
   s->step = steps_done;
   s->model = cfg.model;
   s->dims = dims;
   s->options = model_opts;
-  std::map<std::string, at::Tensor> avg;  // the trainable parameters' EMA, in their own dtype
-  if (with_ema)
-    for (const auto &[n, t] : ema->tensors()) avg[n] = t;
   for (auto &[n, p] : model->named_parameters()) {
-    const auto it = avg.find(n);
-    s->parameters.emplace_back(n, it == avg.end() ? p.detach().clone() : it->second.to(p.scalar_type(), false, true));
+    const auto it = trainable.find(n);
+    s->parameters.emplace_back(
+        n, it == trainable.end() ? p.detach().clone() : it->second.to(p.device(), p.scalar_type(), false, !fresh));
   }
   for (auto &[n, b] : model->named_buffers()) s->buffers.emplace_back(n, b.detach().clone());
   return s;
+}
+
+bool TrainerEngine::Impl::sliced_weights() const { return shards && shards->mode() == Sharding::full; }
+
+std::pair<bool, bool> TrainerEngine::Impl::snapshots_wanted(uint64_t step, bool final) {
+  bool raw = false, avg = false;
+  std::lock_guard<std::mutex> lock(cb_mu);
+  for (const auto &[id, cb] : callbacks) {
+    const auto it = schedules.find(id);
+    if (it == schedules.end()) {  // subscribed, its schedule not yet told: both, to be safe
+      raw = avg = true;
+      continue;
+    }
+    const auto &w = it->second;
+    if (final || (w.every > 0 && step % w.every == 0) || (step == 0 && w.at_start)) (w.ema ? avg : raw) = true;
+  }
+  return {raw && sliced_weights(), avg && sliced_ema()};
+}
+
+std::pair<bool, bool> TrainerEngine::Impl::agree_snapshots_wanted(uint64_t step, bool final) {
+  auto [raw, avg] = snapshots_wanted(step, final);
+  if (!group) return {raw, avg};
+  auto flags = torch::tensor({raw ? 1.0 : 0.0, avg ? 1.0 : 0.0}, torch::TensorOptions().dtype(torch::kDouble));
+  std::vector<at::Tensor> t{backend == "nccl" ? flags.to(device) : flags};
+  group->allreduce(t, "the followers' snapshots of step " + std::to_string(step));
+  flags = t[0].to(torch::kCPU);
+  return {flags[0].item<double>() > 0.5, flags[1].item<double>() > 0.5};
+}
+
+void TrainerEngine::Impl::gather_snapshots(bool raw, bool with_ema) {
+  // The same decision on every rank: what was gathered for this step already is not again.
+  for (int k = 0; k < 2; k++)
+    if (gathered[k] && gathered[k]->step == steps_done) (k ? with_ema : raw) = false;
+  std::shared_ptr<const ParamSnapshot> made[2];
+  auto whole = [&](const std::vector<at::Tensor> &slices) {
+    std::map<std::string, at::Tensor> by_name;
+    for (auto &[n, t] : shards->gather_whole(slices)) by_name[n] = t;
+    return copy_state(by_name, true);
+  };
+  if (raw) made[0] = whole(shards->shards());
+  if (with_ema) {
+    std::map<std::string, at::Tensor> by_name;
+    for (auto &[n, t] : gathered_ema()) by_name[n] = t;
+    made[1] = copy_state(by_name, true);
+  }
+  std::lock_guard<std::mutex> lock(state_mu);
+  for (int k = 0; k < 2; k++)
+    if (made[k] || !gathered[k] || gathered[k]->step != steps_done) gathered[k] = std::move(made[k]);
 }
 
 bool TrainerEngine::has_ema() const { return impl_->ema_schedule().on(); }
@@ -688,6 +761,12 @@ int TrainerEngine::add_step_callback(StepCallback cb) {
 void TrainerEngine::remove_step_callback(int id) {
   std::lock_guard<std::mutex> lock(impl_->cb_mu);
   impl_->callbacks.erase(id);
+  impl_->schedules.erase(id);
+}
+
+void TrainerEngine::set_snapshot_schedule(int id, uint64_t every, bool at_start, bool ema) {
+  std::lock_guard<std::mutex> lock(impl_->cb_mu);
+  if (impl_->callbacks.count(id)) impl_->schedules[id] = {every, at_start, ema};
 }
 
 bool TrainerEngine::ended(StepReport *report) const {

@@ -214,6 +214,7 @@ class TrainerEngine : public RunContext {
   std::shared_ptr<const ParamSnapshot> snapshot_ema() const override;
   int add_step_callback(StepCallback cb) override;
   void remove_step_callback(int id) override;
+  void set_snapshot_schedule(int id, uint64_t every, bool at_start, bool ema) override;
   bool ended(StepReport *report) const override;
   bool append_image(const std::string &tag, uint64_t step, const std::string &png, int width, int height) override;
   bool append_log(const std::string &json_line, uint64_t step,

@@ -121,6 +121,33 @@ struct TrainerEngine::Impl {
   mutable std::mutex state_mu;  // parameters change under it (optimizer step, loads)
   std::mutex cb_mu;
   std::map<int, StepCallback> callbacks;
+  struct SnapshotSchedule {
+    uint64_t every = 0;
+    bool at_start = false, ema = false;
+  };
+  std::map<int, SnapshotSchedule> schedules;  // by callback id (under cb_mu); none: every step
+  // Where the ranks hold only slices of what a snapshot copies (sharding=full's weights, a sharded
+  // run's EMA): whether this rank's followers want the weights' ({raw, ema}) snapshot of `step`
+  // (final: the run's end, which every follower takes), and the copies gathered for them, of
+  // gathered_step (under state_mu). gather_snapshots() is a collective: every rank calls it at the
+  // same point with the same (all-reduced) flags.
+  bool sliced_weights() const;
+  bool sliced_ema() const { return shards && ema; }
+  std::pair<bool, bool> snapshots_wanted(uint64_t step, bool final);
+  // The wants of every rank (an all-reduce; outside a step's, whose stats carry them).
+  std::pair<bool, bool> agree_snapshots_wanted(uint64_t step, bool final);
+  void gather_snapshots(bool raw, bool with_ema);
+  std::shared_ptr<const ParamSnapshot> gathered[2];  // [with_ema]
+  // A sharded run's EMA whole on every rank, by parameter name (collective).
+  NamedTensors gathered_ema() {
+    std::vector<at::Tensor> slices;
+    for (const auto &[n, t] : ema->tensors()) slices.push_back(t);
+    return shards->gather_whole(slices);
+  }
+  std::unique_ptr<EmaWeights> whole_ema;  // export_model(): a sharded run's EMA, gathered
+  // The snapshot with `trainable` (by name) in place of the model's trainable parameters.
+  // fresh: they are this copy's own already.
+  std::shared_ptr<ParamSnapshot> copy_state(const std::map<std::string, at::Tensor> &trainable, bool fresh) const;
   int next_cb = 1;
   bool ended = false;  // the final report (ended_report) has gone to the callbacks: RunContext::ended()
   StepReport ended_report;

@@ -70,7 +70,6 @@ bool TrainerEngine::Impl::resolve() {
     if (optim.kind != "adamw" && optim.kind != "sgd")
       return fail(what + " needs optimizer=adamw or sgd, whose state is per element (each rank owns a slice of "
                   "it); optimizer=" + optim.kind + " keeps state over whole tensors (use sharding=none)");
-    if (cfg.ema_decay > 0) return fail(what + " with ema-decay is not built yet: set ema-decay=0 or sharding=none");
     if (!cfg.native.model_2.empty()) return fail(what + " with model-2 (two experts in one run) is not built yet");
   }
   if (cfg.nan_policy != "skip" && cfg.nan_policy != "fail")
@@ -254,6 +253,16 @@ void TrainerEngine::Impl::shard_model() {
   whole_opt.reset();
   params = shards->shards();
   param_names = shards->shard_names();
+  if (ema) {
+    // Each rank averages the slices it holds (the update is elementwise): its part of the whole
+    // EMA, which a resume loaded or rank 0's weights started.
+    std::map<std::string, at::Tensor> whole;
+    for (const auto &[n, t] : ema->tensors()) whole[n] = t;
+    const auto slices = shards->cut_named(whole);
+    NamedTensors named;
+    for (size_t k = 0; k < slices.size(); k++) named.emplace_back(param_names[k], slices[k]);
+    ema = std::make_unique<EmaWeights>(ema_schedule(), named);
+  }
   if (dit) dit->set_block_hooks(shards.get());
 }
 

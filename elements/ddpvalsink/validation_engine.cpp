@@ -705,7 +705,7 @@ bool ValidationEngine::attach(std::shared_ptr<RunContext> trainer) {
       if (r.model_built) return h->maybe_at_start();
       if (r.step == 1) h->at_start_held(r);
       if (every != 0 && r.step % every == 0) h->due(r);
-    });
+    }, every, c.at_start, c.ema);
     // The model may have been built between the first look and subscribing, its
     // model_built callback gone by: step 0's weights are taken now instead (at_start_held()
     // drops them if step 1's all-reduce came before the subscription).
