@@ -1,6 +1,8 @@
 /* See trainer_follower.h. */
 #include "trainer_follower.h"
 
+#include "string_property.h"
+
 namespace videotrain {
 
 namespace {
@@ -21,7 +23,7 @@ void follower_install_properties(GObjectClass *klass, guint first, const Followe
 bool follower_set_property(TrainerFollower &f, FollowerSettings &s, guint first, guint id, const GValue *v) {
   if (id < first || id >= first + kFollowerProperties) return false;
   switch (id - first) {
-    case kTrainer: f.trainer = g_value_get_string(v) ? g_value_get_string(v) : ""; break;
+    case kTrainer: f.trainer = string_property(v); break;
     case kEvery: s.every = g_value_get_uint64(v); break;
     case kAtStart: s.at_start = g_value_get_boolean(v); break;
     case kSkipIfBusy: s.skip_if_busy = g_value_get_boolean(v); break;
@@ -33,7 +35,7 @@ bool follower_set_property(TrainerFollower &f, FollowerSettings &s, guint first,
 bool follower_get_property(const TrainerFollower &f, const FollowerSettings &s, guint first, guint id, GValue *v) {
   if (id < first || id >= first + kFollowerProperties) return false;
   switch (id - first) {
-    case kTrainer: g_value_set_string(v, f.trainer.empty() ? nullptr : f.trainer.c_str()); break;
+    case kTrainer: set_string_property(v, f.trainer); break;
     case kEvery: g_value_set_uint64(v, s.every); break;
     case kAtStart: g_value_set_boolean(v, s.at_start); break;
     case kSkipIfBusy: g_value_set_boolean(v, s.skip_if_busy); break;
