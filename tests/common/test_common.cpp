@@ -7,6 +7,7 @@
 #include "dist_env.h"
 #include "gst_enum.h"
 #include "metas.h"
+#include "string_property.h"
 #include "tensor_caps.h"
 
 using namespace videotrain;
@@ -208,4 +209,18 @@ TEST(DeviceRule, UnusableDevicesAreErrorsNamingTheProperty) {
   EXPECT_NE(error_of("cuda", 0).find("no CUDA device"), std::string::npos);
   for (const char *bad : {"gpu", "cuda:", "cuda:x", "cuda0", "cuda:-1", "cuda:99999", "CPU", "mps"})
     EXPECT_NE(error_of(bad, 2).find("not a device name"), std::string::npos) << bad;
+}
+
+// Settings structs hold strings as std::string: a NULL set is "", and "" reads back as NULL (the specs' unset value).
+TEST(StringProperty, EmptyIsNullBothWays) {
+  GValue v = G_VALUE_INIT;
+  g_value_init(&v, G_TYPE_STRING);
+  EXPECT_EQ(string_property(&v), "");
+  g_value_set_string(&v, "a.csv");
+  EXPECT_EQ(string_property(&v), "a.csv");
+  set_string_property(&v, "");
+  EXPECT_EQ(g_value_get_string(&v), nullptr);
+  set_string_property(&v, "b");
+  EXPECT_STREQ(g_value_get_string(&v), "b");
+  g_value_unset(&v);
 }
