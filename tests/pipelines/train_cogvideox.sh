@@ -6,7 +6,8 @@
 #  - a run stopped at step 2 and resumed to 4 ends with the uninterrupted run's weights,
 #  - the finished run exports a bf16 diffusers folder that videotrain-model and model= load again,
 #  - a LoRA run exports files that videotrain-model applies (diffusers, ComfyUI and kohya naming alike),
-#  - the 1.5 layout (temporal patches) trains on an odd latent frame count (padded in front).
+#  - the 1.5 layout (temporal patches) trains on an odd latent frame count (padded in front),
+#  - the 1.5-I2V layout trains on vaeencoder condition=first-frame (and says what to set without it).
 set -euo pipefail
 build=${VIDEOTRAIN_BUILD_DIR:?}
 src=${VIDEOTRAIN_SOURCE_DIR:?}
@@ -19,13 +20,14 @@ bash "$src/scripts/make_dataset.sh" "$work/data" 8 >/dev/null
 /usr/bin/python3 "$src/scripts/make_text_encoder.py" "$work/text" --captions "$work/data/train.csv" >/dev/null 2>&1
 bash "$src/scripts/make_tiny_cogvideox.sh" "$work/dit" --layout 2b --text-len 16 --sample 4x4 --seed 3 --build "$build" >/dev/null
 bash "$src/scripts/make_tiny_cogvideox.sh" "$work/dit15" --layout 1.5 --text-len 16 --sample 4x4 --seed 3 --build "$build" >/dev/null
+bash "$src/scripts/make_tiny_cogvideox.sh" "$work/dit15i2v" --layout 1.5-i2v --text-len 16 --sample 4x4 --seed 3 --build "$build" >/dev/null
 run() {  # run NAME RANKS BATCH MICRO STEPS RESUME [MODEL [EXTRA ddptrainsink properties [FRAMES]]]
   timeout 300 "$build/tools/videotrain-launch" -n "$2" -q -f "$src/pipelines/train-cogvideox.pipeline" \
     -D DATA="$work/data" -D VAE="$ref/cogvideox_vae/tiny_a" -D TOKENIZER="$work/text/spiece.model" \
     -D TEXT_ENCODER="$work/text/text_encoder.pt" -D MAX_LENGTH=16 -D BUCKETS=32x32 -D FRAME_BUCKETS="${9:-5}" -D FPS=0 \
     -D FRAMES="${9:-5}" -D WIDTH=32 -D HEIGHT=32 -D PREFETCH=1 -D BATCH="$3" -D MICRO="$4" -D STEPS="$5" -D RESUME="$6" \
     -D MODEL="${7:-$work/dit}" -D CKPT="$work/ckpt-$1" -D CKPT_EVERY=2 -D LR=1e-3 -D SEED=1 -D LATENT=mode \
-    -D METRICS="$work/$1.jsonl" -D TIMEOUT=120 -D EXTRA="${8:-}" > "$work/$1.log" 2>&1
+    -D METRICS="$work/$1.jsonl" -D TIMEOUT=120 -D EXTRA="${8:-}" -D CONDITION="${CONDITION:-none}" > "$work/$1.log" 2>&1
 }
 run one 1 4 2 4 false || { cat "$work/one.log"; echo "FAIL: the 1-rank CogVideoX run did not end"; exit 1; }
 run two 2 2 1 4 false || { cat "$work/two.log"; echo "FAIL: the 2-rank CogVideoX run did not end"; exit 1; }
@@ -106,4 +108,17 @@ echo "cogvideox lora: 16 tensors on attn1.to_q/k/v/out.0 in the diffusers file, 
 # CogVideoX 1.5: 9 frames -> 3 latent frames, padded to 4 for patch_size_t 2.
 run p15 1 4 2 2 false "$work/dit15" "" 9 || { cat "$work/p15.log"; echo "FAIL: the 1.5-layout run did not end"; exit 1; }
 echo "cogvideox 1.5: trains on 3 latent frames (padded to 4)"
-echo "5 passed, 0 failed"
+# CogVideoX1.5-I2V: the first frame's latents after the noisy ones (vaeencoder condition=first-frame).
+CONDITION=first-frame run i2v 1 4 2 2 false "$work/dit15i2v" "" 9 || {
+  cat "$work/i2v.log"; echo "FAIL: the 1.5-I2V run did not end"; exit 1; }
+/usr/bin/python3 - "$work" <<'PY'
+import json, math, sys
+w = sys.argv[1]
+losses = [json.loads(l)["loss"] for l in open(f"{w}/i2v.jsonl") if '"loss"' in l and '"type": "validation"' not in l]
+assert len(losses) >= 2 and all(math.isfinite(l) for l in losses), losses
+print(f"cogvideox 1.5-I2V: losses {[round(l, 3) for l in losses]}")
+PY
+if run i2vnone 1 4 2 1 false "$work/dit15i2v" "" 9; then echo "FAIL: the I2V folder trained without a condition"; exit 1; fi
+grep -q "condition=first-frame" "$work/i2vnone.log" || { cat "$work/i2vnone.log"; echo "FAIL: no hint to set condition"; exit 1; }
+echo "cogvideox 1.5-I2V: trains on condition=first-frame; without it the error says to set it"
+echo "6 passed, 0 failed"
