@@ -103,9 +103,10 @@ TEST(WanI2VTraining, StepsMatchDiffusers) {
     for (auto &[pname, p] : model->named_parameters()) {
       ASSERT_TRUE(p.grad().defined()) << pname;
       const double e = rel_l2(p.grad(), r.get("grad." + pname));
-      // Cross-attention's key bias: a shift of every key that softmax cancels but for the RMS norm after
-      // it, so its gradient is small against the others (float32 rounding weighs more): 1e-3.
-      if (pname.size() > 15 && pname.compare(pname.size() - 15, 15, "attn2.to_k.bias") == 0) {
+      // Cross-attention's text keys (to_k, norm_k): most of the 512 text rows are the same zero padding,
+      // so their keys are equal and their gradients sums of cancelling terms (a shift common to every key
+      // softmax cancels), where float32 rounding weighs more (up to 4e-4 on LibTorch 2.15): 1e-3.
+      if (pname.find("attn2.to_k.") != std::string::npos || pname.find("attn2.norm_k.") != std::string::npos) {
         key_bias = std::max(key_bias, e);
         n++;
         continue;
@@ -119,8 +120,8 @@ TEST(WanI2VTraining, StepsMatchDiffusers) {
     EXPECT_LT(worst, 1e-4) << worst_name;
     EXPECT_LT(key_bias, 1e-3);
     if (name != "ti2v") EXPECT_GT(image_path, 1e-4) << "the image path's gradients";
-    std::printf("FIGURE %s training step vs diffusers: loss rel %.3g, worst parameter gradient %.3g (%s; attn2.to_k.bias "
-                "%.3g), %zu parameters\n", name.c_str(), le, worst, worst_name.c_str(), key_bias, n);
+    std::printf("FIGURE %s training step vs diffusers: loss rel %.3g, worst parameter gradient %.3g (%s; attn2.to_k, "
+                "norm_k %.3g), %zu parameters\n", name.c_str(), le, worst, worst_name.c_str(), key_bias, n);
     // What each layout takes reaches the loss; validation takes it too.
     ModelInputs other = in;
     if (name == "ti2v") {
