@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "first_line.h"
 #include "models/expert_pair.h"
@@ -240,10 +241,18 @@ static void write_archive(torch::serialize::OutputArchive &archive, const std::s
   if (err != 0) throw std::runtime_error("cannot write '" + path + "': " + std::strerror(err) + free_space(path));
 }
 
-std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
+std::string TrainerEngine::Impl::save_checkpoint(bool rescue, const std::string &shards_in) {
   std::string tmp = rank == 0 ? store->begin(steps_done) : std::string();
   std::string model_file;
-  if (shards) {
+  if (!shards_in.empty()) {
+    for (int r = 0; r < world; r++) {
+      const std::string f = shard_file_name(r);
+      if (::rename((shards_in + "/" + f).c_str(), (tmp + "/" + f).c_str()) != 0)
+        throw std::runtime_error("cannot move '" + shards_in + "/" + f + "' into the checkpoint: " + std::strerror(errno));
+    }
+    ::rmdir(shards_in.c_str());
+    model_file = shard_file_name(0);
+  } else if (shards) {
     // Every rank writes its shard into rank 0's temporary folder; rank 0 seals it once all have.
     const std::string at = "checkpoint of step " + std::to_string(steps_done);
     if (group) tmp = group->exchange(at + " folder", tmp).at(0);
@@ -308,7 +317,7 @@ std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
     state["model_2_dir"] = models::kExpert2Prefix;
     state["boundary_ratio"] = model_opts.boundary_ratio;
   }
-  if (ema) {
+  if (ema && shards_in.empty()) {  // a sharded rescue has no EMA file: gathering it is a collective
     state["ema_file"] = kEmaFile;
     state["ema_decay"] = cfg.ema_decay;
     state["ema_start_step"] = cfg.ema_start_step;
@@ -333,8 +342,8 @@ std::string TrainerEngine::Impl::save_checkpoint(bool rescue) {
 bool TrainerEngine::Impl::rescue(const std::string &context) {
   // After every completed optimizer step every rank holds the same weights and optimizer
   // state, so rank 0 alone can write them: no collective, no barrier, no store access
-  // (the peers may be dead).
-  if (rescue_tried || finished || rank != 0 || !store || !model) return false;
+  // (the peers may be dead). Sharded: every rank holds its own part (rescue_shards()).
+  if (rescue_tried || finished || (rank != 0 && !shards) || !store || !model) return false;
   const uint64_t saved = saved_step();
   if (steps_done <= saved) return false;
   rescue_tried = true;
@@ -343,10 +352,6 @@ bool TrainerEngine::Impl::rescue(const std::string &context) {
     // that save the weights would queue behind it (until NCCL's watchdog ends the
     // process): no rescue rather than a hang. Gloo ops fail on the host.
     rescue_why = "backend=nccl, and after a failed step the GPU may still be waiting in a collective";
-    return false;
-  }
-  if (shards) {
-    rescue_why = std::string("sharding=") + sharding_name(cfg.sharding) + ": each rank holds only its shard of the state";
     return false;
   }
   if (updating) {
@@ -371,6 +376,7 @@ bool TrainerEngine::Impl::rescue(const std::string &context) {
         rescue_why = "checkpoint-dir already holds '" + dir + "'";
         return false;
       }
+    if (shards) return rescue_shards(context);
     const std::string dir = save_checkpoint(true);
     last_ckpt_step = steps_done;
     warn("wrote a rescue checkpoint of step " + std::to_string(steps_done) + " to " + dir + " (" + context +
@@ -380,6 +386,53 @@ bool TrainerEngine::Impl::rescue(const std::string &context) {
     rescue_why = "writing it failed: " + first_line(e.what());
     return false;
   }
+}
+
+bool TrainerEngine::Impl::rescue_shards(const std::string &context) {
+  /* No collective (a peer may be dead, the group broken): the ranks meet in a folder of the shared
+   * checkpoint-dir named for the step. Each rank whose state is whole writes its shard there (renamed
+   * into place once complete); rank 0 waits for every rank's within the run's timeout, then moves them
+   * into a checkpoint and seals it as usual. A rank that died, or stopped at another step, leaves its
+   * file missing: rank 0 gives up at the timeout and removes the folder (left-overs go with the next
+   * run's cleanup of .tmp-step-* folders). */
+  const std::string meet = cfg.checkpoint_dir + "/.tmp-" + step_dir_name(steps_done) + "-rescue-shards";
+  const std::string mine = meet + "/" + shard_file_name(rank);
+  std::error_code ec;
+  std::filesystem::create_directories(meet, ec);
+  {
+    torch::serialize::OutputArchive a;
+    std::lock_guard<std::mutex> lock(state_mu);
+    shards->save(a, *opt);
+    write_archive(a, mine + ".part");
+  }
+  if (::rename((mine + ".part").c_str(), mine.c_str()) != 0)
+    throw std::runtime_error("cannot rename '" + mine + ".part': " + std::strerror(errno));
+  if (rank != 0) {
+    warn("wrote this rank's shard of a rescue checkpoint of step " + std::to_string(steps_done) + " (" + context +
+         "); rank 0 seals it once every rank's shard is there");
+    return true;
+  }
+  const double deadline = now_s() + cfg.timeout_s;
+  int missing = 0;
+  for (;;) {
+    missing = -1;
+    for (int r = world - 1; r >= 0; r--)
+      if (!std::filesystem::exists(meet + "/" + shard_file_name(r), ec)) missing = r;
+    if (missing < 0 || now_s() >= deadline) break;
+    ::usleep(50 * 1000);
+  }
+  if (missing >= 0) {
+    std::filesystem::remove_all(meet, ec);
+    rescue_why = "sharding=" + std::string(sharding_name(cfg.sharding)) + ": rank " + std::to_string(missing) +
+                 " wrote no shard of step " + std::to_string(steps_done) + " within the timeout (" +
+                 std::to_string(static_cast<int>(cfg.timeout_s)) + " s): it died, or stopped at another step";
+    return false;
+  }
+  const std::string dir = save_checkpoint(true, meet);
+  last_ckpt_step = steps_done;
+  warn("wrote a rescue checkpoint of step " + std::to_string(steps_done) + " to " + dir + " (" + context +
+       "; every rank's shard" + (ema ? ", without the EMA, which a resume starts again from the weights" : "") + ")");
+  return true;
 }
 
 std::string TrainerEngine::Impl::all_skipped_text() const {

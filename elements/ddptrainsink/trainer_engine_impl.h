@@ -187,12 +187,15 @@ struct TrainerEngine::Impl {
   // join_step() under sharding=full takes part in the rest of the peers'.
   unsigned micro_count = 1, join_micro_done = 0;
   void write_checkpoint();
-  // Rank 0's files, commit, local prune and messages of a checkpoint of steps_done.
-  std::string save_checkpoint(bool rescue);
+  // Rank 0's files, commit, local prune and messages of a checkpoint of steps_done. shards_in: a
+  // sharded rescue's folder holding every rank's shard file (moved in; no collective).
+  std::string save_checkpoint(bool rescue, const std::string &shards_in = "");
   // Stopped without the final checkpoint (stop without EOS, an error): rank 0 alone, no
   // collective, writes the last completed step when it is newer than the last checkpoint
   // and the state is whole and finite. True when it wrote one; else rescue_why says why not.
+  // Sharded runs: every rank writes its shard, rank 0 seals them (rescue_shards()).
   bool rescue(const std::string &context);
+  bool rescue_shards(const std::string &context);
   bool all_steps_skipped() const { return steps_run > 0 && steps_applied == 0; }
   std::string all_skipped_text() const;
   // Loads `c` into the model (built as needed): "" when its weights and optimizer state

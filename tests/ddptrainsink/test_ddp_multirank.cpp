@@ -11,6 +11,7 @@
  *    different world sizes say so;
  *  - torchrun's agent store: the test serves the store as the elastic agent does and
  *    runs the ranks twice on it (a restart), as `torchrun --no-python` would;
+ *  - a sharded run stopped without end of stream: every rank's shard in one rescue checkpoint;
  *  - buckets: after the first step they follow the gradients' arrival order, the same
  *    on both ranks, and all-reduces start while backward still has gradients to come.
  * What the ranks must agree on (NaN, initial weights, resume): test_ddp_ranks_agree.cpp. */
@@ -26,6 +27,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -190,7 +192,9 @@ TEST(DdpWorker, Rank) {
     return;
   }
   if (std::string(mode) != "equivalence") c.timeout_s = std::atof(vttest::env_or("VT_DDP_TIMEOUT", "5").c_str());
-  if (std::string(mode) == "uneven") c.checkpoint_dir = out.substr(0, out.find_last_of('/')) + "/ckpt";
+  if (std::string(mode) == "uneven" || std::string(mode) == "rescue")
+    c.checkpoint_dir = out.substr(0, out.find_last_of('/')) + "/ckpt";
+  if (std::string(mode) == "rescue") c.checkpoint_every = 100;  // none but the rescue
   if (vttest::env_or("VT_DDP_SHARDING", "") == "optimizer") c.sharding = Sharding::optimizer;
   TrainerEngine e(c);
   ASSERT_TRUE(e.start()) << e.error();
@@ -236,6 +240,22 @@ TEST(DdpWorker, Rank) {
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::ofstream(out) << (ok ? "ok" : "error") << "\n" << took << "\n" << e.error() << "\n";
     e.stop();
+    return;
+  }
+  if (std::string(mode) == "rescue") {
+    // Both train 2 steps and stop without end of stream (gst-launch without -e): each rank writes its
+    // shard of step 2, rank 0 seals them.
+    for (int s = 0; s < 2; s++) {
+      feed(e, s, 4 * r, 2, 0, 2, 4);
+      feed(e, s, 4 * r + 2, 2, 1, 2, 4);
+    }
+    write_params(out, e.parameters_cpu());
+    e.stop();
+    std::ofstream(out + ".msgs") << [&] {
+      std::string all;
+      for (auto &m : e.take_messages()) all += m.name + " " + m.strings["text"] + "\n";
+      return all;
+    }();
     return;
   }
   if (std::string(mode) == "agent") {
@@ -363,6 +383,36 @@ TEST(Ddp, UnderShardingFullARankWhoseDataEndedJoinsTheGathers) {
 // sharding=optimizer: the rank whose data ended joins the per-unit reductions with zeros, in the
 // same order, and the sharded checkpoint keeps both positions.
 TEST(Ddp, UnderShardingOptimizerRanksWhoseDataEndsEarlyJoinToo) { expect_uneven_ends("optimizer"); }
+
+// sharding=optimizer, stopped after step 2 without end of stream on both ranks: each writes its shard
+// (no collective), rank 0 seals them into a rescue checkpoint, which resumes on 1 rank to the weights.
+TEST(Ddp, AShardedRunStoppedWithoutEndOfStreamLeavesARescueCheckpointOfEveryRanksShard) {
+  vttest::TempDir dir;
+  const int port = vttest::free_port();
+  std::vector<pid_t> pids{spawn("rescue", 0, port, dir.file("r0"), {{"VT_DDP_SHARDING", "optimizer"}}),
+                          spawn("rescue", 1, port, dir.file("r1"), {{"VT_DDP_SHARDING", "optimizer"}})};
+  std::vector<int> st;
+  ASSERT_TRUE(vttest::wait_all(pids, &st, 60)) << "a rank hung in its rescue";
+  const std::string step = dir.file("ckpt/step-00000002");
+  for (const char *f : {"shard-00000.pt", "shard-00001.pt", "manifest.json"})
+    EXPECT_TRUE(std::filesystem::exists(step + "/" + f)) << f << "; rank 0: " << vttest::read_file(dir.file("r0.msgs"));
+  const auto state = nlohmann::json::parse(vttest::read_file(step + "/trainer.json"));
+  EXPECT_TRUE(state.value("rescue", false)) << state.dump();
+  EXPECT_EQ(state["sharding"]["world"], 2) << state.dump();
+  EXPECT_NE(vttest::read_file(dir.file("r1.msgs")).find("this rank's shard of a rescue checkpoint of step 2"),
+            std::string::npos);
+  auto c = config();
+  c.rank = 0;
+  c.world_size = 1;
+  c.resume = true;
+  c.checkpoint_dir = dir.file("ckpt");
+  TrainerEngine one(c);
+  ASSERT_TRUE(one.start()) << one.error();
+  ASSERT_TRUE(one.resumed());
+  EXPECT_EQ(one.steps_done(), 2u);
+  expect_params_near(one.parameters_cpu(), read_params(dir.file("r0")), "resumed rescue", 1e-7);
+  one.stop();
+}
 
 TEST(Ddp, AtEndOfStreamAPeerThatStoppedIsReportedAtOnce) {
   vttest::TempDir dir;
