@@ -236,9 +236,10 @@ int info(const std::string &dir) {
   std::printf("\n");
   if (m->image_dim()) {
     const bool flf2v = nlohmann::json::parse(folder.config_text).value("pos_embed_seq_len", nlohmann::json()).is_number();
-    std::printf("image-to-video (I2V%s): image_dim %lld, forward takes encoder_hidden_states_image; training needs "
-                "image embeddings (an image encoder, issue 43 item 2), not built yet\n",
-                flf2v ? ", FLF2V: each sample's first and last frame" : "", (long long)m->image_dim());
+    std::printf("image-to-video (I2V%s): image_dim %lld, forward takes encoder_hidden_states_image; trains on "
+                "vaeencoder condition=%s and imageencoder's image_embeds [%d, N, %lld] per sample\n",
+                flf2v ? ", FLF2V: each sample's first and last frame" : "", (long long)m->image_dim(),
+                flf2v ? "first-last-frame" : "first-frame", flf2v ? 2 : 1, (long long)m->image_dim());
   } else if (m->image_to_video() && m->family() == "cogvideox") {
     const auto cfg = nlohmann::json::parse(m->config_json());
     std::printf("image-to-video (CogVideoX%s I2V: %lld channels of the image latents beside the noisy latents%s); "
@@ -249,6 +250,10 @@ int info(const std::string &dir) {
     std::printf("image-to-video (%lld condition channels beside the noisy latents: mask and condition latents, no "
                 "image encoder input: Wan 2.2 I2V); trains on vaeencoder condition=first-frame\n",
                 (long long)m->condition_channels());
+  } else if (models::pipeline_expand_timesteps(dir)) {
+    std::printf("text- and image-to-video (Wan 2.2 TI2V: ../model_index.json sets expand_timesteps): trains "
+                "image-to-video on vaeencoder condition=first-frame (the first latent frame clean at timestep 0, "
+                "left out of the loss), text-to-video without a condition\n");
   }
   print_stored_params(stored);
   std::map<std::string, int> kinds;

@@ -6,7 +6,7 @@ output, the gradients of every input (the image states' too) and of every parame
 512 rows as the Wan pipelines pass it (zero past the caption), which is where diffusers' processor
 splits the image tokens off; one case of 300 rows checks its slicing rule for a shorter context.
 Also: `videotrain-model init` writes I2V folders diffusers loads with nothing missing or unexpected,
-and `videotrain-model info` says the folder is image-to-video with its image_dim."""
+and `videotrain-model info` says the folder is image-to-video with its image_dim and what training takes."""
 import json
 import os
 import sys
@@ -90,6 +90,9 @@ def main():
         p = u.run(u.tool("videotrain-model"), "info", folder)
         u.check(f"image_dim {cfg['image_dim']}" in p.stdout and ("FLF2V" in p.stdout) == (name == "wan21_flf2v"),
                 f"{name}: videotrain-model info says image-to-video, image_dim {cfg['image_dim']}")
+        images = 2 if name == "wan21_flf2v" else 1
+        u.check(f"imageencoder's image_embeds [{images}, N, {cfg['image_dim']}]" in p.stdout,
+                f"{name}: info says what the trainer takes (image_embeds [{images}, N, {cfg['image_dim']}])")
     check_case(tmp, "wan21_i2v", i2v, 300)
     u.finish()
 
