@@ -327,3 +327,42 @@ TEST(WanElementImageEncoder, NoConditionFramesOrABadFolderIsAnElementErrorNaming
   EXPECT_NE(err.find(d.file("nowhere")), std::string::npos) << err;
   EXPECT_NE(err.find("model"), std::string::npos) << err;
 }
+
+// imageencoder's removal of condition_frames (buffer_remove_tensor): the other tensors stay readable,
+// whether each tensor has its memory (as the elements make them) or a copy merged them into one.
+TEST(WanElementImageEncoder, RemovingATensorKeepsTheOthers) {
+  const at::Tensor main = at::arange(24, at::kFloat).view({2, 3, 4}), a = at::arange(5, at::kFloat) + 100;
+  const at::Tensor frames = at::randint(0, 256, {1, 2, 3, 3}, at::TensorOptions().dtype(at::kByte));
+  const at::Tensor b = at::arange(6, at::kFloat).view({2, 3}) - 50;
+  for (bool merged : {false, true}) {
+    SCOPED_TRACE(merged);
+    GstBuffer *buf = buffer_from_tensor(main);
+    buffer_append_tensor(buf, "condition", a);
+    buffer_append_tensor(buf, "condition_frames", frames);
+    buffer_append_tensor(buf, "text_embeds", b);
+    if (merged) {  // one system memory holding every tensor's bytes
+      GstMapInfo m;
+      ASSERT_TRUE(gst_buffer_map(buf, &m, GST_MAP_READ));
+      GstMemory *one = gst_allocator_alloc(nullptr, m.size, nullptr);
+      GstMapInfo w;
+      ASSERT_TRUE(gst_memory_map(one, &w, GST_MAP_WRITE));
+      memcpy(w.data, m.data, m.size);
+      gst_memory_unmap(one, &w);
+      gst_buffer_unmap(buf, &m);
+      gst_buffer_replace_all_memory(buf, one);
+    }
+    EXPECT_TRUE(at::equal(named(buf, "condition_frames"), frames));
+    EXPECT_TRUE(buffer_remove_tensor(buf, "condition_frames"));
+    EXPECT_FALSE(buffer_remove_tensor(buf, "condition_frames"));
+    EXPECT_FALSE(buffer_remove_tensor(buf, ""));
+    EXPECT_EQ(tensor_names(buf), (std::vector<std::string>{"condition", "text_embeds"}));
+    EXPECT_EQ(gst_buffer_get_size(buf), gsize((24 + 5 + 6) * 4));
+    std::string why;
+    auto got = tensor_from_buffer(buf, &why);
+    ASSERT_TRUE(got) << why;
+    EXPECT_TRUE(at::equal(*got, main));
+    EXPECT_TRUE(at::equal(named(buf, "condition"), a));
+    EXPECT_TRUE(at::equal(named(buf, "text_embeds"), b));
+    gst_buffer_unref(buf);
+  }
+}
