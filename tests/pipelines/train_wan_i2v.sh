@@ -3,7 +3,8 @@
 # VAE, 4 latent channels) condition=first-frame ! textencoder ! microbatcher ! ddptrainsink on a tiny
 # Wan folder of the I2V layout (in_channels 12 = 4 noisy + 4 mask + 4 condition latents) trains a few
 # steps with finite losses; a text-to-video run (condition=none) on that folder is an error naming
-# the property to set.
+# the property to set. Wan 2.1 I2V: the same with imageencoder (tiny CLIP) after vaeencoder on a folder
+# with an image path (image_dim 32) trains; without the imageencoder it is an error naming it.
 set -euo pipefail
 build=${VIDEOTRAIN_BUILD_DIR:?}
 src=${VIDEOTRAIN_SOURCE_DIR:?}
@@ -20,12 +21,15 @@ sed -e 's/"in_channels": 4/"in_channels": 12/' > "$work/config.json" <<'JSON'
  "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 1024, "text_dim": 32}
 JSON
 "$build/tools/videotrain-model" init "$work/config.json" "$work/dit" --seed 3 --dtype fp32 >/dev/null
-run() {  # run NAME CONDITION
+sed -e 's/"image_dim": null/"image_dim": 32/' -e 's/"added_kv_proj_dim": null/"added_kv_proj_dim": 32/' \
+  "$work/config.json" > "$work/config21.json"
+"$build/tools/videotrain-model" init "$work/config21.json" "$work/dit21" --seed 3 --dtype fp32 >/dev/null
+run() {  # run NAME CONDITION [DIT [ELEMENTS AFTER vaeencoder]]
   timeout 120 gst-launch-1.0 -q csvvideosrc location="$work/data/train.csv" num-frames=5 width=32 height=32 fps=0 \
     prefetch=1 seed=1 num-epochs=0 ! vaeencoder model="$ref/wan_vae/tiny_wan21" latent=mode condition="$2" cache-dir="$work/cache" \
-    ! textencoder tokenizer="$ref/text_encoder/umt5_tiny" model="$ref/text_encoder/umt5_tiny" max-length=16 \
+    ${4:-} ! textencoder tokenizer="$ref/text_encoder/umt5_tiny" model="$ref/text_encoder/umt5_tiny" max-length=16 \
       caption-dropout=0 ! queue ! microbatcher batch-size=2 micro-batch-size=1 \
-    ! ddptrainsink model="$work/dit" lr=1e-3 max-steps=3 seed=1 checkpoint-dir="$work/ckpt-$1" checkpoint-every=0 log-every=1 \
+    ! ddptrainsink model="${3:-$work/dit}" lr=1e-3 max-steps=3 seed=1 checkpoint-dir="$work/ckpt-$1" checkpoint-every=0 log-every=1 \
       metrics-file="$work/$1.jsonl" timeout=60 > "$work/$1.log" 2>&1
 }
 run i2v first-frame || { cat "$work/i2v.log"; echo "FAIL: the I2V run did not end"; exit 1; }
@@ -47,3 +51,17 @@ PY
 if run t2v none; then echo "FAIL: an I2V folder trained without a condition"; exit 1; fi
 grep -q "condition=first-frame" "$work/t2v.log" || { cat "$work/t2v.log"; echo "FAIL: the error does not name condition="; exit 1; }
 echo "wan i2v: condition=none on an I2V folder is refused naming vaeencoder condition="
+# Wan 2.1 I2V: image_embeds from imageencoder beside the condition.
+clip="! imageencoder model=$ref/clip_vision/vit_tiny processor=$ref/clip_vision/image_processor"
+run wan21 first-frame "$work/dit21" "$clip" || { cat "$work/wan21.log"; echo "FAIL: the Wan 2.1 I2V run did not end"; exit 1; }
+/usr/bin/python3 - "$work" <<'PY'
+import json, math, sys
+a = [json.loads(l)["loss"] for l in open(f"{sys.argv[1]}/wan21.jsonl") if '"loss"' in l]
+assert len(a) >= 3 and all(math.isfinite(l) for l in a), a
+print(f"wan 2.1 i2v (imageencoder): losses {[round(l, 4) for l in a]}")
+PY
+[ -f "$work/ckpt-wan21/transformer/config.json" ] || { echo "FAIL: the Wan 2.1 I2V run exported no transformer"; exit 1; }
+if run wan21-noimage first-frame "$work/dit21"; then echo "FAIL: a Wan 2.1 I2V folder trained without image_embeds"; exit 1; fi
+grep -q "put an imageencoder" "$work/wan21-noimage.log" \
+  || { cat "$work/wan21-noimage.log"; echo "FAIL: the error does not name imageencoder"; exit 1; }
+echo "wan 2.1 i2v: without imageencoder the run is refused naming it"
