@@ -340,7 +340,7 @@ class NativeTrainModel : public TrainModel {
       at::Tensor t, noise, x_t, w;
       models::draw_ddpm(x, ids, epoch, opt_, &t, &noise);
       models::vpred_terms(x, noise, t, alphas_cumprod_, &x_t, &w);
-      const auto v = dit_->forward(x_t, t, in.text_embeds);
+      const auto v = dit_->forward(vpred_input(x_t, in), t, in.text_embeds);
       return models::vpred_loss(models::vpred_x0(x_t, v, t, alphas_cumprod_), x, w).mean();
     }
     at::Tensor sigma, noise, x_t, t, target;
@@ -373,7 +373,7 @@ class NativeTrainModel : public TrainModel {
                                    x0.options().dtype(torch::kLong));
         at::Tensor x_t, w;
         models::vpred_terms(x, nx, t, alphas_cumprod_, &x_t, &w);
-        const auto v = dit_->forward(x_t, t, in.text_embeds);
+        const auto v = dit_->forward(vpred_input(x_t, in), t, in.text_embeds);
         const auto l = models::vpred_loss(models::vpred_x0(x_t, v, t, alphas_cumprod_), x, w);
         total = total.defined() ? total + l : l;
       }
@@ -500,15 +500,39 @@ class NativeTrainModel : public TrainModel {
                                "micro-batches' condition gives later frames too (condition=first-last-frame): set "
                                "vaeencoder condition=first-frame");
   }
+  // CogVideoX I2V: x_t [m, F, C, h, w] with the image latents after it on channels, frames first and padded
+  // as the pipeline pads them (image_condition.h). Noise goes to x_t only: the pipeline's and its authors'
+  // fine-tuning take the image latents clean (their pixel-space image noise is not applied here).
+  at::Tensor vpred_input(const at::Tensor &x_t, const ModelInputs &in) const {
+    if (dit_->condition_channels() == 0) return x_t;
+    const auto c = models::cogvideox_condition_frames(in.condition, dit_->temporal_patch());
+    return torch::cat({x_t, c.to(x_t.device(), x_t.scalar_type())}, 2);
+  }
+  void check_cogvideox_condition(const ModelInputs &in) const {
+    const std::string what = dir_ + " (" + dit_->class_name() + ")";
+    if (dit_->condition_channels() == 0 && in.condition.defined())
+      throw std::runtime_error("the micro-batches carry an image condition (vaeencoder condition=) but " + what +
+                               " is a text-to-video transformer: set vaeencoder condition=none, or train an "
+                               "image-to-video folder (CogVideoX-5b-I2V, CogVideoX1.5-5B-I2V)");
+    if (dit_->condition_channels() > 0 && !in.condition.defined())
+      throw std::runtime_error(what + " is a CogVideoX image-to-video transformer (the first frame's " +
+                               std::to_string(dit_->condition_channels()) + " latent channels beside the noisy ones): "
+                               "set vaeencoder condition=first-frame so that each sample carries them");
+    if (in.condition.defined() && in.condition.sizes() != in.latents.sizes()) {
+      std::ostringstream s;
+      s << "the micro-batch's condition has shape " << in.condition.sizes() << " beside latents " << in.latents.sizes()
+        << "; " << what << " takes the first frame's latents of the same VAE, zero-padded, [m, C, t, h, w] "
+        << "(vaeencoder condition=first-frame with the CogVideoX VAE)";
+      throw std::runtime_error(s.str());
+    }
+  }
   at::Tensor checked_latents(const ModelInputs &in) const {
     const int64_t noisy = dit_->latent_channels() - dit_->condition_channels();
     if (in.latents.size(1) != noisy)
       throw std::runtime_error("micro-batch has " + std::to_string(in.latents.size(1)) + " latent channels; " + dir_ +
                                " (" + dit_->class_name() + ") takes " + std::to_string(noisy) +
                                ": use the VAE of the same model family");
-    if (in.condition.defined() && dit_->family() != "wan")
-      throw std::runtime_error("the micro-batches carry an image condition (vaeencoder condition=); " + dir_ + " (" +
-                               dit_->class_name() + ") does not take it: set condition=none");
+    if (vpred()) check_cogvideox_condition(in);
     if (in.condition.defined() && dit_->condition_channels() == 0 && !expand_timesteps_)
       throw std::runtime_error("the micro-batches carry an image condition (vaeencoder condition=) but " + dir_ +
                                " is a text-to-video transformer: set vaeencoder condition=none, or train an "
