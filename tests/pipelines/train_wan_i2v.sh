@@ -65,3 +65,20 @@ if run wan21-noimage first-frame "$work/dit21"; then echo "FAIL: a Wan 2.1 I2V f
 grep -q "put an imageencoder" "$work/wan21-noimage.log" \
   || { cat "$work/wan21-noimage.log"; echo "FAIL: the error does not name imageencoder"; exit 1; }
 echo "wan 2.1 i2v: without imageencoder the run is refused naming it"
+# Validation takes the same tensors: a ddpvalsink branch (its own vaeencoder and imageencoder) reports a
+# finite loss after each of 2 steps.
+bash "$src/scripts/make_dataset.sh" "$work/data8" 8 >/dev/null  # 8 rows: a validation split
+enc="vaeencoder model=$ref/wan_vae/tiny_wan21 latent=mode condition=first-frame $clip ! textencoder \
+  tokenizer=$ref/text_encoder/umt5_tiny model=$ref/text_encoder/umt5_tiny max-length=16 caption-dropout=0"
+timeout 120 gst-launch-1.0 -m csvvideosrc location="$work/data/train.csv" num-frames=5 width=32 height=32 fps=0 \
+    prefetch=1 seed=1 num-epochs=0 ! $enc ! queue ! microbatcher batch-size=2 micro-batch-size=1 \
+  ! ddptrainsink name=trainer model="$work/dit21" lr=1e-3 max-steps=2 seed=1 timeout=60 \
+  csvvideosrc location="$work/data8/val.csv" num-frames=5 width=32 height=32 fps=0 num-epochs=0 shuffle=false \
+    prefetch=1 ! $enc ! queue ! ddpvalsink trainer=trainer every=1 > "$work/wan21-val.log" 2>&1 \
+  || { cat "$work/wan21-val.log"; echo "FAIL: the Wan 2.1 I2V run with validation did not end"; exit 1; }
+/usr/bin/python3 - "$work/wan21-val.log" <<'PY'
+import math, re, sys
+r = [(int(s), float(l)) for s, l in re.findall(r"ddpvalsink-result.*?step=\(guint64\)(\d+), loss=\(double\)([-0-9.e+naif]+)", open(sys.argv[1]).read())]
+assert [s for s, _ in r] == [1, 2] and all(math.isfinite(l) for _, l in r), r
+print(f"wan 2.1 i2v: validation losses {r}")
+PY
