@@ -34,6 +34,7 @@ int sample_command(std::vector<std::string> args) {
   const std::string latent = opt(args, "--latent", "");
   const std::string vae_dir = opt(args, "--vae", ""), encoder_dir = opt(args, "--image-encoder", "");
   std::string processor_dir = opt(args, "--processor", "");
+  const bool expand_flag = flag(args, "--expand-timesteps");
   if (args.size() != 3 || latent.empty()) return usage();
   if (std::string(sampler_family(so.kind)) != "wan") throw std::invalid_argument("sample takes Wan's samplers: euler, unipc");
   std::vector<int64_t> shape{1};
@@ -56,7 +57,18 @@ int sample_command(std::vector<std::string> args) {
   if (!dir2.empty()) low = open_dit(dir2, torch::kCPU);
   // Image-to-video: the condition from IN's image(s) through the VAE, the image embeddings through the encoder.
   ImageInputs image;
-  if (high->condition_channels() > 0 || high->image_dim() > 0) {
+  // Wan 2.2 TI2V 5B: the pipeline's expand_timesteps (its model_index.json, or --expand-timesteps).
+  const bool expand = expand_flag || pipeline_expand_timesteps(args[0]);
+  if (expand) {
+    const at::Tensor first = input_tensor(*in, "image", false, "");
+    if (first.defined()) {
+      if (vae_dir.empty()) throw std::runtime_error("an image for TI2V (expand_timesteps): give --vae DIR");
+      auto vae = vae::VaeEncoder::load(vae_dir, torch::kCPU, torch::kFloat);
+      const LatentEncode encode = [&](const at::Tensor &v) { return vae->latent(vae->encode(v)); };
+      const int64_t sc = vae->spatial_compression();
+      image.first_frame = ti2v_first_frame(preprocess_image(first, shape[3] * sc, shape[4] * sc), encode);
+    }
+  } else if (high->condition_channels() > 0 || high->image_dim() > 0) {
     const std::string give_image = "image (and last_image for FLF2V) U8 [H, W, 3] for an image-to-video model";
     const at::Tensor first = input_tensor(*in, "image", true, give_image);
     const at::Tensor last = input_tensor(*in, "last_image", false, give_image);

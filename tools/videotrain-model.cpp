@@ -17,6 +17,7 @@
  *                    [--steps N] [--shift S] [--guidance G] [--guidance-2 G2] [--seed N]   (ddpsampler's loop; IN holds
  *                    prompt_embeds, negative_prompt_embeds; OUT initial_noise, latents_after_step, latents)
  *                    [--vae DIR] [--image-encoder DIR [--processor DIR]]   (image-to-video: IN's image, last_image)
+ *                    [--expand-timesteps]   (Wan 2.2 TI2V: the image's latents as the clean first frame)
  *   videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype ...]
  *   videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya
  *   videotrain-model lora merge BASE_DIR LORA OUT_DIR [--dtype bf16|fp16|fp32]
@@ -87,7 +88,7 @@ int usage() {
                "[--format diffusers|comfyui|kohya] [--ema]\n"
                "       videotrain-model sample DIR IN OUT --latent CxTxHxW [--model-2 DIR2 [--boundary-ratio B]] "
                "[--sampler euler|unipc] [--steps N] [--shift S] [--guidance G] [--guidance-2 G2] [--seed N] "
-               "[--vae DIR] [--image-encoder DIR [--processor DIR]]\n"
+               "[--vae DIR] [--image-encoder DIR [--processor DIR]] [--expand-timesteps]\n"
                "       videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype bf16|fp16|fp32]\n"
                "       videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya\n"
                "       videotrain-model lora merge BASE_DIR LORA OUT_DIR [--dtype bf16|fp16|fp32]\n");

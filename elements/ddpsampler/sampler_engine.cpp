@@ -49,6 +49,7 @@ struct PromptEntry {
 struct FolderLayout {
   int64_t in_channels = 0, out_channels = 0;
   bool image_embeds = false;  // image_dim: the CLIP image encoder's states
+  bool expand_timesteps = false;  // Wan 2.2 TI2V 5B's pipeline: an image, when given, is the first frame
   bool condition() const { return out_channels > 0 && in_channels != out_channels; }
   bool image_to_video() const { return condition() || image_embeds; }
 };
@@ -72,6 +73,7 @@ const models::ModelFamily *folder_family(const std::string &spec, FolderLayout *
       layout->out_channels = j["out_channels"].get<int64_t>();
     layout->image_embeds = j.contains("image_dim") && j["image_dim"].is_number_integer();
   }
+  layout->expand_timesteps = models::pipeline_expand_timesteps(spec);
   if (const auto *f = models::family_of_class(cls)) return f;
   *why = "the trainer's model " + spec + " is a " + (cls.empty() ? "folder without _class_name" : cls) +
          ", which ddpsampler has no sampler for (" + models::family_titles(", ") + ")";
@@ -105,6 +107,7 @@ struct SamplerEngine::Impl {
   // Sampling thread only.
   std::unique_ptr<TrainModel> model;
   std::string model_spec;
+  bool expand_timesteps = false;  // the model's pipeline is Wan 2.2 TI2V's (an image: its first frame)
   std::unique_ptr<vae::VaeEncoder> vae_encoder;  // image-to-video: loaded at the first sample
   std::unique_ptr<models::ClipVisionEncoder> image_encoder;
   std::unique_ptr<models::ClipImageProcessor> image_processor;
@@ -114,6 +117,20 @@ struct SamplerEngine::Impl {
   models::ImageInputs image_inputs(models::DitModel &dit, const PromptEntry &p, const std::string &where, int64_t frames,
                                    int64_t width, int64_t height, const at::Tensor &noise, const c10::Device &dev) {
     models::ImageInputs in;
+    if (expand_timesteps && p.image.defined()) {  // Wan 2.2 TI2V 5B: the image's latents are the first frame
+      if (cfg.vae.empty())
+        throw std::runtime_error(where + " has an image for the trainer's Wan 2.2 TI2V model (expand_timesteps): set "
+                                 "ddpsampler's vae to its VAE folder (or leave the image out to sample text-to-video)");
+      if (!vae_encoder) vae_encoder = vae::VaeEncoder::load(cfg.vae, dev, at::kFloat);
+      const auto &vae = *vae_encoder;
+      const models::LatentEncode encode = [&](const at::Tensor &v) { return vae.latent(vae.encode(v)); };
+      in.first_frame = models::ti2v_first_frame(models::preprocess_image(p.image, height, width).to(dev), encode);
+      if (in.first_frame.size(1) != noise.size(1) || in.first_frame.sizes().slice(3) != noise.sizes().slice(3))
+        throw std::runtime_error(where + ": the VAE " + cfg.vae + " gives first-frame latents " +
+                                 c10::str(in.first_frame.sizes()) + " for noise " + c10::str(noise.sizes()) +
+                                 ": set vae to the VAE the model was trained with");
+      return in;
+    }
     if (dit.condition_channels() == 0 && dit.image_dim() == 0) return in;
     if (dit.family() != "wan")
       throw std::runtime_error("ddpsampler samples image-to-video for Wan folders only; the trainer's " + dit.class_name() +
@@ -245,6 +262,7 @@ struct SamplerEngine::Impl {
       o.attention_backend = models::follower_attention_backend(cfg.attention_backend, dev, "ddpsampler");
       model = make_model(snap.model, snap.dims, dev, o);
       model_spec = snap.model;
+      expand_timesteps = is_model_folder(snap.model) && models::pipeline_expand_timesteps(snap.model);
     }
     load_snapshot(*model, snap);
     models::DitModel *dit = model->dit();
@@ -521,11 +539,11 @@ bool SamplerEngine::prompts_done() {
     }
   }
   // An image-to-video model samples each prompt from its image: a prompt without one is an error.
-  if (!d.layout.image_to_video() && d.layout.in_channels > 0) {
+  if (!d.layout.image_to_video() && d.layout.in_channels > 0 && !d.layout.expand_timesteps) {
     for (const auto &[index, e] : d.prompts) {
       if (!e.image.defined()) continue;
-      d.note("warning", 0, "prompt " + std::to_string(index) + " has an image, but the trainer's model is text-to-video "
-                           "(Wan 2.2 TI2V's first-frame sampling is not built): sampled from its text alone");
+      d.note("warning", 0, "prompt " + std::to_string(index) + " has an image, but the trainer's model is "
+                           "text-to-video: sampled from its text alone");
       break;
     }
   } else if (d.layout.image_to_video()) {

@@ -36,6 +36,12 @@ at::Tensor i2v_condition(const at::Tensor &first, const at::Tensor &last, int64_
   return image_condition(frames, last.defined() ? ConditionFrames::first_last : ConditionFrames::first, tc, encode);
 }
 
+at::Tensor ti2v_first_frame(const at::Tensor &first, const LatentEncode &encode) {
+  if (first.dim() != 4 || first.size(0) != 1 || first.size(1) != 3)
+    throw std::invalid_argument("an image-to-video image is [1, 3, H, W]");
+  return encode(first.unsqueeze(2));
+}
+
 at::Tensor i2v_image_embeds(const ClipVisionEncoder &encoder, const ClipImageProcessor &processor,
                             const std::vector<at::Tensor> &images, const c10::Device &device) {
   std::vector<at::Tensor> pixels;

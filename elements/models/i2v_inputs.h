@@ -28,6 +28,10 @@ at::Tensor preprocess_image(const at::Tensor &rgb, int64_t height, int64_t width
 at::Tensor i2v_condition(const at::Tensor &first, const at::Tensor &last, int64_t num_frames, int64_t tc,
                          const LatentEncode &encode);
 
+// Wan 2.2 TI2V 5B (expand_timesteps): the first frame's clean latents [1, z, 1, h, w], encode(image)
+// of the image alone, as prepare_latents makes them.
+at::Tensor ti2v_first_frame(const at::Tensor &first, const LatentEncode &encode);
+
 // encode_image: the image encoder's hidden_states[-2] for 8-bit RGB images [H, W, 3] through its
 // processor, [n, tokens, hidden] (FLF2V: first and last image, n = 2), float32 on `device`.
 at::Tensor i2v_image_embeds(const ClipVisionEncoder &encoder, const ClipImageProcessor &processor,

@@ -216,10 +216,24 @@ at::Tensor guided_loop(Sampler &sampler, at::Tensor latents, const at::Tensor &p
   const auto device = latents.device();
   const at::Tensor condition =
       image.condition.defined() ? image.condition.to(device, latents.scalar_type()) : image.condition;
+  const at::Tensor first = image.first_frame.defined() ? image.first_frame.to(device, latents.scalar_type())
+                                                       : image.first_frame;
+  // TI2V: (1 - mask) * condition + mask * latents with the pipeline's first-frame mask is this cat.
+  const auto with_first = [&](const at::Tensor &x) {
+    return at::cat({first, x.narrow(2, 1, x.size(2) - 1)}, 2);
+  };
   for (int k = 0; k < sampler.steps(); ++k) {
-    const at::Tensor t = sampler.timestep(k, latents.size(0)).to(device);
+    at::Tensor t = sampler.timestep(k, latents.size(0)).to(device);
     const auto [model, guidance] = pick(k);
-    const at::Tensor input = condition.defined() ? at::cat({latents, condition}, 1) : latents;
+    at::Tensor input = condition.defined() ? at::cat({latents, condition}, 1) : latents;
+    if (first.defined()) {
+      // The pipeline's per-token timesteps: t everywhere but the first frame's tokens, at 0.
+      input = with_first(latents);
+      const auto p = model->patch_size();
+      const int64_t per_frame = (input.size(3) / p[1]) * (input.size(4) / p[2]), tokens = per_frame * (input.size(2) / p[0]);
+      t = t.to(at::kFloat).unsqueeze(1).repeat({1, tokens});
+      t.narrow(1, 0, per_frame).zero_();
+    }
     at::Tensor pred = model->forward_image(input, t, prompt_embeds, image.image_embeds);
     if (cfg) {
       const at::Tensor uncond = model->forward_image(input, t, negative_embeds, image.image_embeds);
@@ -228,7 +242,7 @@ at::Tensor guided_loop(Sampler &sampler, at::Tensor latents, const at::Tensor &p
     latents = sampler.step(k, pred, latents, gen);
     if (after_step) after_step(k, latents);
   }
-  return latents;
+  return first.defined() ? with_first(latents) : latents;
 }
 
 }  // namespace

@@ -50,9 +50,11 @@ class Sampler {
 // Image-to-video inputs passed unchanged at every step, to both guidance branches (as
 // WanImageToVideoPipeline does): `condition` [B, condition_channels, t, h, w] (image_condition.h)
 // concatenated after the latents on channels, `image_embeds` the image encoder's states for
-// forward_image. Both undefined: text-to-video.
+// forward_image. Wan 2.2 TI2V 5B (the pipeline's expand_timesteps) instead: `first_frame` [B, C, 1, h, w],
+// the image's clean latents, stand in for the first latent frame at every step (its tokens at
+// timestep 0) and in the result. All undefined: text-to-video.
 struct ImageInputs {
-  at::Tensor condition, image_embeds;
+  at::Tensor condition, image_embeds, first_frame;
 };
 
 // The pipelines' loop: at each step the model's prediction for the prompt and, when guidance > 1,

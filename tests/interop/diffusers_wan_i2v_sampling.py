@@ -5,8 +5,9 @@ seeded noise: `videotrain-model sample --vae [--image-encoder]` builds the condi
 embeddings as ddpsampler does (models/i2v_inputs) and runs its loop. Cases: the Wan 2.2 I2V layout
 (in_channels 12 = 4 noisy + 4 mask + 4 condition latents of the tiny Wan 2.1 VAE, no image embeddings),
 the same with a last image (first-last-frame condition), and the Wan 2.1 I2V layout with the tiny CLIP
-image encoder (image_dim 32, added_kv_proj_dim). Each step's latents within 1e-5 relative L2; the
-sampler without the condition's image (another image) must fail the comparison."""
+image encoder (image_dim 32, added_kv_proj_dim), and Wan 2.2 TI2V 5B's expand_timesteps (the image's
+latents as the clean first frame, its tokens at timestep 0). Each step's latents within 1e-5 relative L2; the
+sampler given another image must fail the comparison."""
 import json
 import os
 import sys
@@ -25,7 +26,6 @@ HEIGHT, WIDTH, FRAMES = 64, 96, 9  # latents [1, 4, 3, 8, 12] through the tiny V
 tmp = u.tempdir()
 vae_dir = u.reference_dir("wan_vae", "tiny_wan21")
 clip_dir = u.reference_dir("clip_vision", "vit_tiny")  # its image_processor/ is the sibling folder
-vae = diffusers.AutoencoderKLWan.from_pretrained(vae_dir).eval()
 BASE = {"added_kv_proj_dim": None, "attention_head_dim": 16, "cross_attn_norm": True, "eps": 1e-06, "ffn_dim": 64,
         "freq_dim": 32, "image_dim": None, "in_channels": 12, "num_attention_heads": 2, "num_layers": 1,
         "out_channels": 4, "patch_size": [1, 2, 2], "pos_embed_seq_len": None, "qk_norm": "rms_norm_across_heads",
@@ -66,14 +66,16 @@ def unipc():
         final_sigmas_type="zero", timestep_spacing="linspace", steps_offset=0)
 
 
-def compare(name, model, model_dir, images, encoder=False):
+def compare(name, model, model_dir, images, encoder=False, expand=False, latent="4x3x8x12", vae_at=vae_dir,
+            other_image=False):
     kw = {}
     if encoder:
         kw["image_encoder"] = transformers.CLIPVisionModel.from_pretrained(clip_dir).eval()
         kw["image_processor"] = transformers.CLIPImageProcessor.from_pretrained(
             os.path.join(os.path.dirname(clip_dir), "image_processor"))
-    pipe = diffusers.WanImageToVideoPipeline(tokenizer=None, text_encoder=None, vae=vae, scheduler=unipc(),
-                                             transformer=model, **kw)
+    pipe = diffusers.WanImageToVideoPipeline(tokenizer=None, text_encoder=None,
+                                             vae=diffusers.AutoencoderKLWan.from_pretrained(vae_at).eval(),
+                                             scheduler=unipc(), transformer=model, expand_timesteps=expand, **kw)
     steps = []
 
     def keep(p, i, t, cb):
@@ -88,15 +90,17 @@ def compare(name, model, model_dir, images, encoder=False):
                    callback_on_step_end=keep).frames
 
     def ours(imgs, tag):
-        slug = f"{model_dir}-{len(images)}-{tag}"
+        slug = os.path.join(tmp.name, f"{os.path.basename(model_dir)}-{len(images)}-{tag}")
         inp = slug + "-in.safetensors"
         t = {"prompt_embeds": prompt, "negative_prompt_embeds": negative, "image": imgs[0].contiguous()}
         if len(imgs) > 1:
             t["last_image"] = imgs[1].contiguous()
         st.save_file(t, inp)
         out = slug + ".safetensors"
-        args = ["sample", model_dir, inp, out, "--latent", "4x3x8x12", "--sampler", "unipc", "--steps", STEPS,
-                "--shift", 3.0, "--guidance", G, "--seed", SEED, "--vae", vae_dir]
+        args = ["sample", model_dir, inp, out, "--latent", latent, "--sampler", "unipc", "--steps", STEPS,
+                "--shift", 3.0, "--guidance", G, "--seed", SEED, "--vae", vae_at]
+        if expand:
+            args.append("--expand-timesteps")
         if encoder:
             args += ["--image-encoder", clip_dir]
         u.run(tool, *args)
@@ -108,13 +112,19 @@ def compare(name, model, model_dir, images, encoder=False):
                             f"(worst {max(rs):.3g})")
     r = u.close(ref, got["latents"], TOL, f"{name}: final latents vs WanImageToVideoPipeline")
     print(f"FIGURE diffusers WanImageToVideoPipeline {name}: final latents rel L2 {r:.3g}")
-    wrong = ours([other] + images[1:], "other")
-    u.check(u.rel(ref, wrong["latents"]) > 1e-3, f"{name}: sampling from another image fails the comparison")
+    if other_image:  # once: a tool run costs seconds
+        wrong = ours([other] + images[1:], "other")
+        u.check(u.rel(ref, wrong["latents"]) > 1e-3, f"{name}: sampling from another image fails the comparison")
 
 
 m22, d22 = transformer("wan22_i2v")
-compare("Wan 2.2 I2V layout", m22, d22, [first])
+compare("Wan 2.2 I2V layout", m22, d22, [first], other_image=True)
 compare("Wan 2.2 I2V layout, first and last image", m22, d22, [first, last])
 m21, d21 = transformer("wan21_i2v", image_dim=32, added_kv_proj_dim=32)
 compare("Wan 2.1 I2V with the CLIP image encoder", m21, d21, [first], encoder=True)
+# Wan 2.2 TI2V 5B (expand_timesteps): the image's latents through the tiny Wan 2.2 VAE (8 channels, 16x
+# spatial) are the clean first latent frame, its tokens at timestep 0.
+m_ti2v = diffusers.WanTransformer3DModel.from_pretrained(u.reference_dir("dit", "wan22_ti2v_tiny")).eval()
+compare("Wan 2.2 TI2V 5B layout (expand_timesteps)", m_ti2v, u.reference_dir("dit", "wan22_ti2v_tiny"), [first],
+        expand=True, latent="8x3x4x6", vae_at=u.reference_dir("wan_vae", "tiny_wan22"))
 u.finish()
