@@ -6,7 +6,8 @@ cat([x_t, mask, condition latents]), the loss on the noisy channels). The stored
 its output, and test-image-condition (argv[1]) must match the live files as it matches the stored ones
 (VIDEOTRAIN_I2V_CONDITION_REFERENCE names the live folder). Likewise the Wan 2.1 I2V, FLF2V and Wan 2.2
 TI2V training steps (training_{i2v,flf2v,ti2v}.safetensors) through test-wan-i2v-training (argv[2]),
-whose I2V run's export diffusers' WanTransformer3DModel.from_pretrained loads and runs to our forward."""
+whose I2V run's export diffusers' WanTransformer3DModel.from_pretrained loads and runs to our forward, and
+whose LoRA on the image path (add_k_proj, add_v_proj) diffusers' load_lora_adapter applies as ours does."""
 import os
 import sys
 
@@ -52,4 +53,19 @@ with torch.no_grad():
     y = model(f["hidden_states"], f["timestep"], f["encoder_hidden_states"],
               encoder_hidden_states_image=f["encoder_hidden_states_image"], return_dict=False)[0]
 u.close(y, f["output"], 1e-5, "the exported trained I2V transformer: diffusers' forward vs ours")
+# The I2V LoRA (add_k_proj, add_v_proj, to_q) through diffusers' load_lora_adapter vs `forward --lora`.
+base = u.reference_dir("dit", "wan21_i2v_tiny")
+inp, out = os.path.join(export, "lora_in.safetensors"), os.path.join(export, "lora_out.safetensors")
+st.save_file({k: f[k] for k in ("hidden_states", "timestep", "encoder_hidden_states", "encoder_hidden_states_image")}, inp)
+u.run(u.tool("videotrain-model"), "forward", base, inp, out, "--lora", os.path.join(export, "lora_i2v.safetensors"))
+model = diffusers.WanTransformer3DModel.from_pretrained(base)
+with torch.no_grad():
+    y0 = model(f["hidden_states"], f["timestep"], f["encoder_hidden_states"],
+               encoder_hidden_states_image=f["encoder_hidden_states_image"], return_dict=False)[0]
+model.load_lora_adapter(export, weight_name="lora_i2v.safetensors", prefix="transformer")
+with torch.no_grad():
+    y = model(f["hidden_states"], f["timestep"], f["encoder_hidden_states"],
+              encoder_hidden_states_image=f["encoder_hidden_states_image"], return_dict=False)[0]
+u.check(u.rel(y, y0) > 1e-3, f"the LoRA changes diffusers' output ({u.rel(y, y0):.3g})")
+u.close(y, st.load_file(out)["output"], 1e-5, "the I2V LoRA on the image path: diffusers' load_lora_adapter vs ours")
 u.finish()

@@ -7,7 +7,7 @@
  * - 1 rank x batch 4 == 2 ranks x batch 2 (Gloo, the binary started once per rank) on the tiny I2V
  *   folder, and the run's export reproduces the trained model's forward. With VIDEOTRAIN_I2V_EXPORT_OUT
  *   the export and that forward's inputs and output are written there (tests/interop/
- *   diffusers_wan_i2v_condition.py loads the folder with diffusers and compares).
+ *   diffusers_wan_i2v_condition.py loads the folder with diffusers and compares), and the LoRA test's file.
  * VIDEOTRAIN_I2V_CONDITION_REFERENCE names another folder of the reference files (the interop test's
  * live ones). */
 #include <ATen/ATen.h>
@@ -208,6 +208,8 @@ TEST(WanI2VTraining, LoraOnTheImagePathTrains) {
   auto f = SafetensorsFile::open(tmp.file("lora/pytorch_lora_weights.safetensors"), &err);
   ASSERT_TRUE(f) << err;
   EXPECT_TRUE(f->find("transformer.blocks.1.attn2.add_k_proj.lora_A.weight")) << "the LoRA file names the image path";
+  if (const char *o = std::getenv("VIDEOTRAIN_I2V_EXPORT_OUT"); o && *o)  // for diffusers' load_lora_adapter
+    fs::copy_file(tmp.file("lora/pytorch_lora_weights.safetensors"), fs::path(o) / "lora_i2v.safetensors");
 }
 
 namespace {
