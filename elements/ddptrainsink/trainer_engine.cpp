@@ -694,7 +694,8 @@ std::pair<bool, bool> TrainerEngine::Impl::snapshots_wanted(uint64_t step, bool 
       continue;
     }
     const auto &w = it->second;
-    if (final || (w.every > 0 && step % w.every == 0) || (step == 0 && w.at_start)) (w.ema ? avg : raw) = true;
+    if (final || (step > 0 && w.every > 0 && step % w.every == 0) || (step == 0 && w.at_start))
+      (w.ema ? avg : raw) = true;
   }
   return {raw && sliced_weights(), avg && sliced_ema()};
 }

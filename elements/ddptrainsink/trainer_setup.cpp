@@ -216,6 +216,11 @@ void TrainerEngine::Impl::build_model(const ModelDims &d) {
     if (cfg.sharding == Sharding::none) reducer = std::make_unique<BucketReducer>(params, group.get(), cfg.bucket_cap_mb, 1.0);
   }
   if (cfg.sharding != Sharding::none && !shards) shard_model();
+  if (shards && steps_done == 0) {
+    // at-start: the whole copies for the followers subscribed by now (agreed: every rank gathers).
+    const auto [raw, avg] = agree_snapshots_wanted(0, false);
+    gather_snapshots(raw, avg);
+  }
   // ddpvalsink's at-start needs these weights; builtin models only exist from here.
   StepReport built;
   built.step = steps_done;
