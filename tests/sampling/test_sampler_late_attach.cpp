@@ -250,3 +250,65 @@ TEST(SamplerImageToVideo, AnI2VTrainerSamplesFromThePromptsImage) {
   EXPECT_GT((sample(255 - image) - want).norm().item<double>(), 1e-3 * want.norm().item<double>())
       << "another image gives another sample";
 }
+
+// Wan 2.2 TI2V 5B (its pipeline's expand_timesteps, from ../model_index.json): a prompt with an image
+// samples with the image's latents (tiny Wan 2.2 VAE, 16x spatial) as the clean first latent frame, as
+// sample_latents given that first frame (the loop diffusers-wan-i2v-sampling checks against
+// WanImageToVideoPipeline(expand_timesteps=True)); the result's first frame is those latents.
+TEST(SamplerImageToVideo, ATi2vTrainerTakesThePromptsImageAsItsFirstFrame) {
+  vttest::TempDir dir;
+  const std::string model = dir.file("transformer");
+  g_mkdir_with_parents(model.c_str(), 0755);
+  const std::string src = vttest::reference_dir() + "/dit/wan22_ti2v_tiny";
+  for (const char *f : {"config.json", "diffusion_pytorch_model.safetensors"})
+    vttest::write_file(model + "/" + f, vttest::read_file(src + "/" + f));
+  vttest::write_file(dir.file("model_index.json"), "{\"_class_name\": \"WanImageToVideoPipeline\", \"expand_timesteps\": true}");
+  TrainerConfig tc;
+  tc.model = model;
+  tc.device = "cpu";
+  tc.backend = "gloo";
+  auto trainer = std::make_shared<TrainerEngine>(tc);
+  ASSERT_TRUE(trainer->start()) << trainer->error();
+  ASSERT_TRUE(trainer->finish()) << trainer->error();
+
+  SamplerConfig c = sconfig();
+  c.vae = vttest::reference_dir() + "/wan_vae/tiny_wan22";
+  c.spatial_compression = 16;  // what a vaedecoder of that VAE answers
+  const at::Tensor image = (seeded({32, 32, 3}, 6).abs() * 80).clamp(0, 255).to(at::kByte);
+  SamplerEngine s(c);
+  ASSERT_TRUE(s.attach(trainer)) << s.error();
+  for (int64_t role : {int64_t(kRolePrompt), int64_t(kRoleNegative)}) {
+    GstBuffer *b = prompt_buffer(0, role);
+    if (role == kRolePrompt) buffer_append_tensor(b, "image", image);
+    EXPECT_TRUE(s.add_prompt(b)) << s.error();
+    gst_buffer_unref(b);
+  }
+  ASSERT_TRUE(s.prompts_done()) << s.error();
+  at::Tensor got;
+  ASSERT_EQ(s.run_next([&](SampleOut &o) {
+              std::string why;
+              if (auto x = tensor_from_buffer(o.latents, &why)) got = x->clone();
+              gst_buffer_unref(o.latents);
+              return true;
+            }),
+            SamplerEngine::Next::kSampled)
+      << s.error();
+  ASSERT_TRUE(got.defined());
+  ASSERT_EQ(got.sizes(), (at::IntArrayRef{8, 2, 2, 2}));
+
+  torch::NoGradGuard ng;
+  auto dit = models::open_dit(model, torch::kCPU);
+  auto vae = vae::VaeEncoder::load(c.vae, torch::kCPU, torch::kFloat);
+  const models::LatentEncode encode = [&](const at::Tensor &v) { return vae->latent(vae->encode(v)); };
+  models::ImageInputs in;
+  in.first_frame = models::ti2v_first_frame(models::preprocess_image(image, 32, 32), encode);
+  models::SamplerOptions so;
+  so.steps = c.steps;
+  auto sampler = models::Sampler::make(so);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t(100));
+  const at::Tensor noise = at::randn({1, 8, 2, 2, 2}, gen, at::TensorOptions(at::kFloat));
+  const auto text = [](int64_t role) { return seeded({1, kTextLen, kTextDim}, 50 + role); };
+  const at::Tensor want = models::sample_latents(*dit, *sampler, noise, text(0), text(1), c.guidance, gen, {}, in)[0];
+  EXPECT_LT((got - want).norm().item<double>(), 1e-5 * want.norm().item<double>());
+  EXPECT_TRUE(got.narrow(1, 0, 1).equal(in.first_frame[0])) << "the first latent frame is the image's";
+}
