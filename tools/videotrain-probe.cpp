@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "csvvideosrc/manifest.h"
-#include "csvvideosrc/video_probe.h"
+#include "video_probe.h"
 
 using videotrain::Manifest;
 using videotrain::ManifestOptions;

@@ -4,8 +4,8 @@
 
 #include <cstring>
 
-#include "csvvideosrc/clip_decoder.h"
-#include "csvvideosrc/video_probe.h"
+#include "clip_decoder.h"
+#include "video_probe.h"
 
 namespace videotrain {
 

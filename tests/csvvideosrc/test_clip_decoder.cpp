@@ -4,7 +4,7 @@
 
 #include <thread>
 
-#include "csvvideosrc/clip_decoder.h"
+#include "clip_decoder.h"
 #include "test_util.h"
 
 using namespace videotrain;

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "csvvideosrc/clip_decoder.h"
+#include "clip_decoder.h"
 #include "test_util.h"
 
 using namespace videotrain;

@@ -7,10 +7,10 @@
 #include <cmath>
 #include <string>
 
-#include "csvvideosrc/clip_decoder.h"
-#include "csvvideosrc/frame_count.h"
+#include "clip_decoder.h"
+#include "frame_count.h"
 #include "csvvideosrc/source_engine.h"
-#include "csvvideosrc/video_probe.h"
+#include "video_probe.h"
 #include "metas.h"
 #include "test_util.h"
 
