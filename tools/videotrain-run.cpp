@@ -24,7 +24,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <regex>
+#include <cctype>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -50,25 +50,49 @@ bool quiet = false;
 bool tty = false;
 std::string status_line;
 
-std::string substitute(std::string text, const std::map<std::string, std::string> &defs) {
-  static const std::regex var(R"(\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\})");
+// ${VAR} and ${VAR:-default}, where a default may itself hold ${...} (e.g. ${VAE:-${M}/vae}, so that
+// one -D M=folder names every part of a published model).
+std::string expand(const std::string &text, const std::map<std::string, std::string> &defs) {
   std::string out;
-  std::smatch m;
-  while (std::regex_search(text, m, var)) {
-    out += m.prefix();
-    std::string name = m[1];
+  size_t i = 0;
+  while (i < text.size()) {
+    if (text.compare(i, 2, "${") != 0) {
+      out += text[i++];
+      continue;
+    }
+    size_t j = i + 2;
+    while (j < text.size() && (std::isalnum(static_cast<unsigned char>(text[j])) || text[j] == '_')) j++;
+    const std::string name = text.substr(i + 2, j - i - 2);
+    const bool has_default = text.compare(j, 2, ":-") == 0;
+    size_t end = j;
+    if (has_default) {  // up to the matching brace
+      int depth = 1;
+      for (end = j + 2; end < text.size() && depth > 0; end++) {
+        if (text.compare(end, 2, "${") == 0) depth++, end++;
+        else if (text[end] == '}') depth--;
+      }
+      end--;  // at the closing brace
+    }
+    if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0])) || end >= text.size() || text[end] != '}') {
+      out += text[i++];  // not a reference: kept as written
+      continue;
+    }
     auto it = defs.find(name);
     const char *env = std::getenv(name.c_str());
     if (it != defs.end()) out += it->second;
     else if (env) out += env;
-    else if (m[2].matched) out += m[3];
+    else if (has_default) out += expand(text.substr(j + 2, end - j - 2), defs);
     else {
       std::fprintf(stderr, "videotrain-run: ${%s} is not defined (use -D %s=VALUE)\n", name.c_str(), name.c_str());
       std::exit(2);
     }
-    text = m.suffix();
+    i = end + 1;
   }
-  out += text;
+  return out;
+}
+
+std::string substitute(std::string text, const std::map<std::string, std::string> &defs) {
+  std::string out = expand(text, defs);
   // Comments and line breaks of pipeline files.
   std::istringstream lines(out);
   std::string line, joined;

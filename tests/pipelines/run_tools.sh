@@ -148,3 +148,15 @@ out=$("$run" --print-clips src csvvideosrc name=src location="$work/data/train.c
 caps=$(grep -c '^  caps: ' <<< "$out" || true)
 ((caps >= 2)) || { echo "$out"; fail "--print-clips: $caps caps lines for clips of two buckets"; }
 echo "ok: --print-clips prints the caps of each clip whose caps changed ($caps lines)"
+
+# -f: a default may hold another reference (${VAE:-${M}/vae}); -D wins over the default; an undefined
+# reference inside a used default is an error naming it.
+printf '%s\n' 'fakesrc num-buffers=1 sizetype=fixed sizemax=4 ! filesink location=${OUT:-${DIR}/x-${N:-1}.bin} # ${NOT_USED}' \
+  > "$work/nested.pipeline"
+"$run" -q -f "$work/nested.pipeline" -D DIR="$work" -D NOT_USED=y > "$work/out" 2>&1 || fail "nested defaults"
+[[ -s $work/x-1.bin ]] || fail "nested defaults: ${DIR}/x-\${N:-1}.bin was not written"
+"$run" -q -f "$work/nested.pipeline" -D DIR="$work" -D N=2 -D NOT_USED=y > "$work/out" 2>&1 && [[ -s $work/x-2.bin ]] \
+  || fail "nested defaults: -D N=2 inside a default"
+if "$run" -q -f "$work/nested.pipeline" -D NOT_USED=y > "$work/out" 2>&1; then fail "nested defaults: \${DIR} undefined ran"; fi
+grep -qF '${DIR} is not defined' "$work/out" || fail "nested defaults: the error does not name \${DIR}"
+echo "ok: pipeline files take defaults that name other definitions (\${VAE:-\${M}/vae})"
