@@ -483,6 +483,13 @@ class NativeTrainModel : public TrainModel {
         << ": the image encoder of the same checkpoint)";
       throw std::runtime_error(s.str());
     }
+    // With fewer text rows the image tokens would be read as text and the image attention left empty.
+    if (in.text_embeds.defined() && in.text_embeds.size(1) != models::kWanImageModelTextRows)
+      throw std::runtime_error(what + " takes its text padded to " + std::to_string(models::kWanImageModelTextRows) +
+                               " rows (the image tokens are the rows before the last " +
+                               std::to_string(models::kWanImageModelTextRows) + "); the micro-batches' text has " +
+                               std::to_string(in.text_embeds.size(1)) + ": set textencoder max-length=" +
+                               std::to_string(models::kWanImageModelTextRows));
   }
   // TI2V's condition says "train image-to-video"; its first latent frame must be the only one given.
   void check_first_frame_condition(const ModelInputs &in) const {

@@ -12,9 +12,6 @@ namespace videotrain::models {
 
 /* ---------------- attention ---------------- */
 
-namespace {
-constexpr int64_t kWanTextTokens = 512;  // diffusers' WanAttnProcessor: "the context length of the text encoder"
-}  // namespace
 
 WanAttentionImpl::WanAttentionImpl(int64_t dim, int64_t heads_, double eps, int64_t added_kv_proj_dim) : heads(heads_) {
   to_q = register_module("to_q", Linear(dim, dim));
@@ -59,7 +56,7 @@ at::Tensor WanAttentionImpl::forward(const at::Tensor &x, const at::Tensor &cont
   // the text to 512, so the image encoder's tokens come first, as in the Wan authors' code); with a
   // shorter context, Python's slicing of [:L-512] and [L-512:].
   const int64_t L = context.size(1);
-  const int64_t split = L >= kWanTextTokens ? L - kWanTextTokens : std::max<int64_t>(0, 2 * L - kWanTextTokens);
+  const int64_t split = L >= kWanImageModelTextRows ? L - kWanImageModelTextRows : std::max<int64_t>(0, 2 * L - kWanImageModelTextRows);
   const auto img = context.narrow(1, 0, split);
   const auto p = qkv(x, context.narrow(1, split, L - split), rope);
   const auto v_img = add_v_proj(img).unflatten(2, {heads, -1}).transpose(1, 2);

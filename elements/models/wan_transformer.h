@@ -15,6 +15,10 @@
 
 namespace videotrain::models {
 
+// diffusers' WanAttnProcessor takes the context's last 512 rows as text ("the context length of the text
+// encoder") and the rows before them as the image's, so an image model needs its text padded to 512.
+constexpr int64_t kWanImageModelTextRows = 512;
+
 // Self- or cross-attention with q/k RMS norms across heads (to_q, to_k, to_v, to_out.0, norm_q, norm_k).
 // With added_kv_proj_dim (I2V's cross-attention) also add_k_proj, add_v_proj, norm_added_k: the rows
 // before the context's last 512 are the image's, attended to on their own and added to the text's.

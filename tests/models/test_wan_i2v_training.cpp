@@ -224,15 +224,15 @@ TrainerConfig i2v_config() {
   return c;
 }
 
-// Sample k of `step`: latents [4, 2, 4, 4], its condition, one image's 5 states, 6 rows of text.
+// Sample k of `step`: latents [4, 2, 4, 4], its condition, one image's 5 states, 6 tokens of text in 512 rows.
 ModelInputs sample_of(int step, int k) {
   auto g = at::make_generator<at::CPUGeneratorImpl>(100 * step + k);
   ModelInputs in;
   in.latents = at::randn({1, 4, 2, 4, 4}, g);
   in.condition = at::randn({1, 8, 2, 4, 4}, g);
   in.image_embeds = at::randn({1, 1, 5, 24}, g);
-  in.text_embeds = at::randn({1, 6, 32}, g);
-  in.text_mask = at::ones({1, 6}, at::kLong);
+  in.text_embeds = at::randn({1, 512, 32}, g);  // 6 tokens and the pipeline's padding to 512 rows
+  in.text_mask = at::cat({at::ones({1, 6}, at::kLong), at::zeros({1, 506}, at::kLong)}, 1);
   in.sample_ids = {static_cast<uint64_t>(100 * step + k)};
   return in;
 }

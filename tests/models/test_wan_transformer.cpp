@@ -481,8 +481,8 @@ TEST(WanTransformer, TrainModelFace) {
 }
 
 // The image input is checked against the folder's image path; FLF2V takes two images per sample; the
-// config round-trips; training an I2V folder is refused at start with the reason (issue 43).
-TEST(WanTransformer, ImageInputsAreCheckedAndI2VTrainingIsRefused) {
+// config round-trips; training checks the micro-batch's image inputs and text length (issue 43).
+TEST(WanTransformer, ImageInputsAreChecked) {
   auto expect_throw = [](const std::function<void()> &f, const std::string &part) {
     try {
       f();
@@ -517,7 +517,15 @@ TEST(WanTransformer, ImageInputsAreCheckedAndI2VTrainingIsRefused) {
   params["condition_embedder.image_embedder.pos_embed"].add_(torch::randn({1, 10, 24}));  // they reach the output
   EXPECT_FALSE(torch::allclose(y, flf->forward_image(x, t, text, two)));
   expect_throw([&] { flf->forward_image(x, t, text, torch::randn({1, 5, 24})); }, "first then last frame");
-  // Training: refused at start, saying so.
-  expect_throw([&] { make_model(dit_dir("wan21_i2v_tiny"), ModelDims{}, torch::kCPU, ModelOptions{}); },
-               "needs image embeddings");
+  // Training: a micro-batch without image_embeds names imageencoder; text shorter than diffusers' 512
+  // rows (the image tokens would be read as text) names textencoder's max-length.
+  auto model = make_model(dit_dir("wan21_i2v_tiny"), ModelDims{}, torch::kCPU, ModelOptions{});
+  ModelInputs in;
+  in.latents = torch::randn({1, 4, 2, 4, 4});
+  in.condition = torch::randn({1, 8, 2, 4, 4});
+  in.text_embeds = text;
+  in.text_mask = torch::ones({1, 7}, torch::kLong);
+  expect_throw([&] { model->training_step(in); }, "put an imageencoder");
+  in.image_embeds = torch::randn({1, 1, 5, 24});
+  expect_throw([&] { model->training_step(in); }, "max-length=512");
 }
