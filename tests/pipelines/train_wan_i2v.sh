@@ -3,8 +3,10 @@
 # VAE, 4 latent channels) condition=first-frame ! textencoder ! microbatcher ! ddptrainsink on a tiny
 # Wan folder of the I2V layout (in_channels 12 = 4 noisy + 4 mask + 4 condition latents) trains a few
 # steps with finite losses; a text-to-video run (condition=none) on that folder is an error naming
-# the property to set. Wan 2.1 I2V: the same with imageencoder (tiny CLIP) after vaeencoder on a folder
-# with an image path (image_dim 32) trains; without the imageencoder it is an error naming it.
+# the property to set. Wan 2.1 I2V (a folder with an image path, image_dim 32): pipelines/train-wan-i2v.pipeline
+# (imageencoder, tiny CLIP) trains the same on 1 and 2 ranks, its image path included; without imageencoder,
+# or with text shorter than the 512 rows diffusers' attention counts on, it is an error naming the fix;
+# a ddpvalsink branch validates it.
 set -euo pipefail
 build=${VIDEOTRAIN_BUILD_DIR:?}
 src=${VIDEOTRAIN_SOURCE_DIR:?}
@@ -51,25 +53,66 @@ PY
 if run t2v none; then echo "FAIL: an I2V folder trained without a condition"; exit 1; fi
 grep -q "condition=first-frame" "$work/t2v.log" || { cat "$work/t2v.log"; echo "FAIL: the error does not name condition="; exit 1; }
 echo "wan i2v: condition=none on an I2V folder is refused naming vaeencoder condition="
-# Wan 2.1 I2V: image_embeds from imageencoder beside the condition.
-clip="! imageencoder model=$ref/clip_vision/vit_tiny processor=$ref/clip_vision/image_processor"
-run wan21 first-frame "$work/dit21" "$clip" || { cat "$work/wan21.log"; echo "FAIL: the Wan 2.1 I2V run did not end"; exit 1; }
+# Wan 2.1 I2V as users run it: pipelines/train-wan-i2v.pipeline on a folder laid out as the published
+# ones (M/vae, image_encoder, image_processor, tokenizer, text_encoder, transformer: here the tiny parts),
+# 1 rank x batch 4 and 2 ranks x batch 2 (also under sharding=full) end at the same weights (issue 43 item 5).
+m="$work/M"; mkdir -p "$m"
+ln -s "$ref/wan_vae/tiny_wan21" "$m/vae"; ln -s "$ref/clip_vision/vit_tiny" "$m/image_encoder"
+ln -s "$ref/clip_vision/image_processor" "$m/image_processor"; ln -s "$ref/text_encoder/umt5_tiny" "$m/tokenizer"
+ln -s "$ref/text_encoder/umt5_tiny" "$m/text_encoder"; ln -s "$work/dit21" "$m/transformer"
+bash "$src/scripts/make_dataset.sh" "$work/data8" 8 >/dev/null  # 8 rows: 4 a rank on 2 ranks, and a validation split
+launch() {  # launch NAME RANKS BATCH MICRO [EXTRA]
+  timeout 300 "$build/tools/videotrain-launch" -n "$2" -q -f "$src/pipelines/train-wan-i2v.pipeline" \
+    -D DATA="$work/data8" -D M="$m" -D BUCKETS=32x32 -D FRAME_BUCKETS=5 -D FPS=0 -D FRAMES=5 \
+    -D WIDTH=32 -D HEIGHT=32 -D PREFETCH=1 -D BATCH="$3" -D MICRO="$4" -D STEPS=2 -D CKPT="$work/ckpt-$1" \
+    -D CKPT_EVERY=0 -D LR=1e-3 -D SEED=1 -D LATENT=mode -D CAPTION_DROPOUT=0 -D SAVE_DTYPE=fp32 \
+    -D METRICS="$work/$1.jsonl" -D TIMEOUT=120 -D EXTRA="${5:-}" > "$work/$1.log" 2>&1
+}
+launch wan21 1 4 2 || { cat "$work/wan21.log"; echo "FAIL: the Wan 2.1 I2V run (1 rank) did not end"; exit 1; }
+launch wan21-2 2 2 1 || { cat "$work/wan21-2.log"; echo "FAIL: the Wan 2.1 I2V run (2 ranks) did not end"; exit 1; }
+launch wan21-full 2 2 1 sharding=full || { cat "$work/wan21-full.log"; echo "FAIL: the Wan 2.1 I2V run (2 ranks, sharding=full) did not end"; exit 1; }
 /usr/bin/python3 - "$work" <<'PY'
-import json, math, sys
-a = [json.loads(l)["loss"] for l in open(f"{sys.argv[1]}/wan21.jsonl") if '"loss"' in l]
-assert len(a) >= 3 and all(math.isfinite(l) for l in a), a
-print(f"wan 2.1 i2v (imageencoder): losses {[round(l, 4) for l in a]}")
+import json, math, struct, sys
+import torch
+w = sys.argv[1]
+def weights(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n)); data = f.read()
+    return {k: torch.frombuffer(bytearray(data[v["data_offsets"][0]:v["data_offsets"][1]]), dtype=torch.float32).reshape(v["shape"])
+            for k, v in h.items() if k != "__metadata__"}
+a = [json.loads(l)["loss"] for l in open(f"{w}/wan21.jsonl") if '"loss"' in l]
+assert len(a) >= 2 and all(math.isfinite(l) for l in a), a
+base = weights(f"{w}/dit21/diffusion_pytorch_model.safetensors")
+one = weights(f"{w}/ckpt-wan21/transformer/diffusion_pytorch_model.safetensors")
+two = weights(f"{w}/ckpt-wan21-2/transformer/diffusion_pytorch_model.safetensors")
+full = weights(f"{w}/ckpt-wan21-full/transformer/diffusion_pytorch_model.safetensors")
+img = [k for k in one if "image_embedder" in k or "add_k_proj" in k or "add_v_proj" in k]
+assert img, sorted(one)
+moved = min((one[k] - base[k]).abs().max().item() for k in img)
+assert moved > 1e-5, f"the image path did not train (smallest max change {moved})"
+flat = lambda ws: torch.cat([ws[k].flatten() for k in sorted(ws)])
+d = ((flat(one) - flat(two)).norm() / flat(one).norm()).item()
+assert d < 1e-6, f"1 rank x 4 and 2 ranks x 2 differ: rel L2 {d}"
+df = ((flat(one) - flat(full)).norm() / flat(one).norm()).item()
+assert df < 1e-6, f"1 rank x 4 and 2 ranks x 2 under sharding=full differ: rel L2 {df}"
+print(f"wan 2.1 i2v (train-wan-i2v.pipeline): losses {[round(l, 4) for l in a]}; the image path moved; "
+      f"1 rank x 4 vs 2 ranks x 2 rel L2 {d:.2g}, with sharding=full {df:.2g}")
 PY
-[ -f "$work/ckpt-wan21/transformer/config.json" ] || { echo "FAIL: the Wan 2.1 I2V run exported no transformer"; exit 1; }
+clip="! imageencoder model=$ref/clip_vision/vit_tiny processor=$ref/clip_vision/image_processor"
 if run wan21-noimage first-frame "$work/dit21"; then echo "FAIL: a Wan 2.1 I2V folder trained without image_embeds"; exit 1; fi
 grep -q "put an imageencoder" "$work/wan21-noimage.log" \
   || { cat "$work/wan21-noimage.log"; echo "FAIL: the error does not name imageencoder"; exit 1; }
 echo "wan 2.1 i2v: without imageencoder the run is refused naming it"
+# Text of 16 rows: diffusers would read the image tokens as text; refused naming max-length.
+if run wan21-short first-frame "$work/dit21" "$clip"; then echo "FAIL: a Wan 2.1 I2V folder trained on 16 text rows"; exit 1; fi
+grep -q "max-length=512" "$work/wan21-short.log" \
+  || { cat "$work/wan21-short.log"; echo "FAIL: the error does not name max-length=512"; exit 1; }
+echo "wan 2.1 i2v: text shorter than 512 rows is refused naming max-length"
 # Validation takes the same tensors: a ddpvalsink branch (its own vaeencoder and imageencoder) reports a
 # finite loss after each of 2 steps.
-bash "$src/scripts/make_dataset.sh" "$work/data8" 8 >/dev/null  # 8 rows: a validation split
 enc="vaeencoder model=$ref/wan_vae/tiny_wan21 latent=mode condition=first-frame $clip ! textencoder \
-  tokenizer=$ref/text_encoder/umt5_tiny model=$ref/text_encoder/umt5_tiny max-length=16 caption-dropout=0"
+  tokenizer=$ref/text_encoder/umt5_tiny model=$ref/text_encoder/umt5_tiny max-length=512 caption-dropout=0"
 timeout 120 gst-launch-1.0 -m csvvideosrc location="$work/data/train.csv" num-frames=5 width=32 height=32 fps=0 \
     prefetch=1 seed=1 num-epochs=0 ! $enc ! queue ! microbatcher batch-size=2 micro-batch-size=1 \
   ! ddptrainsink name=trainer model="$work/dit21" lr=1e-3 max-steps=2 seed=1 timeout=60 \
