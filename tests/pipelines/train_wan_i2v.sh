@@ -125,3 +125,32 @@ r = [(int(s), float(l)) for s, l in re.findall(r"ddpvalsink-result.*?step=\(guin
 assert [s for s, _ in r] == [1, 2] and all(math.isfinite(l) for _, l in r), r
 print(f"wan 2.1 i2v: validation losses {r}")
 PY
+# Wan 2.2 TI2V 5B: pipelines/train-wan.pipeline -D CONDITION=first-frame on a folder whose ../model_index.json says
+# expand_timesteps (a copy: the trainer reads the folder's parent) trains image-to-video (the first latent frame
+# clean, out of the loss: other losses than the same run without CONDITION, which trains text-to-video); without
+# model_index.json the condition is refused naming expand_timesteps.
+mkdir -p "$work/ti2v" && cp -r "$ref/dit/wan22_ti2v_tiny" "$work/ti2v/transformer"
+echo '{"_class_name": "WanPipeline", "expand_timesteps": true}' > "$work/ti2v/model_index.json"
+ti2v() {  # ti2v NAME CONDITION MODEL
+  timeout 120 "$build/tools/videotrain-launch" -n 1 -q -f "$src/pipelines/train-wan.pipeline" \
+    -D DATA="$work/data" -D VAE="$ref/wan_vae/tiny_wan22" -D TOKENIZER="$ref/text_encoder/umt5_tiny" \
+    -D TEXT_ENCODER="$ref/text_encoder/umt5_tiny" -D MAX_LENGTH=16 -D BUCKETS=32x32 -D FRAME_BUCKETS=5 -D FPS=0 \
+    -D FRAMES=5 -D WIDTH=32 -D HEIGHT=32 -D PREFETCH=1 -D BATCH=2 -D MICRO=2 -D STEPS=2 -D MODEL="$3" \
+    -D CKPT="$work/ckpt-$1" -D CKPT_EVERY=0 -D LR=1e-3 -D SEED=1 -D LATENT=mode -D CAPTION_DROPOUT=0 \
+    -D CONDITION="$2" -D METRICS="$work/$1.jsonl" -D TIMEOUT=60 > "$work/$1.log" 2>&1
+}
+ti2v ti2v first-frame "$work/ti2v/transformer" || { cat "$work/ti2v.log"; echo "FAIL: the TI2V run did not end"; exit 1; }
+ti2v ti2v-t2v none "$work/ti2v/transformer" || { cat "$work/ti2v-t2v.log"; echo "FAIL: the TI2V folder's text-to-video run did not end"; exit 1; }
+/usr/bin/python3 - "$work" <<'PY'
+import json, math, sys
+w = sys.argv[1]
+l = lambda r: [json.loads(x)["loss"] for x in open(f"{w}/{r}.jsonl") if '"loss"' in x]
+a, b = l("ti2v"), l("ti2v-t2v")
+assert len(a) >= 2 and len(b) >= 2 and all(math.isfinite(x) for x in a + b), (a, b)
+assert abs(a[0] - b[0]) > 1e-6 * abs(b[0]), f"TI2V with a condition trained as text-to-video: {a} vs {b}"
+print(f"wan 2.2 ti2v (train-wan.pipeline CONDITION=first-frame): losses {[round(x, 4) for x in a]}; "
+      f"text-to-video on the same folder {[round(x, 4) for x in b]}")
+PY
+if ti2v ti2v-noindex first-frame "$ref/dit/wan22_ti2v_tiny"; then echo "FAIL: a condition trained a folder without expand_timesteps"; exit 1; fi
+grep -q "expand_timesteps" "$work/ti2v-noindex.log" || { cat "$work/ti2v-noindex.log"; echo "FAIL: the error does not name expand_timesteps"; exit 1; }
+echo "wan 2.2 ti2v: a condition for a folder without expand_timesteps is refused naming it"
