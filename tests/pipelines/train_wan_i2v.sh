@@ -55,7 +55,8 @@ grep -q "condition=first-frame" "$work/t2v.log" || { cat "$work/t2v.log"; echo "
 echo "wan i2v: condition=none on an I2V folder is refused naming vaeencoder condition="
 # Wan 2.1 I2V as users run it: pipelines/train-wan-i2v.pipeline on a folder laid out as the published
 # ones (M/vae, image_encoder, image_processor, tokenizer, text_encoder, transformer: here the tiny parts),
-# 1 rank x batch 4 and 2 ranks x batch 2 (also under sharding=full) end at the same weights (issue 43 item 5).
+# 1 rank x batch 4 and 2 ranks x batch 2 (also under sharding=full) end at the same weights, and so does a run
+# resumed from its step-1 checkpoint (issue 43 item 5).
 m="$work/M"; mkdir -p "$m"
 ln -s "$ref/wan_vae/tiny_wan21" "$m/vae"; ln -s "$ref/clip_vision/vit_tiny" "$m/image_encoder"
 ln -s "$ref/clip_vision/image_processor" "$m/image_processor"; ln -s "$ref/text_encoder/umt5_tiny" "$m/tokenizer"
@@ -71,6 +72,9 @@ launch() {  # launch NAME RANKS BATCH MICRO [EXTRA]
 launch wan21 1 4 2 || { cat "$work/wan21.log"; echo "FAIL: the Wan 2.1 I2V run (1 rank) did not end"; exit 1; }
 launch wan21-2 2 2 1 || { cat "$work/wan21-2.log"; echo "FAIL: the Wan 2.1 I2V run (2 ranks) did not end"; exit 1; }
 launch wan21-full 2 2 1 sharding=full || { cat "$work/wan21-full.log"; echo "FAIL: the Wan 2.1 I2V run (2 ranks, sharding=full) did not end"; exit 1; }
+# Resume: a run stopped at step 1 (its checkpoint) and resumed to step 2 ends at the uninterrupted run's weights.
+launch wan21-res 1 4 2 "max-steps=1 checkpoint-every=1" || { cat "$work/wan21-res.log"; echo "FAIL: the I2V run to step 1 did not end"; exit 1; }
+launch wan21-res 1 4 2 "resume=true checkpoint-every=1" || { cat "$work/wan21-res.log"; echo "FAIL: the resumed I2V run did not end"; exit 1; }
 /usr/bin/python3 - "$work" <<'PY'
 import json, math, struct, sys
 import torch
@@ -94,10 +98,13 @@ assert moved > 1e-5, f"the image path did not train (smallest max change {moved}
 flat = lambda ws: torch.cat([ws[k].flatten() for k in sorted(ws)])
 d = ((flat(one) - flat(two)).norm() / flat(one).norm()).item()
 assert d < 1e-6, f"1 rank x 4 and 2 ranks x 2 differ: rel L2 {d}"
+res = weights(f"{w}/ckpt-wan21-res/transformer/diffusion_pytorch_model.safetensors")
+dres = max((one[k] - res[k]).abs().max().item() for k in one)
+assert dres == 0, f"the resumed I2V run's weights differ from the uninterrupted run's by {dres}"
 df = ((flat(one) - flat(full)).norm() / flat(one).norm()).item()
 assert df < 1e-6, f"1 rank x 4 and 2 ranks x 2 under sharding=full differ: rel L2 {df}"
 print(f"wan 2.1 i2v (train-wan-i2v.pipeline): losses {[round(l, 4) for l in a]}; the image path moved; "
-      f"1 rank x 4 vs 2 ranks x 2 rel L2 {d:.2g}, with sharding=full {df:.2g}")
+      f"1 rank x 4 vs 2 ranks x 2 rel L2 {d:.2g}, with sharding=full {df:.2g}; resumed at step 1: identical")
 PY
 clip="! imageencoder model=$ref/clip_vision/vit_tiny processor=$ref/clip_vision/image_processor"
 if run wan21-noimage first-frame "$work/dit21"; then echo "FAIL: a Wan 2.1 I2V folder trained without image_embeds"; exit 1; fi
