@@ -1,7 +1,8 @@
 /* videotrain-model sample: ddpsampler's loop on a transformer folder (or Wan 2.2 A14B's two experts)
- * from given prompt embeddings and the pipelines' seeded noise, for checks against WanPipeline; for an
- * image-to-video folder with --vae (and --image-encoder where it takes image embeddings) the condition
- * is built from IN's image (and last_image) as ddpsampler builds it, for WanImageToVideoPipeline. */
+ * from given prompt embeddings and the pipelines' seeded noise, for checks against WanPipeline and
+ * CogVideoXPipeline; for an image-to-video folder with --vae (and --image-encoder where it takes image
+ * embeddings) the condition is built from IN's image (and last_image) as ddpsampler builds it, for
+ * WanImageToVideoPipeline and CogVideoXImageToVideoPipeline. */
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -13,8 +14,10 @@
 #include "models/clip_vision.h"
 #include "models/expert_pair.h"
 #include "models/i2v_inputs.h"
+#include "models/image_condition.h"
 #include "models/native_model.h"
 #include "models/samplers.h"
+#include "models/vae/cogvideox_encoder.h"
 #include "models/vae/vae_encoder.h"
 
 using namespace videotrain::models;
@@ -23,9 +26,9 @@ namespace videotrain::model_tool {
 
 int sample_command(std::vector<std::string> args) {
   SamplerOptions so;
-  so.kind = parse_sampler(opt(args, "--sampler", "unipc"));
+  const std::string sampler = opt(args, "--sampler", "");
   so.steps = std::stoi(opt(args, "--steps", "50"));
-  so.flow_shift = std::stod(opt(args, "--shift", "3"));
+  so.flow_shift = so.snr_shift_scale = std::stod(opt(args, "--shift", "3"));
   const double guidance = std::stod(opt(args, "--guidance", "5"));
   const std::string g2 = opt(args, "--guidance-2", "");
   const std::string dir2 = opt(args, "--model-2", "");
@@ -36,7 +39,6 @@ int sample_command(std::vector<std::string> args) {
   std::string processor_dir = opt(args, "--processor", "");
   const bool expand_flag = flag(args, "--expand-timesteps");
   if (args.size() != 3 || latent.empty()) return usage();
-  if (std::string(sampler_family(so.kind)) != "wan") throw std::invalid_argument("sample takes Wan's samplers: euler, unipc");
   std::vector<int64_t> shape{1};
   std::stringstream ls(latent);
   for (std::string d; std::getline(ls, d, 'x');) shape.push_back(std::stoll(d));
@@ -53,6 +55,17 @@ int sample_command(std::vector<std::string> args) {
   const at::Tensor pe = input_tensor(*in, "prompt_embeds", true, give).to(at::kFloat);
   const at::Tensor ne = input_tensor(*in, "negative_prompt_embeds", true, give).to(at::kFloat);
   auto high = open_dit(args[0], torch::kCPU);
+  const ModelFamily &family = high->descriptor();
+  so.kind = parse_sampler(sampler.empty() ? family.default_sampler : sampler);
+  if (family.name != std::string(sampler_family(so.kind)))
+    throw std::invalid_argument(args[0] + " is " + family.title + ": its samplers are " + family.samplers);
+  const bool frames_first = family.layout == LatentLayout::kFramesFirst;
+  // CogVideoX: noise [1, F, C, h, w], F the latent frames padded in front to patch_size_t as the pipeline pads them.
+  const int64_t pt = frames_first ? high->temporal_patch() : 1, extra = (pt - shape[2] % pt) % pt;
+  const std::vector<int64_t> noise_shape =
+      frames_first ? std::vector<int64_t>{1, shape[2] + extra, shape[1], shape[3], shape[4]} : shape;
+  // The pipelines' generator: CogVideoX I2V draws its image's posterior from it before the noise.
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   std::unique_ptr<DitModel> low;
   if (!dir2.empty()) low = open_dit(dir2, torch::kCPU);
   // Image-to-video: the condition from IN's image(s) through the VAE, the image embeddings through the encoder.
@@ -68,6 +81,14 @@ int sample_command(std::vector<std::string> args) {
       const int64_t sc = vae->spatial_compression();
       image.first_frame = ti2v_first_frame(preprocess_image(first, shape[3] * sc, shape[4] * sc), encode);
     }
+  } else if (frames_first && high->condition_channels() > 0) {
+    const at::Tensor first = input_tensor(*in, "image", true, "image U8 [H, W, 3] for an image-to-video model");
+    if (vae_dir.empty()) throw std::runtime_error(args[0] + " takes an image's latents: give --vae DIR (its VAE)");
+    auto vae = vae::CogVideoXEncoder::load(vae_dir, torch::kCPU, torch::kFloat);
+    const int64_t sc = vae->spatial_compression();
+    const at::Tensor moments = vae->encode(preprocess_image(first, shape[3] * sc, shape[4] * sc).unsqueeze(2));
+    const double scale = cogvideox_image_scale(vae->config().scaling_factor, vae->config().invert_scale_latents);
+    image.condition = cogvideox_i2v_condition(moments, shape[2], pt, scale, gen);
   } else if (high->condition_channels() > 0 || high->image_dim() > 0) {
     const std::string give_image = "image (and last_image for FLF2V) U8 [H, W, 3] for an image-to-video model";
     const at::Tensor first = input_tensor(*in, "image", true, give_image);
@@ -93,9 +114,8 @@ int sample_command(std::vector<std::string> args) {
     }
   }
   auto s = Sampler::make(so);
-  // The pipelines' noise: torch.randn(shape) from a CPU generator seeded with the seed.
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  const at::Tensor noise = at::randn(shape, gen, at::TensorOptions(at::kFloat));
+  // The pipelines' noise: torch.randn(shape) from the CPU generator seeded with the seed.
+  const at::Tensor noise = at::randn(noise_shape, gen, at::TensorOptions(at::kFloat));
   std::vector<at::Tensor> steps;
   auto keep = [&](int, const at::Tensor &x) { steps.push_back(x.clone()); };
   const at::Tensor out = low ? sample_latents_2(*high, *low, boundary, *s, noise, pe, ne, guidance,

@@ -13,9 +13,11 @@
  *                    [--format diffusers|comfyui|kohya]   (a LoRA run's step: its LoRA in that naming)
  *                    [--ema]   (the EMA weights the checkpoint holds, ddptrainsink ema-decay)
  *                    (a two-expert run's step, ddptrainsink model-2: OUT_DIR and OUT_DIR_2)
- *   videotrain-model sample DIR IN OUT --latent CxTxHxW [--model-2 DIR2 [--boundary-ratio B]] [--sampler euler|unipc]
- *                    [--steps N] [--shift S] [--guidance G] [--guidance-2 G2] [--seed N]   (ddpsampler's loop; IN holds
- *                    prompt_embeds, negative_prompt_embeds; OUT initial_noise, latents_after_step, latents)
+ *   videotrain-model sample DIR IN OUT --latent CxTxHxW [--model-2 DIR2 [--boundary-ratio B]]
+ *                    [--sampler euler|unipc|ddim|dpm] (default: the family's) [--steps N] [--shift S] (flow_shift,
+ *                    CogVideoX: snr_shift_scale) [--guidance G] [--guidance-2 G2] [--seed N]   (ddpsampler's loop; IN holds
+ *                    prompt_embeds, negative_prompt_embeds; OUT initial_noise, latents_after_step, latents; CogVideoX's
+ *                    frames first, padded in front to patch_size_t as its pipelines pad them)
  *                    [--vae DIR] [--image-encoder DIR [--processor DIR]]   (image-to-video: IN's image, last_image)
  *                    [--expand-timesteps]   (Wan 2.2 TI2V: the image's latents as the clean first frame)
  *   videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype ...]
@@ -87,7 +89,7 @@ int usage() {
                "       videotrain-model export STEP_DIR|CHECKPOINT_DIR OUT_DIR [--dtype bf16|fp16|fp32] [--max-shard-bytes N] "
                "[--format diffusers|comfyui|kohya] [--ema]\n"
                "       videotrain-model sample DIR IN OUT --latent CxTxHxW [--model-2 DIR2 [--boundary-ratio B]] "
-               "[--sampler euler|unipc] [--steps N] [--shift S] [--guidance G] [--guidance-2 G2] [--seed N] "
+               "[--sampler euler|unipc|ddim|dpm] [--steps N] [--shift S] [--guidance G] [--guidance-2 G2] [--seed N] "
                "[--vae DIR] [--image-encoder DIR [--processor DIR]] [--expand-timesteps]\n"
                "       videotrain-model init CONFIG.json OUT_DIR [--seed N] [--dtype bf16|fp16|fp32]\n"
                "       videotrain-model lora convert IN OUT --format diffusers|comfyui|kohya\n"

@@ -447,9 +447,10 @@ static void gst_ddp_sampler_class_init(GstDdpSamplerClass *klass) {
                           rw));
   g_object_class_install_property(gobject_class, PROP_VAE,
       g_param_spec_string("vae", "VAE",
-                          "Image-to-video trainers (Wan 2.1 / 2.2 I2V, FLF2V; Wan 2.2 TI2V for prompts with an image): "
-                          "the diffusers VAE folder that encodes each prompt's image (promptsrc's image column) into "
-                          "the condition latents, as WanImageToVideoPipeline does (the VAE the model was trained with)",
+                          "Image-to-video trainers (Wan 2.1 / 2.2 I2V, FLF2V, CogVideoX I2V; Wan 2.2 TI2V for prompts "
+                          "with an image): the diffusers VAE folder that encodes each prompt's image (promptsrc's image "
+                          "column) into the condition latents, as WanImageToVideoPipeline and "
+                          "CogVideoXImageToVideoPipeline do (the VAE the model was trained with)",
                           "", rw));
   g_object_class_install_property(gobject_class, PROP_IMAGE_ENCODER,
       g_param_spec_string("image-encoder", "Image encoder",

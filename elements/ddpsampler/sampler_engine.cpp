@@ -22,6 +22,8 @@
 #include "models/model_family.h"
 #include "models/param_snapshot.h"
 #include "models/samplers.h"
+#include "models/image_condition.h"
+#include "models/vae/cogvideox_encoder.h"
 #include "models/vae/vae_encoder.h"
 #include "run_context.h"
 #include "tensor_buffer.h"
@@ -133,8 +135,7 @@ struct SamplerEngine::Impl {
     }
     if (dit.condition_channels() == 0 && dit.image_dim() == 0) return in;
     if (dit.family() != "wan")
-      throw std::runtime_error("ddpsampler samples image-to-video for Wan folders only; the trainer's " + dit.class_name() +
-                               " is an image-to-video layout it has no sampler for yet");
+      throw std::runtime_error("ddpsampler has no image-to-video sampler for the trainer's " + dit.class_name());
     if (!p.image.defined())
       throw std::runtime_error(where + " has no image, but the trainer's model is image-to-video: give the prompt "
                                "file an image column");
@@ -176,6 +177,29 @@ struct SamplerEngine::Impl {
       in.image_embeds = models::i2v_image_embeds(*image_encoder, *image_processor, imgs, dev);
     }
     return in;
+  }
+
+  // CogVideoXImageToVideoPipeline's image latents for one prompt [1, F, C, h, w] (i2v_inputs.h): the image
+  // encoded alone, its posterior drawn from the prompt's generator `gen` before the noise, as the pipeline
+  // draws it; latent_frames before the patch_t padding.
+  at::Tensor cogvideox_condition(models::DitModel &dit, const PromptEntry &p, const std::string &where,
+                                 int64_t latent_frames, int64_t patch_t, int64_t width, int64_t height,
+                                 at::Generator &gen, const c10::Device &dev) {
+    if (!p.image.defined())
+      throw std::runtime_error(where + " has no image, but the trainer's model is image-to-video: give the prompt "
+                               "file an image column");
+    if (cfg.vae.empty())
+      throw std::runtime_error("the trainer's model takes an image's latents: set ddpsampler's vae to its VAE folder");
+    if (!vae_encoder) vae_encoder = vae::VaeEncoder::load(cfg.vae, dev, at::kFloat);
+    const auto *cog = dynamic_cast<const vae::CogVideoXEncoder *>(vae_encoder.get());
+    if (!cog || cog->latent_channels() != dit.condition_channels())
+      throw std::runtime_error("the VAE " + cfg.vae + " (" + vae_encoder->name() + ", " +
+                               std::to_string(vae_encoder->latent_channels()) + " latent channels) is not the " +
+                               "CogVideoX VAE of the trainer's model (" + std::to_string(dit.condition_channels()) +
+                               " image latent channels): set vae to the VAE the model was trained with");
+    const at::Tensor moments = cog->encode(models::preprocess_image(p.image, height, width).to(dev).unsqueeze(2));
+    const double scale = models::cogvideox_image_scale(cog->config().scaling_factor, cog->config().invert_scale_latents);
+    return models::cogvideox_i2v_condition(moments, latent_frames, patch_t, scale, gen);
   }
 
   void note(const std::string &name, uint64_t step, const std::string &text) {
@@ -298,7 +322,7 @@ struct SamplerEngine::Impl {
     const auto dev = device();
     const bool frames_first = def.layout == models::LatentLayout::kFramesFirst;
     // An image-to-video model's input holds its condition channels after the latents.
-    const int64_t channels = dit.latent_channels() - (frames_first ? 0 : dit.condition_channels());
+    const int64_t channels = dit.latent_channels() - dit.condition_channels();
     const int64_t spatial = cfg.spatial_compression ? cfg.spatial_compression
                             : vae_spatial           ? vae_spatial
                                                     : (channels == 48 ? 16 : 8);
@@ -364,8 +388,21 @@ struct SamplerEngine::Impl {
       auto sampler = models::Sampler::make(so);
       // The pipelines' noise: torch.randn(shape) from a CPU generator seeded with the seed.
       at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
+      // CogVideoX I2V draws its image's posterior from the generator before the noise.
+      const bool cog_i2v = frames_first && dit.condition_channels() > 0;
+      const at::Tensor cog_condition =
+          cog_i2v ? cogvideox_condition(dit, p, where, t, patch_t, width, height, gen, dev) : at::Tensor();
       const at::Tensor noise = at::randn(shape, gen, at::TensorOptions(at::kFloat)).to(dev);
-      const models::ImageInputs image = image_inputs(dit, p, where, frames, width, height, noise, dev);
+      models::ImageInputs image;
+      if (cog_i2v) {
+        if (cog_condition.sizes() != noise.sizes())
+          throw std::runtime_error(where + ": the image latents " + c10::str(cog_condition.sizes()) + " do not fit the " +
+                                   "noise " + c10::str(noise.sizes()) + " (set spatial-compression and " +
+                                   "temporal-compression to the VAE's)");
+        image.condition = cog_condition;
+      } else {
+        image = image_inputs(dit, p, where, frames, width, height, noise, dev);
+      }
       // Two experts (the trainer's model-2): each step's expert as WanPipeline picks it.
       at::Tensor lat = model->dit_2() ? models::sample_latents_2(dit, *model->dit_2(), model->boundary_ratio(), *sampler,
                                                                  noise, pe, ne, cfg.guidance,
@@ -431,8 +468,8 @@ bool SamplerEngine::attach(std::shared_ptr<RunContext> run) {
     // What an image-to-video model needs, said at start rather than at the first sample.
     if (d.layout.condition() && d.cfg.vae.empty()) {
       d.error = "the trainer's model " + spec + " is image-to-video (" + std::to_string(d.layout.in_channels) +
-                " input channels: latents, mask and condition latents): set ddpsampler's vae to the VAE folder that "
-                "encodes the prompts' images (and give promptsrc's prompt file an image column)";
+                " input channels: the noisy latents and the image's condition): set ddpsampler's vae to the VAE "
+                "folder that encodes the prompts' images (and give promptsrc's prompt file an image column)";
       return false;
     }
     if (d.layout.image_embeds && d.cfg.image_encoder.empty()) {

@@ -42,6 +42,19 @@ at::Tensor ti2v_first_frame(const at::Tensor &first, const LatentEncode &encode)
   return encode(first.unsqueeze(2));
 }
 
+at::Tensor cogvideox_i2v_condition(const at::Tensor &moments, int64_t latent_frames, int64_t patch_t, double scale,
+                                   at::Generator &gen) {
+  if (moments.dim() != 5 || moments.size(0) != 1 || moments.size(1) % 2 != 0 || moments.size(2) != 1)
+    throw std::invalid_argument("a CogVideoX image's posterior is [1, 2C, 1, h, w] (the image encoded alone), not " +
+                                c10::str(moments.sizes()));
+  const int64_t C = moments.size(1) / 2;
+  const at::Tensor m = moments.to(at::kFloat);
+  // DiagonalGaussianDistribution.sample: N(0, 1) of the mean's shape from the CPU generator.
+  const at::Tensor noise = at::randn(m.narrow(1, 0, C).sizes(), gen, m.options().device(at::kCPU)).to(m.device());
+  const at::Tensor z = m.narrow(1, 0, C) + at::exp(0.5 * m.narrow(1, C, C).clamp(-30, 20)) * noise;
+  return cogvideox_condition_frames(cogvideox_image_latents(z, latent_frames, scale), patch_t);
+}
+
 at::Tensor i2v_image_embeds(const ClipVisionEncoder &encoder, const ClipImageProcessor &processor,
                             const std::vector<at::Tensor> &images, const c10::Device &device) {
   std::vector<at::Tensor> pixels;

@@ -1,8 +1,10 @@
-/* What WanImageToVideoPipeline makes of a prompt's image(s) before its denoising loop, for
- * ddpsampler and `videotrain-model sample`: the preprocessed frame, the condition (mask + condition
- * latents, image_condition.h) and the image encoder's states. Torch TUs only. */
+/* What WanImageToVideoPipeline and CogVideoXImageToVideoPipeline make of a prompt's image(s) before
+ * their denoising loops, for ddpsampler and `videotrain-model sample`: the preprocessed frame, the
+ * condition (Wan: mask + condition latents; CogVideoX: the image's latents; image_condition.h) and the
+ * image encoder's states. Torch TUs only. */
 #pragma once
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
@@ -31,6 +33,14 @@ at::Tensor i2v_condition(const at::Tensor &first, const at::Tensor &last, int64_
 // Wan 2.2 TI2V 5B (expand_timesteps): the first frame's clean latents [1, z, 1, h, w], encode(image)
 // of the image alone, as prepare_latents makes them.
 at::Tensor ti2v_first_frame(const at::Tensor &first, const LatentEncode &encode);
+
+// CogVideoX I2V (CogVideoXImageToVideoPipeline.prepare_latents as __call__ runs it): the image latents
+// [1, F, C, h, w] the transformer takes after the noisy ones on channels. `moments` [1, 2C, 1, h, w]: the
+// VAE's posterior of the preprocessed image encoded alone; the pipeline draws it (retrieve_latents'
+// sample) from its generator `gen` before the initial noise, scales it by `scale` (cogvideox_image_scale)
+// and zero-pads it to latent_frames, then to a multiple of patch_t (1.5) with the image at frame 0.
+at::Tensor cogvideox_i2v_condition(const at::Tensor &moments, int64_t latent_frames, int64_t patch_t, double scale,
+                                   at::Generator &gen);
 
 // encode_image: the image encoder's hidden_states[-2] for 8-bit RGB images [H, W, 3] through its
 // processor, [n, tokens, hidden] (FLF2V: first and last image, n = 2), float32 on `device`.

@@ -206,6 +206,11 @@ at::Tensor Sampler::timestep(int k, int64_t b) const {
 
 namespace {
 
+// The channels of the model's input: 2 where frames come first (CogVideoX [B, F, C, h, w]).
+int64_t channel_dim(const DitModel &model) {
+  return model.descriptor().layout == LatentLayout::kFramesFirst ? 2 : 1;
+}
+
 // The pipelines' loop; pick(k) gives step k's model and guidance scale. Guidance runs when `cfg`
 // (WanPipeline's do_classifier_free_guidance: the first guidance scale > 1).
 at::Tensor guided_loop(Sampler &sampler, at::Tensor latents, const at::Tensor &prompt_embeds,
@@ -225,7 +230,7 @@ at::Tensor guided_loop(Sampler &sampler, at::Tensor latents, const at::Tensor &p
   for (int k = 0; k < sampler.steps(); ++k) {
     at::Tensor t = sampler.timestep(k, latents.size(0)).to(device);
     const auto [model, guidance] = pick(k);
-    at::Tensor input = condition.defined() ? at::cat({latents, condition}, 1) : latents;
+    at::Tensor input = condition.defined() ? at::cat({latents, condition}, channel_dim(*model)) : latents;
     if (first.defined()) {
       // The pipeline's per-token timesteps: t everywhere but the first frame's tokens, at 0.
       input = with_first(latents);

@@ -48,7 +48,8 @@ class Sampler {
 };
 
 // Image-to-video inputs passed unchanged at every step, to both guidance branches (as
-// WanImageToVideoPipeline does): `condition` [B, condition_channels, t, h, w] (image_condition.h)
+// WanImageToVideoPipeline and CogVideoXImageToVideoPipeline do): `condition` in the model's layout
+// (Wan [B, condition_channels, t, h, w], CogVideoX [B, F, C, h, w]; image_condition.h, i2v_inputs.h)
 // concatenated after the latents on channels, `image_embeds` the image encoder's states for
 // forward_image. Wan 2.2 TI2V 5B (the pipeline's expand_timesteps) instead: `first_frame` [B, C, 1, h, w],
 // the image's clean latents, stand in for the first latent frame at every step (its tokens at

@@ -7,7 +7,10 @@ embeddings as ddpsampler does (models/i2v_inputs) and runs its loop. Cases: the 
 the same with a last image (first-last-frame condition), and the Wan 2.1 I2V layout with the tiny CLIP
 image encoder (image_dim 32, added_kv_proj_dim), and Wan 2.2 TI2V 5B's expand_timesteps (the image's
 latents as the clean first frame, its tokens at timestep 0). Each step's latents within 1e-5 relative L2; the
-sampler given another image must fail the comparison."""
+sampler given another image must fail the comparison. CogVideoX I2V against CogVideoXImageToVideoPipeline on
+the tiny CogVideoX-5b-I2V (learned positions, 226 text rows) and CogVideoX1.5-5B-I2V (patch_size_t 2, ofs)
+folders and the tiny CogVideoX VAE: the image's posterior drawn from the pipeline's generator before the
+noise, its latents on channels at every step, the DPM scheduler (the family's default)."""
 import json
 import os
 import sys
@@ -127,4 +130,53 @@ compare("Wan 2.1 I2V with the CLIP image encoder", m21, d21, [first], encoder=Tr
 m_ti2v = diffusers.WanTransformer3DModel.from_pretrained(u.reference_dir("dit", "wan22_ti2v_tiny")).eval()
 compare("Wan 2.2 TI2V 5B layout (expand_timesteps)", m_ti2v, u.reference_dir("dit", "wan22_ti2v_tiny"), [first],
         expand=True, latent="8x3x4x6", vae_at=u.reference_dir("wan_vae", "tiny_wan22"))
+
+
+def cogvideox(name, folder, text_rows, latent, other_image=False):
+    """CogVideoXImageToVideoPipeline(output_type="latent") from the pipeline's own generator (image posterior,
+    noise, DPM draws) vs `videotrain-model sample` with the family's default sampler (dpm)."""
+    model_dir = u.reference_dir("dit", folder)
+    model = diffusers.CogVideoXTransformer3DModel.from_pretrained(model_dir).eval()
+    # CogVideoX-5b-I2V's scheduler_config.json, here as the DPM scheduler ddpsampler picks by default.
+    sched = diffusers.CogVideoXDPMScheduler(
+        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False, set_alpha_to_one=True,
+        prediction_type="v_prediction", rescale_betas_zero_snr=True, snr_shift_scale=1.0, timestep_spacing="trailing")
+    vae_at = u.reference_dir("cogvideox_vae", "tiny_a")
+    pipe = diffusers.CogVideoXImageToVideoPipeline(tokenizer=None, text_encoder=None, scheduler=sched, transformer=model,
+                                                   vae=diffusers.AutoencoderKLCogVideoX.from_pretrained(vae_at).eval())
+    gt = torch.Generator().manual_seed(9)
+    pe, ne = torch.randn(1, text_rows, 32, generator=gt), torch.randn(1, text_rows, 32, generator=gt)
+    steps = []
+
+    def keep(p, i, t, cb):
+        steps.append(cb["latents"].clone())
+        return cb
+
+    with torch.no_grad():
+        ref = pipe(image=pil(first), prompt_embeds=pe, negative_prompt_embeds=ne, height=HEIGHT, width=WIDTH,
+                   num_frames=FRAMES, num_inference_steps=3, guidance_scale=G, use_dynamic_cfg=False,
+                   generator=torch.Generator("cpu").manual_seed(SEED), output_type="latent",
+                   callback_on_step_end=keep).frames
+
+    def ours(img, tag):
+        inp = os.path.join(tmp.name, f"{folder}-{tag}-in.safetensors")
+        st.save_file({"prompt_embeds": pe, "negative_prompt_embeds": ne, "image": img.contiguous()}, inp)
+        out = os.path.join(tmp.name, f"{folder}-{tag}.safetensors")
+        u.run(tool, "sample", model_dir, inp, out, "--latent", latent, "--steps", 3, "--shift", 1.0, "--guidance", G,
+              "--seed", SEED, "--vae", vae_at)
+        return st.load_file(out)
+
+    got = ours(first, "same")
+    rs = [u.rel(steps[k], got["latents_after_step"][k]) for k in range(3)]
+    u.check(max(rs) <= TOL, f"{name}: each of the 3 DPM steps within {TOL:g} of CogVideoXImageToVideoPipeline's "
+                            f"(worst {max(rs):.3g})")
+    r = u.close(ref, got["latents"], TOL, f"{name}: final latents [{', '.join(map(str, ref.shape))}] vs "
+                                          "CogVideoXImageToVideoPipeline")
+    print(f"FIGURE diffusers CogVideoXImageToVideoPipeline {name}: final latents rel L2 {r:.3g}")
+    if other_image:
+        u.check(u.rel(ref, ours(other, "other")["latents"]) > 1e-3, f"{name}: another image fails the comparison")
+
+
+cogvideox("CogVideoX-5b-I2V layout", "cogvideox_5b_i2v_tiny", 226, "4x3x8x12", other_image=True)
+cogvideox("CogVideoX1.5-5B-I2V layout (patch_size_t 2, ofs)", "cogvideox15_i2v_tiny", 16, "4x3x8x12")
 u.finish()

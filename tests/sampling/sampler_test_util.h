@@ -23,9 +23,9 @@ inline at::Tensor seeded(std::vector<int64_t> shape, uint64_t seed) {
 
 // A promptsrc buffer as textencoder leaves it: the int64 [6] record, the caption in the sample
 // meta, and the named tensors text_embeds [L, D] and text_mask [L].
-inline GstBuffer *prompt_buffer(int64_t index, int64_t role) {
+inline GstBuffer *prompt_buffer(int64_t index, int64_t role, int64_t frames = 5) {
   using namespace videotrain;
-  const std::vector<int64_t> rec{index, role, 100 + index, 5, 32, 32};  // seed, frames, width, height
+  const std::vector<int64_t> rec{index, role, 100 + index, frames, 32, 32};  // seed, frames, width, height
   GstBuffer *b = buffer_from_tensor(at::tensor(rec, at::kLong));
   const std::string text = role == kRolePrompt ? "prompt " + std::to_string(index) : "";
   gst_buffer_add_videotrain_sample_meta(b, text.c_str(), "");

@@ -21,9 +21,11 @@
 #include "ddptrainsink/trainer_engine.h"
 #include "metas.h"
 #include "models/i2v_inputs.h"
+#include "models/image_condition.h"
 #include "models/native_model.h"
 #include "models/samplers.h"
 #include "models/train_model.h"
+#include "models/vae/cogvideox_encoder.h"
 #include "models/vae/vae_encoder.h"
 #include "prompt_record.h"
 #include "tensor_buffer.h"
@@ -311,4 +313,79 @@ TEST(SamplerImageToVideo, ATi2vTrainerTakesThePromptsImageAsItsFirstFrame) {
   const at::Tensor want = models::sample_latents(*dit, *sampler, noise, text(0), text(1), c.guidance, gen, {}, in)[0];
   EXPECT_LT((got - want).norm().item<double>(), 1e-5 * want.norm().item<double>());
   EXPECT_TRUE(got.narrow(1, 0, 1).equal(in.first_frame[0])) << "the first latent frame is the image's";
+}
+
+// CogVideoX I2V (the tiny CogVideoX1.5-5B-I2V folder: patch_size_t 2, ofs): a prompt of 9 frames with an image
+// samples as sample_latents given cogvideox_i2v_condition of the image through the tiny CogVideoX VAE, its
+// posterior drawn from the prompt's generator before the noise (the loop and condition diffusers-wan-i2v-sampling
+// checks against CogVideoXImageToVideoPipeline): 3 latent frames padded in front to 4, the padding frame dropped
+// from the sample. A Wan VAE is refused naming what to set.
+TEST(SamplerImageToVideo, ACogVideoXI2VTrainerSamplesFromThePromptsImage) {
+  const std::string model = vttest::reference_dir() + "/dit/cogvideox15_i2v_tiny";
+  TrainerConfig tc;
+  tc.model = model;
+  tc.device = "cpu";
+  tc.backend = "gloo";
+  auto trainer = std::make_shared<TrainerEngine>(tc);
+  ASSERT_TRUE(trainer->start()) << trainer->error();
+  ASSERT_TRUE(trainer->finish()) << trainer->error();
+
+  SamplerConfig c = sconfig();
+  {
+    SamplerEngine s(c);
+    EXPECT_FALSE(s.attach(trainer));
+    EXPECT_NE(s.error().find("set ddpsampler's vae"), std::string::npos) << s.error();
+  }
+  const at::Tensor image = (seeded({32, 32, 3}, 8).abs() * 80).clamp(0, 255).to(at::kByte);
+  const auto sample = [&](const SamplerConfig &cfg, SamplerEngine::Next expect, std::string *error) {
+    SamplerEngine s(cfg);
+    EXPECT_TRUE(s.attach(trainer)) << s.error();
+    for (int64_t role : {int64_t(kRolePrompt), int64_t(kRoleNegative)}) {
+      GstBuffer *b = prompt_buffer(0, role, 9);
+      if (role == kRolePrompt) buffer_append_tensor(b, "image", image);
+      EXPECT_TRUE(s.add_prompt(b)) << s.error();
+      gst_buffer_unref(b);
+    }
+    EXPECT_TRUE(s.prompts_done()) << s.error();
+    at::Tensor out;
+    EXPECT_EQ(s.run_next([&](SampleOut &o) {
+                std::string why;
+                if (auto x = tensor_from_buffer(o.latents, &why)) out = x->clone();
+                gst_buffer_unref(o.latents);
+                return true;
+              }),
+              expect)
+        << s.error();
+    *error = s.error();
+    return out;
+  };
+  std::string error;
+  c.vae = vttest::reference_dir() + "/wan_vae/tiny_wan21";
+  sample(c, SamplerEngine::Next::kError, &error);
+  EXPECT_NE(error.find("is not the CogVideoX VAE of the trainer's model"), std::string::npos) << error;
+  c.vae = vttest::reference_dir() + "/cogvideox_vae/tiny_a";
+  const at::Tensor got = sample(c, SamplerEngine::Next::kSampled, &error);
+  ASSERT_TRUE(got.defined());
+  ASSERT_EQ(got.sizes(), (at::IntArrayRef{4, 3, 4, 4}));  // [C, t, h, w]: 9 frames of 32x32
+
+  torch::NoGradGuard ng;
+  auto dit = models::open_dit(model, torch::kCPU);
+  auto vae = vae::CogVideoXEncoder::load(c.vae, torch::kCPU, torch::kFloat);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t(100));  // prompt_buffer's seed
+  models::ImageInputs in;
+  in.condition = models::cogvideox_i2v_condition(
+      vae->encode(models::preprocess_image(image, 32, 32).unsqueeze(2)), 3, 2,
+      models::cogvideox_image_scale(vae->config().scaling_factor, vae->config().invert_scale_latents), gen);
+  ASSERT_EQ(in.condition.sizes(), (at::IntArrayRef{1, 4, 4, 4, 4}));
+  const at::Tensor noise = at::randn({1, 4, 4, 4, 4}, gen, at::TensorOptions(at::kFloat));
+  models::SamplerOptions so;
+  so.kind = models::SamplerKind::CogVideoXDPM;  // the family's default
+  so.steps = c.steps;
+  so.snr_shift_scale = dit->descriptor().default_shift;
+  auto sampler = models::Sampler::make(so);
+  const auto text = [](int64_t role) { return seeded({1, kTextLen, kTextDim}, 50 + role); };
+  const at::Tensor want = models::sample_latents(*dit, *sampler, noise, text(0), text(1), c.guidance, gen, {}, in)[0]
+                              .slice(0, 1)
+                              .permute({1, 0, 2, 3});
+  EXPECT_LT((got - want).norm().item<double>(), 1e-5 * want.norm().item<double>());
 }
