@@ -13,6 +13,8 @@
 #include <string>
 
 #include "image_buffers.h"
+#include "models/model_family.h"
+#include "string_property.h"
 #include "tensor_caps.h"
 
 GST_DEBUG_CATEGORY_STATIC(imageencoder_debug);
@@ -92,11 +94,18 @@ static GstFlowReturn gst_image_encoder_chain(GstPad *, GstObject *parent, GstBuf
     GST_ELEMENT_WARNING(self, RESOURCE, WRITE, ("%s", w.c_str()), ("property cache-dir"));
   if (r == ImageBuffers::Result::kNoFrames) {
     gst_buffer_unref(buf);
+    // Each layout that takes image_embeds, with the condition that gives it its frames.
+    const std::string conditions = models::per_image_layout(
+        [](const models::ModelFamily &, const models::ImageLayout &l) {
+          if (!l.image_embeddings) return std::string();
+          return std::string(l.images == 2 ? "condition=first-last-frame" : "condition=first-frame") + " (" + l.name +
+                 ")";
+        },
+        " or ");
     GST_ELEMENT_ERROR(self, STREAM, FORMAT,
                       ("A latent buffer without condition_frames: imageencoder encodes the clip's first (and last) "
                        "frame that vaeencoder sends with condition=first-frame or condition=first-last-frame"),
-                      ("set vaeencoder condition=first-frame (Wan I2V) or condition=first-last-frame (Wan FLF2V) "
-                       "upstream"));
+                      ("set vaeencoder %s upstream", conditions.c_str()));
     return GST_FLOW_ERROR;
   }
   if (r == ImageBuffers::Result::kError) {
@@ -164,16 +173,15 @@ static GstStateChangeReturn gst_image_encoder_change_state(GstElement *element, 
 
 static void gst_image_encoder_set_property(GObject *object, guint id, const GValue *value, GParamSpec *pspec) {
   auto *self = GST_IMAGE_ENCODER(object);
-  auto str = [&] { return std::string(g_value_get_string(value) ? g_value_get_string(value) : ""); };
   GST_OBJECT_LOCK(self);
   ImageEncoderOptions &s = *self->settings;
   switch (id) {
-    case PROP_MODEL: s.model = str(); break;
-    case PROP_PROCESSOR: s.processor = str(); break;
+    case PROP_MODEL: s.model = string_property(value); break;
+    case PROP_PROCESSOR: s.processor = string_property(value); break;
     case PROP_HIDDEN_STATE: s.hidden_state = g_value_get_int(value); break;
-    case PROP_DEVICE: s.device = str(); break;
-    case PROP_DTYPE: s.dtype = str(); break;
-    case PROP_CACHE_DIR: s.cache_dir = str(); break;
+    case PROP_DEVICE: s.device = string_property(value); break;
+    case PROP_DTYPE: s.dtype = string_property(value); break;
+    case PROP_CACHE_DIR: s.cache_dir = string_property(value); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);

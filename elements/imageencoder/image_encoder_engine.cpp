@@ -8,14 +8,13 @@
 #include <optional>
 #include <stdexcept>
 
-#include "cuda_devices.h"
-#include "device_rule.h"
-#include "dist_env.h"
+#include "device_dtype.h"
 #include "first_line.h"
 #include "folder_identity.h"
 #include "latent_store.h"
 #include "models/clip_image_processor.h"
 #include "models/clip_vision.h"
+#include "models/model_family.h"
 #include "tensor_buffer.h"
 
 namespace videotrain::image {
@@ -101,15 +100,24 @@ struct ImageEncoderEngine::Impl {
 ImageEncoderEngine::ImageEncoderEngine() : im_(new Impl) {}
 ImageEncoderEngine::~ImageEncoderEngine() = default;
 
+// The image-to-video layouts whose transformer takes image_embeds, for messages: "A or B".
+static std::string image_embedding_layouts() {
+  return models::per_image_layout(
+      [](const models::ModelFamily &, const models::ImageLayout &l) { return l.image_embeddings ? l.name : ""; },
+      " or ");
+}
+
 std::unique_ptr<ImageEncoderEngine> ImageEncoderEngine::create(const ImageEncoderOptions &opts, std::string *error) {
   auto fail = [&](const std::string &why) -> std::unique_ptr<ImageEncoderEngine> {
     if (error) *error = why;
     return nullptr;
   };
   if (opts.model.empty())
-    return fail("no image encoder: set the model property (the image_encoder/ folder of a Wan 2.1 I2V / FLF2V model)");
+    return fail("no image encoder: set the model property (the image_encoder/ folder of a " +
+                image_embedding_layouts() + " model)");
   if (!is_dir(opts.model))
-    return fail("model '" + opts.model + "' is not a folder (the image_encoder/ folder of a Wan 2.1 I2V / FLF2V model)");
+    return fail("model '" + opts.model + "' is not a folder (the image_encoder/ folder of a " +
+                image_embedding_layouts() + " model)");
   std::unique_ptr<ImageEncoderEngine> e(new ImageEncoderEngine());
   Impl &im = *e->im_;
   im.opts = opts;
@@ -143,20 +151,13 @@ std::unique_ptr<ImageEncoderEngine> ImageEncoderEngine::create(const ImageEncode
   if (im.layer < 0 || im.layer > layers)
     return fail("hidden-state=" + std::to_string(opts.hidden_state) + " is outside the encoder's " +
                 std::to_string(layers + 1) + " hidden states (" + std::to_string(-layers - 1) + " to " +
-                std::to_string(layers) + "; -2: the penultimate, as Wan takes)");
+                std::to_string(layers) + "; -2: the penultimate, as " + image_embedding_layouts() + " take)");
   {
-    std::string device_error;
-    const std::string dev = resolve_device(opts.device, dist_env_from_environment().local_rank,
-                                           visible_cuda_devices(), &device_error);
-    if (dev.empty()) return fail(device_error);
-    im.device = c10::Device(dev);
-  }
-  if (opts.dtype.empty()) {
-    im.dtype = im.device.is_cuda() ? c10::kBFloat16 : c10::kFloat;
-  } else {
-    auto t = dtype_from_name(opts.dtype);
-    if (!t) return fail("dtype '" + opts.dtype + "' is not one of float32, bfloat16, float16");
-    im.dtype = *t;
+    DeviceDtype target;
+    std::string target_error;
+    if (!resolve_device_dtype(opts.device, opts.dtype, &target, &target_error)) return fail(target_error);
+    im.device = target.device;
+    im.dtype = target.dtype;
   }
   if (opts.cache_dir.empty()) {
     try {

@@ -1,8 +1,9 @@
 /* imageencoder's engine: a clip's conditioning frames (vaeencoder's condition_frames, uint8
  * [n, H, W, 3]) through transformers' CLIPImageProcessor and a CLIP vision encoder (the
- * image_encoder/ and image_processor/ folders of Wan 2.1 I2V / FLF2V; models/clip_vision.h,
- * models/clip_image_processor.h) to hidden_states[hidden_state], [n, tokens, dim]: what
- * WanImageToVideoPipeline.encode_image hands the transformer as image_embeds (hidden_states[-2]).
+ * image_encoder/ and image_processor/ folders of the image-to-video layouts that take image
+ * embeddings, models/model_family.h's ImageLayout::image_embeddings; models/clip_vision.h,
+ * models/clip_image_processor.h) to hidden_states[hidden_state], [n, tokens, dim]: what their
+ * pipelines' encode_image hands the transformer as image_embeds (hidden_states[-2]).
  * With cache_dir the result is kept in the latent cache's store under a key of the frames' bytes,
  * the encoder folder's identity, the processor config, hidden_state, dtype and device type; the
  * encoder's weights are then loaded at the first miss. No GStreamer here. */

@@ -9,7 +9,7 @@ namespace videotrain::image {
 struct ImageEncoderOptions {
   std::string model;      // a transformers image_encoder/ folder (CLIPVisionModel[WithProjection])
   std::string processor;  // an image_processor/ folder; "" = the model's sibling ../image_processor
-  int hidden_state = -2;  // index into transformers' hidden_states (negative from the end); -2: Wan's
+  int hidden_state = -2;  // index into transformers' hidden_states (negative from the end); -2: the pipelines'
   std::string device;     // "" = auto: resolve_device() (device_rule.h)
   std::string dtype;      // "" = bfloat16 on CUDA, float32 on CPU; float32|bfloat16|float16
   std::string cache_dir;  // "" = none; else embeddings also kept in this latent cache folder

@@ -99,6 +99,18 @@ std::string family_titles(const std::string &sep) {
   return per_family([](const ModelFamily &f) { return f.title; }, sep);
 }
 
+std::string per_image_layout(const std::function<std::string(const ModelFamily &, const ImageLayout &)> &item,
+                             const std::string &sep) {
+  return per_family([&](const ModelFamily &f) {
+    std::string out;
+    for (const auto &l : f.image_layouts) {
+      const std::string s = item(f, l);
+      if (!s.empty()) out += (out.empty() ? "" : sep) + s;
+    }
+    return out;
+  }, sep);
+}
+
 const char *objective_name(Objective o) { return o == Objective::kFlowMatching ? "flow matching" : "v-prediction"; }
 
 const char *text_convention_text(TextConvention t) {

@@ -88,6 +88,11 @@ std::string family_titles(const std::string &sep);
 const char *objective_name(Objective o);
 const char *text_convention_text(TextConvention t);
 
+// Each family's image-to-video layouts' item joined by `sep`, in the table's order, skipping empty
+// items (messages that list the layouts, e.g. those that take an image encoder's states).
+std::string per_image_layout(const std::function<std::string(const ModelFamily &, const ImageLayout &)> &item,
+                             const std::string &sep = ", ");
+
 // The family's known image-to-video layout of a transformer with these channels (two_images: FLF2V's
 // pos_embed_seq_len), or null (a text-to-video layout, or one the code does not know).
 const ImageLayout *image_layout(const ModelFamily &f, int64_t in_channels, int64_t out_channels, bool image_embeddings,

@@ -20,6 +20,8 @@
 #include "prompt_file.h"
 #include "prompt_images.h"
 #include "prompt_record.h"
+#include "promptsrc_settings.h"
+#include "string_property.h"
 #include "tensor_caps.h"
 
 GST_DEBUG_CATEGORY_STATIC(promptsrc_debug);
@@ -29,8 +31,7 @@ using namespace videotrain;
 
 struct _GstPromptSrc {
   GstBaseSrc parent;
-  gchar *location;             // object lock
-  guint max_prompt_bytes;
+  PromptSrcSettings *settings;   // the properties (object lock)
   std::vector<Prompt> *prompts;  // read at start
   // Each prompt's decoded image and last image (null: none), read at start.
   std::vector<std::pair<std::shared_ptr<const PromptImage>, std::shared_ptr<const PromptImage>>> *images;
@@ -52,9 +53,8 @@ static GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
 static gboolean prompt_src_start(GstBaseSrc *src) {
   auto *self = GST_PROMPT_SRC(src);
   GST_OBJECT_LOCK(self);
-  const std::string location = self->location ? self->location : "";
-  PromptFileLimits limits;
-  limits.max_prompt_bytes = self->max_prompt_bytes;
+  const std::string location = self->settings->location;
+  const PromptFileLimits limits = self->settings->limits;
   GST_OBJECT_UNLOCK(self);
   if (location.empty()) {
     GST_ELEMENT_ERROR(self, RESOURCE, NOT_FOUND, ("No prompt file: set location=FILE"),
@@ -158,11 +158,8 @@ static void prompt_src_set_property(GObject *object, guint id, const GValue *val
   auto *self = GST_PROMPT_SRC(object);
   GST_OBJECT_LOCK(self);
   switch (id) {
-    case PROP_LOCATION:
-      g_free(self->location);
-      self->location = g_value_dup_string(value);
-      break;
-    case PROP_MAX_PROMPT_BYTES: self->max_prompt_bytes = g_value_get_uint(value); break;
+    case PROP_LOCATION: self->settings->location = string_property(value); break;
+    case PROP_MAX_PROMPT_BYTES: self->settings->limits.max_prompt_bytes = g_value_get_uint(value); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
   GST_OBJECT_UNLOCK(self);
@@ -172,8 +169,9 @@ static void prompt_src_get_property(GObject *object, guint id, GValue *value, GP
   auto *self = GST_PROMPT_SRC(object);
   GST_OBJECT_LOCK(self);
   switch (id) {
-    case PROP_LOCATION: g_value_set_string(value, self->location); break;
-    case PROP_MAX_PROMPT_BYTES: g_value_set_uint(value, self->max_prompt_bytes); break;
+    case PROP_LOCATION: set_string_property(value, self->settings->location); break;
+    // At most 1 << 24 (the spec's range): it fits a guint.
+    case PROP_MAX_PROMPT_BYTES: g_value_set_uint(value, guint(self->settings->limits.max_prompt_bytes)); break;
     case PROP_NUM_PROMPTS: g_value_set_uint(value, guint(self->prompts->size())); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec);
   }
@@ -182,15 +180,14 @@ static void prompt_src_get_property(GObject *object, guint id, GValue *value, GP
 
 static void prompt_src_finalize(GObject *object) {
   auto *self = GST_PROMPT_SRC(object);
-  g_free(self->location);
+  delete self->settings;
   delete self->prompts;
   delete self->images;
   G_OBJECT_CLASS(gst_prompt_src_parent_class)->finalize(object);
 }
 
 static void gst_prompt_src_init(GstPromptSrc *self) {
-  self->location = nullptr;
-  self->max_prompt_bytes = 16384;
+  self->settings = new PromptSrcSettings();
   self->prompts = new std::vector<Prompt>();
   self->images = new std::remove_pointer_t<decltype(self->images)>();
   self->next = 0;
@@ -205,6 +202,7 @@ static void gst_prompt_src_class_init(GstPromptSrcClass *klass) {
   gobject_class->set_property = prompt_src_set_property;
   gobject_class->get_property = prompt_src_get_property;
   gobject_class->finalize = prompt_src_finalize;
+  const PromptSrcSettings d;  // the defaults
   const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   g_object_class_install_property(
       gobject_class, PROP_LOCATION,
@@ -217,8 +215,8 @@ static void gst_prompt_src_class_init(GstPromptSrcClass *klass) {
   g_object_class_install_property(
       gobject_class, PROP_MAX_PROMPT_BYTES,
       g_param_spec_uint("max-prompt-bytes", "Max prompt bytes",
-                        "Longer prompts are cut at a UTF-8 character boundary, with a warning", 16, 1u << 24, 16384,
-                        rw));
+                        "Longer prompts are cut at a UTF-8 character boundary, with a warning", 16, 1u << 24,
+                        guint(d.limits.max_prompt_bytes), rw));
   g_object_class_install_property(
       gobject_class, PROP_NUM_PROMPTS,
       g_param_spec_uint("num-prompts", "Number of prompts", "Prompts read from the file (after start)", 0, G_MAXUINT,

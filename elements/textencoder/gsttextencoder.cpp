@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "models/model_family.h"
+#include "string_property.h"
 #include "tensor_caps.h"
 #include "text_buffers.h"
 
@@ -254,18 +255,18 @@ static void gst_text_encoder_set_property(GObject *object, guint id, const GValu
   GST_OBJECT_LOCK(self);
   TextEncoderOptions &s = *self->settings;
   switch (id) {
-    case PROP_TOKENIZER: s.tokenizer = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
-    case PROP_MODEL: s.model = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_TOKENIZER: s.tokenizer = string_property(value); break;
+    case PROP_MODEL: s.model = string_property(value); break;
     case PROP_MAX_LENGTH: s.max_length = static_cast<int>(g_value_get_uint(value)); break;
-    case PROP_DEVICE: s.device = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
-    case PROP_DTYPE: s.dtype = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_DEVICE: s.device = string_property(value); break;
+    case PROP_DTYPE: s.dtype = string_property(value); break;
     case PROP_BATCH_SIZE: s.batch_size = static_cast<int>(g_value_get_uint(value)); break;
     case PROP_CAPTION_DROPOUT: s.caption_dropout = g_value_get_double(value); break;
     case PROP_SEED: s.seed = g_value_get_uint64(value); break;
     case PROP_CACHE_ENTRIES: s.cache_entries = g_value_get_uint(value); break;
-    case PROP_CACHE_DIR: s.cache_dir = g_value_get_string(value) ? g_value_get_string(value) : ""; break;
+    case PROP_CACHE_DIR: s.cache_dir = string_property(value); break;
     case PROP_EMBEDDING_CONVENTION:
-      s.embedding_convention = g_value_get_string(value) ? g_value_get_string(value) : "auto";
+      s.embedding_convention = g_value_get_string(value) ? string_property(value) : "auto";
       break;
     case PROP_CLEAN_PROMPTS: s.clean_prompts = g_value_get_boolean(value); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;

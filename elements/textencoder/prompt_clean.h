@@ -1,4 +1,5 @@
-/* The prompt cleaning Wan's diffusers pipeline applies before tokenizing (pipeline_wan.prompt_clean):
+/* The prompt cleaning some families' diffusers pipelines apply before tokenizing (ModelFamily::
+ * cleans_prompts in models/model_family.h; the text is pipeline_wan.prompt_clean's):
  * HTML entities unescaped twice (html.unescape), then every run of Unicode whitespace made one space
  * and the ends stripped (regex \s+ -> " ", strip). No torch. */
 #pragma once

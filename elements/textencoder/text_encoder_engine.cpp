@@ -13,9 +13,7 @@
 #include <unordered_map>
 
 #include "content_digest.h"
-#include "cuda_devices.h"
-#include "device_rule.h"
-#include "dist_env.h"
+#include "device_dtype.h"
 #include "folder_identity.h"
 #include "first_line.h"
 #include "jit_load.h"
@@ -118,9 +116,9 @@ struct TextEncoderEngine::Impl {
         if (convention() == models::TextConvention::kZeroPadded) {
           const auto m = mask.to(device);
           y = native->forward(ids, m);
-          y = y * m.unsqueeze(-1).to(y.scalar_type());  // pipeline_wan: h[:n] then zero rows
+          y = y * m.unsqueeze(-1).to(y.scalar_type());  // h[:n] then zero rows
         } else {
-          y = native->forward(ids);  // pipeline_cogvideox: no mask, every row
+          y = native->forward(ids);  // kUnmasked: no mask, every row
         }
       } catch (const std::exception &e) {
         throw std::runtime_error("the text encoder '" + opts.model + "' failed: " + first_line(e.what()));
@@ -203,18 +201,11 @@ std::unique_ptr<TextEncoderEngine> TextEncoderEngine::create(const TextEncoderOp
   Impl &im = *e->im_;
   im.opts = opts;
   {
-    std::string device_error;
-    const std::string dev = resolve_device(opts.device, dist_env_from_environment().local_rank,
-                                           visible_cuda_devices(), &device_error);
-    if (dev.empty()) return fail(device_error);
-    im.device = c10::Device(dev);
-  }
-  if (opts.dtype.empty()) {
-    im.dtype = im.device.is_cuda() ? c10::kBFloat16 : c10::kFloat;
-  } else {
-    auto t = dtype_from_name(opts.dtype);
-    if (!t) return fail("dtype '" + opts.dtype + "' is not one of float32, bfloat16, float16");
-    im.dtype = *t;
+    DeviceDtype target;
+    std::string target_error;
+    if (!resolve_device_dtype(opts.device, opts.dtype, &target, &target_error)) return fail(target_error);
+    im.device = target.device;
+    im.dtype = target.dtype;
   }
   try {
     im.tokenizer = std::make_unique<T5Tokenizer>(opts.tokenizer);

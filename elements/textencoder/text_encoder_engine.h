@@ -3,14 +3,12 @@
  * native encoder (models/t5_encoder.h), or a TorchScript text encoder
  *   forward(input_ids: Tensor[B, L] int64, attention_mask: Tensor[B, L] int64) -> Tensor[B, L, D]
  * (or a tuple whose first element is that, as a traced transformers T5EncoderModel returns).
- * Embedding conventions, as the diffusers pipelines pass prompt_embeds to their transformers:
- *   cogvideox (pipeline_cogvideox._get_t5_prompt_embeds): the encoder run WITHOUT the attention mask,
- *     every position kept, padding rows included;
- *   wan (pipeline_wan._get_t5_prompt_embeds): the encoder run with the mask, the rows past the tokens
- *     zero; captions are first cleaned (HTML unescaped twice, whitespace collapsed) unless
- *     clean_prompts is off.
- * "auto" takes cogvideox for a T5EncoderModel folder, wan for UMT5EncoderModel; a TorchScript model
- * gets the mask and its output is kept as returned. The mask travels as text_mask in every case.
+ * Embedding conventions, as each family's diffusers pipelines pass prompt_embeds to their
+ * transformers (models/model_family.h: ModelFamily::text, a TextConvention, and cleans_prompts):
+ * embedding_convention names a family, whose convention and prompt cleaning (HTML unescaped twice,
+ * whitespace collapsed; unless clean_prompts is off) apply; "auto" takes the family whose
+ * text_encoder_class the folder's config names; a TorchScript model gets the mask and its output is
+ * kept as returned. The mask travels as text_mask in every case.
  * Each distinct caption is encoded once while it stays in the bounded in-memory cache (and, with
  * cache_dir, once for every run: embeddings are kept in the latent cache's store under a key of the
  * caption, the tokenizer's and model's content, max-length, dtype and device type); uncached

@@ -10,7 +10,7 @@ namespace videotrain::text {
 struct TextEncoderOptions {
   std::string tokenizer;         // a tokenizer folder (spiece.model inside) or spiece.model
   std::string model;             // a transformers T5 / umT5 encoder folder, or a TorchScript file
-  int max_length = 226;          // tokens, EOS included (CogVideoX: 226)
+  int max_length = 226;          // tokens, EOS included (families' lengths: ModelFamily::text_length)
   std::string device;            // "" = auto: resolve_device() (device_rule.h)
   std::string dtype;             // "" = bfloat16 on CUDA, float32 on CPU; float32|bfloat16|float16
   int batch_size = 8;            // captions per forward call
@@ -18,11 +18,10 @@ struct TextEncoderOptions {
   uint64_t seed = 0;
   size_t cache_entries = 4096;   // distinct captions kept in memory
   std::string cache_dir;         // "" = none; else embeddings also kept in this latent cache folder
-  // What the model gets (see text_encoder_engine.h): "auto" (from the folder's class), "cogvideox"
-  // (the encoder's output over every position, computed without the mask), "wan" (with the mask,
-  // padding rows zero).
+  // What the model gets (see text_encoder_engine.h): "auto" (from the folder's class) or a family's
+  // name (models/model_family.h), whose TextConvention applies.
   std::string embedding_convention = "auto";
-  bool clean_prompts = true;     // Wan's prompt cleaning under the wan convention
+  bool clean_prompts = true;     // the family's prompt cleaning where its pipelines clean (cleans_prompts)
 };
 
 struct TextEncoderStats {

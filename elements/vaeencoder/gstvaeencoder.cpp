@@ -25,7 +25,9 @@
 #include "cache_protocol.h"
 #include "shapes_query.h"
 #include "latent_cache.h"
+#include "string_property.h"
 #include "vae_engine.h"
+#include "vaeencoder_settings.h"
 
 GST_DEBUG_CATEGORY_STATIC(vaeencoder_debug);
 #define GST_CAT_DEFAULT vaeencoder_debug
@@ -39,19 +41,13 @@ using videotrain::vae::FrameOutcome;
 using videotrain::vae::LatentCache;
 using videotrain::vae::LatentKind;
 using videotrain::vae::NormScope;
+using videotrain::vae::VaeEncoderSettings;
 using videotrain::vae::VaeEngine;
 
 struct _GstVaeEncoder {
   GstElement parent;
   GstPad *sinkpad, *srcpad;
-  // Properties (object lock).
-  gchar *model, *device, *dtype;
-  gboolean per_frame, tune_malloc;
-  guint micro_batch_size, chunk_frames, tile_height, tile_width;
-  gdouble tile_overlap_height, tile_overlap_width;
-  gint latent, norm_scope, cache_mode, condition;
-  guint64 seed;
-  gchar *cache_dir;
+  VaeEncoderSettings *settings;  // the properties (object lock)
   // Streaming state (stream lock).
   std::unique_ptr<VaeEngine> *engine;
   std::unique_ptr<LatentCache> *cache;  // set from READY with cache-dir; its own lock
@@ -468,27 +464,11 @@ static gboolean gst_vae_encoder_src_query(GstPad *pad, GstObject *parent, GstQue
   }
 }
 
-static LatentKind latent_kind(gint v) { return static_cast<LatentKind>(v); }
-
 static gboolean load_engine(GstVaeEncoder *self) {
-  vae::EngineOptions o;
   GST_OBJECT_LOCK(self);
-  o.model = self->model ? self->model : "";
-  o.per_frame = self->per_frame;
-  o.tune_malloc = self->tune_malloc;
-  o.micro_batch_size = static_cast<int>(self->micro_batch_size);
-  o.chunk_frames = static_cast<int>(self->chunk_frames);
-  o.tile_height = static_cast<int>(self->tile_height);
-  o.tile_width = static_cast<int>(self->tile_width);
-  o.tile_overlap_height = self->tile_overlap_height;
-  o.tile_overlap_width = self->tile_overlap_width;
-  o.latent = latent_kind(self->latent);
-  o.norm_scope = static_cast<NormScope>(self->norm_scope);
-  o.condition = static_cast<Condition>(self->condition);
-  o.seed = self->seed;
-  o.device = self->device ? self->device : "";
-  o.dtype = self->dtype ? self->dtype : "";
+  const VaeEncoderSettings settings = *self->settings;
   GST_OBJECT_UNLOCK(self);
+  const vae::EngineOptions &o = settings.engine;
   std::string error;
   std::unique_ptr<VaeEngine> eng;
   try {  // create() reports its own failures; nothing may unwind into GStreamer
@@ -508,10 +488,8 @@ static gboolean load_engine(GstVaeEncoder *self) {
   });
   GST_INFO_OBJECT(self, "model %s on %s as %s", o.model.c_str(), eng->device_name().c_str(),
                   eng->dtype_name().c_str());
-  GST_OBJECT_LOCK(self);
-  const std::string cache_dir = self->cache_dir ? self->cache_dir : "";
-  const auto mode = static_cast<CacheMode>(self->cache_mode);
-  GST_OBJECT_UNLOCK(self);
+  const std::string &cache_dir = settings.cache_dir;
+  const CacheMode mode = settings.cache_mode;
   if (!cache_dir.empty()) {
     // The encoder's part of the keys reads the weights once (SHA-256), here rather than per clip.
     std::string key = eng->cache_key(&error);
@@ -564,24 +542,28 @@ static GstStateChangeReturn gst_vae_encoder_change_state(GstElement *element, Gs
 static void gst_vae_encoder_set_property(GObject *object, guint id, const GValue *value, GParamSpec *pspec) {
   auto *self = GST_VAE_ENCODER(object);
   GST_OBJECT_LOCK(self);
+  VaeEncoderSettings &c = *self->settings;
+  vae::EngineOptions &e = c.engine;
+  // Sizes are at most 16384 and counts 4096 (the specs' ranges): they fit the engine's ints.
+  auto count = [value]() { return static_cast<int>(g_value_get_uint(value)); };
   switch (id) {
-    case PROP_MODEL: g_free(self->model); self->model = g_value_dup_string(value); break;
-    case PROP_PER_FRAME: self->per_frame = g_value_get_boolean(value); break;
-    case PROP_MICRO_BATCH_SIZE: self->micro_batch_size = g_value_get_uint(value); break;
-    case PROP_CHUNK_FRAMES: self->chunk_frames = g_value_get_uint(value); break;
-    case PROP_TILE_HEIGHT: self->tile_height = g_value_get_uint(value); break;
-    case PROP_TILE_WIDTH: self->tile_width = g_value_get_uint(value); break;
-    case PROP_TILE_OVERLAP_HEIGHT: self->tile_overlap_height = g_value_get_double(value); break;
-    case PROP_TILE_OVERLAP_WIDTH: self->tile_overlap_width = g_value_get_double(value); break;
-    case PROP_LATENT: self->latent = g_value_get_enum(value); break;
-    case PROP_NORM_SCOPE: self->norm_scope = g_value_get_enum(value); break;
-    case PROP_CONDITION: self->condition = g_value_get_enum(value); break;
-    case PROP_SEED: self->seed = g_value_get_uint64(value); break;
-    case PROP_DEVICE: g_free(self->device); self->device = g_value_dup_string(value); break;
-    case PROP_DTYPE: g_free(self->dtype); self->dtype = g_value_dup_string(value); break;
-    case PROP_TUNE_MALLOC: self->tune_malloc = g_value_get_boolean(value); break;
-    case PROP_CACHE_DIR: g_free(self->cache_dir); self->cache_dir = g_value_dup_string(value); break;
-    case PROP_CACHE_MODE: self->cache_mode = g_value_get_enum(value); break;
+    case PROP_MODEL: e.model = string_property(value); break;
+    case PROP_PER_FRAME: e.per_frame = g_value_get_boolean(value); break;
+    case PROP_MICRO_BATCH_SIZE: e.micro_batch_size = count(); break;
+    case PROP_CHUNK_FRAMES: e.chunk_frames = count(); break;
+    case PROP_TILE_HEIGHT: e.tile_height = count(); break;
+    case PROP_TILE_WIDTH: e.tile_width = count(); break;
+    case PROP_TILE_OVERLAP_HEIGHT: e.tile_overlap_height = g_value_get_double(value); break;
+    case PROP_TILE_OVERLAP_WIDTH: e.tile_overlap_width = g_value_get_double(value); break;
+    case PROP_LATENT: e.latent = static_cast<LatentKind>(g_value_get_enum(value)); break;
+    case PROP_NORM_SCOPE: e.norm_scope = static_cast<NormScope>(g_value_get_enum(value)); break;
+    case PROP_CONDITION: e.condition = static_cast<Condition>(g_value_get_enum(value)); break;
+    case PROP_SEED: e.seed = g_value_get_uint64(value); break;
+    case PROP_DEVICE: e.device = string_property(value); break;
+    case PROP_DTYPE: e.dtype = string_property(value); break;
+    case PROP_TUNE_MALLOC: e.tune_malloc = g_value_get_boolean(value); break;
+    case PROP_CACHE_DIR: c.cache_dir = string_property(value); break;
+    case PROP_CACHE_MODE: c.cache_mode = static_cast<CacheMode>(g_value_get_enum(value)); break;
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
   }
   GST_OBJECT_UNLOCK(self);
@@ -590,30 +572,32 @@ static void gst_vae_encoder_set_property(GObject *object, guint id, const GValue
 static void gst_vae_encoder_get_property(GObject *object, guint id, GValue *value, GParamSpec *pspec) {
   auto *self = GST_VAE_ENCODER(object);
   GST_OBJECT_LOCK(self);
+  const VaeEncoderSettings &c = *self->settings;
+  const vae::EngineOptions &e = c.engine;
   switch (id) {
-    case PROP_MODEL: g_value_set_string(value, self->model); break;
-    case PROP_PER_FRAME: g_value_set_boolean(value, self->per_frame); break;
-    case PROP_MICRO_BATCH_SIZE: g_value_set_uint(value, self->micro_batch_size); break;
-    case PROP_CHUNK_FRAMES: g_value_set_uint(value, self->chunk_frames); break;
-    case PROP_TILE_HEIGHT: g_value_set_uint(value, self->tile_height); break;
-    case PROP_TILE_WIDTH: g_value_set_uint(value, self->tile_width); break;
-    case PROP_TILE_OVERLAP_HEIGHT: g_value_set_double(value, self->tile_overlap_height); break;
-    case PROP_TILE_OVERLAP_WIDTH: g_value_set_double(value, self->tile_overlap_width); break;
-    case PROP_LATENT: g_value_set_enum(value, self->latent); break;
-    case PROP_NORM_SCOPE: g_value_set_enum(value, self->norm_scope); break;
-    case PROP_CONDITION: g_value_set_enum(value, self->condition); break;
-    case PROP_SEED: g_value_set_uint64(value, self->seed); break;
-    case PROP_DEVICE: g_value_set_string(value, self->device); break;
-    case PROP_DTYPE: g_value_set_string(value, self->dtype); break;
-    case PROP_TUNE_MALLOC: g_value_set_boolean(value, self->tune_malloc); break;
+    case PROP_MODEL: set_string_property(value, e.model); break;
+    case PROP_PER_FRAME: g_value_set_boolean(value, e.per_frame); break;
+    case PROP_MICRO_BATCH_SIZE: g_value_set_uint(value, guint(e.micro_batch_size)); break;
+    case PROP_CHUNK_FRAMES: g_value_set_uint(value, guint(e.chunk_frames)); break;
+    case PROP_TILE_HEIGHT: g_value_set_uint(value, guint(e.tile_height)); break;
+    case PROP_TILE_WIDTH: g_value_set_uint(value, guint(e.tile_width)); break;
+    case PROP_TILE_OVERLAP_HEIGHT: g_value_set_double(value, e.tile_overlap_height); break;
+    case PROP_TILE_OVERLAP_WIDTH: g_value_set_double(value, e.tile_overlap_width); break;
+    case PROP_LATENT: g_value_set_enum(value, gint(e.latent)); break;
+    case PROP_NORM_SCOPE: g_value_set_enum(value, gint(e.norm_scope)); break;
+    case PROP_CONDITION: g_value_set_enum(value, gint(e.condition)); break;
+    case PROP_SEED: g_value_set_uint64(value, e.seed); break;
+    case PROP_DEVICE: set_string_property(value, e.device); break;
+    case PROP_DTYPE: set_string_property(value, e.dtype); break;
+    case PROP_TUNE_MALLOC: g_value_set_boolean(value, e.tune_malloc); break;
     case PROP_CLIPS_ENCODED: g_value_set_uint64(value, self->clips_encoded); break;
     case PROP_CLIPS_DROPPED: g_value_set_uint64(value, self->clips_dropped); break;
-    case PROP_CACHE_DIR: g_value_set_string(value, self->cache_dir); break;
-    case PROP_CACHE_MODE: g_value_set_enum(value, self->cache_mode); break;
+    case PROP_CACHE_DIR: set_string_property(value, c.cache_dir); break;
+    case PROP_CACHE_MODE: g_value_set_enum(value, gint(c.cache_mode)); break;
     case PROP_CACHE_HITS:
     case PROP_CACHE_MISSES: {
-      LatentCache *c = cache_of(self);
-      g_value_set_uint64(value, !c ? 0 : id == PROP_CACHE_HITS ? c->hits() : c->misses());
+      LatentCache *cache = cache_of(self);
+      g_value_set_uint64(value, !cache ? 0 : id == PROP_CACHE_HITS ? cache->hits() : cache->misses());
       break;
     }
     default: G_OBJECT_WARN_INVALID_PROPERTY_ID(object, id, pspec); break;
@@ -625,10 +609,7 @@ static void gst_vae_encoder_finalize(GObject *object) {
   auto *self = GST_VAE_ENCODER(object);
   delete self->engine;
   delete self->cache;
-  g_free(self->cache_dir);
-  g_free(self->model);
-  g_free(self->device);
-  g_free(self->dtype);
+  delete self->settings;
   G_OBJECT_CLASS(gst_vae_encoder_parent_class)->finalize(object);
 }
 
@@ -641,6 +622,8 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
   gobject_class->finalize = gst_vae_encoder_finalize;
   element_class->change_state = gst_vae_encoder_change_state;
 
+  const VaeEncoderSettings ds;  // the defaults
+  const vae::EngineOptions &d = ds.engine;
   const auto rw = GParamFlags(G_PARAM_READWRITE | G_PARAM_STATIC_STRINGS | GST_PARAM_MUTABLE_READY);
   const auto ro = GParamFlags(G_PARAM_READABLE | G_PARAM_STATIC_STRINGS);
   g_object_class_install_property(
@@ -655,42 +638,43 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
       g_param_spec_boolean("per-frame", "Per frame",
                            "The TorchScript model is an image encoder ([N,3,H,W] -> [N,C,h,w]); the clip's frames "
                            "are folded into the batch and the results stacked along time",
-                           FALSE, rw));
+                           d.per_frame, rw));
   g_object_class_install_property(
       gobject_class, PROP_MICRO_BATCH_SIZE,
       g_param_spec_uint("micro-batch-size", "Micro-batch size", "Frames per call of a per-frame image encoder", 1,
-                        4096, 8, rw));
+                        4096, guint(d.micro_batch_size), rw));
   g_object_class_install_property(
       gobject_class, PROP_CHUNK_FRAMES,
       g_param_spec_uint("chunk-frames", "Chunk frames",
                         "Frames per temporal chunk (k; chunk 0 also takes the T mod k extra frames); memory is set "
                         "by the chunk. Must be a multiple of the VAE's temporal compression. The Wan VAE always takes frame 0, "
                         "then 4 frames at a time",
-                        1, 4096, 8, rw));
+                        1, 4096, guint(d.chunk_frames), rw));
   g_object_class_install_property(
       gobject_class, PROP_TILE_HEIGHT,
       g_param_spec_uint("tile-height", "Tile height",
                         "Spatial tile height in pixels (0: no tiles); for Wan, pixels of the encoder's input as in "
                         "diffusers (Wan 2.2: 2x2-pixel patches)",
-                        0, 16384, 0, rw));
+                        0, 16384, guint(d.tile_height), rw));
   g_object_class_install_property(
       gobject_class, PROP_TILE_WIDTH,
       g_param_spec_uint("tile-width", "Tile width",
-                        "Spatial tile width in pixels (0: no tiles); for Wan as tile-height", 0, 16384, 0, rw));
+                        "Spatial tile width in pixels (0: no tiles); for Wan as tile-height", 0, 16384,
+                        guint(d.tile_width), rw));
   g_object_class_install_property(
       gobject_class, PROP_TILE_OVERLAP_HEIGHT,
       g_param_spec_double("tile-overlap-height", "Tile overlap height",
                           "Fraction of a tile's height shared with the tile above (linear blend)", 0.0, 0.95,
-                          1.0 / 6, rw));
+                          d.tile_overlap_height, rw));
   g_object_class_install_property(
       gobject_class, PROP_TILE_OVERLAP_WIDTH,
       g_param_spec_double("tile-overlap-width", "Tile overlap width",
                           "Fraction of a tile's width shared with the tile to the left (linear blend)", 0.0, 0.95,
-                          1.0 / 5, rw));
+                          d.tile_overlap_width, rw));
   g_object_class_install_property(
       gobject_class, PROP_LATENT,
       g_param_spec_enum("latent", "Latent", "What goes out per clip (TorchScript encoders: their output as is)",
-                        gst_vae_encoder_latent_get_type(), (gint)LatentKind::Sample, rw));
+                        gst_vae_encoder_latent_get_type(), gint(d.latent), rw));
   g_object_class_install_property(
       gobject_class, PROP_NORM_SCOPE,
       g_param_spec_enum(
@@ -701,7 +685,7 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
           "then streams the clip once per GroupNorm with the activations in an unlinked temporary file on CPU "
           "(host memory on CUDA): memory stays bounded by the chunk (plus the frames), time 1.0-1.5x the chunked "
           "encode on CPU. CogVideoX VAE folders only",
-          gst_vae_encoder_norm_scope_get_type(), (gint)NormScope::Chunk, rw));
+          gst_vae_encoder_norm_scope_get_type(), gint(d.norm_scope), rw));
   g_object_class_install_property(
       gobject_class, PROP_CONDITION,
       g_param_spec_enum(
@@ -712,11 +696,11 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
           "through the clip's chunks and tiles and cached with it. The given frame(s) go along as the named "
           "tensor condition_frames, uint8 [n, H, W, 3] RGB (n = 1 or 2; imageencoder's input, cached too). VAE "
           "folders only",
-          gst_vae_encoder_condition_get_type(), (gint)Condition::None, rw));
+          gst_vae_encoder_condition_get_type(), gint(d.condition), rw));
   g_object_class_install_property(
       gobject_class, PROP_SEED,
       g_param_spec_uint64("seed", "Seed", "Seed of the posterior noise (mixed with each clip's sample id and epoch)", 0,
-                          G_MAXUINT64, 0, rw));
+                          G_MAXUINT64, d.seed, rw));
   g_object_class_install_property(
       gobject_class, PROP_DEVICE,
       g_param_spec_string("device", "Device",
@@ -728,7 +712,7 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
       g_param_spec_string("dtype", "Dtype",
                           "float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU)", nullptr, rw));
   g_object_class_install_property(gobject_class, PROP_TUNE_MALLOC,
-                                  g_param_spec_boolean("tune-malloc", "Tune malloc", kTuneMallocBlurb, TRUE, rw));
+                                  g_param_spec_boolean("tune-malloc", "Tune malloc", kTuneMallocBlurb, d.tune_malloc, rw));
   g_object_class_install_property(
       gobject_class, PROP_CLIPS_ENCODED,
       g_param_spec_uint64("clips-encoded", "Clips encoded", "Clips encoded so far", 0, G_MAXUINT64, 0, ro));
@@ -744,7 +728,7 @@ static void gst_vae_encoder_class_init(GstVaeEncoderClass *klass) {
   g_object_class_install_property(
       gobject_class, PROP_CACHE_MODE,
       g_param_spec_enum("cache-mode", "Cache mode", "How cache-dir is used", gst_vae_encoder_cache_mode_get_type(),
-                        (gint)CacheMode::ReadWrite, rw));
+                        gint(ds.cache_mode), rw));
   g_object_class_install_property(
       gobject_class, PROP_CACHE_HITS,
       g_param_spec_uint64("cache-hits", "Cache hits", "Clips taken from the latent cache (not decoded, not encoded)",
@@ -789,16 +773,8 @@ static void gst_vae_encoder_init(GstVaeEncoder *self) {
   gst_pad_use_fixed_caps(self->srcpad);
   gst_element_add_pad(GST_ELEMENT(self), self->srcpad);
 
-  self->micro_batch_size = 8;
-  self->chunk_frames = 8;
-  self->tune_malloc = TRUE;
-  self->tile_overlap_height = 1.0 / 6;
-  self->tile_overlap_width = 1.0 / 5;
-  self->latent = (gint)LatentKind::Sample;
-  self->norm_scope = (gint)NormScope::Chunk;
-  self->condition = (gint)Condition::None;
+  self->settings = new VaeEncoderSettings();
   self->engine = new std::unique_ptr<VaeEngine>();
   self->cache = new std::unique_ptr<LatentCache>();
-  self->cache_mode = (gint)CacheMode::ReadWrite;
   self->last_clip_duration = GST_CLOCK_TIME_NONE;
 }

@@ -14,14 +14,11 @@
 #include <stdexcept>
 
 #include "cpu_heap.h"
-#include "cuda_devices.h"
-#include "device_rule.h"
-#include "dist_env.h"
+#include "device_dtype.h"
 #include "first_line.h"
 #include "latent_store.h"
 #include "metas.h"
 #include "models/image_condition.h"
-#include "models/vae/cogvideox_encoder.h"
 #include "models/vae/vae_encoder.h"
 #include "out_of_memory.h"
 #include "script_encoder.h"
@@ -327,13 +324,12 @@ struct VaeEngine::Impl {
     c.reset_tiles();
   }
 
-  // The condition of clip c (all its frames in): its condition video through the same chunks,
-  // tiles and out-of-memory retry as the clip, the posterior's mode normalised, after the mask.
-  // [tc + C, t, h, w] float32 on the device. CogVideoX (I2V): the first frame encoded alone, its
-  // mode scaled and zero-padded to t frames, [C, t, h, w] (models::cogvideox_image_latents).
+  // The condition of clip c (all its frames in): the frames of its condition video that the family
+  // encodes, through the same chunks, tiles and out-of-memory retry as the clip, made into the
+  // family's condition (VaeEncoder::condition: e.g. [tc + C, t, h, w], the mask then the mode
+  // normalised), float32 on the device.
   at::Tensor condition_of(const Clip &c) {
-    const auto *cog = dynamic_cast<const CogVideoXEncoder *>(enc.get());
-    const int frames = cog ? 1 : c.T;
+    const int frames = enc->condition_frames(c.T);
     Clip v;
     start(v, c.sample_id, frames, c.H, c.W, opts.chunk_frames);
     v.plan = c.plan;  // the tiles the clip ended with (after any retry)
@@ -342,17 +338,8 @@ struct VaeEngine::Impl {
     if (opts.condition == Condition::FirstLast) v.cond_last = dequantize_frames(c.last_u8.unsqueeze(0)).to(device, dtype);
     advance(v, frames);
     if (clip_scope()) encode_clip_scope(v);
-    if (cog) {
-      const at::Tensor m = assemble(v).to(at::kFloat);
-      const double scale = models::cogvideox_image_scale(cog->config().scaling_factor, cog->config().invert_scale_latents);
-      return models::cogvideox_image_latents(m.narrow(1, 0, m.size(1) / 2), (c.T - 1) / enc->temporal_compression() + 1,
-                                             scale)
-          .select(0, 0);
-    }
-    const at::Tensor z = enc->latent(assemble(v).to(at::kFloat));
-    const auto mask = models::condition_mask(1, c.T, enc->temporal_compression(), z.size(3), z.size(4),
-                                             static_cast<models::ConditionFrames>(opts.condition), z.device());
-    return at::cat({mask, z}, 1).select(0, 0);
+    return enc->condition(assemble(v).to(at::kFloat), c.T, static_cast<models::ConditionFrames>(opts.condition))
+        .select(0, 0);
   }
 
   // The frames a condition is made from, uint8 [n, H, W, 3] as decoded (n = 1 first-frame,
@@ -436,23 +423,13 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
       !(opts.tile_overlap_width >= 0 && opts.tile_overlap_width < 1))
     return fail("tile-overlap-height and tile-overlap-width must be in [0, 1)");
 
-  // Device and dtype.
-  {
-    std::string device_error;
-    const std::string dev = resolve_device(opts.device, dist_env_from_environment().local_rank,
-                                           visible_cuda_devices(), &device_error);
-    if (dev.empty()) return fail(device_error);
-    im.device = c10::Device(dev);
-  }
+  DeviceDtype target;
+  std::string target_error;
+  if (!resolve_device_dtype(opts.device, opts.dtype, &target, &target_error)) return fail(target_error);
+  im.device = target.device;
+  im.dtype = target.dtype;
   // Best effort (not glibc: no tuning). Large blocks too: full-resolution activations.
   if (im.device.is_cpu() && opts.tune_malloc) retain_large_cpu_blocks();
-  if (opts.dtype.empty()) {
-    im.dtype = im.device.is_cuda() ? at::kBFloat16 : at::kFloat;
-  } else {
-    auto d = dtype_from_name(opts.dtype);
-    if (!d) return fail("dtype '" + opts.dtype + "' is not float32, bfloat16 or float16");
-    im.dtype = *d;
-  }
   im.retain = opts.retain_frames > 0 ||
               (opts.retain_frames < 0 && (im.device.is_cuda() || im.opts.fake_oom_pixels > 0));
 
@@ -477,9 +454,9 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
     return fail(e.what());
   }
   const VaeEncoder &enc = *im.enc;
-  if (opts.condition == Condition::FirstLast && dynamic_cast<const CogVideoXEncoder *>(&enc))
-    return fail("condition=first-last-frame is Wan FLF2V's; CogVideoX I2V takes the first frame only: use "
-                "condition=first-frame");
+  if (const std::string why = enc.condition_unsupported(static_cast<models::ConditionFrames>(opts.condition));
+      !why.empty())
+    return fail(why);
   if (opts.norm_scope == NormScope::Clip && !enc.clip_scope_unsupported().empty())
     return fail("norm-scope=clip sets whole-clip statistics of a VAE's normalisations, but model '" + opts.model +
                 "' is a " + enc.name() + " VAE: " + enc.clip_scope_unsupported() + ": use norm-scope=chunk");

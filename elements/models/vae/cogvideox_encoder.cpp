@@ -5,7 +5,20 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "models/image_condition.h"
+
 namespace videotrain::vae {
+
+std::string CogVideoXEncoder::condition_unsupported(models::ConditionFrames which) const {
+  if (which != models::ConditionFrames::first_last) return "";
+  return "condition=first-last-frame is Wan FLF2V's; CogVideoX I2V takes the first frame only: use "
+         "condition=first-frame";
+}
+
+at::Tensor CogVideoXEncoder::condition(const at::Tensor &moments, int T, models::ConditionFrames) const {
+  const double scale = models::cogvideox_image_scale(cfg_.scaling_factor, cfg_.invert_scale_latents);
+  return models::cogvideox_image_latents(moments.narrow(1, 0, moments.size(1) / 2), (T - 1) / temporal_ + 1, scale);
+}
 
 std::unique_ptr<CogVideoXEncoder> CogVideoXEncoder::load(const std::string &dir, c10::Device device,
                                                          c10::ScalarType dtype) {

@@ -34,6 +34,13 @@ class CogVideoXEncoder final : public VaeEncoder {
   bool smaller_tiles(const TilePlan &cur, int H, int W, TilePlan *next) const override;
   at::Tensor moments_out(const at::Tensor &moments) const override;  // log-variance clamped
 
+  // CogVideoX I2V (models::cogvideox_image_latents): the first frame encoded alone, its mode scaled by
+  // cogvideox_image_scale and zero-padded to the clip's t latent frames, [B, C, t, h, w]; no mask, and
+  // no last frame.
+  std::string condition_unsupported(models::ConditionFrames which) const override;
+  int condition_frames(int) const override { return 1; }
+  at::Tensor condition(const at::Tensor &moments, int T, models::ConditionFrames which) const override;
+
   // norm-scope=clip: the moments of a whole clip given as its temporal chunks (the same chunks
   // forward() would get), with every GroupNorm using the statistics of all the clip's frames
   // (and of every tile's owned positions), as a single pass computes them, while convolutions

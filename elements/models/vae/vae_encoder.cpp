@@ -58,6 +58,15 @@ at::Tensor VaeEncoder::latent(const at::Tensor &moments, const at::Tensor &noise
   return normalize(z);
 }
 
+std::string VaeEncoder::condition_unsupported(models::ConditionFrames) const { return ""; }
+
+at::Tensor VaeEncoder::condition(const at::Tensor &moments, int T, models::ConditionFrames which) const {
+  const at::Tensor z = latent(moments);
+  const at::Tensor mask =
+      models::condition_mask(z.size(0), T, temporal_compression(), z.size(3), z.size(4), which, z.device());
+  return at::cat({mask, z}, 1);
+}
+
 std::string VaeEncoder::clip_scope_unsupported() const {
   return "the " + name_ + " encoder has no normalisation statistics the element can reach";
 }

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/image_condition.h"
 #include "models/vae/clip_scope_input.h"
 #include "models/vae/vae_parts.h"
 
@@ -80,6 +81,17 @@ class VaeEncoder {
   at::Tensor latent(const at::Tensor &moments, const at::Tensor &noise = at::Tensor()) const;
   // The moments as vaeencoder's latent=moments gives them.
   virtual at::Tensor moments_out(const at::Tensor &moments) const { return moments; }
+
+  // Image-to-video conditions as the family's I2V pipelines build them (vaeencoder condition=,
+  // models/image_condition.h). "" when they take `which`, else why not and what to use.
+  virtual std::string condition_unsupported(models::ConditionFrames which) const;
+  // The frames of a T-frame clip's condition video (models::condition_video) that go through the
+  // encoder: by default all of them (the given frames and the zeros between).
+  virtual int condition_frames(int T) const { return T; }
+  // The condition of a T-frame clip from its condition video's moments [B, 2C, t', h, w] (float32):
+  // what the transformer takes after the noisy latents, float32. By default cat([mask, latent(mode)])
+  // [B, tc + C, t, h, w] (models::condition_mask).
+  virtual at::Tensor condition(const at::Tensor &moments, int T, models::ConditionFrames which) const;
 
   // Whole-clip normalisation statistics (vaeencoder norm-scope=clip): "" when the family has them,
   // else why they do not apply.
