@@ -55,17 +55,17 @@ void print_memory_table(const ParamCounts &c) {
               "  optimizer: the weights whole (4 B/param) + gradients and moments / N (12 B / N; with checkpointing a "
               "block's full gradients live only during its backward, without it all of them until the step's end: "
               "+4 B/param)\n"
-              "  full: weights, gradients and moments / N (16 B / N) + one gathered block's weights and gradients "
-              "(8 B x %.4g M); bf16 autocast adds a bf16 copy of the block in use (none and optimizer: of every "
-              "weight)\n"
+              "  full: weights, gradients and moments / N (16 B / N) + two gathered blocks' weights (the one in use "
+              "and the next, prefetched) and one block's gradients (12 B x %.4g M); bf16 autocast gathers them in "
+              "bf16 (6 B x the block; none and optimizer: adds a bf16 copy of every weight)\n"
               "  LoRA: the frozen base as above + the adapter's 16 B / N\n",
               blk / 1e6);
-  std::printf("  %-4s %-16s %-16s %-22s %-18s %-18s\n", "N", "full: optimizer", "full: full", "each +bf16 copies",
+  std::printf("  %-4s %-16s %-16s %-22s %-18s %-18s\n", "N", "full: optimizer", "full: full", "under bf16 autocast",
               "LoRA r32 bf16 base", "LoRA r32 fp8 base");
   for (int n : {2, 8}) {
-    const double opt = 4 * p + 12 * p / n + (blk > 0 ? 4 * blk : 4 * p), fsdp = 16 * p / n + 8 * blk;
+    const double opt = 4 * p + 12 * p / n + (blk > 0 ? 4 * blk : 4 * p), fsdp = 16 * p / n + 12 * blk;
     std::printf("  %-4d %-16s %-16s %-22s %-18s %-18s\n", n, human(opt).c_str(), human(fsdp).c_str(),
-                (human(opt + 2 * p) + " / " + human(fsdp + 2 * blk)).c_str(), human(base[1] + lora_state / n).c_str(),
+                (human(opt + 2 * p) + " / " + human(fsdp - 6 * blk)).c_str(), human(base[1] + lora_state / n).c_str(),
                 human(base[2] + lora_state / n).c_str());
   }
 }

@@ -170,23 +170,54 @@ c10::intrusive_ptr<c10d::Work> DistGroup::broadcast_async(std::vector<at::Tensor
   return impl_->pg->broadcast(tensors, o);
 }
 
-void DistGroup::allgather(std::vector<at::Tensor> &outputs, const at::Tensor &input, const std::string &what) {
+DistGroup::Gather DistGroup::allgather_start(std::vector<at::Tensor> outputs, const at::Tensor &input,
+                                             const std::string &what) {
   check_usable(what);
-  std::vector<std::vector<at::Tensor>> out{outputs};
-  std::vector<at::Tensor> in{input};
+  Gather g;
+  g.out = {outputs};
+  g.outputs = std::move(outputs);
+  g.in = {input};
+  g.what = what;
   c10d::AllgatherOptions o;
+  o.timeout = opts_.timeout;
+  try {
+    g.work = impl_->pg->allgather(g.out, g.in, o);
+  } catch (const std::exception &e) {
+    throw DistError(opts_.backend + " " + what + " could not be started on rank " + std::to_string(opts_.rank) + ": " +
+                    describe_peers() + " (" + e.what() + ")");
+  }
+  return g;
+}
+
+void DistGroup::allgather_finish(Gather &g) {
+  wait(g.work, g.what);
+  // Backends that gather into tensors of their own leave the results there.
+  for (size_t r = 0; r < g.outputs.size(); r++)
+    if (!g.out[0][r].is_same(g.outputs[r])) g.outputs[r].copy_(g.out[0][r]);
+  g.work.reset();
+  g.in.clear();
+}
+
+void DistGroup::allgather(std::vector<at::Tensor> &outputs, const at::Tensor &input, const std::string &what) {
+  auto g = allgather_start(outputs, input, what);
+  allgather_finish(g);
+}
+
+void DistGroup::reduce_scatter(at::Tensor &output, at::Tensor &input, const std::string &what) {
+  check_usable(what);
+  if (!reduce_scatter_supported())
+    throw DistError(opts_.backend + " " + what + ": reduce-scatter is used on NCCL only (this group is " +
+                    opts_.backend + ")");
+  c10d::ReduceScatterOptions o;
   o.timeout = opts_.timeout;
   c10::intrusive_ptr<c10d::Work> w;
   try {
-    w = impl_->pg->allgather(out, in, o);
+    w = impl_->pg->_reduce_scatter_base(output, input, o);  // flat input, world equal slices
   } catch (const std::exception &e) {
     throw DistError(opts_.backend + " " + what + " could not be started on rank " + std::to_string(opts_.rank) + ": " +
                     describe_peers() + " (" + e.what() + ")");
   }
   wait(w, what);
-  // Backends that gather into tensors of their own leave the results there.
-  for (size_t r = 0; r < outputs.size(); r++)
-    if (!out[0][r].is_same(outputs[r])) outputs[r].copy_(out[0][r]);
 }
 
 namespace {

@@ -63,6 +63,22 @@ class DistGroup : public PeerMarks {
   // Every rank's `input` into outputs[r] (one tensor per rank, input's size), synchronously within
   // the timeout; throws DistError naming `what`.
   void allgather(std::vector<at::Tensor> &outputs, const at::Tensor &input, const std::string &what);
+  // The same in two halves, so that compute runs while it travels: allgather_start issues it
+  // (every rank in the same order as its other collectives), allgather_finish waits for it (as
+  // wait()) and leaves the results in the outputs. The Gather holds the tensors until then.
+  struct Gather {
+    c10::intrusive_ptr<c10d::Work> work;
+    std::vector<std::vector<at::Tensor>> out;  // the backend's outputs
+    std::vector<at::Tensor> in, outputs;
+    std::string what;
+  };
+  Gather allgather_start(std::vector<at::Tensor> outputs, const at::Tensor &input, const std::string &what);
+  void allgather_finish(Gather &g);
+  // Every rank's `input` summed, and this rank's slice of the sum (rank order, output's size) in
+  // `output`: half an all-reduce's traffic. NCCL only (Gloo's reduce_scatter is missing in
+  // LibTorch 1.13): reduce_scatter_supported() says.
+  bool reduce_scatter_supported() const { return opts_.backend == "nccl"; }
+  void reduce_scatter(at::Tensor &output, at::Tensor &input, const std::string &what);
   // Waits within the timeout; throws DistError naming `what` and the suspect peer(s). With
   // Gloo the wait wakes every few milliseconds to honour cancel().
   void wait(const c10::intrusive_ptr<c10d::Work> &work, const std::string &what);

@@ -85,6 +85,8 @@ enum {
   PROP_TIMEOUT,
   PROP_BUCKET_CAP_MB,
   PROP_SHARDING,
+  PROP_GATHER_DTYPE,
+  PROP_GATHER_PREFETCH,
   PROP_CHECKPOINT_DIR,
   PROP_CHECKPOINT_EVERY,
   PROP_CHECKPOINT_INTERVAL,
@@ -171,6 +173,13 @@ VIDEOTRAIN_DEFINE_ENUM(sharding_type, "GstDdpTrainSinkSharding",
                        {0, "DDP: every rank holds the whole weights, gradients and optimizer state", "none"},
                        {1, "ZeRO-2: optimizer state and gradients sharded over the ranks", "optimizer"},
                        {2, "FSDP / ZeRO-3: weights sharded too, gathered one block at a time", "full"})
+VIDEOTRAIN_DEFINE_ENUM(gather_dtype_type, "GstDdpTrainSinkGatherDtype",
+                       {0, "The blocks' compute dtype: bf16 under bf16 autocast, else float32", "auto"},
+                       {1, "float32 (exact)", "fp32"}, {2, "bfloat16 (half the traffic)", "bf16"})
+VIDEOTRAIN_DEFINE_ENUM(gather_prefetch_type, "GstDdpTrainSinkGatherPrefetch",
+                       {0, "true on CUDA (the gather overlaps compute on NCCL's stream), false on CPU", "auto"},
+                       {1, "Issue the next block's gather while a block computes (two blocks in memory)", "true"},
+                       {2, "Gather each block when it is used (one block in memory)", "false"})
 VIDEOTRAIN_DEFINE_ENUM(nan_policy_type, "GstDdpTrainSinkNanPolicy",
                        {0, "Warn and skip the optimizer step on every rank", "skip"}, {1, "Stop with an error", "fail"})
 
@@ -422,6 +431,8 @@ static void gst_ddp_train_sink_set_property(GObject *object, guint id, const GVa
     case PROP_TIMEOUT: c.timeout_s = g_value_get_double(v); break;
     case PROP_BUCKET_CAP_MB: c.bucket_cap_mb = g_value_get_double(v); break;
     case PROP_SHARDING: c.sharding = static_cast<Sharding>(g_value_get_enum(v)); break;
+    case PROP_GATHER_DTYPE: c.gather_dtype = enum_nick(gather_dtype_type(), g_value_get_enum(v)); break;
+    case PROP_GATHER_PREFETCH: c.gather_prefetch = enum_nick(gather_prefetch_type(), g_value_get_enum(v)); break;
     case PROP_CHECKPOINT_DIR: c.checkpoint_dir = str(); break;
     case PROP_CHECKPOINT_EVERY: c.checkpoint_every = g_value_get_uint64(v); break;
     case PROP_CHECKPOINT_INTERVAL: c.checkpoint_interval_s = g_value_get_uint(v); break;
@@ -503,6 +514,8 @@ static void gst_ddp_train_sink_get_property(GObject *object, guint id, GValue *v
     case PROP_TIMEOUT: g_value_set_double(v, c.timeout_s); break;
     case PROP_BUCKET_CAP_MB: g_value_set_double(v, c.bucket_cap_mb); break;
     case PROP_SHARDING: g_value_set_enum(v, static_cast<gint>(c.sharding)); break;
+    case PROP_GATHER_DTYPE: g_value_set_enum(v, enum_value(gather_dtype_type(), c.gather_dtype)); break;
+    case PROP_GATHER_PREFETCH: g_value_set_enum(v, enum_value(gather_prefetch_type(), c.gather_prefetch)); break;
     case PROP_CHECKPOINT_DIR: g_value_set_string(v, c.checkpoint_dir.c_str()); break;
     case PROP_CHECKPOINT_EVERY: g_value_set_uint64(v, c.checkpoint_every); break;
     case PROP_CHECKPOINT_INTERVAL: g_value_set_uint(v, static_cast<guint>(c.checkpoint_interval_s)); break;
@@ -735,6 +748,19 @@ static void gst_ddp_train_sink_class_init(GstDdpTrainSinkClass *klass) {
                             "optimizer=adamw or sgd; checkpoints hold a shard per rank and resume on any number "
                             "of ranks or sharding",
                             sharding_type(), 0, rw));
+  install(PROP_GATHER_DTYPE,
+          g_param_spec_enum("gather-dtype", "Gather dtype",
+                            "sharding=full: the dtype each block's weights are all-gathered in. bf16 rounds each "
+                            "rank's float32 slice before the gather (half the traffic and memory; the optimizer "
+                            "keeps the float32 slices) and uses the block in bf16 under bf16 autocast, as float32 "
+                            "otherwise",
+                            gather_dtype_type(), 0, rw));
+  install(PROP_GATHER_PREFETCH,
+          g_param_spec_enum("gather-prefetch", "Gather prefetch",
+                            "sharding=full: whether the next block's all-gather is issued while a block computes "
+                            "(the forward's next block, the recompute's previous one; two gathered blocks in "
+                            "memory) or each block is gathered when it is used (one). The same weights either way",
+                            gather_prefetch_type(), 0, rw));
   install(PROP_GRADIENT_CHECKPOINTING,
           g_param_spec_enum("gradient-checkpointing", "Gradient checkpointing",
                             "Native models: true recomputes each transformer block in backward instead of keeping "

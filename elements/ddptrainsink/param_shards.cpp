@@ -26,6 +26,9 @@ struct ParamShards::Unit {
   int64_t numel = 0, padded = 0, shard = 0;
   bool sharded_weights = false;  // sharding=full's blocks: only the shard between uses
   at::Tensor flat;               // the whole unit (kept, or gathered while in use)
+  bool pending = false;          // its gather issued, not yet waited for
+  at::Tensor landing;            // where that gather lands (the gather's dtype)
+  DistGroup::Gather work;        // that gather (no work without a group)
   at::Tensor grad;               // this rank's shard of the summed gradients, this step
   bool reduced = false;          // in this micro-batch
 };
@@ -78,22 +81,55 @@ std::vector<std::string> ParamShards::shard_names() const {
   return out;
 }
 
-void ParamShards::gather(size_t k) {
+void ParamShards::set_gather(at::ScalarType dtype, bool bf16_compute, bool prefetch) {
+  if (dtype != at::kFloat && dtype != at::kBFloat16)
+    throw std::runtime_error(std::string("sharding: block gathers are float32 or bf16, not ") + c10::toString(dtype));
+  gather_dtype_ = dtype;
+  bf16_compute_ = bf16_compute;
+  prefetch_ = prefetch;
+}
+
+void ParamShards::start_gather(size_t k, at::ScalarType dtype, bool ahead) {
   auto &u = units_[k];
-  if (!u.sharded_weights || u.flat.defined()) return;
+  if (!u.sharded_weights || u.flat.defined() || u.pending) return;
   torch::NoGradGuard ng;
-  u.flat = at::empty({u.padded}, shards_[k].options());
-  std::vector<at::Tensor> outs;
-  for (int r = 0; r < world_; r++) outs.push_back(u.flat.narrow(0, r * u.shard, u.shard));
-  if (group_)
-    group_->allgather(outs, shards_[k], "weight all-gather of block " + std::to_string(u.block));
-  else
-    outs[0].copy_(shards_[k]);
+  const auto mine = shards_[k].detach().to(dtype);  // bf16: each rank rounds its own slice
+  u.landing = at::empty({u.padded}, mine.options());
+  if (group_) {
+    // A gather only copies, so a bf16 block travels as its bytes: Gloo in LibTorch 1.13 has no
+    // bf16 collectives, and the bytes are the same on every backend.
+    auto bytes = [&](const at::Tensor &t) { return dtype == at::kFloat ? t : t.view(at::kByte); };
+    std::vector<at::Tensor> outs;
+    for (int r = 0; r < world_; r++) outs.push_back(bytes(u.landing.narrow(0, r * u.shard, u.shard)));
+    u.work = group_->allgather_start(std::move(outs), bytes(mine), "weight all-gather of block " + std::to_string(u.block));
+  } else {
+    u.landing.copy_(mine);
+  }
+  u.pending = true;
+  gathers_++;
+  if (ahead) gathers_ahead_++;
+}
+
+void ParamShards::finish_gather(size_t k) {
+  auto &u = units_[k];
+  if (!u.pending) return;
+  torch::NoGradGuard ng;
+  u.pending = false;  // a failed wait leaves the group broken: no retry
+  if (u.work.work) group_->allgather_finish(u.work);
+  u.work = DistGroup::Gather();
+  // A bf16 block outside bf16 autocast: the float32 compute takes it as float32.
+  u.flat = u.landing.scalar_type() == at::kBFloat16 && !bf16_compute_ ? u.landing.to(at::kFloat) : u.landing;
+  u.landing = at::Tensor();
   for (size_t j = 0; j < u.params.size(); j++) {
     const size_t i = u.params[j];
     const auto &shape = shapes_[i];
     params_[i].set_data(u.flat.narrow(0, u.offsets[j], c10::multiply_integers(shape)).view(shape));
   }
+}
+
+void ParamShards::gather(size_t k, at::ScalarType dtype) {
+  start_gather(k, dtype, false);
+  finish_gather(k);
 }
 
 void ParamShards::release(size_t k) {
@@ -105,10 +141,17 @@ void ParamShards::release(size_t k) {
   u.flat = at::Tensor();
 }
 
-void ParamShards::acquire(int block) {
+void ParamShards::acquire(int block, models::BlockUse use) {
   if (mode_ != Sharding::full) return;
   const auto it = unit_of_block_.find(block);
-  if (it != unit_of_block_.end()) gather(it->second);
+  if (it == unit_of_block_.end()) return;
+  gather(it->second, gather_dtype_);  // waits for it when it was issued ahead
+  if (!prefetch_) return;
+  // The block this pass uses next travels while this one computes. Issued from the hooks' calls
+  // alone, so every rank (a joining one too) issues the same gathers in the same order.
+  const bool forward = use == models::BlockUse::forward;
+  if (forward ? std::next(it) == unit_of_block_.end() : it == unit_of_block_.begin()) return;
+  start_gather((forward ? std::next(it) : std::prev(it))->second, gather_dtype_, true);
 }
 
 void ParamShards::forward_done(int block) {
@@ -140,28 +183,36 @@ void ParamShards::reduce(size_t k) {
     if (p.grad().defined()) g.narrow(0, u.offsets[j], p.grad().numel()).copy_(p.grad().reshape({-1}));
     p.mutable_grad() = at::Tensor();  // freed now: only the shard stays
   }
-  if (group_) {
-    std::vector<at::Tensor> t{g};
-    group_->allreduce(t, "gradient reduction of " + (u.block >= 0 ? "block " + std::to_string(u.block) : std::string("the root unit")));
+  const std::string what =
+      "gradient reduction of " + (u.block >= 0 ? "block " + std::to_string(u.block) : std::string("the root unit"));
+  at::Tensor part;
+  if (group_ && group_->reduce_scatter_supported()) {  // NCCL: only this rank's slice comes back
+    part = at::empty({u.shard}, g.options());
+    group_->reduce_scatter(part, g, what);
+  } else {
+    if (group_) {
+      std::vector<at::Tensor> t{g};
+      group_->allreduce(t, what);
+    }
+    part = g.narrow(0, rank_ * u.shard, u.shard).clone();
   }
-  auto part = g.narrow(0, rank_ * u.shard, u.shard).clone();
   u.grad = u.grad.defined() ? u.grad.add_(part) : part;
   u.reduced = true;
 }
 
 void ParamShards::join_micro_batch() {
-  // A peer's micro-batch under sharding=full: every block gathered for its forward (first to last),
-  // then again for its recompute, reduced and freed (last to first), as the BlockHooks make them.
+  // A peer's micro-batch under sharding=full: the hooks' calls its model makes (every block
+  // gathered for its forward, first to last, then for its recompute, reduced and freed, last to
+  // first), so that the gathers issued ahead are the peers' too.
   begin_micro_batch(true);
   if (mode_ != Sharding::full) return;
   for (auto it = unit_of_block_.begin(); it != unit_of_block_.end(); ++it) {
-    gather(it->second);
-    release(it->second);
+    acquire(it->first, models::BlockUse::forward);
+    forward_done(it->first);
   }
   for (auto it = unit_of_block_.rbegin(); it != unit_of_block_.rend(); ++it) {
-    gather(it->second);
-    reduce(it->second);
-    release(it->second);
+    acquire(it->first, models::BlockUse::recompute);
+    backward_done(it->first);
   }
 }
 
@@ -220,7 +271,11 @@ void ParamShards::materialize_on(int root) {
   for (size_t k = 0; k < units_.size(); k++) {
     auto &u = units_[k];
     if (!u.sharded_weights) continue;
-    gather(k);  // collective: every rank takes part, one block at a time
+    if (u.pending || (u.flat.defined() && u.flat.scalar_type() != at::kFloat)) {  // the float32 master weights
+      finish_gather(k);
+      release(k);
+    }
+    gather(k, at::kFloat);  // collective: every rank takes part, one block at a time
     if (rank_ == root)  // the gathered block holds this rank's shard too: the copy goes
       shards_[k] = u.flat.narrow(0, rank_ * u.shard, u.shard);
     else

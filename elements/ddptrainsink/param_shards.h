@@ -14,11 +14,16 @@
  *   gather a block's weights before its forward and before its recompute in backward and free them
  *   after; the block's gradients are reduced and freed as soon as its backward is done (so blocks
  *   are checkpointed: gradient-checkpointing=false is raised to true). The root unit is kept whole,
- *   as with optimizer.
+ *   as with optimizer. The next block's gather is issued when a block's gather is waited for (the
+ *   forward's block i + 1, the backward's i - 1), so it travels while the block computes: at most
+ *   two blocks are gathered at a time. Gathers may travel in bf16 (set_gather: half the traffic;
+ *   the float32 shards stay the optimizer's), used as such under bf16 autocast, else as float32.
  *
- * Reductions are all-reduces of the unit's flat gradients, in one order on every rank (blocks from
- * the last to the first, then the root), so a rank with no samples in a step (its data ended) joins
- * them with zeros. Torch TUs only. */
+ * Reductions are all-reduces of the unit's flat gradients (reduce-scatters on NCCL), in one order on
+ * every rank (blocks from the last to the first, then the root), so a rank with no samples in a step
+ * (its data ended) joins them with zeros. Every rank issues its gathers and reductions in one order
+ * too: they follow the hooks' calls, which a joining rank makes as its peers' model does. Torch TUs
+ * only. */
 #pragma once
 
 #include <torch/torch.h>
@@ -56,6 +61,13 @@ class ParamShards : public models::BlockHooks {
   ~ParamShards() override;
 
   Sharding mode() const { return mode_; }
+  // sharding=full's block gathers: in `dtype` (float32 or bf16; a bf16 block is used as such when
+  // `bf16_compute`, the run's autocast, else cast to float32), the next block's issued ahead of use
+  // when `prefetch`. Set before the first forward; every rank the same.
+  void set_gather(at::ScalarType dtype, bool bf16_compute, bool prefetch);
+  at::ScalarType gather_dtype() const { return gather_dtype_; }
+  // Block gathers so far, and how many of them were issued ahead of their use (prefetched).
+  std::pair<int64_t, int64_t> gather_counts() const { return {gathers_, gathers_ahead_}; }
   // The tensors the optimizer updates: this rank's shard of each unit, and their names.
   const std::vector<at::Tensor> &shards() const { return shards_; }
   std::vector<std::string> shard_names() const;
@@ -88,7 +100,7 @@ class ParamShards : public models::BlockHooks {
   std::vector<at::Tensor> cut_named(const std::map<std::string, at::Tensor> &whole) const;
 
   // models::BlockHooks (block indices as the model counts them).
-  void acquire(int block) override;
+  void acquire(int block, models::BlockUse use) override;
   void forward_done(int block) override;
   void backward_done(int block) override;
 
@@ -108,7 +120,11 @@ class ParamShards : public models::BlockHooks {
   // or zeros without one).
   at::Tensor cut(size_t k, const std::vector<at::Tensor> &whole, const at::Tensor &base = at::Tensor()) const;
   void reduce(size_t k);  // unit k's parameters' gradients into its shard's accumulator
-  void gather(size_t k);
+  void gather(size_t k, at::ScalarType dtype);  // start_gather, then finish_gather
+  // Issues unit k's all-gather in `dtype` unless its weights are here or on their way.
+  void start_gather(size_t k, at::ScalarType dtype, bool ahead);
+  // Waits for unit k's gather in flight and makes its parameters views of the gathered block.
+  void finish_gather(size_t k);
   void release(size_t k);
   Sharding mode_;
   std::vector<at::Tensor> params_;
@@ -121,6 +137,9 @@ class ParamShards : public models::BlockHooks {
   int rank_, world_;
   bool sync_ = true;
   bool materialized_ = false;
+  at::ScalarType gather_dtype_ = at::kFloat;
+  bool bf16_compute_ = false, prefetch_ = true;
+  int64_t gathers_ = 0, gathers_ahead_ = 0;
 };
 
 // Every parameter's whole state from a checkpoint written by ParamShards::save on each rank of its

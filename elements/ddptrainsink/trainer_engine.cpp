@@ -794,6 +794,10 @@ std::map<std::string, std::vector<float>> TrainerEngine::parameters_cpu(bool wit
 ReducerInfo TrainerEngine::reducer_info() const {
   ReducerInfo out;
   auto &im = *impl_;
+  if (im.shards && im.shards->mode() == Sharding::full) {
+    std::tie(out.gathers, out.gathers_ahead) = im.shards->gather_counts();
+    out.gather_dtype = im.shards->gather_dtype() == at::kBFloat16 ? "bf16" : "fp32";
+  }
   if (!im.reducer) return out;
   out.buckets = im.reducer->bucket_layout();
   out.bucket_bytes = im.reducer->bucket_bytes();

@@ -69,6 +69,12 @@ struct TrainerConfig {
   double bucket_cap_mb = 25.0;
   // none: DDP; optimizer: ZeRO-2 (optimizer state and gradients sharded); full: weights too (param_shards.h).
   Sharding sharding = Sharding::none;
+  // sharding=full's block all-gathers: auto (bf16 where the run computes in bf16, else fp32) | fp32 |
+  // bf16 (the float32 shards stay the optimizer's); prefetch: auto (true on CUDA) | true (the next
+  // block's issued while a block computes: two blocks in memory) | false (each gathered when used);
+  // the same results either way.
+  std::string gather_dtype = "auto";
+  std::string gather_prefetch = "auto";
   // Checkpoints.
   std::string checkpoint_dir;
   uint64_t checkpoint_every = 0;  // steps; 0: only at the end
@@ -118,6 +124,10 @@ struct ReducerInfo {
   bool rebuilt = false;                      // buckets follow the gradients' arrival order
   std::vector<size_t> launch_order;          // buckets as launched in the last sync step
   std::vector<size_t> pending_at_launch;     // gradients still to come at each launch
+  // sharding=full: block weight all-gathers so far, how many were issued ahead of their use, and
+  // their dtype ("fp32" | "bf16"; "" without).
+  int64_t gathers = 0, gathers_ahead = 0;
+  std::string gather_dtype;
 };
 
 // Latents with captions or text embeddings (torch types: see models/train_model.h).

@@ -52,6 +52,10 @@ bool TrainerEngine::Impl::resolve() {
     bf16 = false;
   else
     return fail("precision '" + cfg.precision + "' is not one of auto, fp32, bf16 (property precision)");
+  if (cfg.gather_dtype != "auto" && cfg.gather_dtype != "fp32" && cfg.gather_dtype != "bf16")
+    return fail("gather-dtype '" + cfg.gather_dtype + "' is not one of auto, fp32, bf16 (property gather-dtype)");
+  if (cfg.gather_prefetch != "auto" && cfg.gather_prefetch != "true" && cfg.gather_prefetch != "false")
+    return fail("gather-prefetch '" + cfg.gather_prefetch + "' is not one of auto, true, false (property gather-prefetch)");
   if (!parse_lr_schedule(cfg.lr_schedule, &lr_params.schedule))
     return fail("lr-schedule '" + cfg.lr_schedule + "' is not one of constant, cosine, linear");
   lr_params.base = cfg.lr;
@@ -268,6 +272,12 @@ void TrainerEngine::Impl::shard_model() {
     for (size_t k = 0; k < slices.size(); k++) named.emplace_back(param_names[k], slices[k]);
     ema = std::make_unique<EmaWeights>(ema_schedule(), named);
   }
+  // auto: the dtype the blocks compute in (autocast casts their float32 weights to bf16 anyway).
+  const bool bf16_gathers = cfg.gather_dtype == "bf16" || (cfg.gather_dtype == "auto" && bf16);
+  // Prefetch where the gather overlaps compute (NCCL's stream); on CPUs the memory of one block more
+  // buys little (Gloo's threads share the cores).
+  const bool prefetch = cfg.gather_prefetch == "true" || (cfg.gather_prefetch == "auto" && device.is_cuda());
+  shards->set_gather(bf16_gathers ? at::kBFloat16 : at::kFloat, bf16, prefetch);
   if (dit) dit->set_block_hooks(shards.get());
 }
 

@@ -9,11 +9,15 @@
 
 namespace videotrain::models {
 
+// Which pass uses a block's weights: the forward (blocks in ascending order) or a recompute in
+// backward (descending), so that hooks can fetch the block that comes next ahead of time.
+enum class BlockUse { forward, recompute };
+
 class BlockHooks {
  public:
   virtual ~BlockHooks() = default;
   // Before the block's weights are used: its forward, and each recompute in backward.
-  virtual void acquire(int block) = 0;
+  virtual void acquire(int block, BlockUse use) = 0;
   // After the block's forward (with checkpointing no autograd graph holds its weights then).
   virtual void forward_done(int block) = 0;
   // After the backward through the whole block: its weights' gradients are complete.

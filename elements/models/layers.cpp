@@ -400,7 +400,7 @@ struct CheckpointBackward : torch::autograd::Node {
   WeightCasts weight_casts;  // the forward's, for the recompute
 
   torch::autograd::variable_list apply(torch::autograd::variable_list &&grads) override {
-    if (hooks) hooks->acquire(block);
+    if (hooks) hooks->acquire(block, BlockUse::recompute);
     std::vector<at::Tensor> xs;
     for (size_t i = 0; i < inputs.size(); i++) {
       auto x = inputs[i].detach();
@@ -494,7 +494,7 @@ BlockScope::BlockScope(BlockHooks *hooks, int block) : prev_(t_block) {
   ctx_.hooks = hooks;
   ctx_.block = block;
   t_block = &ctx_;
-  if (hooks) hooks->acquire(block);
+  if (hooks) hooks->acquire(block, BlockUse::forward);
 }
 
 BlockScope::~BlockScope() {

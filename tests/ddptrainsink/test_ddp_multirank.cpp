@@ -52,6 +52,9 @@ namespace {
 
 constexpr int kSteps = 5;
 constexpr double kBucketCapMb = 0.25;
+// Relative L2 (per tensor) of weights trained through bf16-rounded block weights against those of
+// float32 ones: two bf16 ulps, 2^-7 (measured: up to 1.1e-3 with fp32 compute, 4.1e-3 under autocast).
+constexpr double kBf16Rel = 0.0078125;
 
 // The reducer after a step, one "key values..." line each (buckets as "i,j;k;").
 std::string describe(const ReducerInfo &ri) {
@@ -173,6 +176,9 @@ TEST(DdpWorker, Rank) {
     // Rank 0's data ends after step 2, rank 1's after step 3; each step 2 micro-batches of 1.
     c = wan_config();
     if (vttest::env_or("VT_DDP_SHARDING", "") == "full") c.sharding = Sharding::full;
+    c.gather_dtype = vttest::env_or("VT_DDP_GATHER", "auto");
+    c.gather_prefetch = vttest::env_or("VT_DDP_PREFETCH", "true");  // auto would be false on the CPU
+    c.precision = vttest::env_or("VT_DDP_PRECISION", "auto");
     c.timeout_s = 60;
     TrainerEngine e(c);
     ASSERT_TRUE(e.start()) << e.error();
@@ -188,6 +194,8 @@ TEST(DdpWorker, Rank) {
     const bool ok = e.finish();
     write_params(out, e.parameters_cpu());
     std::ofstream(out + ".steps") << (ok ? "ok " : "error ") << e.steps_done() << " " << e.error() << "\n";
+    const auto ri = e.reducer_info();
+    std::ofstream(out + ".gathers") << ri.gathers << " " << ri.gathers_ahead << " " << ri.gather_dtype << "\n";
     e.stop();
     return;
   }
@@ -350,34 +358,93 @@ static void expect_uneven_ends(const std::string &sharding) {
 
 TEST(Ddp, RanksWhoseDataEndsEarlyJoinTheStepsOfThoseWithMore) { expect_uneven_ends("none"); }
 
-// sharding=full: a rank whose data ended takes part in the peers' block gathers and reductions
-// (ParamShards::join_micro_batch), so the run goes on to step 3 as with DDP, with the weights of one
-// rank that trained steps 1-2 on all 4 samples and step 3 on rank 1's 2. Rank 0 holds the exported
-// (gathered) weights at the end.
-TEST(Ddp, UnderShardingFullARankWhoseDataEndedJoinsTheGathers) {
-  vttest::TempDir dir;
-  const int port = vttest::free_port();
-  std::vector<pid_t> pids{spawn("uneven-wan", 0, port, dir.file("r0"), {{"VT_DDP_SHARDING", "full"}}),
-                          spawn("uneven-wan", 1, port, dir.file("r1"), {{"VT_DDP_SHARDING", "full"}})};
+// uneven-wan's 3 steps on one rank without sharding, at `precision`: what the 2 ranks should reach.
+static Params uneven_wan_on_one_rank(const std::string &precision) {
   auto c = wan_config();
   c.rank = 0;
   c.world_size = 1;
+  c.precision = precision;
   TrainerEngine single(c);
-  ASSERT_TRUE(single.start()) << single.error();
+  EXPECT_TRUE(single.start()) << single.error();
   for (int s = 0; s < 2; s++)
-    for (unsigned i = 0; i < 4; i++) ASSERT_EQ(feed_wan(single, s, int(i), i, 4, 4), ProcessResult::kOk) << single.error();
-  for (unsigned i = 0; i < 2; i++) ASSERT_EQ(feed_wan(single, 2, 2 + int(i), i, 2, 2), ProcessResult::kOk) << single.error();
-  std::vector<int> st;
-  ASSERT_TRUE(vttest::wait_all(pids, &st, 120)) << "a rank hung at its end of stream";
-  for (const char *f : {"r0", "r1"}) {
-    std::istringstream in(vttest::read_file(dir.file(std::string(f) + ".steps")));
-    std::string verdict;
-    uint64_t steps = 0;
-    in >> verdict >> steps;
-    EXPECT_EQ(verdict, "ok") << f << ": " << in.str();
-    EXPECT_EQ(steps, 3u) << f;
+    for (unsigned i = 0; i < 4; i++) EXPECT_EQ(feed_wan(single, s, int(i), i, 4, 4), ProcessResult::kOk) << single.error();
+  for (unsigned i = 0; i < 2; i++) EXPECT_EQ(feed_wan(single, 2, 2 + int(i), i, 2, 2), ProcessResult::kOk) << single.error();
+  return single.parameters_cpu();
+}
+
+// The uneven-wan ranks of sharding=full, one run per entry of `envs` (all at once; files `tag`N-rR).
+struct ShardedWanRun {
+  Params r0;                 // rank 0's exported weights
+  std::string gathers[2];    // each rank's block gathers: "count ahead dtype"
+};
+static std::vector<ShardedWanRun> uneven_wan_full(const vttest::TempDir &dir,
+                                                  const std::vector<std::vector<std::pair<std::string, std::string>>> &envs) {
+  std::vector<pid_t> pids;
+  for (size_t n = 0; n < envs.size(); n++) {
+    const int port = vttest::free_port();
+    for (int r = 0; r < 2; r++) {
+      auto env = envs[n];
+      env.emplace_back("VT_DDP_SHARDING", "full");
+      pids.push_back(spawn("uneven-wan", r, port, dir.file("run" + std::to_string(n) + "-r" + std::to_string(r)), env));
+    }
   }
-  expect_params_near(read_params(dir.file("r0")), single.parameters_cpu(), "r0");
+  std::vector<int> st;
+  EXPECT_TRUE(vttest::wait_all(pids, &st, 120)) << "a rank hung at its end of stream";
+  std::vector<ShardedWanRun> out(envs.size());
+  for (size_t n = 0; n < envs.size(); n++) {
+    for (int r = 0; r < 2; r++) {
+      const std::string f = dir.file("run" + std::to_string(n) + "-r" + std::to_string(r));
+      std::istringstream in(vttest::read_file(f + ".steps"));
+      std::string verdict;
+      uint64_t steps = 0;
+      in >> verdict >> steps;
+      EXPECT_EQ(verdict, "ok") << f << ": " << in.str();
+      EXPECT_EQ(steps, 3u) << f;
+      std::getline(std::istringstream(vttest::read_file(f + ".gathers")), out[n].gathers[r]);
+    }
+    out[n].r0 = read_params(dir.file("run" + std::to_string(n) + "-r0"));
+  }
+  return out;
+}
+
+// sharding=full: a rank whose data ended takes part in the peers' block gathers and reductions
+// (ParamShards::join_micro_batch), so the run goes on to step 3 as with DDP, with the weights of one
+// rank that trained steps 1-2 on all 4 samples and step 3 on rank 1's 2. Rank 0 holds the exported
+// (gathered) weights at the end. The next block's gather is issued while a block computes (forward
+// and recompute: 1 of each pass's 2 gathers per micro-batch), by the joining rank too; without
+// that prefetch the weights are the same bit for bit.
+TEST(Ddp, UnderShardingFullARankWhoseDataEndedJoinsTheGathers) {
+  vttest::TempDir dir;
+  const auto runs = uneven_wan_full(dir, {{}, {{"VT_DDP_PREFETCH", "false"}}});
+  expect_params_near(runs[0].r0, uneven_wan_on_one_rank("auto"), "r0");
+  EXPECT_EQ(runs[1].r0, runs[0].r0) << "the weights differ without prefetch";
+  // 6 micro-batches (each rank's 3 steps of 2; rank 0 joins the last 2) x 2 passes x 2 blocks, and
+  // the export's gather of the 2 blocks; prefetched: the second block of each pass.
+  EXPECT_EQ(runs[0].gathers[0], "26 12 fp32");
+  EXPECT_EQ(runs[0].gathers[1], "26 12 fp32");
+  EXPECT_EQ(runs[1].gathers[0], "26 0 fp32");
+  EXPECT_EQ(runs[1].gathers[1], "26 0 fp32");
+}
+
+// gather-dtype=bf16: each rank's float32 slice is rounded to bf16 before the gather (half the
+// traffic; Gloo carries the bytes). With fp32 compute the gathered block is used as float32, under
+// bf16 autocast (gather-dtype=auto there) as bf16; the float32 master slices stay the optimizer's.
+// Either run stays within bf16 rounding of the one rank without sharding at the same precision
+// (whose Linear weights autocast rounds to bf16 too), and the fp32-compute one differs from it more
+// than float32 rounding does (the gather rounded).
+TEST(Ddp, UnderShardingFullBf16GathersStayWithinBf16RoundingOfTheFloat32Weights) {
+  vttest::TempDir dir;
+  const auto runs = uneven_wan_full(dir, {{{"VT_DDP_GATHER", "bf16"}, {"VT_DDP_PRECISION", "fp32"}},
+                                          {{"VT_DDP_PRECISION", "bf16"}}});
+  EXPECT_EQ(runs[0].gathers[0], "26 12 bf16");
+  EXPECT_EQ(runs[1].gathers[1], "26 12 bf16");
+  const auto fp32 = uneven_wan_on_one_rank("fp32"), bf16 = uneven_wan_on_one_rank("bf16");
+  expect_params_near(runs[0].r0, fp32, "bf16 gathers, fp32 compute", kBf16Rel);
+  expect_params_near(runs[1].r0, bf16, "bf16 gathers, bf16 autocast", kBf16Rel);
+  double worst = 0;
+  for (const auto &[name, v] : fp32)
+    for (size_t i = 0; i < v.size(); i++) worst = std::max(worst, std::abs(double(runs[0].r0.at(name)[i]) - v[i]));
+  EXPECT_GT(worst, 1e-6) << "bf16 gathers gave the float32 weights: nothing was rounded";
 }
 
 // sharding=optimizer: the rank whose data ended joins the per-unit reductions with zeros, in the

@@ -2,7 +2,7 @@
 # ddptrainsink sharding=optimizer|full (ZeRO-2 / FSDP over the run's c10d group) on a tiny native Wan
 # through pipelines/train-wan.pipeline, as train_wan.sh runs it. Checks that
 #  - 2 ranks with sharding=optimizer and with sharding=full (gradient accumulation, grad-clip; no, full
-#    and selective checkpointing) train
+#    and selective checkpointing; the last with gather-prefetch=true) train
 #    to the weights of 1 rank without sharding (the exported float32 folders, within float rounding),
 #  - their checkpoints hold one shard per rank, sealed by one manifest,
 #  - sharding=full's step-2 checkpoint resumes on 1 rank without sharding, and a 2-rank optimizer run
@@ -46,10 +46,11 @@ run() {  # run NAME RANKS BATCH MICRO STEPS RESUME CKPT [EXTRA ddptrainsink prop
 fail() { cat "$work/$1.log"; echo "FAIL: $2"; exit 1; }
 VAL=raw run one 1 4 2 4 false ck-one || fail one "the 1-rank run without sharding did not end"
 # optimizer without checkpointing (its gradients reduced after the whole backward), full with none
-# (raised to true, said so) and with selective (a block's weights gathered for each recomputed segment).
+# (raised to true, said so) and with selective (a block's weights gathered for each recomputed segment,
+# the next block's gather issued ahead: gather-prefetch=true).
 CK=false run opt 2 2 1 4 false ck-opt "sharding=optimizer" || fail opt "the 2-rank sharding=optimizer run did not end"
 CK=false VAL=raw run full 2 2 1 4 false ck-full "sharding=full" || fail full "the 2-rank sharding=full run did not end"
-CK=selective VAL=ema run fsel 2 2 1 4 false ck-fsel "sharding=full" || fail fsel "the 2-rank sharding=full selective run did not end"
+CK=selective VAL=ema run fsel 2 2 1 4 false ck-fsel "sharding=full gather-prefetch=true" || fail fsel "the 2-rank sharding=full selective run did not end"
 grep -q "gradient-checkpointing=true is used" "$work/full.log" || fail full "sharding=full did not say it recomputes blocks"
 for r in opt full; do
   for f in shard-00000.pt shard-00001.pt ema.safetensors manifest.json trainer.json; do
