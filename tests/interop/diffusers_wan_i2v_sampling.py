@@ -4,8 +4,9 @@ WanImageToVideoPipeline (output_type="latent") on tiny folders, the same prompt 
 seeded noise: `videotrain-model sample --vae [--image-encoder]` builds the condition and image
 embeddings as ddpsampler does (models/i2v_inputs) and runs its loop. Cases: the Wan 2.2 I2V layout
 (in_channels 12 = 4 noisy + 4 mask + 4 condition latents of the tiny Wan 2.1 VAE, no image embeddings),
-the same with a last image (first-last-frame condition), and the Wan 2.1 I2V layout with the tiny CLIP
-image encoder (image_dim 32, added_kv_proj_dim), and Wan 2.2 TI2V 5B's expand_timesteps (the image's
+the same with a last image (first-last-frame condition), the Wan 2.1 I2V layout with the tiny CLIP
+image encoder (image_dim 32, added_kv_proj_dim; text padded to 512 rows, which diffusers' attention needs to
+see the image's rows), Wan 2.1 FLF2V (two images, pos_embed_seq_len), and Wan 2.2 TI2V 5B's expand_timesteps (the image's
 latents as the clean first frame, its tokens at timestep 0). Each step's latents within 1e-5 relative L2; the
 sampler given another image must fail the comparison. CogVideoX I2V against CogVideoXImageToVideoPipeline on
 the tiny CogVideoX-5b-I2V (learned positions, 226 text rows) and CogVideoX1.5-5B-I2V (patch_size_t 2, ofs)
@@ -69,8 +70,16 @@ def unipc():
         final_sigmas_type="zero", timestep_spacing="linspace", steps_offset=0)
 
 
+def padded(t, rows=512):
+    """The text padded with zero rows to `rows`, as the Wan pipelines pad it to 512."""
+    return torch.cat([t, torch.zeros(1, rows - t.shape[1], t.shape[2])], 1)
+
+
 def compare(name, model, model_dir, images, encoder=False, expand=False, latent="4x3x8x12", vae_at=vae_dir,
             other_image=False):
+    # Wan 2.1 I2V / FLF2V: diffusers' attention takes the context's last 512 rows as text, the rows before
+    # as the image's, so their text is padded to 512 (with 16 rows the image attention would be empty).
+    prompt_embeds, negative_embeds = (padded(prompt), padded(negative)) if encoder else (prompt, negative)
     kw = {}
     if encoder:
         kw["image_encoder"] = transformers.CLIPVisionModel.from_pretrained(clip_dir).eval()
@@ -87,7 +96,7 @@ def compare(name, model, model_dir, images, encoder=False, expand=False, latent=
 
     with torch.no_grad():
         ref = pipe(image=pil(images[0]), last_image=pil(images[1]) if len(images) > 1 else None,
-                   prompt_embeds=prompt, negative_prompt_embeds=negative, height=HEIGHT, width=WIDTH,
+                   prompt_embeds=prompt_embeds, negative_prompt_embeds=negative_embeds, height=HEIGHT, width=WIDTH,
                    num_frames=FRAMES, num_inference_steps=STEPS, guidance_scale=G,
                    generator=torch.Generator("cpu").manual_seed(SEED), output_type="latent",
                    callback_on_step_end=keep).frames
@@ -95,7 +104,7 @@ def compare(name, model, model_dir, images, encoder=False, expand=False, latent=
     def ours(imgs, tag):
         slug = os.path.join(tmp.name, f"{os.path.basename(model_dir)}-{len(images)}-{tag}")
         inp = slug + "-in.safetensors"
-        t = {"prompt_embeds": prompt, "negative_prompt_embeds": negative, "image": imgs[0].contiguous()}
+        t = {"prompt_embeds": prompt_embeds, "negative_prompt_embeds": negative_embeds, "image": imgs[0].contiguous()}
         if len(imgs) > 1:
             t["last_image"] = imgs[1].contiguous()
         st.save_file(t, inp)
@@ -125,6 +134,9 @@ compare("Wan 2.2 I2V layout", m22, d22, [first], other_image=True)
 compare("Wan 2.2 I2V layout, first and last image", m22, d22, [first, last])
 m21, d21 = transformer("wan21_i2v", image_dim=32, added_kv_proj_dim=32)
 compare("Wan 2.1 I2V with the CLIP image encoder", m21, d21, [first], encoder=True)
+# FLF2V: the first and last images' states (17 tokens each of the tiny CLIP) through pos_embed_seq_len 34.
+mflf, dflf = transformer("wan21_flf2v", image_dim=32, added_kv_proj_dim=32, pos_embed_seq_len=34)
+compare("Wan 2.1 FLF2V with the CLIP image encoder", mflf, dflf, [first, last], encoder=True)
 # Wan 2.2 TI2V 5B (expand_timesteps): the image's latents through the tiny Wan 2.2 VAE (8 channels, 16x
 # spatial) are the clean first latent frame, its tokens at timestep 0.
 m_ti2v = diffusers.WanTransformer3DModel.from_pretrained(u.reference_dir("dit", "wan22_ti2v_tiny")).eval()
