@@ -117,14 +117,24 @@ grep -q "max-length=512" "$work/wan21-short.log" \
   || { cat "$work/wan21-short.log"; echo "FAIL: the error does not name max-length=512"; exit 1; }
 echo "wan 2.1 i2v: text shorter than 512 rows is refused naming max-length"
 # Validation takes the same tensors: a ddpvalsink branch (its own vaeencoder and imageencoder) reports a
-# finite loss after each of 2 steps.
+# finite loss after each of 2 steps. A sampling branch samples image-to-video from a prompt file's image
+# (promptsrc image column, ddpsampler vae= image-encoder=) at step 2, and samplesink writes its MP4.
+gst-launch-1.0 -q videotestsrc num-buffers=1 pattern=ball ! video/x-raw,format=RGB,width=32,height=32 ! pngenc \
+  ! filesink location="$work/first.png"
+printf 'prompt,image\n"a ball",first.png\n' > "$work/prompts.csv"
 enc="vaeencoder model=$ref/wan_vae/tiny_wan21 latent=mode condition=first-frame $clip ! textencoder \
   tokenizer=$ref/text_encoder/umt5_tiny model=$ref/text_encoder/umt5_tiny max-length=512 caption-dropout=0"
 timeout 120 gst-launch-1.0 -m csvvideosrc location="$work/data/train.csv" num-frames=5 width=32 height=32 fps=0 \
     prefetch=1 seed=1 num-epochs=0 ! $enc ! queue ! microbatcher batch-size=2 micro-batch-size=1 \
   ! ddptrainsink name=trainer model="$work/dit21" lr=1e-3 max-steps=2 seed=1 timeout=60 \
   csvvideosrc location="$work/data8/val.csv" num-frames=5 width=32 height=32 fps=0 num-epochs=0 shuffle=false \
-    prefetch=1 ! $enc ! queue ! ddpvalsink trainer=trainer every=1 > "$work/wan21-val.log" 2>&1 \
+    prefetch=1 ! $enc ! queue ! ddpvalsink trainer=trainer every=1 \
+  promptsrc location="$work/prompts.csv" ! textencoder tokenizer=$ref/text_encoder/umt5_tiny \
+    model=$ref/text_encoder/umt5_tiny max-length=512 caption-dropout=0 ! ddpsampler trainer=trainer every=2 \
+    at-start=false steps=2 num-frames=5 width=32 height=32 vae=$ref/wan_vae/tiny_wan21 \
+    image-encoder=$ref/clip_vision/vit_tiny image-processor=$ref/clip_vision/image_processor ! queue \
+  ! vaedecoder model=$ref/wan_vae/tiny_wan21 framerate=8 ! samplesink trainer=trainer \
+    location="$work/samples/step-%08d/prompt-%02d.mp4" > "$work/wan21-val.log" 2>&1 \
   || { cat "$work/wan21-val.log"; echo "FAIL: the Wan 2.1 I2V run with validation did not end"; exit 1; }
 /usr/bin/python3 - "$work/wan21-val.log" <<'PY'
 import math, re, sys
@@ -132,6 +142,11 @@ r = [(int(s), float(l)) for s, l in re.findall(r"ddpvalsink-result.*?step=\(guin
 assert [s for s, _ in r] == [1, 2] and all(math.isfinite(l) for _, l in r), r
 print(f"wan 2.1 i2v: validation losses {r}")
 PY
+mp4="$work/samples/step-00000002/prompt-00.mp4"
+frames=$(ffprobe -v error -count_frames -select_streams v:0 -show_entries stream=nb_read_frames,width,height \
+  -of csv=p=0 "$mp4" 2>&1) || { ls -R "$work/samples" || true; echo "FAIL: no readable I2V sample $mp4"; exit 1; }
+[ "$frames" = "32,32,5" ] || { echo "FAIL: the I2V sample has width,height,frames $frames, expected 32,32,5"; exit 1; }
+echo "wan 2.1 i2v: an image-to-video sample of step 2 from the prompt file's image: $mp4 (32x32, 5 frames)"
 # Wan 2.2 TI2V 5B: pipelines/train-wan.pipeline -D CONDITION=first-frame on a folder whose ../model_index.json says
 # expand_timesteps (a copy: the trainer reads the folder's parent) trains image-to-video (the first latent frame
 # clean, out of the loss: other losses than the same run without CONDITION, which trains text-to-video); without
