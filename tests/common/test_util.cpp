@@ -213,6 +213,15 @@ bool make_video(const std::string &path, const VideoSpec &s) {
   return err.empty();
 }
 
+void expect_error(const std::function<void()> &f, const std::string &part) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing: " << part;
+  } catch (const std::exception &e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace vttest
 
 // One main for every test binary: GStreamer must be initialised before any test.

@@ -3,6 +3,7 @@
 
 #include <gst/gst.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -92,5 +93,8 @@ std::string reference_dir();
 // serves it (no mmap of its own) and keeps its memory when it is freed. "" when it
 // holds, else what went wrong.
 std::string heap_keeps_large_blocks();
+
+// Runs f; fails the current test unless it throws a std::exception whose message contains `part`.
+void expect_error(const std::function<void()> &f, const std::string &part);
 
 }  // namespace vttest

@@ -33,6 +33,8 @@ using namespace videotrain::models;
 using modeltest::RefFile;
 using modeltest::rel_l2;
 
+using vttest::expect_error;
+
 namespace {
 
 // The folder under test, relative to the reference dir when it is the stored one.
@@ -42,15 +44,6 @@ std::string ref_folder() {
 }
 
 RefFile ref_file(const std::string &name) { return RefFile(ref_folder() + "/" + name, RefFile::kAbsolute); }
-
-void expect_error(const std::function<void()> &f, const std::string &part) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing: " << part;
-  } catch (const std::exception &e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
 
 ModelInputs step_inputs(const RefFile &r) {
   ModelInputs in;

@@ -37,6 +37,8 @@ using modeltest::RefFile;
 using modeltest::rel_l2;
 namespace fs = std::filesystem;
 
+using vttest::expect_error;
+
 namespace {
 
 std::string ref_folder() {
@@ -44,15 +46,6 @@ std::string ref_folder() {
   return live && *live ? std::string(live) : vttest::reference_dir() + "/wan_i2v_condition";
 }
 std::string i2v_dir() { return vttest::reference_dir() + "/dit/wan21_i2v_tiny"; }
-
-void expect_error(const std::function<void()> &f, const std::string &part) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing: " << part;
-  } catch (const std::exception &e) {
-    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
-  }
-}
 
 ModelInputs inputs_of(const RefFile &r) {
   ModelInputs in;
