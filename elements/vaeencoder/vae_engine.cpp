@@ -9,15 +9,13 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
-#include <filesystem>
-#include <sstream>
 #include <stdexcept>
 
 #include "cpu_heap.h"
 #include "device_dtype.h"
+#include "encode_checks.h"
+#include "encoder_cache_entry.h"
 #include "first_line.h"
-#include "latent_store.h"
-#include "metas.h"
 #include "models/image_condition.h"
 #include "models/vae/vae_encoder.h"
 #include "out_of_memory.h"
@@ -103,9 +101,7 @@ struct VaeEngine::Impl {
   c10::Device device{c10::kCPU};
   c10::ScalarType dtype = at::kFloat;
   std::unique_ptr<VaeEncoder> enc;
-  at::Tensor last_raw;    // moments of the last finished clip (latent cache)
-  at::Tensor last_condition;  // its condition (float32, CPU), when options ask for one
-  at::Tensor last_condition_frames;  // and the frames it was made from, uint8 [n, H, W, 3] (CPU)
+  CachedClip last;        // the last finished clip's moments (and condition), for the latent cache
   std::string cache_key;  // the encoder's part of latent cache keys, once computed
   bool retain = false;
   std::function<void(const std::string &)> warn;
@@ -114,10 +110,6 @@ struct VaeEngine::Impl {
   bool settings_failure = false;  // the last failure would recur on every clip
   int64_t clips_done = 0;
   Clip clip;
-
-  TileRequest tile_request() const {
-    return {opts.tile_height, opts.tile_width, opts.tile_overlap_height, opts.tile_overlap_width};
-  }
 
   // A failure to encode: before any clip succeeded it comes from the model or the settings
   // (a TorchScript model that throws on the first clip throws on all), not from the clip.
@@ -320,7 +312,7 @@ struct VaeEngine::Impl {
     c.sample_id = sample_id;
     c.T = T, c.H = H, c.W = W;
     c.chunks = enc->chunks(T, chunk_frames);
-    c.plan = enc->plan_tiles(H, W, tile_request());
+    c.plan = enc->plan_tiles(H, W, tile_request(opts));
     c.reset_tiles();
   }
 
@@ -415,13 +407,7 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
   if (im.opts.fake_oom_pixels == 0)
     if (const char *fake = std::getenv("VIDEOTRAIN_VAEENCODER_FAKE_OOM_PIXELS"))
       im.opts.fake_oom_pixels = g_ascii_strtoll(fake, nullptr, 10);
-  if (opts.model.empty()) return fail("property 'model' is not set (a VAE folder or a TorchScript file)");
-  if (opts.chunk_frames < 1) return fail("chunk-frames must be at least 1");
-  if (opts.micro_batch_size < 1) return fail("micro-batch-size must be at least 1");
-  if (opts.tile_height < 0 || opts.tile_width < 0) return fail("tile-height and tile-width must not be negative");
-  if (!(opts.tile_overlap_height >= 0 && opts.tile_overlap_height < 1) ||
-      !(opts.tile_overlap_width >= 0 && opts.tile_overlap_width < 1))
-    return fail("tile-overlap-height and tile-overlap-width must be in [0, 1)");
+  if (std::string bad = check_options(opts); !bad.empty()) return fail(bad);
 
   DeviceDtype target;
   std::string target_error;
@@ -436,16 +422,7 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
   struct stat st;
   if (stat(opts.model.c_str(), &st) != 0) return fail("model '" + opts.model + "' does not exist");
   const bool folder = S_ISDIR(st.st_mode);
-  if (folder && opts.per_frame)
-    return fail("per-frame=true needs a TorchScript image encoder, but model '" + opts.model + "' is a VAE folder");
-  if (!folder && opts.norm_scope == NormScope::Clip)
-    return fail("norm-scope=clip sets the statistics of a VAE's GroupNorms, but model '" + opts.model +
-                "' is a TorchScript file whose normalisation the encoder cannot reach: use norm-scope=chunk");
-  if (!folder && opts.condition != Condition::None)
-    return fail("condition= encodes the clip's first frame with a VAE's posterior, but model '" + opts.model +
-                "' is a TorchScript file: use a diffusers VAE folder, or condition=none");
-  if (!folder && (opts.tile_height > 0 || opts.tile_width > 0))
-    return fail("tile-height/tile-width apply to a VAE folder; model '" + opts.model + "' is a TorchScript file");
+  if (std::string bad = check_model_kind(opts, folder); !bad.empty()) return fail(bad);
   try {
     c10::InferenceMode guard;
     im.enc = folder ? VaeEncoder::load(opts.model, im.device, im.dtype)
@@ -453,20 +430,7 @@ std::unique_ptr<VaeEngine> VaeEngine::create(const EngineOptions &opts, std::str
   } catch (const std::exception &e) {
     return fail(e.what());
   }
-  const VaeEncoder &enc = *im.enc;
-  if (const std::string why = enc.condition_unsupported(static_cast<models::ConditionFrames>(opts.condition));
-      !why.empty())
-    return fail(why);
-  if (opts.norm_scope == NormScope::Clip && !enc.clip_scope_unsupported().empty())
-    return fail("norm-scope=clip sets whole-clip statistics of a VAE's normalisations, but model '" + opts.model +
-                "' is a " + enc.name() + " VAE: " + enc.clip_scope_unsupported() + ": use norm-scope=chunk");
-  if (enc.uses_chunk_frames() && opts.chunk_frames % enc.temporal_compression() != 0)
-    return fail("chunk-frames=" + std::to_string(opts.chunk_frames) + " is not a multiple of the VAE's temporal " +
-                "compression " + std::to_string(enc.temporal_compression()) + " (" + opts.model + "/config.json)");
-  for (auto [t, name] : {std::pair{opts.tile_height, "tile-height"}, std::pair{opts.tile_width, "tile-width"}})
-    if (t > 0 && t < enc.tile_unit())
-      return fail(std::string(name) + "=" + std::to_string(t) + " is smaller than " + std::to_string(enc.tile_unit()) +
-                  ", what the " + enc.name() + " VAE compresses into one latent pixel" + enc.tile_note());
+  if (std::string bad = check_encoder(opts, *im.enc); !bad.empty()) return fail(bad);
   return eng;
 }
 
@@ -488,39 +452,13 @@ int VaeEngine::frames_expected() const { return impl_->clip.T; }
 bool VaeEngine::clip_complete() const { return impl_->clip.active && impl_->clip.received == impl_->clip.T; }
 
 std::string VaeEngine::check_clip(int T, int W, int H) const {
-  const Impl &im = *impl_;
-  if (T < 1) return "clip has no frames";
-  if (T > GST_VIDEOTRAIN_MAX_CLIP_FRAMES)
-    return "clips of " + std::to_string(T) + " frames are longer than the " +
-           std::to_string(GST_VIDEOTRAIN_MAX_CLIP_FRAMES) + " the encoder takes";
-  if (W < 1 || H < 1) return "frames are empty";
-  const VaeEncoder &enc = *im.enc;
-  const int g = enc.frame_group(), sc = enc.spatial_compression();
-  if (!im.opts.allow_any_length && (T - 1) % g != 0) {
-    const int below = T - (T - 1) % g;
-    return "num-frames=" + std::to_string(T) + " gives clips of " + std::to_string(T) + " frames; the " + enc.name() +
-           " VAE needs 1 + " + std::to_string(g) + "n frames: use " + std::to_string(below) + " or " +
-           std::to_string(below + g);
-  }
-  if (W % sc != 0 || H % sc != 0)
-    return "frames are " + std::to_string(W) + "x" + std::to_string(H) + "; the " + enc.name() + " VAE needs width " +
-           "and height divisible by its spatial compression " + std::to_string(sc) + " (set the source's width and height)";
-  // Tiles that do not join into the untiled latent's shape are refused.
-  if (!enc.plan_fits(enc.plan_tiles(H, W, im.tile_request()), H, W))
-    return "tile-height=" + std::to_string(im.opts.tile_height) + ", tile-width=" + std::to_string(im.opts.tile_width) +
-           " with overlaps " + std::to_string(im.opts.tile_overlap_height) + ", " +
-           std::to_string(im.opts.tile_overlap_width) + " do not tile " + std::to_string(W) + "x" + std::to_string(H) +
-           " frames into a " + std::to_string(W / sc) + "x" + std::to_string(H / sc) + " latent (" + enc.tile_advice() +
-           ")";
-  return "";
+  return check_clip_size(impl_->opts, *impl_->enc, T, W, H);
 }
 
 bool VaeEngine::begin_clip(uint64_t sample_id, int T, int W, int H, std::string *why, uint32_t epoch) {
   Impl &im = *impl_;
   abort_clip();
-  im.last_raw = at::Tensor();
-  im.last_condition = at::Tensor();
-  im.last_condition_frames = at::Tensor();
+  im.last = CachedClip();
   std::string bad = check_clip(T, W, H);
   // Here, not in check_clip: the face checks a frame size with a 1-frame clip when caps arrive.
   if (bad.empty() && im.opts.condition == Condition::FirstLast && T < 2)
@@ -603,12 +541,12 @@ GstBuffer *VaeEngine::finish_clip(std::string *why) {
     at::Tensor lat = im.latent(raw, Impl::noise_id(c.sample_id, c.epoch), at::Tensor()).to(im.dtype).contiguous();
     buf = buffer_from_tensor(lat);
     if (cond.defined()) {
-      im.last_condition = cond.to(at::kCPU, at::kFloat).clone();
+      im.last.condition = cond.to(at::kCPU, at::kFloat).clone();
       buffer_append_tensor(buf, "condition", cond.to(im.dtype).contiguous().clone());
-      im.last_condition_frames = cond_frames;
+      im.last.condition_frames = cond_frames;
       buffer_append_tensor(buf, "condition_frames", cond_frames);
     }
-    im.last_raw = raw;
+    im.last.moments = raw;
     im.clips_done++;
   } catch (const OutOfMemoryFatal &e) {
     im.fatal = true;
@@ -624,114 +562,35 @@ void VaeEngine::abort_clip() { impl_->clip = Clip(); }
 
 std::string VaeEngine::cache_key(std::string *why) {
   Impl &im = *impl_;
-  if (!im.cache_key.empty()) return im.cache_key;
-  // The model's content: every file of a VAE folder that describes or holds weights, by digest.
-  std::string content;
-  std::vector<std::string> files;
-  struct stat st {};
-  if (::stat(im.opts.model.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    for (const auto &e : std::filesystem::directory_iterator(im.opts.model)) {
-      const std::string name = e.path().filename().string();
-      if (name == "config.json" || (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0))
-        files.push_back(e.path().string());
-    }
-    std::sort(files.begin(), files.end());
-  } else {
-    files.push_back(im.opts.model);
-  }
-  for (const auto &f : files) {
-    std::string digest;
-    if (!sha256_file(f, &digest, why)) return "";
-    content += std::filesystem::path(f).filename().string() + " " + digest + "\n";
-  }
-  const EngineOptions &o = im.opts;
-  std::ostringstream k;
-  // Bump the version when the encoder's arithmetic changes what it computes.
-  k << "vaeencoder encode-1\nfamily " << im.enc->cache_name() << "\n"
-    << content << "dtype " << videotrain::dtype_name(im.dtype) << " device " << (im.device.is_cuda() ? "cuda" : "cpu")
-    << "\nchunk-frames " << (im.enc->native() && im.enc->uses_chunk_frames() ? o.chunk_frames : 0) << " per-frame " << o.per_frame
-    << "\ntiles " << o.tile_height << "x" << o.tile_width << " overlap " << o.tile_overlap_height << " "
-    << o.tile_overlap_width << "\nnorm-scope " << (o.norm_scope == NormScope::Clip ? "clip" : "chunk") << "\n";
-  // Only with a condition, so that the entries written without one keep their keys.
-  if (o.condition != Condition::None)
-    k << "condition " << (o.condition == Condition::First ? "first-frame" : "first-last-frame") << " encode-2\n";
-  im.cache_key = k.str();
+  if (im.cache_key.empty())
+    im.cache_key = encoder_cache_key(im.opts, *im.enc, videotrain::dtype_name(im.dtype), im.device.is_cuda(), why);
   return im.cache_key;
 }
 
 TensorSpec VaeEngine::moments_spec(int T, int W, int H) const {
-  const Impl &im = *impl_;
-  TensorSpec s{"moments", "float32", {1, -1, -1, -1, -1}};
-  const VaeEncoder &enc = *im.enc;
-  if (!enc.native()) return s;
-  const int tc = enc.temporal_compression(), sc = enc.spatial_compression();
-  s.shape[1] = 2 * enc.latent_channels();
-  if (T >= 1 && (T - 1) % tc == 0) s.shape[2] = (T - 1) / tc + 1;
-  if (H > 0 && H % sc == 0) s.shape[3] = H / sc;
-  if (W > 0 && W % sc == 0) s.shape[4] = W / sc;
-  return s;
+  return vae::moments_spec(*impl_->enc, T, W, H);
 }
 
 bool VaeEngine::last_moments(CacheEntry *out) const {
-  const Impl &im = *impl_;
-  if (!im.last_raw.defined()) return false;
-  out->tensors = {cached_tensor_of("moments", im.last_raw.to(at::kCPU, at::kFloat))};
-  if (im.last_condition.defined()) out->tensors.push_back(cached_tensor_of("condition", im.last_condition));
-  if (im.last_condition_frames.defined())
-    out->tensors.push_back(cached_tensor_of("condition_frames", im.last_condition_frames));
+  if (!impl_->last.moments.defined()) return false;
+  *out = cache_entry_of(impl_->last);
   return true;
 }
 
 GstBuffer *VaeEngine::latent_from_moments(const CacheEntry &entry, uint64_t sample_id, uint32_t epoch,
                                           std::string *why) {
   Impl &im = *impl_;
-  const CachedTensor *m = entry.find("moments");
-  if (!m) {
-    *why = "the entry holds no moments";
-    return nullptr;
-  }
-  std::optional<at::Tensor> raw = tensor_of_cached(*m, why);
-  if (!raw) return nullptr;
-  if (raw->dim() != 5 || raw->size(0) != 1 || raw->scalar_type() != at::kFloat) {
-    *why = "the entry's moments are not a float32 [1, C, t, h, w] tensor";
-    return nullptr;
-  }
-  std::optional<at::Tensor> cond, cond_frames;
-  if (im.opts.condition != Condition::None) {
-    const CachedTensor *ct = entry.find("condition");
-    if (!ct) {
-      *why = "the entry holds no condition (condition=) beside its moments";
-      return nullptr;
-    }
-    cond = tensor_of_cached(*ct, why);
-    if (!cond) return nullptr;
-    if (cond->dim() != 4 || cond->sizes().slice(1) != raw->sizes().slice(2) || cond->scalar_type() != at::kFloat) {
-      *why = "the entry's condition is not a float32 [tc + C, t, h, w] tensor beside its moments";
-      return nullptr;
-    }
-    const CachedTensor *cf = entry.find("condition_frames");
-    if (!cf) {
-      *why = "the entry holds no condition_frames (condition=) beside its moments";
-      return nullptr;
-    }
-    cond_frames = tensor_of_cached(*cf, why);
-    if (!cond_frames) return nullptr;
-    const int64_t n = im.opts.condition == Condition::FirstLast ? 2 : 1;
-    if (cond_frames->dim() != 4 || cond_frames->size(0) != n || cond_frames->size(3) != 3 ||
-        cond_frames->scalar_type() != at::kByte) {
-      *why = "the entry's condition_frames are not uint8 [" + std::to_string(n) + ", H, W, 3]";
-      return nullptr;
-    }
-  }
+  CachedClip clip;
+  if (!cached_clip_of(entry, im.opts.condition, &clip, why)) return nullptr;
   try {
     at::NoGradGuard ng;
     // On the device the encoder would have left them on, so that the latent is bit for bit the same.
     at::Tensor lat =
-        im.latent(raw->to(im.device), Impl::noise_id(sample_id, epoch), at::Tensor()).to(im.dtype).contiguous();
+        im.latent(clip.moments.to(im.device), Impl::noise_id(sample_id, epoch), at::Tensor()).to(im.dtype).contiguous();
     GstBuffer *buf = buffer_from_tensor(lat);
-    if (cond) {
-      buffer_append_tensor(buf, "condition", cond->to(im.device, im.dtype).contiguous().clone());
-      buffer_append_tensor(buf, "condition_frames", *cond_frames);
+    if (clip.condition.defined()) {
+      buffer_append_tensor(buf, "condition", clip.condition.to(im.device, im.dtype).contiguous().clone());
+      buffer_append_tensor(buf, "condition_frames", clip.condition_frames);
     }
     return buf;
   } catch (const std::exception &e) {
