@@ -74,7 +74,7 @@ static GstStaticPadTemplate src_template = GST_STATIC_PAD_TEMPLATE(
 static void post_summary(GstImageEncoder *self) {
   if (!*self->encoder) return;
   const ImageEncoderStats s = (*self->encoder)->stats();
-  const bool loaded = (*self->encoder)->encoder_loaded();
+  const bool loaded = s.encoder_loaded;
   if (!loaded) GST_INFO_OBJECT(self, "every clip came from cache-dir: the image encoder was not loaded");
   GstStructure *m = gst_structure_new("imageencoder-summary", "clips", G_TYPE_UINT64, s.clips, "encoded",
                                       G_TYPE_UINT64, s.encoded, "cache-reads", G_TYPE_UINT64, s.cache_reads,
@@ -88,9 +88,9 @@ static GstFlowReturn gst_image_encoder_chain(GstPad *, GstObject *parent, GstBuf
     gst_buffer_unref(buf);
     return GST_FLOW_FLUSHING;
   }
-  std::string err;
-  const ImageBuffers::Result r = (*self->encoder)->attach(&buf, &err);
-  if (std::string w = (*self->encoder)->take_warning(); !w.empty())
+  std::string err, w;
+  const ImageBuffers::Result r = (*self->encoder)->attach(&buf, &err, &w);
+  if (!w.empty())
     GST_ELEMENT_WARNING(self, RESOURCE, WRITE, ("%s", w.c_str()), ("property cache-dir"));
   if (r == ImageBuffers::Result::kNoFrames) {
     gst_buffer_unref(buf);
@@ -154,9 +154,10 @@ static GstStateChangeReturn gst_image_encoder_change_state(GstElement *element, 
                         ("model=%s processor=%s", opts.model.c_str(), opts.processor.c_str()));
       return GST_STATE_CHANGE_FAILURE;
     }
+    const ImageEncoderInfo &i = enc->info();
     GST_INFO_OBJECT(self, "image encoder on %s, %s, hidden_states[%d] of [n, %" G_GINT64_FORMAT ", %" G_GINT64_FORMAT
-                    "], processor %s", enc->device_name().c_str(), enc->dtype_name().c_str(), enc->layer(),
-                    enc->tokens(), enc->embed_dim(), enc->processor_dir().c_str());
+                    "], processor %s", i.device.c_str(), i.dtype.c_str(), i.layer, i.tokens, i.embed_dim,
+                    i.processor_dir.c_str());
     *self->encoder = std::move(enc);
   }
   GstStateChangeReturn ret = GST_ELEMENT_CLASS(gst_image_encoder_parent_class)->change_state(element, transition);

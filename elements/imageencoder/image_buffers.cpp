@@ -17,7 +17,13 @@ std::unique_ptr<ImageBuffers> ImageBuffers::create(const ImageEncoderOptions &op
 
 ImageBuffers::~ImageBuffers() = default;
 
-ImageBuffers::Result ImageBuffers::attach(GstBuffer **buf, std::string *error) {
+ImageBuffers::Result ImageBuffers::attach(GstBuffer **buf, std::string *error, std::string *warning) {
+  const Result r = replace_frames(buf, error);
+  *warning = engine_->take_warning();
+  return r;
+}
+
+ImageBuffers::Result ImageBuffers::replace_frames(GstBuffer **buf, std::string *error) {
   if (!find_tensor_meta(*buf, "condition_frames")) return Result::kNoFrames;
   std::string why;
   auto frames = named_tensor_from_buffer(*buf, "condition_frames", &why);
@@ -39,14 +45,7 @@ ImageBuffers::Result ImageBuffers::attach(GstBuffer **buf, std::string *error) {
   return Result::kOk;
 }
 
-int64_t ImageBuffers::tokens() const { return engine_->tokens(); }
-int64_t ImageBuffers::embed_dim() const { return engine_->embed_dim(); }
-int ImageBuffers::layer() const { return engine_->layer(); }
-std::string ImageBuffers::dtype_name() const { return engine_->dtype_name(); }
-std::string ImageBuffers::device_name() const { return engine_->device_name(); }
-std::string ImageBuffers::processor_dir() const { return engine_->processor_dir(); }
+const ImageEncoderInfo &ImageBuffers::info() const { return engine_->info(); }
 ImageEncoderStats ImageBuffers::stats() const { return engine_->stats(); }
-bool ImageBuffers::encoder_loaded() const { return engine_->encoder_loaded(); }
-std::string ImageBuffers::take_warning() { return engine_->take_warning(); }
 
 }  // namespace videotrain::image

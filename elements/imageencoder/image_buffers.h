@@ -1,5 +1,6 @@
 /* Between imageencoder's face and its engine (the face has no torch): replaces a latent buffer's
- * condition_frames (vaeencoder condition=) by the named tensor image_embeds [n, tokens, dim]. */
+ * condition_frames (vaeencoder condition=) by the named tensor image_embeds [n, tokens, dim]. The
+ * face reads the engine's settings and counters as plain structs (image_options.h). */
 #pragma once
 
 #include <gst/gst.h>
@@ -22,21 +23,16 @@ class ImageBuffers {
   enum class Result { kOk, kNoFrames, kError };
   // Encodes *buf's condition_frames, appends image_embeds and drops condition_frames (*buf made
   // writable in place; every other tensor and meta kept). kNoFrames: the buffer has none;
-  // kError with *error when they cannot be read or the encoder fails.
-  Result attach(GstBuffer **buf, std::string *error);
+  // kError with *error when they cannot be read or the encoder fails. *warning (whatever the
+  // result): a cache-dir problem to report once (an unusable entry, a failed write), else "".
+  Result attach(GstBuffer **buf, std::string *error, std::string *warning);
 
-  int64_t tokens() const;
-  int64_t embed_dim() const;
-  int layer() const;
-  std::string dtype_name() const;
-  std::string device_name() const;
-  std::string processor_dir() const;
+  const ImageEncoderInfo &info() const;  // what the engine resolved at start
   ImageEncoderStats stats() const;
-  bool encoder_loaded() const;
-  std::string take_warning();
 
  private:
   ImageBuffers() = default;
+  Result replace_frames(GstBuffer **buf, std::string *error);
   std::unique_ptr<ImageEncoderEngine> engine_;
 };
 

@@ -36,13 +36,12 @@ std::string shape_text(const at::Tensor &t) {
 
 struct ImageEncoderEngine::Impl {
   ImageEncoderOptions opts;
-  std::string processor_dir;
+  ImageEncoderInfo info;
   std::optional<models::ClipImageProcessor> processor;
   models::ClipVisionConfig config;
   std::unique_ptr<models::ClipVisionEncoder> encoder;  // null until the first cache miss with cache_dir
   c10::Device device{c10::kCPU};
   c10::ScalarType dtype = c10::kFloat;
-  int layer = 0;
   ImageEncoderStats stats;
   std::unique_ptr<LatentStore> store;
   std::string key_prefix;
@@ -51,6 +50,7 @@ struct ImageEncoderEngine::Impl {
   void load() {
     try {
       encoder = models::ClipVisionEncoder::open(opts.model, device, dtype);
+      stats.encoder_loaded = true;
     } catch (const std::exception &e) {
       throw std::runtime_error("cannot load image encoder folder '" + opts.model + "' (property model): " +
                                first_line(e.what()));
@@ -121,12 +121,12 @@ std::unique_ptr<ImageEncoderEngine> ImageEncoderEngine::create(const ImageEncode
   std::unique_ptr<ImageEncoderEngine> e(new ImageEncoderEngine());
   Impl &im = *e->im_;
   im.opts = opts;
-  im.processor_dir = opts.processor;
-  if (im.processor_dir.empty()) {
+  im.info.processor_dir = opts.processor;
+  if (im.info.processor_dir.empty()) {
     // The published layout: image_encoder/ and image_processor/ side by side.
     const std::string beside =
         ((std::filesystem::path(opts.model) / "..").lexically_normal() / "image_processor").string();
-    im.processor_dir = beside;
+    im.info.processor_dir = beside;
     if (!is_dir(beside))
       return fail("no image processor: '" + beside + "' does not exist; set the processor property (an "
                   "image_processor/ folder with preprocessor_config.json)");
@@ -137,18 +137,18 @@ std::unique_ptr<ImageEncoderEngine> ImageEncoderEngine::create(const ImageEncode
     return fail("cannot load image encoder folder '" + opts.model + "' (property model): " + first_line(ex.what()));
   }
   try {
-    im.processor = models::ClipImageProcessor::open(im.processor_dir);
+    im.processor = models::ClipImageProcessor::open(im.info.processor_dir);
   } catch (const std::exception &ex) {
     return fail("cannot read the image processor (property processor): " + first_line(ex.what()));
   }
   const auto &pc = im.processor->config();
   if (pc.do_center_crop && (pc.crop_height != im.config.image_size || pc.crop_width != im.config.image_size))
-    return fail("the image processor '" + im.processor_dir + "' crops " + std::to_string(pc.crop_width) + "x" +
+    return fail("the image processor '" + im.info.processor_dir + "' crops " + std::to_string(pc.crop_width) + "x" +
                 std::to_string(pc.crop_height) + " but the encoder '" + opts.model + "' takes image_size " +
                 std::to_string(im.config.image_size) + ": the image_processor/ and image_encoder/ of different models?");
   const int layers = static_cast<int>(im.config.num_hidden_layers);
-  im.layer = opts.hidden_state < 0 ? layers + 1 + opts.hidden_state : opts.hidden_state;
-  if (im.layer < 0 || im.layer > layers)
+  im.info.layer = opts.hidden_state < 0 ? layers + 1 + opts.hidden_state : opts.hidden_state;
+  if (im.info.layer < 0 || im.info.layer > layers)
     return fail("hidden-state=" + std::to_string(opts.hidden_state) + " is outside the encoder's " +
                 std::to_string(layers + 1) + " hidden states (" + std::to_string(-layers - 1) + " to " +
                 std::to_string(layers) + "; -2: the penultimate, as " + image_embedding_layouts() + " take)");
@@ -159,6 +159,10 @@ std::unique_ptr<ImageEncoderEngine> ImageEncoderEngine::create(const ImageEncode
     im.device = target.device;
     im.dtype = target.dtype;
   }
+  im.info.tokens = im.config.num_positions();
+  im.info.embed_dim = im.config.hidden_size;
+  im.info.dtype = videotrain::dtype_name(im.dtype);
+  im.info.device = videotrain::device_name(im.device);
   if (opts.cache_dir.empty()) {
     try {
       im.load();
@@ -170,11 +174,11 @@ std::unique_ptr<ImageEncoderEngine> ImageEncoderEngine::create(const ImageEncode
     im.store = LatentStore::open(opts.cache_dir, true, &why);
     if (!im.store) return fail(why);
     if (!folder_identity(opts.model, &model_id, &why) ||
-        !sha256_file(im.processor_dir + "/preprocessor_config.json", &processor_digest, &why))
+        !sha256_file(im.info.processor_dir + "/preprocessor_config.json", &processor_digest, &why))
       return fail(why);
     // Everything that changes an embedding: encoder and processor content, layer, dtype, device type.
     im.key_prefix = "videotrain-image v1\nmodel " + model_id + "\nprocessor " + processor_digest + "\nhidden-state " +
-                    std::to_string(im.layer) + "\ndtype " + videotrain::dtype_name(im.dtype) + "\ndevice " +
+                    std::to_string(im.info.layer) + "\ndtype " + videotrain::dtype_name(im.dtype) + "\ndevice " +
                     (im.device.is_cuda() ? "cuda" : "cpu") + "\nframes ";
   }
   return e;
@@ -202,7 +206,7 @@ at::Tensor ImageEncoderEngine::encode(const at::Tensor &frames) {
   if (!im.encoder) im.load();
   at::Tensor y;
   try {
-    y = im.encoder->hidden_states(px.to(im.device), im.layer).back();
+    y = im.encoder->hidden_states(px.to(im.device), im.info.layer).back();
   } catch (const std::exception &e) {
     throw std::runtime_error("the image encoder '" + im.opts.model + "' failed: " + first_line(e.what()));
   }
@@ -212,14 +216,8 @@ at::Tensor ImageEncoderEngine::encode(const at::Tensor &frames) {
   return y;
 }
 
-int64_t ImageEncoderEngine::tokens() const { return im_->config.num_positions(); }
-int64_t ImageEncoderEngine::embed_dim() const { return im_->config.hidden_size; }
-int ImageEncoderEngine::layer() const { return im_->layer; }
-std::string ImageEncoderEngine::dtype_name() const { return videotrain::dtype_name(im_->dtype); }
-std::string ImageEncoderEngine::device_name() const { return videotrain::device_name(im_->device); }
-std::string ImageEncoderEngine::processor_dir() const { return im_->processor_dir; }
+const ImageEncoderInfo &ImageEncoderEngine::info() const { return im_->info; }
 ImageEncoderStats ImageEncoderEngine::stats() const { return im_->stats; }
-bool ImageEncoderEngine::encoder_loaded() const { return im_->encoder != nullptr; }
 std::string ImageEncoderEngine::take_warning() {
   std::string w;
   w.swap(im_->store_warning);

@@ -31,14 +31,8 @@ class ImageEncoderEngine {
   // The processor's pixel_values [n, 3, S, S] float32 for those frames (what encode() feeds the encoder).
   at::Tensor pixel_values(const at::Tensor &frames) const;
 
-  int64_t tokens() const;
-  int64_t embed_dim() const;
-  int layer() const;  // hidden_state resolved to 0..num_hidden_layers
-  std::string dtype_name() const;
-  std::string device_name() const;
-  std::string processor_dir() const;
+  const ImageEncoderInfo &info() const;
   ImageEncoderStats stats() const;
-  bool encoder_loaded() const;
   // A cache-dir problem to report once (an unusable entry, a failed write); "" when none.
   std::string take_warning();
 

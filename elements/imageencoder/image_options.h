@@ -20,6 +20,15 @@ struct ImageEncoderStats {
   uint64_t encoded = 0;       // clips whose frames went through the encoder
   uint64_t cache_reads = 0;   // clips read from cache-dir instead
   uint64_t cache_writes = 0;  // clips written to cache-dir
+  bool encoder_loaded = false;  // the weights are in memory (with cache-dir: from the first miss on)
+};
+
+// What the engine resolved at start, fixed for its life (the face logs it).
+struct ImageEncoderInfo {
+  int64_t tokens = 0, embed_dim = 0;  // image_embeds are [n, tokens, embed_dim]
+  int layer = 0;                      // hidden_state resolved to 0..num_hidden_layers
+  std::string dtype, device;          // "float32", "cpu", ... as resolved
+  std::string processor_dir;          // the processor folder read (given or beside the model)
 };
 
 }  // namespace videotrain::image

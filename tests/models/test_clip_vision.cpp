@@ -224,8 +224,8 @@ TEST(ImageEncoderEngine, ImageEmbedsAreTheEncodersHiddenStateOfTheProcessedFrame
   std::string err;
   auto e = ImageEncoderEngine::create(image_options(), &err);
   ASSERT_TRUE(e) << err;
-  EXPECT_TRUE(fs::equivalent(e->processor_dir(), ref("image_processor"))) << e->processor_dir();
-  EXPECT_EQ(e->layer(), 2);  // -2 of 4 hidden states
+  EXPECT_TRUE(fs::equivalent(e->info().processor_dir, ref("image_processor"))) << e->info().processor_dir;
+  EXPECT_EQ(e->info().layer, 2);  // -2 of 4 hidden states
   // One frame at a time against transformers (the processor's pixel_values and hidden_states[-2]).
   int i = 0;
   for (const std::string name : {"down", "up"}) {
@@ -273,16 +273,16 @@ TEST(ImageEncoderEngine, CacheDirGivesTheSameBytesWithoutLoadingTheEncoder) {
   std::string err;
   auto miss = ImageEncoderEngine::create(image_options(tmp.path()), &err);
   ASSERT_TRUE(miss) << err;
-  EXPECT_FALSE(miss->encoder_loaded());
+  EXPECT_FALSE(miss->stats().encoder_loaded);
   const auto first = miss->encode(frames);
-  EXPECT_TRUE(miss->encoder_loaded());
+  EXPECT_TRUE(miss->stats().encoder_loaded);
   EXPECT_EQ(miss->stats().cache_writes, 1u);
   auto hit = ImageEncoderEngine::create(image_options(tmp.path()), &err);
   ASSERT_TRUE(hit) << err;
   EXPECT_TRUE(torch::equal(hit->encode(frames), first));
   EXPECT_EQ(hit->stats().cache_reads, 1u);
   EXPECT_EQ(hit->stats().encoded, 0u);
-  EXPECT_FALSE(hit->encoder_loaded());
+  EXPECT_FALSE(hit->stats().encoder_loaded);
   EXPECT_EQ(hit->take_warning(), "");
   // Other frames, or another hidden state, are other entries.
   auto changed = frames.clone();
