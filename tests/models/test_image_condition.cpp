@@ -45,12 +45,13 @@ std::string ref_folder() {
 
 RefFile ref_file(const std::string &name) { return RefFile(ref_folder() + "/" + name, RefFile::kAbsolute); }
 
+// A training_step.safetensors' inputs (Wan's carry a text mask, CogVideoX's none) and options.
 ModelInputs step_inputs(const RefFile &r) {
   ModelInputs in;
   in.latents = r.get("x0");
   in.condition = r.get("condition");
   in.text_embeds = r.get("text_embeds");
-  in.text_mask = r.get("text_mask");
+  if (r.has("text_mask")) in.text_mask = r.get("text_mask");
   const auto ids = r.get("sample_ids");
   for (int64_t i = 0; i < ids.numel(); i++) in.sample_ids.push_back(static_cast<uint64_t>(ids[i].item<int64_t>()));
   in.epoch = static_cast<unsigned>(std::stoul(r.meta("epoch")));
@@ -61,6 +62,48 @@ ModelOptions step_options(const RefFile &r) {
   ModelOptions o;
   o.seed = std::stoull(r.meta("seed"));
   return o;
+}
+
+std::unique_ptr<TrainModel> cpu_model(const std::string &dir, const ModelOptions &o = ModelOptions{}) {
+  return make_model(dir, ModelDims{}, torch::kCPU, o);
+}
+
+// One training step on the reference's inputs against its loss (within 1e-5) and every parameter's
+// gradient (grad.<name>, within 1e-4), backward run: what the step gave, for figures and more checks.
+struct StepResult {
+  at::Tensor loss;
+  double loss_rel = 0, worst = 0;
+  std::string worst_name;
+  size_t parameters = 0;
+};
+void expect_step_matches(TrainModel &model, const ModelInputs &in, const RefFile &r, StepResult *out) {
+  out->loss = model.training_step(in);
+  out->loss_rel = rel_l2(out->loss.reshape({1}), r.get("loss"));
+  EXPECT_LT(out->loss_rel, 1e-5) << out->loss.item<double>() << " vs " << r.get("loss");
+  out->loss.backward();
+  for (auto &[name, p] : model.named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name;
+    const double e = rel_l2(p.grad(), r.get("grad." + name));
+    if (e > out->worst) out->worst = e, out->worst_name = name;
+    out->parameters++;
+  }
+  EXPECT_LT(out->worst, 1e-4) << out->worst_name;
+}
+
+// The condition reaches the loss (another condition, another loss) and validation takes it too (one
+// loss per sample).
+void expect_condition_used(TrainModel &model, const ModelInputs &in, const at::Tensor &loss) {
+  ModelInputs other = in;
+  other.condition = in.condition.flip(0);
+  EXPECT_GT(std::abs(model.training_step(other).item<double>() - loss.item<double>()), 1e-6);
+  EXPECT_EQ(model.validation_step(in, {1, 2}).sizes(), (std::vector<int64_t>{2}));
+}
+
+// An image-to-video model refuses inputs without a condition, naming vaeencoder's property.
+void expect_condition_required(TrainModel &model, const ModelInputs &in) {
+  ModelInputs none = in;
+  none.condition = at::Tensor();
+  expect_error([&] { model.training_step(none); }, "set vaeencoder condition=first-frame");
 }
 
 }  // namespace
@@ -158,33 +201,15 @@ TEST(ImageCondition, MaskFramesAndErrors) {
 TEST(ImageConditionTraining, StepMatchesDiffusersForwardOnConcatenatedInput) {
   const RefFile r = ref_file("training_step.safetensors");
   ASSERT_TRUE(r.ok());
-  const std::string dir = ref_folder() + "/transformer";
-  auto model = make_model(dir, ModelDims{}, torch::kCPU, step_options(r));
+  auto model = cpu_model(ref_folder() + "/transformer", step_options(r));
   ASSERT_EQ(model->dit()->condition_channels(), 8);
   const ModelInputs in = step_inputs(r);
-  const auto loss = model->training_step(in);
-  const double le = rel_l2(loss.reshape({1}), r.get("loss"));
-  EXPECT_LT(le, 1e-5) << loss.item<double>() << " vs " << r.get("loss");
-  loss.backward();
-  double worst = 0;
-  std::string worst_name;
-  size_t n = 0;
-  for (auto &[name, p] : model->named_parameters()) {
-    ASSERT_TRUE(p.grad().defined()) << name;
-    const double e = rel_l2(p.grad(), r.get("grad." + name));
-    if (e > worst) worst = e, worst_name = name;
-    n++;
-  }
-  EXPECT_GT(n, 30u);
-  EXPECT_LT(worst, 1e-4) << worst_name;
+  StepResult s;
+  ASSERT_NO_FATAL_FAILURE(expect_step_matches(*model, in, r, &s));
+  EXPECT_GT(s.parameters, 30u);
   std::printf("FIGURE I2V training step vs diffusers: loss rel %.3g, worst parameter gradient %.3g (%s), %zu parameters\n",
-              le, worst, worst_name.c_str(), n);
-  // The condition reaches the loss: another condition, another loss.
-  ModelInputs other = in;
-  other.condition = in.condition.flip(0);
-  EXPECT_GT(std::abs(model->training_step(other).item<double>() - loss.item<double>()), 1e-6);
-  // Validation takes it too (one loss per sample).
-  EXPECT_EQ(model->validation_step(in, {1, 2}).sizes(), (std::vector<int64_t>{2}));
+              s.loss_rel, s.worst, s.worst_name.c_str(), s.parameters);
+  expect_condition_used(*model, in, s.loss);
 }
 
 // CogVideoX1.5-I2V: a native v-prediction step on its condition (tests/reference/cogvideox_i2v/training_step:
@@ -193,63 +218,36 @@ TEST(ImageConditionTraining, StepMatchesDiffusersForwardOnConcatenatedInput) {
 TEST(ImageConditionTraining, CogVideoXI2VStepMatchesDiffusers) {
   const RefFile r("cogvideox_i2v/training_step.safetensors");
   ASSERT_TRUE(r.ok());
-  ModelOptions o;
-  o.seed = std::stoull(r.meta("seed"));
-  auto model = make_model(vttest::reference_dir() + "/dit/cogvideox15_i2v_tiny", ModelDims{}, torch::kCPU, o);
+  auto model = cpu_model(vttest::reference_dir() + "/dit/cogvideox15_i2v_tiny", step_options(r));
   ASSERT_EQ(model->dit()->condition_channels(), 4);
-  ModelInputs in;
-  in.latents = r.get("x0");
-  in.condition = r.get("condition");
-  in.text_embeds = r.get("text_embeds");
-  const auto ids = r.get("sample_ids");
-  for (int64_t i = 0; i < ids.numel(); i++) in.sample_ids.push_back(static_cast<uint64_t>(ids[i].item<int64_t>()));
-  in.epoch = static_cast<unsigned>(std::stoul(r.meta("epoch")));
-  const auto loss = model->training_step(in);
-  const double le = rel_l2(loss.reshape({1}), r.get("loss"));
-  EXPECT_LT(le, 1e-5) << loss.item<double>() << " vs " << r.get("loss");
-  loss.backward();
-  double worst = 0;
-  std::string worst_name;
-  size_t n = 0;
-  for (auto &[name, p] : model->named_parameters()) {
-    ASSERT_TRUE(p.grad().defined()) << name;
-    const double e = rel_l2(p.grad(), r.get("grad." + name));
-    if (e > worst) worst = e, worst_name = name;
-    n++;
-  }
-  EXPECT_EQ(n, 2u * 24 + 16 + 4);
-  EXPECT_LT(worst, 1e-4) << worst_name;
-  std::printf("FIGURE CogVideoX I2V training step vs diffusers: loss rel %.3g, worst parameter gradient %.3g (%s)\n", le,
-              worst, worst_name.c_str());
-  ModelInputs other = in;
-  other.condition = in.condition.flip(0);
-  EXPECT_GT(std::abs(model->training_step(other).item<double>() - loss.item<double>()), 1e-6);
-  EXPECT_EQ(model->validation_step(in, {1, 2}).sizes(), (std::vector<int64_t>{2}));
-  ModelInputs none = in;
-  none.condition = at::Tensor();
-  expect_error([&] { model->training_step(none); }, "set vaeencoder condition=first-frame");
+  const ModelInputs in = step_inputs(r);
+  StepResult s;
+  ASSERT_NO_FATAL_FAILURE(expect_step_matches(*model, in, r, &s));
+  EXPECT_EQ(s.parameters, 2u * 24 + 16 + 4);
+  std::printf("FIGURE CogVideoX I2V training step vs diffusers: loss rel %.3g, worst parameter gradient %.3g (%s)\n",
+              s.loss_rel, s.worst, s.worst_name.c_str());
+  expect_condition_used(*model, in, s.loss);
+  expect_condition_required(*model, in);
   ModelInputs wan_style = in;
   wan_style.condition = torch::zeros({2, 8, 3, 8, 12});  // a Wan condition (mask + latents)
   expect_error([&] { model->training_step(wan_style); }, "condition=first-frame with the CogVideoX VAE");
-  auto t2v = make_model(vttest::reference_dir() + "/dit/cogvideox15_tiny", ModelDims{}, torch::kCPU, o);
+  auto t2v = cpu_model(vttest::reference_dir() + "/dit/cogvideox15_tiny", step_options(r));
   expect_error([&] { t2v->training_step(in); }, "set vaeencoder condition=none");
 }
 
 TEST(ImageConditionTraining, ErrorsAndWan21WithoutImageEmbeds) {
   const RefFile r = ref_file("training_step.safetensors");
   ASSERT_TRUE(r.ok());
-  auto model = make_model(ref_folder() + "/transformer", ModelDims{}, torch::kCPU, step_options(r));
+  auto model = cpu_model(ref_folder() + "/transformer", step_options(r));
   ModelInputs in = step_inputs(r);
-  ModelInputs none = in;
-  none.condition = at::Tensor();
-  expect_error([&] { model->training_step(none); }, "set vaeencoder condition=first-frame");
+  expect_condition_required(*model, in);
   ModelInputs wide = in;
   wide.latents = torch::cat({in.latents, in.condition}, 1);  // the condition given as latents
   expect_error([&] { model->training_step(wide); }, "takes 4: use the VAE");
-  auto t2v = make_model(vttest::reference_dir() + "/dit/wan_t2v_tiny", ModelDims{}, torch::kCPU, ModelOptions{});
+  auto t2v = cpu_model(vttest::reference_dir() + "/dit/wan_t2v_tiny");
   expect_error([&] { t2v->training_step(in); }, "is a text-to-video transformer");
   // Wan 2.1 I2V trains now (test wan-i2v-training); without image embeddings it says what to add.
-  auto i2v = make_model(vttest::reference_dir() + "/dit/wan21_i2v_tiny", ModelDims{}, torch::kCPU, ModelOptions{});
+  auto i2v = cpu_model(vttest::reference_dir() + "/dit/wan21_i2v_tiny");
   expect_error([&] { i2v->training_step(in); }, "put an imageencoder");
 }
 
@@ -262,13 +260,11 @@ TEST(ImageConditionTraining, ExpertPairTakesTheCondition) {
   ModelOptions o = step_options(r);
   o.model_2 = dir;
   o.boundary_ratio = 0.5;
-  auto pair = make_model(dir, ModelDims{}, torch::kCPU, o);
+  auto pair = cpu_model(dir, o);
   const ModelInputs in = step_inputs(r);
   const double want = r.get("loss").item<double>();
   EXPECT_NEAR(pair->training_step(in).item<double>(), want, 1e-5 * want);
-  ModelInputs none = in;
-  none.condition = at::Tensor();
-  expect_error([&] { pair->training_step(none); }, "set vaeencoder condition=first-frame");
+  expect_condition_required(*pair, in);
 }
 
 TEST(ImageConditionTraining, EngineStepsTrain) {
