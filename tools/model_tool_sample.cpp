@@ -17,7 +17,6 @@
 #include "models/image_condition.h"
 #include "models/native_model.h"
 #include "models/samplers.h"
-#include "models/vae/cogvideox_encoder.h"
 #include "models/vae/vae_encoder.h"
 
 using namespace videotrain::models;
@@ -64,55 +63,48 @@ int sample_command(std::vector<std::string> args) {
   const int64_t pt = frames_first ? high->temporal_patch() : 1, extra = (pt - shape[2] % pt) % pt;
   const std::vector<int64_t> noise_shape =
       frames_first ? std::vector<int64_t>{1, shape[2] + extra, shape[1], shape[3], shape[4]} : shape;
-  // The pipelines' generator: CogVideoX I2V draws its image's posterior from it before the noise.
+  // The pipelines' generator (an image-latents condition draws from it before the noise).
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   std::unique_ptr<DitModel> low;
   if (!dir2.empty()) low = open_dit(dir2, torch::kCPU);
-  // Image-to-video: the condition from IN's image(s) through the VAE, the image embeddings through the encoder.
-  ImageInputs image;
+  // Image-to-video: the inputs from IN's image(s) as ddpsampler builds them (models::image_inputs).
   // Wan 2.2 TI2V 5B: the pipeline's expand_timesteps (its model_index.json, or --expand-timesteps).
   const bool expand = expand_flag || pipeline_expand_timesteps(args[0]);
-  if (expand) {
-    const at::Tensor first = input_tensor(*in, "image", false, "");
-    if (first.defined()) {
-      if (vae_dir.empty()) throw std::runtime_error("an image for TI2V (expand_timesteps): give --vae DIR");
-      auto vae = vae::VaeEncoder::load(vae_dir, torch::kCPU, torch::kFloat);
-      const LatentEncode encode = [&](const at::Tensor &v) { return vae->latent(vae->encode(v)); };
-      const int64_t sc = vae->spatial_compression();
-      image.first_frame = ti2v_first_frame(preprocess_image(first, shape[3] * sc, shape[4] * sc), encode);
-    }
-  } else if (frames_first && high->condition_channels() > 0) {
-    const at::Tensor first = input_tensor(*in, "image", true, "image U8 [H, W, 3] for an image-to-video model");
-    if (vae_dir.empty()) throw std::runtime_error(args[0] + " takes an image's latents: give --vae DIR (its VAE)");
-    auto vae = vae::CogVideoXEncoder::load(vae_dir, torch::kCPU, torch::kFloat);
-    const int64_t sc = vae->spatial_compression();
-    const at::Tensor moments = vae->encode(preprocess_image(first, shape[3] * sc, shape[4] * sc).unsqueeze(2));
-    const double scale = cogvideox_image_scale(vae->config().scaling_factor, vae->config().invert_scale_latents);
-    image.condition = cogvideox_i2v_condition(moments, shape[2], pt, scale, gen);
-  } else if (high->condition_channels() > 0 || high->image_dim() > 0) {
-    const std::string give_image = "image (and last_image for FLF2V) U8 [H, W, 3] for an image-to-video model";
-    const at::Tensor first = input_tensor(*in, "image", true, give_image);
-    const at::Tensor last = input_tensor(*in, "last_image", false, give_image);
-    if (high->condition_channels() > 0) {
-      if (vae_dir.empty()) throw std::runtime_error(args[0] + " takes a condition: give --vae DIR (its VAE)");
-      auto vae = vae::VaeEncoder::load(vae_dir, torch::kCPU, torch::kFloat);
-      const int64_t sc = vae->spatial_compression(), tc = vae->temporal_compression();
-      const int64_t H = shape[3] * sc, W = shape[4] * sc, F = (shape[2] - 1) * tc + 1;
-      const LatentEncode encode = [&](const at::Tensor &v) { return vae->latent(vae->encode(v)); };
-      image.condition = i2v_condition(preprocess_image(first, H, W),
-                                      last.defined() ? preprocess_image(last, H, W) : at::Tensor(), F, tc, encode);
-    }
-    if (high->image_dim() > 0) {
-      if (encoder_dir.empty()) throw std::runtime_error(args[0] + " takes image embeddings: give --image-encoder DIR");
-      if (processor_dir.empty()) processor_dir = sibling_image_processor(encoder_dir);
-      if (processor_dir.empty()) throw std::runtime_error("no image_processor/ beside " + encoder_dir + ": give --processor DIR");
-      auto enc = ClipVisionEncoder::open(encoder_dir, torch::kCPU, torch::kFloat);
-      const auto proc = ClipImageProcessor::open(processor_dir);
-      std::vector<at::Tensor> imgs{first};
-      if (last.defined()) imgs.push_back(last);
-      image.image_embeds = i2v_image_embeds(*enc, proc, imgs, torch::kCPU);
-    }
-  }
+  ImagePrompt ip;
+  const std::string give_image = "image (and last_image for FLF2V) U8 [H, W, 3] for an image-to-video model";
+  const bool i2v = !expand && (high->condition_channels() > 0 || high->image_dim() > 0);
+  if (i2v || expand) ip.image = input_tensor(*in, "image", i2v, give_image);
+  if (i2v) ip.last_image = input_tensor(*in, "last_image", false, give_image);
+  // The video's pixels from the latent size through the VAE's compression.
+  std::unique_ptr<vae::VaeEncoder> vae;
+  if (!vae_dir.empty() && ip.image.defined()) vae = vae::VaeEncoder::load(vae_dir, torch::kCPU, torch::kFloat);
+  const int64_t sc = vae ? vae->spatial_compression() : 1, tc = vae ? vae->temporal_compression() : 1;
+  ip.frames = (shape[2] - 1) * tc + 1, ip.height = shape[3] * sc, ip.width = shape[4] * sc;
+  ip.latent_frames = shape[2];
+  ip.noise_shape = noise_shape;
+  std::unique_ptr<ClipVisionEncoder> clip;
+  std::unique_ptr<ClipImageProcessor> proc;
+  ImageEncoders enc;
+  enc.vae = [&](const std::string &why) -> const vae::VaeEncoder & {
+    if (!vae) throw std::runtime_error(why + ": give --vae DIR (its VAE)");
+    return *vae;
+  };
+  enc.clip = [&](const std::string &why) {
+    if (encoder_dir.empty()) throw std::runtime_error(why + ": give --image-encoder DIR");
+    if (processor_dir.empty()) processor_dir = sibling_image_processor(encoder_dir);
+    if (processor_dir.empty()) throw std::runtime_error("no image_processor/ beside " + encoder_dir + ": give --processor DIR");
+    clip = ClipVisionEncoder::open(encoder_dir, torch::kCPU, torch::kFloat);
+    proc = std::make_unique<ClipImageProcessor>(ClipImageProcessor::open(processor_dir));
+    return std::pair<const ClipVisionEncoder *, const ClipImageProcessor *>(clip.get(), proc.get());
+  };
+  ImageWords words;
+  words.where = words.model = args[0];
+  words.vae = vae_dir;
+  words.set_vae = "give --vae";
+  words.set_sizes = "give --latent in the VAE's compression";
+  words.give_image = "give " + give_image;
+  // Before the noise: an image-latents condition draws its posterior from the generator first.
+  const ImageInputs image = image_inputs(*high, expand, ip, enc, words, gen, torch::kCPU);
   auto s = Sampler::make(so);
   // The pipelines' noise: torch.randn(shape) from the CPU generator seeded with the seed.
   const at::Tensor noise = at::randn(noise_shape, gen, at::TensorOptions(at::kFloat));

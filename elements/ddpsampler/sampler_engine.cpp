@@ -22,8 +22,6 @@
 #include "models/model_family.h"
 #include "models/param_snapshot.h"
 #include "models/samplers.h"
-#include "models/image_condition.h"
-#include "models/vae/cogvideox_encoder.h"
 #include "models/vae/vae_encoder.h"
 #include "run_context.h"
 #include "tensor_buffer.h"
@@ -51,7 +49,7 @@ struct PromptEntry {
 struct FolderLayout {
   int64_t in_channels = 0, out_channels = 0;
   bool image_embeds = false;  // image_dim: the CLIP image encoder's states
-  bool expand_timesteps = false;  // Wan 2.2 TI2V 5B's pipeline: an image, when given, is the first frame
+  bool expand_timesteps = false;  // the pipeline's expand_timesteps: an image, when given, is the first frame
   bool condition() const { return out_channels > 0 && in_channels != out_channels; }
   bool image_to_video() const { return condition() || image_embeds; }
 };
@@ -109,61 +107,24 @@ struct SamplerEngine::Impl {
   // Sampling thread only.
   std::unique_ptr<TrainModel> model;
   std::string model_spec;
-  bool expand_timesteps = false;  // the model's pipeline is Wan 2.2 TI2V's (an image: its first frame)
+  bool expand_timesteps = false;  // the model's pipeline says expand_timesteps (an image: its first frame)
   std::unique_ptr<vae::VaeEncoder> vae_encoder;  // image-to-video: loaded at the first sample
   std::unique_ptr<models::ClipVisionEncoder> image_encoder;
   std::unique_ptr<models::ClipImageProcessor> image_processor;
 
-  // WanImageToVideoPipeline's inputs for one prompt: the condition from its image(s) through the VAE,
-  // the image encoder's states where the model takes them; built once and passed at every step.
-  models::ImageInputs image_inputs(models::DitModel &dit, const PromptEntry &p, const std::string &where, int64_t frames,
-                                   int64_t width, int64_t height, const at::Tensor &noise, const c10::Device &dev) {
-    models::ImageInputs in;
-    if (expand_timesteps && p.image.defined()) {  // Wan 2.2 TI2V 5B: the image's latents are the first frame
-      if (cfg.vae.empty())
-        throw std::runtime_error(where + " has an image for the trainer's Wan 2.2 TI2V model (expand_timesteps): set "
-                                 "ddpsampler's vae to its VAE folder (or leave the image out to sample text-to-video)");
+  // The image inputs of one prompt (models::image_inputs, as its family's pipeline builds them), with
+  // ddpsampler's encoders (loaded at the first prompt that needs them) and words.
+  models::ImageInputs image_inputs(const models::DitModel &dit, const models::ImagePrompt &in, const std::string &where,
+                                   at::Generator &gen, const c10::Device &dev) {
+    models::ImageEncoders enc;
+    enc.vae = [&](const std::string &why) -> const vae::VaeEncoder & {
+      if (cfg.vae.empty()) throw std::runtime_error(why + ": set ddpsampler's vae to its VAE folder");
       if (!vae_encoder) vae_encoder = vae::VaeEncoder::load(cfg.vae, dev, at::kFloat);
-      const auto &vae = *vae_encoder;
-      const models::LatentEncode encode = [&](const at::Tensor &v) { return vae.latent(vae.encode(v)); };
-      in.first_frame = models::ti2v_first_frame(models::preprocess_image(p.image, height, width).to(dev), encode);
-      if (in.first_frame.size(1) != noise.size(1) || in.first_frame.sizes().slice(3) != noise.sizes().slice(3))
-        throw std::runtime_error(where + ": the VAE " + cfg.vae + " gives first-frame latents " +
-                                 c10::str(in.first_frame.sizes()) + " for noise " + c10::str(noise.sizes()) +
-                                 ": set vae to the VAE the model was trained with");
-      return in;
-    }
-    if (dit.condition_channels() == 0 && dit.image_dim() == 0) return in;
-    if (dit.family() != "wan")
-      throw std::runtime_error("ddpsampler has no image-to-video sampler for the trainer's " + dit.class_name());
-    if (!p.image.defined())
-      throw std::runtime_error(where + " has no image, but the trainer's model is image-to-video: give the prompt "
-                               "file an image column");
-    if (dit.condition_channels() > 0) {
-      if (cfg.vae.empty())
-        throw std::runtime_error("the trainer's model takes an image condition: set ddpsampler's vae to its VAE folder");
-      if (!vae_encoder) vae_encoder = vae::VaeEncoder::load(cfg.vae, dev, at::kFloat);
-      const auto &vae = *vae_encoder;
-      const int64_t tc = vae.temporal_compression(), sc = vae.spatial_compression();
-      if (tc + vae.latent_channels() != dit.condition_channels())
-        throw std::runtime_error("the VAE " + cfg.vae + " gives " + std::to_string(tc) + " mask + " +
-                                 std::to_string(vae.latent_channels()) + " latent channels but the model takes " +
-                                 std::to_string(dit.condition_channels()) +
-                                 " condition channels: set vae to the VAE the model was trained with");
-      const auto pre = [&](const at::Tensor &img) { return models::preprocess_image(img, height, width).to(dev); };
-      const models::LatentEncode encode = [&](const at::Tensor &v) { return vae.latent(vae.encode(v)); };
-      in.condition = models::i2v_condition(pre(p.image), p.last_image.defined() ? pre(p.last_image) : at::Tensor(),
-                                           frames, tc, encode);
-      if (in.condition.sizes().slice(2) != noise.sizes().slice(2))
-        throw std::runtime_error(where + ": the condition latents " + c10::str(in.condition.sizes()) + " do not fit the " +
-                                 "noise " + c10::str(noise.sizes()) + " (VAE " + std::to_string(sc) + "x spatial, " +
-                                 std::to_string(tc) + "x temporal: set spatial-compression and temporal-compression "
-                                 "to the VAE's)");
-    }
-    if (dit.image_dim() > 0) {
+      return *vae_encoder;
+    };
+    enc.clip = [&](const std::string &why) {
       if (cfg.image_encoder.empty())
-        throw std::runtime_error("the trainer's model takes image embeddings (image_dim " + std::to_string(dit.image_dim()) +
-                                 "): set ddpsampler's image-encoder to its CLIP image_encoder/ folder");
+        throw std::runtime_error(why + ": set ddpsampler's image-encoder to its CLIP image_encoder/ folder");
       if (!image_encoder) {
         const std::string proc = cfg.image_processor.empty() ? models::sibling_image_processor(cfg.image_encoder)
                                                              : cfg.image_processor;
@@ -172,34 +133,17 @@ struct SamplerEngine::Impl {
         image_processor = std::make_unique<models::ClipImageProcessor>(models::ClipImageProcessor::open(proc));
         image_encoder = models::ClipVisionEncoder::open(cfg.image_encoder, dev, at::kFloat);
       }
-      std::vector<at::Tensor> imgs{p.image};
-      if (p.last_image.defined()) imgs.push_back(p.last_image);
-      in.image_embeds = models::i2v_image_embeds(*image_encoder, *image_processor, imgs, dev);
-    }
-    return in;
-  }
-
-  // CogVideoXImageToVideoPipeline's image latents for one prompt [1, F, C, h, w] (i2v_inputs.h): the image
-  // encoded alone, its posterior drawn from the prompt's generator `gen` before the noise, as the pipeline
-  // draws it; latent_frames before the patch_t padding.
-  at::Tensor cogvideox_condition(models::DitModel &dit, const PromptEntry &p, const std::string &where,
-                                 int64_t latent_frames, int64_t patch_t, int64_t width, int64_t height,
-                                 at::Generator &gen, const c10::Device &dev) {
-    if (!p.image.defined())
-      throw std::runtime_error(where + " has no image, but the trainer's model is image-to-video: give the prompt "
-                               "file an image column");
-    if (cfg.vae.empty())
-      throw std::runtime_error("the trainer's model takes an image's latents: set ddpsampler's vae to its VAE folder");
-    if (!vae_encoder) vae_encoder = vae::VaeEncoder::load(cfg.vae, dev, at::kFloat);
-    const auto *cog = dynamic_cast<const vae::CogVideoXEncoder *>(vae_encoder.get());
-    if (!cog || cog->latent_channels() != dit.condition_channels())
-      throw std::runtime_error("the VAE " + cfg.vae + " (" + vae_encoder->name() + ", " +
-                               std::to_string(vae_encoder->latent_channels()) + " latent channels) is not the " +
-                               "CogVideoX VAE of the trainer's model (" + std::to_string(dit.condition_channels()) +
-                               " image latent channels): set vae to the VAE the model was trained with");
-    const at::Tensor moments = cog->encode(models::preprocess_image(p.image, height, width).to(dev).unsqueeze(2));
-    const double scale = models::cogvideox_image_scale(cog->config().scaling_factor, cog->config().invert_scale_latents);
-    return models::cogvideox_i2v_condition(moments, latent_frames, patch_t, scale, gen);
+      return std::pair<const models::ClipVisionEncoder *, const models::ClipImageProcessor *>(image_encoder.get(),
+                                                                                              image_processor.get());
+    };
+    models::ImageWords words;
+    words.where = where;
+    words.model = "the trainer's model";
+    words.vae = cfg.vae;
+    words.set_vae = "set vae to";
+    words.set_sizes = "set spatial-compression and temporal-compression to the VAE's";
+    words.give_image = "give the prompt file an image column";
+    return models::image_inputs(dit, expand_timesteps, in, enc, words, gen, dev);
   }
 
   void note(const std::string &name, uint64_t step, const std::string &text) {
@@ -388,22 +332,13 @@ struct SamplerEngine::Impl {
       auto sampler = models::Sampler::make(so);
       // The pipelines' noise: torch.randn(shape) from a CPU generator seeded with the seed.
       at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
-      // CogVideoX I2V draws its image's posterior from the generator before the noise.
-      const bool cog_i2v = frames_first && dit.condition_channels() > 0;
-      const at::Tensor cog_condition =
-          cog_i2v ? cogvideox_condition(dit, p, where, t, patch_t, width, height, gen, dev) : at::Tensor();
+      // Built before the noise: an image-latents condition draws its posterior from the generator first.
+      models::ImagePrompt ip;
+      ip.image = p.image, ip.last_image = p.last_image;
+      ip.frames = frames, ip.height = height, ip.width = width, ip.latent_frames = t, ip.noise_shape = shape;
+      const models::ImageInputs image = image_inputs(dit, ip, where, gen, dev);
       const at::Tensor noise = at::randn(shape, gen, at::TensorOptions(at::kFloat)).to(dev);
-      models::ImageInputs image;
-      if (cog_i2v) {
-        if (cog_condition.sizes() != noise.sizes())
-          throw std::runtime_error(where + ": the image latents " + c10::str(cog_condition.sizes()) + " do not fit the " +
-                                   "noise " + c10::str(noise.sizes()) + " (set spatial-compression and " +
-                                   "temporal-compression to the VAE's)");
-        image.condition = cog_condition;
-      } else {
-        image = image_inputs(dit, p, where, frames, width, height, noise, dev);
-      }
-      // Two experts (the trainer's model-2): each step's expert as WanPipeline picks it.
+      // Two experts (the trainer's model-2): each step's expert as the two-expert pipeline picks it (boundary_ratio).
       at::Tensor lat = model->dit_2() ? models::sample_latents_2(dit, *model->dit_2(), model->boundary_ratio(), *sampler,
                                                                  noise, pe, ne, cfg.guidance,
                                                                  cfg.guidance_2 < 0 ? cfg.guidance : cfg.guidance_2, gen,

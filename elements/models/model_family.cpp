@@ -29,10 +29,13 @@ std::vector<ModelFamily> make_families() {
   // pipeline_wan_i2v: a 4-channel frame mask and the VAE's latents of the conditioning video after
   // the noisy ones (16 + 4 + 16 = 36); Wan 2.1 adds CLIP's penultimate states (image_dim 1280).
   wan.image_layouts = {
-      {"Wan 2.1 I2V", 4, true, true, 1},
-      {"Wan 2.1 FLF2V", 4, true, true, 2},
-      {"Wan 2.2 I2V", 4, true, false, 1},
+      {"Wan 2.1 I2V", 4, true, true, 1, ConditionBuild::kMaskAndLatents},
+      {"Wan 2.1 FLF2V", 4, true, true, 2, ConditionBuild::kMaskAndLatents},
+      {"Wan 2.2 I2V", 4, true, false, 1, ConditionBuild::kMaskAndLatents},
   };
+  // pipeline_wan_i2v with expand_timesteps (Wan 2.2 TI2V 5B): the T2V transformer, the image's latents as
+  // the first frame.
+  wan.expand_timesteps_layout = {"Wan 2.2 TI2V", 0, false, false, 1, ConditionBuild::kCleanFirstFrame};
 
   ModelFamily cog{};
   cog.name = "cogvideox";
@@ -52,7 +55,8 @@ std::vector<ModelFamily> make_families() {
   cog.lora_names = &cogvideox_lora_names();
   // pipeline_cogvideox_image2video (5b-I2V, 1.5-5B-I2V): the first frame's latents, zero-padded over the
   // latent frames, after the noisy ones (16 + 16 = 32); no mask, no image encoder.
-  cog.image_layouts = {{"CogVideoX I2V", 0, true, false, 1}};
+  cog.image_layouts = {{"CogVideoX I2V", 0, true, false, 1, ConditionBuild::kImageLatents}};
+  cog.expand_timesteps_layout = {"", 0, false, false, 0, ConditionBuild::kNone};
   return {wan, cog};
 }
 
@@ -128,6 +132,13 @@ const ImageLayout *image_layout(const ModelFamily &f, int64_t in_channels, int64
     if (l.in_channels(out_channels) == in_channels && l.image_embeddings == image_embeddings &&
         (l.images == 2) == two_images)
       return &l;
+  return nullptr;
+}
+
+const ImageLayout *condition_layout(const ModelFamily &f, int64_t condition_channels) {
+  if (condition_channels <= 0) return nullptr;
+  for (const auto &l : f.image_layouts)
+    if (l.condition_channels(1) > 0 && l.build != ConditionBuild::kNone) return &l;
   return nullptr;
 }
 

@@ -37,6 +37,18 @@ enum class TemporalPadding {
   kRepeatFirstFront,  // padded in front (training: the first frame repeated; sampling: noise, dropped after)
 };
 
+// How a layout's pipeline builds what the transformer takes from a prompt's image(s) before its denoising
+// loop (models/i2v_inputs.h: image_inputs).
+enum class ConditionBuild {
+  kNone,             // nothing from an image
+  kMaskAndLatents,   // a mask of the given frames, then the VAE's latents (mode) of the image(s) at the ends of
+                     // zero frames (WanImageToVideoPipeline)
+  kImageLatents,     // the image encoded alone, its posterior drawn from the generator before the noise, scaled
+                     // (VaeEncoder::image_latent_scale) and zero-padded over the latent frames (CogVideoX I2V)
+  kCleanFirstFrame,  // the image's latents are the clean first latent frame at every step (pipelines with
+                     // expand_timesteps: Wan 2.2 TI2V 5B)
+};
+
 // One image-to-video layout of a family: what it takes beside the noisy latents (z channels). A
 // text-to-video layout takes none of it.
 struct ImageLayout {
@@ -45,6 +57,7 @@ struct ImageLayout {
   bool condition_latents;   // the VAE's latents of the conditioning video (z channels), after the mask
   bool image_embeddings;    // an image encoder's states (encoder_hidden_states_image)
   int images;               // conditioning frames per sample (first; FLF2V: first and last)
+  ConditionBuild build;     // how its pipeline builds the condition from the image(s)
   // The channels concatenated after the noisy latents, and the transformer's in_channels.
   int64_t condition_channels(int64_t z) const { return mask_channels + (condition_latents ? z : 0); }
   int64_t in_channels(int64_t z) const { return z + condition_channels(z); }
@@ -70,6 +83,10 @@ struct ModelFamily {
   const char *samplers;            // the samplers of its objective, for messages: "euler or unipc"
   const LoraNameTable *lora_names;  // its LoRA-targetable modules' names in the ComfyUI/kohya namings
   std::vector<ImageLayout> image_layouts;  // the image-to-video layouts the code knows
+  // A text-to-video transformer under a pipeline that says expand_timesteps (model_index.json): what an
+  // image, when a prompt gives one, becomes (Wan 2.2 TI2V 5B: its clean first frame). build kNone: the
+  // family has no such pipeline.
+  ImageLayout expand_timesteps_layout;
 };
 
 // Every family, in a fixed order.
@@ -97,5 +114,10 @@ std::string per_image_layout(const std::function<std::string(const ModelFamily &
 // pos_embed_seq_len), or null (a text-to-video layout, or one the code does not know).
 const ImageLayout *image_layout(const ModelFamily &f, int64_t in_channels, int64_t out_channels, bool image_embeddings,
                                 bool two_images);
+
+// The layout whose build a sampler follows for a transformer with `condition_channels` beside its latents:
+// the first of f's layouts that takes condition channels (their count is checked against the VAE where
+// the condition is built; the prompt's images decide first or first and last), or null when none does.
+const ImageLayout *condition_layout(const ModelFamily &f, int64_t condition_channels);
 
 }  // namespace videotrain::models

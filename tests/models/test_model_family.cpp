@@ -113,16 +113,27 @@ TEST(ModelFamily, TransformersAnswerTheirDescriptor) {
     EXPECT_EQ(m->temporal_patch(), patch_t);
     const ImageLayout *l = image_layout(m->descriptor(), cfg["in_channels"], cfg["out_channels"], m->image_dim() > 0,
                                         cfg.contains("pos_embed_seq_len") && cfg["pos_embed_seq_len"].is_number());
+    // What the sampler builds for it (models::image_inputs): WanImageToVideoPipeline's mask and latents,
+    // CogVideoXImageToVideoPipeline's image latents.
+    const ImageLayout *built = condition_layout(m->descriptor(), m->condition_channels());
     if (std::string(name) == "wan21_i2v_tiny") {
       ASSERT_NE(l, nullptr);
       EXPECT_STREQ(l->name, "Wan 2.1 I2V");
+      ASSERT_NE(built, nullptr);
+      EXPECT_EQ(built->build, ConditionBuild::kMaskAndLatents);
     } else if (std::string(name).find("_i2v_") != std::string::npos) {
       ASSERT_NE(l, nullptr);
       EXPECT_STREQ(l->name, "CogVideoX I2V");
       EXPECT_EQ(m->condition_channels(), 4);
+      EXPECT_EQ(built, l);
+      EXPECT_EQ(l->build, ConditionBuild::kImageLatents);
     } else {
       EXPECT_EQ(l, nullptr);  // text-to-video layouts take no image condition
+      EXPECT_EQ(built, nullptr);
     }
   }
   EXPECT_EQ(open_dit(dir + "cogvideox15_tiny", torch::kCPU)->temporal_patch(), 2);
+  // Wan 2.2 TI2V 5B's pipeline (expand_timesteps) takes the image as its clean first frame; CogVideoX has none.
+  EXPECT_EQ(family_named("wan")->expand_timesteps_layout.build, ConditionBuild::kCleanFirstFrame);
+  EXPECT_EQ(family_named("cogvideox")->expand_timesteps_layout.build, ConditionBuild::kNone);
 }

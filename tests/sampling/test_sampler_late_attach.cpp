@@ -108,6 +108,51 @@ Sampled run_branch(SamplerEngine &s) {
   return out;
 }
 
+// The SamplerImageToVideo tests' steps. A trainer on `model` that ends before its first step (at-end
+// samples the initial weights); null (a failure said) when it does not start or finish.
+std::shared_ptr<TrainerEngine> finished_trainer(const std::string &model) {
+  TrainerConfig tc;
+  tc.model = model;
+  tc.device = "cpu";
+  tc.backend = "gloo";
+  auto t = std::make_shared<TrainerEngine>(tc);
+  if (t->start() && t->finish()) return t;
+  ADD_FAILURE() << t->error();
+  return nullptr;
+}
+
+// Prompt 0 of `frames` frames and its negative, the prompt's buffer with `image` when defined.
+void feed_prompt(SamplerEngine &s, const at::Tensor &image, int64_t frames = 5) {
+  for (int64_t role : {int64_t(kRolePrompt), int64_t(kRoleNegative)}) {
+    GstBuffer *b = prompt_buffer(0, role, frames);
+    if (image.defined() && role == kRolePrompt) buffer_append_tensor(b, "image", image);
+    EXPECT_TRUE(s.add_prompt(b)) << s.error();
+    gst_buffer_unref(b);
+  }
+}
+
+// One run_next, expecting `expect`: the sample's latents (undefined when none came).
+at::Tensor sample_once(SamplerEngine &s, SamplerEngine::Next expect = SamplerEngine::Next::kSampled) {
+  at::Tensor out;
+  EXPECT_EQ(s.run_next([&](SampleOut &o) {
+              std::string why;
+              if (auto x = tensor_from_buffer(o.latents, &why)) out = x->clone();
+              gst_buffer_unref(o.latents);
+              return true;
+            }),
+            expect)
+      << s.error();
+  return out;
+}
+
+// The loop given the image inputs directly: sample_latents on the prompt_buffer texts of prompt 0.
+at::Tensor direct_sample(models::DitModel &dit, const models::SamplerOptions &so, const at::Tensor &noise,
+                         double guidance, at::Generator &gen, const models::ImageInputs &in) {
+  auto sampler = models::Sampler::make(so);
+  const auto text = [](int64_t role) { return seeded({1, kTextLen, kTextDim}, 50 + role); };
+  return models::sample_latents(dit, *sampler, noise, text(0), text(1), guidance, gen, {}, in)[0];
+}
+
 }  // namespace
 
 TEST(SamplerLateAttach, AJoinAfterTheTrainersEndSamplesTheFinalWeightsAsASamplerThatWasThere) {
@@ -183,13 +228,8 @@ TEST(SamplerImageToVideo, AnI2VTrainerSamplesFromThePromptsImage) {
     at::manual_seed(3);
     models::build_dit(cfg, torch::kCPU)->save(model, at::kFloat, uint64_t(1) << 30);
   }
-  TrainerConfig tc;
-  tc.model = model;
-  tc.device = "cpu";
-  tc.backend = "gloo";
-  auto trainer = std::make_shared<TrainerEngine>(tc);
-  ASSERT_TRUE(trainer->start()) << trainer->error();
-  ASSERT_TRUE(trainer->finish()) << trainer->error();  // no step: at-end samples the initial weights
+  auto trainer = finished_trainer(model);  // no step: at-end samples the initial weights
+  ASSERT_TRUE(trainer);
 
   SamplerConfig c = sconfig();
   {
@@ -199,36 +239,19 @@ TEST(SamplerImageToVideo, AnI2VTrainerSamplesFromThePromptsImage) {
   }
   c.vae = vttest::reference_dir() + "/wan_vae/tiny_wan21";
   const at::Tensor image = (seeded({24, 40, 3}, 4).abs() * 80).clamp(0, 255).to(at::kByte);
-  const auto feed = [&](SamplerEngine &s, bool with_image, const at::Tensor &img) {
-    for (int64_t role : {int64_t(kRolePrompt), int64_t(kRoleNegative)}) {
-      GstBuffer *b = prompt_buffer(0, role);
-      if (with_image && role == kRolePrompt) buffer_append_tensor(b, "image", img);
-      EXPECT_TRUE(s.add_prompt(b)) << s.error();
-      gst_buffer_unref(b);
-    }
-  };
   {
     SamplerEngine s(c);
     ASSERT_TRUE(s.attach(trainer)) << s.error();
-    feed(s, false, image);
+    feed_prompt(s, at::Tensor());
     EXPECT_FALSE(s.prompts_done());
     EXPECT_NE(s.error().find("prompt 0 has no image"), std::string::npos) << s.error();
   }
   const auto sample = [&](const at::Tensor &img) {
     SamplerEngine s(c);
     EXPECT_TRUE(s.attach(trainer)) << s.error();
-    feed(s, true, img);
+    feed_prompt(s, img);
     EXPECT_TRUE(s.prompts_done()) << s.error();
-    at::Tensor out;
-    EXPECT_EQ(s.run_next([&](SampleOut &o) {
-                std::string why;
-                if (auto x = tensor_from_buffer(o.latents, &why)) out = x->clone();
-                gst_buffer_unref(o.latents);
-                return true;
-              }),
-              SamplerEngine::Next::kSampled)
-        << s.error();
-    return out;
+    return sample_once(s);
   };
   const at::Tensor got = sample(image);
   ASSERT_TRUE(got.defined());
@@ -243,11 +266,9 @@ TEST(SamplerImageToVideo, AnI2VTrainerSamplesFromThePromptsImage) {
   in.condition = models::i2v_condition(models::preprocess_image(image, 32, 32), at::Tensor(), 5, 4, encode);
   models::SamplerOptions so;
   so.steps = c.steps;
-  auto sampler = models::Sampler::make(so);
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t(100));  // prompt_buffer's seed
   const at::Tensor noise = at::randn({1, 4, 2, 4, 4}, gen, at::TensorOptions(at::kFloat));
-  const auto text = [](int64_t role) { return seeded({1, kTextLen, kTextDim}, 50 + role); };
-  const at::Tensor want = models::sample_latents(*dit, *sampler, noise, text(0), text(1), c.guidance, gen, {}, in)[0];
+  const at::Tensor want = direct_sample(*dit, so, noise, c.guidance, gen, in);
   EXPECT_LT((got - want).norm().item<double>(), 1e-5 * want.norm().item<double>());
   EXPECT_GT((sample(255 - image) - want).norm().item<double>(), 1e-3 * want.norm().item<double>())
       << "another image gives another sample";
@@ -265,13 +286,8 @@ TEST(SamplerImageToVideo, ATi2vTrainerTakesThePromptsImageAsItsFirstFrame) {
   for (const char *f : {"config.json", "diffusion_pytorch_model.safetensors"})
     vttest::write_file(model + "/" + f, vttest::read_file(src + "/" + f));
   vttest::write_file(dir.file("model_index.json"), "{\"_class_name\": \"WanImageToVideoPipeline\", \"expand_timesteps\": true}");
-  TrainerConfig tc;
-  tc.model = model;
-  tc.device = "cpu";
-  tc.backend = "gloo";
-  auto trainer = std::make_shared<TrainerEngine>(tc);
-  ASSERT_TRUE(trainer->start()) << trainer->error();
-  ASSERT_TRUE(trainer->finish()) << trainer->error();
+  auto trainer = finished_trainer(model);
+  ASSERT_TRUE(trainer);
 
   SamplerConfig c = sconfig();
   c.vae = vttest::reference_dir() + "/wan_vae/tiny_wan22";
@@ -279,22 +295,9 @@ TEST(SamplerImageToVideo, ATi2vTrainerTakesThePromptsImageAsItsFirstFrame) {
   const at::Tensor image = (seeded({32, 32, 3}, 6).abs() * 80).clamp(0, 255).to(at::kByte);
   SamplerEngine s(c);
   ASSERT_TRUE(s.attach(trainer)) << s.error();
-  for (int64_t role : {int64_t(kRolePrompt), int64_t(kRoleNegative)}) {
-    GstBuffer *b = prompt_buffer(0, role);
-    if (role == kRolePrompt) buffer_append_tensor(b, "image", image);
-    EXPECT_TRUE(s.add_prompt(b)) << s.error();
-    gst_buffer_unref(b);
-  }
+  feed_prompt(s, image);
   ASSERT_TRUE(s.prompts_done()) << s.error();
-  at::Tensor got;
-  ASSERT_EQ(s.run_next([&](SampleOut &o) {
-              std::string why;
-              if (auto x = tensor_from_buffer(o.latents, &why)) got = x->clone();
-              gst_buffer_unref(o.latents);
-              return true;
-            }),
-            SamplerEngine::Next::kSampled)
-      << s.error();
+  const at::Tensor got = sample_once(s);
   ASSERT_TRUE(got.defined());
   ASSERT_EQ(got.sizes(), (at::IntArrayRef{8, 2, 2, 2}));
 
@@ -306,11 +309,9 @@ TEST(SamplerImageToVideo, ATi2vTrainerTakesThePromptsImageAsItsFirstFrame) {
   in.first_frame = models::ti2v_first_frame(models::preprocess_image(image, 32, 32), encode);
   models::SamplerOptions so;
   so.steps = c.steps;
-  auto sampler = models::Sampler::make(so);
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t(100));
   const at::Tensor noise = at::randn({1, 8, 2, 2, 2}, gen, at::TensorOptions(at::kFloat));
-  const auto text = [](int64_t role) { return seeded({1, kTextLen, kTextDim}, 50 + role); };
-  const at::Tensor want = models::sample_latents(*dit, *sampler, noise, text(0), text(1), c.guidance, gen, {}, in)[0];
+  const at::Tensor want = direct_sample(*dit, so, noise, c.guidance, gen, in);
   EXPECT_LT((got - want).norm().item<double>(), 1e-5 * want.norm().item<double>());
   EXPECT_TRUE(got.narrow(1, 0, 1).equal(in.first_frame[0])) << "the first latent frame is the image's";
 }
@@ -322,13 +323,8 @@ TEST(SamplerImageToVideo, ATi2vTrainerTakesThePromptsImageAsItsFirstFrame) {
 // from the sample. A Wan VAE is refused naming what to set.
 TEST(SamplerImageToVideo, ACogVideoXI2VTrainerSamplesFromThePromptsImage) {
   const std::string model = vttest::reference_dir() + "/dit/cogvideox15_i2v_tiny";
-  TrainerConfig tc;
-  tc.model = model;
-  tc.device = "cpu";
-  tc.backend = "gloo";
-  auto trainer = std::make_shared<TrainerEngine>(tc);
-  ASSERT_TRUE(trainer->start()) << trainer->error();
-  ASSERT_TRUE(trainer->finish()) << trainer->error();
+  auto trainer = finished_trainer(model);
+  ASSERT_TRUE(trainer);
 
   SamplerConfig c = sconfig();
   {
@@ -340,22 +336,9 @@ TEST(SamplerImageToVideo, ACogVideoXI2VTrainerSamplesFromThePromptsImage) {
   const auto sample = [&](const SamplerConfig &cfg, SamplerEngine::Next expect, std::string *error) {
     SamplerEngine s(cfg);
     EXPECT_TRUE(s.attach(trainer)) << s.error();
-    for (int64_t role : {int64_t(kRolePrompt), int64_t(kRoleNegative)}) {
-      GstBuffer *b = prompt_buffer(0, role, 9);
-      if (role == kRolePrompt) buffer_append_tensor(b, "image", image);
-      EXPECT_TRUE(s.add_prompt(b)) << s.error();
-      gst_buffer_unref(b);
-    }
+    feed_prompt(s, image, 9);
     EXPECT_TRUE(s.prompts_done()) << s.error();
-    at::Tensor out;
-    EXPECT_EQ(s.run_next([&](SampleOut &o) {
-                std::string why;
-                if (auto x = tensor_from_buffer(o.latents, &why)) out = x->clone();
-                gst_buffer_unref(o.latents);
-                return true;
-              }),
-              expect)
-        << s.error();
+    const at::Tensor out = sample_once(s, expect);
     *error = s.error();
     return out;
   };
@@ -371,6 +354,8 @@ TEST(SamplerImageToVideo, ACogVideoXI2VTrainerSamplesFromThePromptsImage) {
   torch::NoGradGuard ng;
   auto dit = models::open_dit(model, torch::kCPU);
   auto vae = vae::CogVideoXEncoder::load(c.vae, torch::kCPU, torch::kFloat);
+  EXPECT_EQ(vae->image_latent_scale(),
+            models::cogvideox_image_scale(vae->config().scaling_factor, vae->config().invert_scale_latents));
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(uint64_t(100));  // prompt_buffer's seed
   models::ImageInputs in;
   in.condition = models::cogvideox_i2v_condition(
@@ -382,10 +367,6 @@ TEST(SamplerImageToVideo, ACogVideoXI2VTrainerSamplesFromThePromptsImage) {
   so.kind = models::SamplerKind::CogVideoXDPM;  // the family's default
   so.steps = c.steps;
   so.snr_shift_scale = dit->descriptor().default_shift;
-  auto sampler = models::Sampler::make(so);
-  const auto text = [](int64_t role) { return seeded({1, kTextLen, kTextDim}, 50 + role); };
-  const at::Tensor want = models::sample_latents(*dit, *sampler, noise, text(0), text(1), c.guidance, gen, {}, in)[0]
-                              .slice(0, 1)
-                              .permute({1, 0, 2, 3});
+  const at::Tensor want = direct_sample(*dit, so, noise, c.guidance, gen, in).slice(0, 1).permute({1, 0, 2, 3});
   EXPECT_LT((got - want).norm().item<double>(), 1e-5 * want.norm().item<double>());
 }

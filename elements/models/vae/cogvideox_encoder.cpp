@@ -16,8 +16,8 @@ std::string CogVideoXEncoder::condition_unsupported(models::ConditionFrames whic
 }
 
 at::Tensor CogVideoXEncoder::condition(const at::Tensor &moments, int T, models::ConditionFrames) const {
-  const double scale = models::cogvideox_image_scale(cfg_.scaling_factor, cfg_.invert_scale_latents);
-  return models::cogvideox_image_latents(moments.narrow(1, 0, moments.size(1) / 2), (T - 1) / temporal_ + 1, scale);
+  return models::cogvideox_image_latents(moments.narrow(1, 0, moments.size(1) / 2), (T - 1) / temporal_ + 1,
+                                         image_latent_scale());
 }
 
 std::unique_ptr<CogVideoXEncoder> CogVideoXEncoder::load(const std::string &dir, c10::Device device,

@@ -40,6 +40,9 @@ class CogVideoXEncoder final : public VaeEncoder {
   std::string condition_unsupported(models::ConditionFrames which) const override;
   int condition_frames(int) const override { return 1; }
   at::Tensor condition(const at::Tensor &moments, int T, models::ConditionFrames which) const override;
+  double image_latent_scale() const override {
+    return models::cogvideox_image_scale(cfg_.scaling_factor, cfg_.invert_scale_latents);
+  }
 
   // norm-scope=clip: the moments of a whole clip given as its temporal chunks (the same chunks
   // forward() would get), with every GroupNorm using the statistics of all the clip's frames

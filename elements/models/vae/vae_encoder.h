@@ -92,6 +92,10 @@ class VaeEncoder {
   // what the transformer takes after the noisy latents, float32. By default cat([mask, latent(mode)])
   // [B, tc + C, t, h, w] (models::condition_mask).
   virtual at::Tensor condition(const at::Tensor &moments, int T, models::ConditionFrames which) const;
+  // The factor on an image's posterior draw in an image-latents condition (models::ConditionBuild::
+  // kImageLatents: scaling_factor, or its inverse where the config says invert_scale_latents); 0 for a VAE
+  // whose latents no such condition takes.
+  virtual double image_latent_scale() const { return 0.0; }
 
   // Whole-clip normalisation statistics (vaeencoder norm-scope=clip): "" when the family has them,
   // else why they do not apply.
