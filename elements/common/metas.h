@@ -19,28 +19,13 @@ G_END_DECLS
 #ifdef __cplusplus
 #include <cstdint>
 #include <string>
-#include <vector>
+
+#include "batch_info.h"  // BatchInfo: what a face reads from the batch meta
 
 namespace videotrain {
 
-/* What a face reads from the metas and hands to an engine, so that engines stay free of
+/* What a face reads from a sample meta and hands to an engine, so that engines stay free of
  * GStreamer types. */
-struct BatchInfo {
-  uint64_t step = 0;
-  uint32_t micro_index = 0;
-  uint32_t micro_count = 0;
-  uint32_t step_samples = 0;
-  bool sync = false;
-  uint32_t epoch = 0;      // data position after the step: epoch ...
-  uint64_t next_clip = 0;  // ... and next clip index of that epoch
-  // One entry per sample of the micro-batch.
-  std::vector<uint64_t> sample_ids;
-  std::vector<std::string> captions;
-  std::vector<bool> padding;
-  std::vector<uint64_t> clip_indices;
-  std::vector<uint32_t> epochs;
-};
-
 struct SampleInfo {
   uint64_t sample_id = 0;
   uint32_t epoch = 0;
@@ -52,7 +37,8 @@ struct SampleInfo {
   std::string path;
 };
 
-// False when the buffer has no such meta.
+// False, leaving *out as it is, when the buffer has no such meta (a BatchInfo left at its
+// defaults says that the buffer is a whole step on its own).
 bool read_batch_meta(GstBuffer *buffer, BatchInfo *out);
 bool read_sample_meta(GstBuffer *buffer, SampleInfo *out);
 // Adds a batch meta holding everything in info (micro-batch buffers made by an app or a test).

@@ -118,7 +118,12 @@ TEST(Metas, BatchMetaCopiesItsLists) {
   EXPECT_EQ(info.clip_indices, (std::vector<uint64_t>{30, 0}));
   EXPECT_EQ(info.captions, (std::vector<std::string>{"first", ""}));
   EXPECT_EQ(info.padding, (std::vector<bool>{false, true}));
-  // write_batch_meta gives back what was read.
+  // write_batch_meta gives back what was read, also where it differs from BatchInfo's defaults
+  // (a whole step: micro_count 1, sync).
+  info.micro_index = 1;
+  info.micro_count = 3;
+  info.step_samples = 6;
+  info.sync = false;
   GstBuffer *d = gst_buffer_new();
   ASSERT_NE(write_batch_meta(d, info), nullptr);
   BatchInfo again;
@@ -127,10 +132,18 @@ TEST(Metas, BatchMetaCopiesItsLists) {
   EXPECT_EQ(again.clip_indices, info.clip_indices);
   EXPECT_EQ(again.epochs, info.epochs);
   EXPECT_EQ(again.padding, info.padding);
-  EXPECT_TRUE(again.sync);
+  EXPECT_EQ(again.step, 5u);
+  EXPECT_EQ(again.micro_index, 1u);
+  EXPECT_EQ(again.micro_count, 3u);
+  EXPECT_EQ(again.step_samples, 6u);
+  EXPECT_FALSE(again.sync);
+  // No batch meta leaves the record as it was: a whole step on its own (ddptrainsink relies on it).
   BatchInfo none;
   GstBuffer *plain = gst_buffer_new();
   EXPECT_FALSE(read_batch_meta(plain, &none));
+  EXPECT_EQ(none.micro_count, 1u);
+  EXPECT_TRUE(none.sync);
+  EXPECT_TRUE(none.sample_ids.empty());
   // A clip meta's bucket group reaches the sample meta and its reader.
   auto *clip = gst_buffer_add_videotrain_clip_meta(plain, "c", "v.mp4", nullptr);
   clip->sample_id = 4;
