@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
   }
   auto x = at::randn(shape, at::detail::createCPUGenerator(1)).to(at::Device(device));
   const bool cuda = x.is_cuda();
-  MicroBatchInfo info;
+  BatchInfo info;
   info.step_samples = static_cast<unsigned>(shape[0]);
   info.captions.assign(shape[0], "a caption");
   std::vector<double> times;

@@ -34,23 +34,8 @@ ProcessResult train_on_buffer(TrainerEngine &engine, GstBuffer *buf, std::string
     }
     *out = *c;
   }
-  MicroBatchInfo info;
-  BatchInfo meta;
-  if (read_batch_meta(buf, &meta)) {
-    info.step = meta.step;
-    info.micro_index = meta.micro_index;
-    info.micro_count = meta.micro_count;
-    info.step_samples = meta.step_samples;
-    info.sync = meta.sync;
-    info.epoch = meta.epoch;
-    info.next_clip = meta.next_clip;
-    info.sample_ids = std::move(meta.sample_ids);
-    info.captions = std::move(meta.captions);
-  } else {
-    // No batch meta: each buffer is a whole step on its own.
-    info.step_samples = t->dim() > 0 ? static_cast<unsigned>(t->size(0)) : 0;
-  }
-  in.captions = info.captions;
+  BatchInfo info;  // no batch meta: its defaults make the buffer a whole step on its own
+  read_batch_meta(buf, &info);
   ProcessResult r = engine.process_inputs(in, info);
   if (r == ProcessResult::kError) *error = engine.error();
   return r;

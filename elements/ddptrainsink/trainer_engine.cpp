@@ -277,18 +277,25 @@ void TrainerEngine::Impl::join_step() {
 
 /* ---------------- TrainerEngine ---------------- */
 
+// What the model reads of each sample (captions for caption models, ids and epoch for noise drawn
+// per sample) comes from the batch record, here only.
+static void take_sample_facts(ModelInputs &x, const BatchInfo &b) {
+  x.captions = b.captions;
+  x.sample_ids = b.sample_ids;
+  x.epoch = b.epoch;
+}
+
 TrainerEngine::TrainerEngine(const TrainerConfig &config) : impl_(std::make_unique<Impl>()) { impl_->cfg = config; }
 
 TrainerEngine::~TrainerEngine() { stop(); }
 
-ProcessResult TrainerEngine::process_tensor(const at::Tensor &batch, const MicroBatchInfo &info) {
+ProcessResult TrainerEngine::process_tensor(const at::Tensor &batch, const BatchInfo &info) {
   ModelInputs in;
   in.latents = batch;
-  in.captions = info.captions;
   return process_inputs(in, info);
 }
 
-ProcessResult TrainerEngine::process_inputs(const ModelInputs &in, const MicroBatchInfo &info) {
+ProcessResult TrainerEngine::process_inputs(const ModelInputs &in, const BatchInfo &info) {
   const ProcessResult r = impl_->process(in, info);
   if (r == ProcessResult::kError || r == ProcessResult::kInterrupted) impl_->report_failure();
   return r;
@@ -308,7 +315,7 @@ void TrainerEngine::Impl::report_failure() {
   }
 }
 
-ProcessResult TrainerEngine::Impl::process(const ModelInputs &in, const MicroBatchInfo &info) {
+ProcessResult TrainerEngine::Impl::process(const ModelInputs &in, const BatchInfo &info) {
   auto &im = *this;
   if (im.cfg.max_steps > 0 && im.steps_done >= im.cfg.max_steps) return ProcessResult::kDone;
   im.interrupted = false;
@@ -386,8 +393,7 @@ ProcessResult TrainerEngine::Impl::process(const ModelInputs &in, const MicroBat
     if (im.shards) im.shards->begin_micro_batch(info.sync);
     ModelInputs x = in;
     x.latents = batch.to(im.device, torch::kFloat, /*non_blocking=*/true);
-    x.sample_ids = info.sample_ids;
-    x.epoch = info.epoch;
+    take_sample_facts(x, info);
     if (x.has_text()) {
       x.text_embeds = in.text_embeds.to(im.device, torch::kFloat, /*non_blocking=*/true);
       x.text_mask = in.text_mask.to(im.device, torch::kLong, /*non_blocking=*/true);

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "batch_info.h"
 #include "sharding.h"
 #include "bus_message.h"
 #include "models/model_options.h"
@@ -93,17 +94,6 @@ struct TrainerConfig {
   std::string tensorboard_dir;
 };
 
-// What a micro-batch's batch meta says.
-struct MicroBatchInfo {
-  uint64_t step = 0;
-  unsigned micro_index = 0, micro_count = 1, step_samples = 0;  // step_samples 0: m
-  bool sync = true;
-  unsigned epoch = 0;
-  uint64_t next_clip = 0;
-  std::vector<uint64_t> sample_ids;
-  std::vector<std::string> captions;
-};
-
 struct ResumePoint {
   unsigned epoch = 0;
   uint64_t clip = 0;
@@ -155,10 +145,13 @@ class TrainerEngine : public RunContext {
   bool resumed() const;
   ResumePoint resume_point() const;
 
-  // One micro-batch: tensor [m, C, t, h, w] (any device/float dtype) with info.captions.
-  ProcessResult process_tensor(const at::Tensor &batch, const MicroBatchInfo &info);
-  // The same with text embeddings [m, L, D] and mask [m, L] when `in` has them (a textencoder).
-  ProcessResult process_inputs(const ModelInputs &in, const MicroBatchInfo &info);
+  // One micro-batch: tensor [m, C, t, h, w] (any device/float dtype). `info` is its batch meta
+  // (BatchInfo{}: a whole step on its own); the model gets the samples' captions, ids and epoch
+  // from it.
+  ProcessResult process_tensor(const at::Tensor &batch, const BatchInfo &info);
+  // The same with text embeddings [m, L, D] and mask [m, L] when `in` has them (a textencoder), and
+  // image-to-video's tensors; in's captions, sample_ids and epoch are replaced by info's.
+  ProcessResult process_inputs(const ModelInputs &in, const BatchInfo &info);
   // The stream's caps say whether micro-batches carry text embeddings: false with error() when
   // the model (if built) takes the other conditioning, so that the mismatch is an error before
   // the first micro-batch. process_inputs() checks it again for models built later.

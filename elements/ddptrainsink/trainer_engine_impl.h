@@ -219,7 +219,7 @@ struct TrainerEngine::Impl {
   double steps_per_s = 0;
   void notify(const StepReport &r);  // the step callbacks
   // process_inputs() without its failure report.
-  ProcessResult process(const ModelInputs &in, const MicroBatchInfo &info);
+  ProcessResult process(const ModelInputs &in, const BatchInfo &info);
   // The step callbacks' report of a failed run (finished and failed set), once: what waits for
   // the next step (a sampler) learns that none will come.
   void report_failure();

@@ -21,8 +21,8 @@ at::Tensor sample(int step, int k) {
 
 std::string caption(int k) { return k % 3 == 0 ? "waves on a beach" : (k % 3 == 1 ? "a dog runs" : ""); }
 
-MicroBatchInfo micro_info(int step, unsigned idx, unsigned count, unsigned step_samples) {
-  MicroBatchInfo info;
+BatchInfo micro_info(int step, unsigned idx, unsigned count, unsigned step_samples) {
+  BatchInfo info;
   info.step = step;
   info.micro_index = idx;
   info.micro_count = count;
@@ -35,7 +35,7 @@ MicroBatchInfo micro_info(int step, unsigned idx, unsigned count, unsigned step_
 ProcessResult feed_result(TrainerEngine &e, int step, int first, int m, unsigned idx, unsigned count,
                           unsigned step_samples, bool nan) {
   std::vector<at::Tensor> xs;
-  MicroBatchInfo info = micro_info(step, idx, count, step_samples);
+  BatchInfo info = micro_info(step, idx, count, step_samples);
   for (int k = first; k < first + m; k++) {
     xs.push_back(sample(step, k));
     info.captions.push_back(caption(k));

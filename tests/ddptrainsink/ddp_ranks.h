@@ -24,7 +24,7 @@ at::Tensor sample(int step, int k);
 std::string caption(int k);
 
 // Micro-batch idx of count of `step` (step_samples samples a rank): the last one syncs.
-videotrain::MicroBatchInfo micro_info(int step, unsigned idx, unsigned count, unsigned step_samples);
+videotrain::BatchInfo micro_info(int step, unsigned idx, unsigned count, unsigned step_samples);
 // Micro-batch of samples [first, first + m) of `step`; `nan` puts a NaN in its first sample.
 videotrain::ProcessResult feed_result(videotrain::TrainerEngine &e, int step, int first, int m, unsigned idx,
                                       unsigned count, unsigned step_samples, bool nan = false);

@@ -23,8 +23,8 @@ inline at::Tensor sample(uint64_t step, int k, int64_t c = 4, int64_t t = 2, int
   return at::randn({c, t, hw, hw}, g);
 }
 
-inline MicroBatchInfo info_for(uint64_t step, unsigned idx, unsigned count, unsigned m) {
-  MicroBatchInfo i;
+inline BatchInfo info_for(uint64_t step, unsigned idx, unsigned count, unsigned m) {
+  BatchInfo i;
   i.step = step;
   i.micro_index = idx;
   i.micro_count = count;

@@ -110,7 +110,7 @@ void buckets_rank(const std::string &out) {
   for (int s = 0; s < 2; s++) {
     for (unsigned i = 0; i < 2; i++) {
       auto g = at::detail::createCPUGenerator(700 + 10 * s + 2 * r + i);
-      MicroBatchInfo info;
+      BatchInfo info;
       info.micro_index = i;
       info.micro_count = 2;
       info.step_samples = 4;
@@ -141,7 +141,7 @@ ProcessResult feed_wan(TrainerEngine &e, int step, int k, unsigned idx, unsigned
   in.text_embeds = at::randn({1, 5, 32}, g);
   in.text_mask = at::ones({1, 5}, at::kLong);
   in.sample_ids = {static_cast<uint64_t>(1000 * step + k)};
-  MicroBatchInfo info = micro_info(step, idx, count, step_samples);
+  BatchInfo info = micro_info(step, idx, count, step_samples);
   info.sample_ids = in.sample_ids;
   return e.process_inputs(in, info);
 }
@@ -281,7 +281,7 @@ TEST(DdpWorker, Rank) {
   feed(e, 0, 4 * r + 2, 2, 1, 2, 4);
   if (r == dead) _exit(0);
   std::vector<at::Tensor> xs{sample(1, 0), sample(1, 1)};
-  MicroBatchInfo info;
+  BatchInfo info;
   info.micro_index = 1;
   info.micro_count = 2;
   info.step_samples = 4;

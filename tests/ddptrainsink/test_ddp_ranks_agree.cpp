@@ -72,7 +72,7 @@ void expect_on_both(const vttest::TempDir &dir, const std::string &head, std::in
 // Micro-batch of samples [first, first + 2) of `step` whose first value is 5000: the
 // marker of the model make_inf_grad_model() writes (finite loss, +Inf gradient of b).
 ProcessResult feed_inf_grad(TrainerEngine &e, int step, int first) {
-  MicroBatchInfo info;
+  BatchInfo info;
   info.step = step;
   info.step_samples = 2;
   info.next_clip = (step + 1) * 2;

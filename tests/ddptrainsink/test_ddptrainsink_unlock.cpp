@@ -40,8 +40,8 @@ at::Tensor latents(uint64_t step, int rank) {
   return at::randn({2, 4, 2, 8, 8}, g);
 }
 
-MicroBatchInfo info_for(uint64_t step) {
-  MicroBatchInfo i;
+BatchInfo info_for(uint64_t step) {
+  BatchInfo i;
   i.step = step;
   i.step_samples = 2;
   i.next_clip = (step + 1) * 2;

@@ -92,7 +92,7 @@ TrainerConfig ema_config(double decay, uint64_t start, uint64_t every) {
 
 // Step s of a deterministic stream (2 samples).
 ProcessResult feed(TrainerEngine &e, uint64_t s) {
-  MicroBatchInfo info;
+  BatchInfo info;
   info.step_samples = 2;
   info.captions = {valtest::caption(2 * s), valtest::caption(2 * s + 1)};
   info.next_clip = 2 * (s + 1);
@@ -394,7 +394,7 @@ void wan_run(const std::string &dir, bool lora, Weights *ema, Weights *raw) {
     in.latents = at::randn({1, 4, 2, 4, 4}, g);
     in.text_embeds = at::randn({1, 6, 32}, g);
     in.text_mask = torch::ones({1, 6}, torch::kLong);
-    MicroBatchInfo info;
+    BatchInfo info;
     info.sample_ids = {s};
     info.next_clip = s + 1;
     ASSERT_EQ(e.process_inputs(in, info), ProcessResult::kOk) << e.error();

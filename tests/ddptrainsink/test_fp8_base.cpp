@@ -184,7 +184,7 @@ TEST(Fp8Base, EngineLoraRunTrainsAndItsSnapshotRebuildsAnFp8Base) {
     ASSERT_TRUE(e.start()) << e.error();
     std::vector<double> losses;
     for (uint64_t s = 0; s < 4; s++) {
-      MicroBatchInfo info;
+      BatchInfo info;
       info.sample_ids = {3};
       info.next_clip = s + 1;
       ASSERT_EQ(e.process_inputs(fixed_inputs(), info), ProcessResult::kOk) << e.error();

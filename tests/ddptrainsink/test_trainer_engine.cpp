@@ -99,7 +99,7 @@ TEST(TrainerEngine, UnequalMicroBatchesWeighTheirLossBySamples) {
     for (int k = 0; k < 4; k++) xs.push_back(sample(s, k));
     auto x = at::stack(xs);
     for (auto [first, m] : {std::pair<int, int>{0, 3}, {3, 1}}) {
-      MicroBatchInfo i;
+      BatchInfo i;
       i.micro_index = first == 0 ? 0 : 1;
       i.micro_count = 2;
       i.step_samples = 4;
@@ -107,7 +107,7 @@ TEST(TrainerEngine, UnequalMicroBatchesWeighTheirLossBySamples) {
       i.captions.assign(caps.begin() + first, caps.begin() + first + m);
       ASSERT_EQ(a.process_tensor(x.narrow(0, first, m), i), ProcessResult::kOk) << a.error();
     }
-    MicroBatchInfo whole;
+    BatchInfo whole;
     whole.step_samples = 4;
     whole.captions = caps;
     ASSERT_EQ(b.process_tensor(x, whole), ProcessResult::kOk) << b.error();

@@ -54,7 +54,7 @@ double loss_of(const ValidationEngine &e) { return e.last_loss(); }
 // validated on their own.
 void expect_validation_leaves_training_alone(const std::string &model) {
   auto micro = [](TrainerEngine &t, int s, unsigned k) {
-    MicroBatchInfo info;
+    BatchInfo info;
     info.micro_index = k;
     info.micro_count = 2;
     info.step_samples = 4;
@@ -189,7 +189,7 @@ TEST(ValidationEngine, StepsTriggerPassesAndANewerSnapshotWaitsInItsSlot) {
   ValidationEngine e(cfg);
   ASSERT_TRUE(e.attach(t));
   auto step = [&](int s) {
-    MicroBatchInfo info;
+    BatchInfo info;
     info.captions = {"x", "y"};
     ASSERT_EQ(trainer.process_tensor(at::stack({latent(s), latent(s + 50)}), info), ProcessResult::kOk)
         << trainer.error();
@@ -233,7 +233,7 @@ TEST(ValidationEngine, ASlowButBusyValidationMakesTrainingWaitNotFail) {
         if (e.push(latent(s.sample_id), {s}) != R::kOk) return;
       }
   });
-  MicroBatchInfo info;
+  BatchInfo info;
   info.captions = {"x", "y"};
   for (int s = 0; s < 3; s++)
     ASSERT_EQ(trainer.process_tensor(at::stack({latent(s), latent(s + 50)}), info), ProcessResult::kOk)
@@ -277,7 +277,7 @@ TEST(ValidationEngine, ResultsGoToTheTrainersMetricsFileAndEventsFile) {
   ValidationEngine e(vconfig(0, 1));
   ASSERT_TRUE(e.attach(t));
   for (auto &v : rank_samples(3, 0, 1, 0)) ASSERT_EQ(e.push(latent(v.sample_id), {v}), R::kOk) << e.error();
-  MicroBatchInfo info;
+  BatchInfo info;
   info.captions = {"x", "y"};
   ASSERT_EQ(trainer.process_tensor(at::stack({latent(0), latent(1)}), info), ProcessResult::kOk) << trainer.error();
   trainer.finish();
@@ -311,7 +311,7 @@ TEST(ValidationEngine, EpochEndEventsCloseAPassAndAMidEpochEosDropsIt) {
   ASSERT_EQ(e.end_of_epoch(0), R::kOk) << e.error();
   EXPECT_EQ(e.passes_done(), 1u) << "the event ends the pass; no need to wait for the next epoch";
   EXPECT_EQ(e.last_step(), 0u);
-  MicroBatchInfo info;
+  BatchInfo info;
   info.captions = {"x", "y"};
   ASSERT_EQ(trainer.process_tensor(at::stack({latent(0), latent(1)}), info), ProcessResult::kOk) << trainer.error();
   auto ep1 = rank_samples(3, 0, 1, 1);
@@ -360,7 +360,7 @@ TEST(ValidationEngine, AStopBetweenPassesDropsTheFinalValidation) {
   for (auto &v : rank_samples(3, 0, 1, 0)) ASSERT_EQ(e.push(latent(v.sample_id), {v}), R::kOk) << e.error();
   ASSERT_EQ(e.end_of_epoch(0), R::kOk) << e.error();
   ASSERT_EQ(e.passes_done(), 1u);
-  MicroBatchInfo info;
+  BatchInfo info;
   info.captions = {"x", "y"};
   ASSERT_EQ(trainer.process_tensor(at::stack({latent(0), latent(1)}), info), ProcessResult::kOk) << trainer.error();
   std::atomic<int> eos{-1};
@@ -397,7 +397,7 @@ TEST(ValidationEngine, AtStartWaitsForABuiltinModelBuiltAtTheFirstMicroBatch) {
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_EQ(e.passes_done(), 0u) << "validated before the trainer had a model";
-  MicroBatchInfo info;
+  BatchInfo info;
   info.captions = {"x", "y"};
   for (int s = 0; s < 2; s++)
     ASSERT_EQ(trainer.process_tensor(at::stack({latent(s), latent(s + 50)}), info), ProcessResult::kOk)
@@ -423,7 +423,7 @@ TEST(ValidationEngine, SkipIfBusySkipsInsteadOfWaiting) {
   cfg.skip_if_busy = true;
   ValidationEngine e(cfg);
   ASSERT_TRUE(e.attach(t));
-  MicroBatchInfo info;
+  BatchInfo info;
   info.captions = {"x"};
   for (int s = 0; s < 3; s++)
     ASSERT_EQ(trainer.process_tensor(latent(s).unsqueeze(0), info), ProcessResult::kOk);
@@ -466,7 +466,7 @@ TEST(ValidationEngine, SourceEndingBeforeAValidationDropsItWithAMessage) {
   ValidationEngine e(cfg);
   ASSERT_TRUE(e.attach(t));
   for (auto &s : rank_samples(3, 0, 1, 0)) ASSERT_EQ(e.push(latent(s.sample_id), {s}), R::kOk);
-  MicroBatchInfo info;
+  BatchInfo info;
   info.captions = {"x"};
   ASSERT_EQ(trainer.process_tensor(latent(0).unsqueeze(0), info), ProcessResult::kOk);  // step 1 dispatched
   // The pass of step 0 completes; step 1 has no data: dropped with a message, and the shard's
@@ -505,7 +505,7 @@ bool returns_within(ValidationEngine &e, double seconds, const std::function<voi
 }
 
 void train_steps(TrainerEngine &t, int steps) {
-  MicroBatchInfo info;
+  BatchInfo info;
   info.captions = {"x", "y"};
   for (int s = 0; s < steps; s++)
     ASSERT_EQ(t.process_tensor(at::stack({latent(s), latent(s + 50)}), info), ProcessResult::kOk) << t.error();
@@ -575,7 +575,7 @@ TEST(ValidationEngine, AValidatorJoiningAFinishedTrainerValidatesItsFinalWeights
 TEST(ValidationEngine, AValidatorOfAFailedTrainerEndsWithAWarning) {
   // A step that fails ([C, t, h, w]: not a micro-batch) ends the run with no final state.
   auto fail_step = [](TrainerEngine &t) {
-    MicroBatchInfo info;
+    BatchInfo info;
     info.captions = {"x"};
     EXPECT_EQ(t.process_tensor(latent(0), info), ProcessResult::kError);
   };

@@ -30,7 +30,7 @@ void train(TrainerEngine &t, unsigned steps) {
   for (unsigned s = 0; s < steps; s++) {
     const unsigned c = micro_count(s);
     for (unsigned i = 0; i < c; i++) {
-      MicroBatchInfo info;
+      BatchInfo info;
       info.step = s;
       info.micro_index = i;
       info.micro_count = c;

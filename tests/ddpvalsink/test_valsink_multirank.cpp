@@ -150,7 +150,7 @@ TEST(ValStepsWorker, Rank) {
         if ((fed = e.push(latent(s.sample_id), {s})) != R::kOk) break;
   });
   std::string error;
-  MicroBatchInfo info;
+  BatchInfo info;
   info.captions = {"x", "y"};
   const int steps = mode == "end" && rank == 0 ? 1 : 3;
   for (int s = 0; s < steps && error.empty(); s++) {
@@ -198,7 +198,7 @@ TEST(ValJoinWorker, Rank) {
   };
   if (rank == 0) join();
   std::string error;
-  MicroBatchInfo info;
+  BatchInfo info;
   info.captions = {"x", "y"};
   for (int s = 0; s < 6 && error.empty(); s++) {
     if (s == 3 && rank == 1) join();
@@ -228,7 +228,7 @@ TEST(ValDeathWorker, Rank) {
   vc.timeout_s = kDeathTimeout;
   ValidationEngine e(vc);
   ASSERT_TRUE(e.attach(trainer)) << e.error();
-  MicroBatchInfo info;
+  BatchInfo info;
   info.captions = {"x"};
   std::thread step([&] { trainer->process_tensor(latent(20 + rank).unsqueeze(0), info); });  // step 1
   auto t0 = std::chrono::steady_clock::now();

@@ -44,8 +44,8 @@ at::Tensor sample(int step, int k) {
   return at::randn({4, 2, 8, 8}, g);
 }
 
-MicroBatchInfo info_for(int m) {
-  MicroBatchInfo i;
+BatchInfo info_for(int m) {
+  BatchInfo i;
   i.step_samples = static_cast<unsigned>(m);
   for (int k = 0; k < m; k++) i.captions.push_back(k % 2 ? "a red car" : "a cat");
   return i;

@@ -282,7 +282,7 @@ TEST(ImageConditionTraining, EngineStepsTrain) {
   ModelInputs in = step_inputs(r);
   std::vector<double> losses;
   for (uint64_t s = 0; s < 6; s++) {
-    MicroBatchInfo info;
+    BatchInfo info;
     info.sample_ids = in.sample_ids;  // the same draws every step: the loss falls as the model fits them
     info.next_clip = s + 1;
     ASSERT_EQ(e.process_inputs(in, info), ProcessResult::kOk) << e.error();
@@ -291,7 +291,7 @@ TEST(ImageConditionTraining, EngineStepsTrain) {
   std::printf("FIGURE I2V engine losses %.4f -> %.4f\n", losses.front(), losses.back());
   EXPECT_LT(losses.back(), 0.9 * losses.front());
   in.condition = at::Tensor();
-  MicroBatchInfo info;
+  BatchInfo info;
   info.sample_ids = in.sample_ids;
   EXPECT_EQ(e.process_inputs(in, info), ProcessResult::kError);
   EXPECT_NE(e.error().find("condition=first-frame"), std::string::npos) << e.error();

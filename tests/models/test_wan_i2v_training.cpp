@@ -243,7 +243,7 @@ ProcessResult feed_i2v(TrainerEngine &e, int step, int first, int m) {
   }
   in.latents = at::cat(x), in.condition = at::cat(c), in.image_embeds = at::cat(im);
   in.text_embeds = at::cat(te), in.text_mask = at::cat(tm);
-  MicroBatchInfo info = ddptest::micro_info(step, 0, 1, static_cast<unsigned>(m));
+  BatchInfo info = ddptest::micro_info(step, 0, 1, static_cast<unsigned>(m));
   info.sample_ids = in.sample_ids;
   return e.process_inputs(in, info);
 }

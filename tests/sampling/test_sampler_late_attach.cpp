@@ -55,7 +55,7 @@ void train_steps(TrainerEngine &t, int steps) {
   in.latents = seeded({1, 4, 2, 8, 8}, 7);
   in.text_embeds = seeded({1, kTextLen, kTextDim}, 9);
   in.text_mask = at::ones({1, kTextLen}, at::kLong);
-  MicroBatchInfo info;
+  BatchInfo info;
   info.captions = {"x"};
   for (int s = 0; s < steps; s++) ASSERT_EQ(t.process_inputs(in, info), ProcessResult::kOk) << t.error();
 }
@@ -199,7 +199,7 @@ TEST(SamplerLateAttach, AJoinAfterTheTrainersEndSamplesTheFinalWeightsAsASampler
 TEST(SamplerLateAttach, AFailedTrainerEndsTheSamplerWithAWarning) {
   auto trainer = started_trainer();
   train_steps(*trainer, 1);
-  MicroBatchInfo info;
+  BatchInfo info;
   info.captions = {"x"};
   ModelInputs bad;
   bad.latents = seeded({4, 2, 8, 8}, 7);  // not a micro-batch: the step fails

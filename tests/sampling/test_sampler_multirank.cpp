@@ -116,7 +116,7 @@ TEST(SamplerDeathWorker, Rank) {
   in.latents = seeded({1, 4, 2, 8, 8}, 7 + rank);
   in.text_embeds = seeded({1, kTextLen, kTextDim}, 9 + rank);
   in.text_mask = at::ones({1, kTextLen}, at::kLong);
-  MicroBatchInfo info;
+  BatchInfo info;
   info.captions = {"x"};
   ProcessResult r = ProcessResult::kOk;
   double step_seconds = 0, failed_at = 0;
