@@ -10,9 +10,8 @@
 #include <mutex>
 
 #include "cpu_heap.h"
-#include "cuda_devices.h"
 #include "default_rng.h"
-#include "device_rule.h"
+#include "device_dtype.h"
 #include "dist_env.h"
 #include "models/expert_pair.h"
 #include "models/flow_timesteps.h"
@@ -37,9 +36,7 @@ bool TrainerEngine::Impl::resolve() {
                 " (properties rank/world-size or RANK/WORLD_SIZE)");
   // Device.
   std::string device_error;
-  const std::string dev = resolve_device(cfg.device, local_rank, visible_cuda_devices(), &device_error);
-  if (dev.empty()) return fail(device_error);
-  device = c10::Device(dev);
+  if (!resolve_torch_device(cfg.device, local_rank, &device, &device_error)) return fail(device_error);
   if (device.is_cpu() && cfg.tune_malloc) {
     std::string why;
     if (!retain_cpu_heap(&why)) warn("tune-malloc: " + why);

@@ -19,9 +19,8 @@
 #include <tuple>
 
 #include "c10d_setup.h"
-#include "cuda_devices.h"
 #include "default_rng.h"
-#include "device_rule.h"
+#include "device_dtype.h"
 #include "dist_env.h"
 #include "first_line.h"
 #include "models/layers.h"
@@ -673,15 +672,7 @@ bool ValidationEngine::attach(std::shared_ptr<RunContext> trainer) {
     // auto: the trainer's device, itself chosen by the shared rule (an explicit device of the
     // trainer included). The trainer's device name is always "cpu" or "cuda:N".
     const bool follow = c.device.empty() || c.device == "auto";
-    std::string device_error;
-    const std::string dev =
-        resolve_device(follow ? trainer->device_name() : c.device, dist_env_from_environment().local_rank,
-                       visible_cuda_devices(), &device_error);
-    if (dev.empty()) {
-      im.error = device_error;
-      return false;
-    }
-    im.device = c10::Device(dev);
+    if (!resolve_torch_device(follow ? trainer->device_name() : c.device, &im.device, &im.error)) return false;
   }
   // The shards of one run share a hub, kept by the run itself (nothing process-wide).
   std::function<std::shared_ptr<Hub>()> make = [&]() {
