@@ -88,12 +88,7 @@ class ExpertPairModel : public TrainModel {
   at::Tensor validation_step(const ModelInputs &in, const std::vector<int64_t> &seeds) override {
     const auto x0 = checked_latents(in);
     const int64_t m = x0.size(0);
-    std::vector<at::Tensor> ns;
-    for (int64_t i = 0; i < m; i++) {
-      auto g = at::detail::createCPUGenerator(static_cast<uint64_t>(seeds.at(i)));
-      ns.push_back(at::randn(x0[i].sizes(), g, torch::TensorOptions().dtype(torch::kFloat)));
-    }
-    const auto noise = torch::stack(ns).to(x0.device(), x0.scalar_type());
+    const auto noise = models::seeded_noise(x0, seeds);
     const auto text = models::zero_text_padding(in.text_embeds, in.text_mask);
     at::Tensor total;
     for (double s : opt_.val_sigmas) {

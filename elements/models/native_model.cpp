@@ -219,6 +219,15 @@ double cogvideox_snr_shift_scale(const std::string &dir, bool rotary) {
   return rotary ? 1.0 : 3.0;
 }
 
+at::Tensor seeded_noise(const at::Tensor &x0, const std::vector<int64_t> &seeds) {
+  std::vector<at::Tensor> ns;
+  for (int64_t i = 0; i < x0.size(0); i++) {
+    auto g = at::detail::createCPUGenerator(static_cast<uint64_t>(seeds.at(i)));
+    ns.push_back(at::randn(x0[i].sizes(), g, torch::TensorOptions().dtype(torch::kFloat)));
+  }
+  return torch::stack(ns).to(x0.device(), x0.scalar_type());
+}
+
 void draw_ddpm(const at::Tensor &x0, const std::vector<uint64_t> &ids, unsigned epoch, const ModelOptions &o,
                at::Tensor *timestep, at::Tensor *noise) {
   const int64_t m = x0.size(0);
@@ -358,12 +367,7 @@ class NativeTrainModel : public TrainModel {
   at::Tensor validation_step(const ModelInputs &in, const std::vector<int64_t> &seeds) override {
     const auto x0 = checked_latents(in);
     const int64_t m = x0.size(0);
-    std::vector<at::Tensor> ns;
-    for (int64_t i = 0; i < m; i++) {
-      auto g = at::detail::createCPUGenerator(static_cast<uint64_t>(seeds.at(i)));
-      ns.push_back(at::randn(x0[i].sizes(), g, torch::TensorOptions().dtype(torch::kFloat)));
-    }
-    const auto noise = torch::stack(ns).to(x0.device(), x0.scalar_type());
+    const auto noise = models::seeded_noise(x0, seeds);
     at::Tensor total;
     if (vpred()) {  // CogVideoX: timesteps 1000 sigma, noise in its frames-first layout
       const auto x = models::cogvideox_latents(x0, dit_->temporal_patch());

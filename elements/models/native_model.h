@@ -103,6 +103,9 @@ bool pipeline_expand_timesteps(const std::string &transformer_dir);
 // snr_shift_scale of a CogVideoX transformer folder: its ../scheduler/scheduler_config.json's when
 // there is one, else 3.0 (sincos layout, CogVideoX-2b) or 1.0 (rotary: 5b, 1.5).
 double cogvideox_snr_shift_scale(const std::string &transformer_dir, bool rotary);
+// Validation's noise [m, ...] like x0: sample i's from a CPU generator seeded by seeds[i] (the same
+// numbers on any device), float32 drawn, in x0's dtype on its device.
+at::Tensor seeded_noise(const at::Tensor &x0, const std::vector<int64_t> &seeds);
 // Each sample's integer timestep, uniform in [timestep_lo, timestep_hi) within [0, 999], and noise,
 // from a CPU generator seeded by (seed, sample id, epoch). timestep int64 [m].
 void draw_ddpm(const at::Tensor &x0, const std::vector<uint64_t> &sample_ids, unsigned epoch, const ModelOptions &o,
